@@ -1,0 +1,174 @@
+"""GPU timings of the small fused ops (RMSNorm, RoPE + KV write, sampling) next to torch and vLLM.
+
+    python bench/kernels/ops_gpu.py            (CUDA only; gpt-oss shapes, bf16)
+
+Each row: kernel, case, ours_us, vllm_us (vLLM's own op where it has one and `vllm` imports,
+else None), torch_us (eager torch), peer (which one `ratio` uses: vllm if timed, else torch),
+ratio = ours_us / peer_us (< 1: ours is faster), hbm_frac = bytes moved / ours / peak HBM bandwidth
+(None on an unknown GPU). Times are triton.testing.do_bench medians, in microseconds.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from gptoss.config import PRESETS
+from gptoss.kernels.rmsnorm import fused_add_rms_norm
+from gptoss.kernels.rope import build_cos_sin, rope_qkv
+from gptoss.kernels.sampling import sample
+from gptoss.model import Rope, apply_rope, rms_norm
+
+CFG = PRESETS["20b"]
+H, HQ, HKV, D = CFG.hidden_size, CFG.num_attention_heads, CFG.num_key_value_heads, CFG.head_dim
+V = CFG.vocab_size
+PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100 PCIe": 2.0e12, "H100": 3.35e12}  # first match in the name wins
+
+
+def _peak() -> float | None:
+    name = torch.cuda.get_device_name()
+    return next((bw for key, bw in PEAK_BYTES_PER_S.items() if key in name), None)
+
+
+def _vllm_ops():
+    try:
+        from vllm import _custom_ops
+    except ImportError as e:  # vLLM is an optional peer: the table says when it is missing
+        print(f"vllm peer unavailable: {e}", file=sys.stderr)
+        return None
+    return _custom_ops
+
+
+def _us(fn: Callable[[], object]) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def _peer_us(fn: Callable[[], object] | None, what: str) -> float | None:
+    if fn is None:
+        return None
+    try:
+        return _us(fn)
+    except (AttributeError, RuntimeError, TypeError) as e:  # a peer whose API moved is reported
+        print(f"{what}: peer failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+
+
+def _row(kernel: str, case: str, ours: float, vllm: float | None, torch_us: float | None,
+         nbytes: int) -> dict:
+    peer, peer_us = ("vllm", vllm) if vllm is not None else ("torch", torch_us)
+    peak = _peak()
+    return {"kernel": kernel, "case": case, "ours_us": round(ours, 2),
+            "vllm_us": None if vllm is None else round(vllm, 2),
+            "torch_us": None if torch_us is None else round(torch_us, 2), "peer": peer,
+            "ratio": None if not peer_us else round(ours / peer_us, 3),
+            "hbm_frac": None if peak is None else round(nbytes / (ours * 1e-6) / peak, 3)}
+
+
+def _torch_add_norm(x, res, w):
+    return rms_norm(res + x, w, 1e-5)
+
+
+def rmsnorm_case(T: int, vops) -> dict:
+    w = 1 + 0.1 * torch.randn(H, device="cuda")
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    res = torch.randn(T, H, device="cuda").bfloat16()
+    ours = _us(partial(fused_add_rms_norm, x, res, w, 1e-5))
+    vl = None
+    if vops is not None:  # vLLM's op is in place, with a bf16 weight
+        vl = _peer_us(partial(vops.fused_add_rms_norm, x.clone(), res.clone(), w.bfloat16(), 1e-5),
+                      "rmsnorm")
+    return _row("rmsnorm", f"T={T} H={H} bf16 +residual", ours, vl, _us(partial(_torch_add_norm, x, res, w)),
+                4 * T * H * 2 + 4 * H)
+
+
+def rope_case(T: int, vops) -> dict:
+    rope = Rope(CFG).cuda()
+    cos_sin = build_cos_sin(rope, 131072)  # [P, D] float32
+    block_size, n_blocks = 16, 8192
+    k_cache = torch.zeros(n_blocks, block_size, HKV, D, device="cuda").bfloat16()
+    v_cache = torch.zeros_like(k_cache)
+    qkv = torch.randn(T, (HQ + 2 * HKV) * D, device="cuda").bfloat16()
+    positions = torch.randint(0, 131072, (T,), device="cuda")
+    slots = torch.randperm(n_blocks * block_size, device="cuda")[:T]
+
+    def torch_fn():
+        q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=1)
+        cs = cos_sin[positions]  # [T, D]
+        cos, sin = cs[:, : D // 2], cs[:, D // 2:]
+        q, k = apply_rope(q.view(T, HQ, D), cos, sin), apply_rope(k.view(T, HKV, D), cos, sin)
+        k_cache.view(-1, HKV, D)[slots] = k
+        v_cache.view(-1, HKV, D)[slots] = v.view(T, HKV, D)
+        return q, k, v
+
+    vl = None
+    if vops is not None:
+        cs_bf16, one = cos_sin.bfloat16(), torch.ones((), device="cuda")
+
+        def vllm_fn():  # in place on views of qkv, then the cache write: two launches
+            q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=1)
+            vops.rotary_embedding(positions, q, k, D, cs_bf16, True)
+            vops.reshape_and_cache_flash(k.view(T, HKV, D), v.view(T, HKV, D), k_cache, v_cache,
+                                         slots, "auto", one, one)
+
+        vl = _peer_us(vllm_fn, "rope")
+    ours = _us(partial(rope_qkv, qkv, positions, cos_sin, HQ, HKV, D, k_cache, v_cache, slots))
+    nbytes = T * ((HQ + 2 * HKV) * D * 2 * 2 + 2 * HKV * D * 2 + D * 4 + 16)
+    return _row("rope_qkv", f"T={T} +kv write", ours, vl, _us(torch_fn), nbytes)
+
+
+def sample_cases(B: int) -> list[dict]:
+    logits = torch.randn(B, V, device="cuda") * 3
+    no_k = torch.zeros(B, dtype=torch.int32, device="cuda")
+    ones, zeros = torch.ones(B, device="cuda"), torch.zeros(B, device="cuda")
+    seeds, offsets = torch.arange(B, device="cuda"), torch.full((B,), 1000, device="cuda")
+    nbytes = B * V * 4
+
+    def torch_multinomial():
+        return torch.multinomial(torch.softmax(logits / ones[:, None], -1), 1)
+
+    def vllm_style():  # vLLM's random_sample without FlashInfer: probs / Exp(1) noise, argmax
+        probs = torch.softmax(logits / ones[:, None], -1)
+        return probs.div_(torch.empty_like(probs).exponential_()).argmax(-1)
+
+    greedy = _us(partial(sample, logits, zeros, no_k, ones, seeds, offsets, filtered=False))
+    drawn = _us(partial(sample, logits, ones, no_k, ones, seeds, offsets, filtered=False))
+    top_k = torch.full((B,), 50, dtype=torch.int32, device="cuda")
+    top_p = torch.full((B,), 0.9, device="cuda")
+    filt = _us(partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True))
+    return [_row("sample", f"B={B} greedy", greedy, None, _us(partial(torch.argmax, logits, -1)), nbytes),
+            _row("sample", f"B={B} T=1", drawn, _us(vllm_style), _us(torch_multinomial), nbytes),
+            _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, None, nbytes)]
+
+
+def run(rows: list) -> None:
+    """Append one dict per (kernel, case) to rows (see the module docstring for the keys)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench/kernels/ops_gpu.py needs a CUDA GPU")
+    torch.manual_seed(0)
+    vops = _vllm_ops()
+    rows.extend(rmsnorm_case(T, vops) for T in (1, 64, 1024, 8192))
+    rows.extend(rope_case(T, vops) for T in (1, 64, 8192))
+    for B in (1, 64, 256, 1024):
+        rows.extend(sample_cases(B))
+
+
+def main() -> None:
+    rows: list[dict] = []
+    run(rows)
+    print(f"device: {torch.cuda.get_device_name()}")
+    cols = ["kernel", "case", "ours_us", "vllm_us", "torch_us", "peer", "ratio", "hbm_frac"]
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)))
+
+
+if __name__ == "__main__":
+    main()

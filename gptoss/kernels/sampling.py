@@ -1,0 +1,215 @@
+"""Next-token sampling on the device: greedy argmax or Gumbel-max with a counter-based hash RNG, no host sync.
+
+logits [B, V] float32 -> ids [B] int64. Two kernels: pass 1 splits each row into chunks (grid
+[B, ceil(V/CHUNK)]), each program keeps the first index of its chunk's maximum of
+    z_i = logits_i / T + g_i   (sampled rows, T > 0)      or      z_i = logits_i   (T == 0),
+pass 2 reduces the chunk winners of a row (largest z, then the smallest index). Bytes moved:
+4*B*V read once (804 KB per row at V = 201088) plus 8 bytes per chunk; at B = 1024 about 824 MB.
+
+Why Gumbel-max samples softmax(logits/T): with E_i iid Exp(1), P(E_i/p_i is the smallest) =
+p_i / sum_j p_j (a race of exponential clocks with rates p_j), and argmin_i E_i/p_i =
+argmax_i log p_i - log E_i = argmax_i logits_i/T + g_i with g_i = -log E_i ~ Gumbel(0, 1); the
+normaliser of softmax shifts every z_i alike and drops out. No exp, no sum, one pass over V.
+
+Noise: u_i = hash(seed, offset, i) is 32 random bits, w = (u + 0.5) / 2^32 in (0, 1], and
+E = -log(1 - w) (a series for small w, where 1 - w would lose the digits that matter): float32
+keeps w's relative precision near 0, so the smallest E (the winners) are exact to ~1e-7 relative
+down to E ~ 1e-10; w rounding to 1 gives E = inf, i.e. g = -inf, a token that cannot win (odds
+~2^-25, harmless). The hash is two rounds of Wellons' lowbias32 over the vocab index keyed by
+(seed, offset); it is a bijection of the index for a fixed key, so draws in a row never collide.
+Every z_i depends on (logits_i, T, seed, offset, i) only and argmax is exact, so a row's id does not
+depend on its batch position, the batch size or the chunking.
+
+A row holding a NaN logit returns -1 (never a made-up id): the engine must fail that request.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+_BLOCK = 1024  # elements per loop step of a pass-1 program
+
+
+@triton.jit
+def _mix(x):
+    """lowbias32 (Chris Wellons' hash-prospector): a bijective 32-bit integer hash."""
+    x ^= x >> 16
+    x *= 0x7FEB352D
+    x ^= x >> 15
+    x *= 0x846CA68B
+    x ^= x >> 16
+    return x
+
+
+@triton.jit
+def _row_keys(seed_ptr, off_ptr, rows, rmask):
+    """Two 32-bit keys per row from (seed, offset) int64: k0 from the seed, k1 from both."""
+    seed = tl.load(seed_ptr + rows, mask=rmask, other=0)
+    off = tl.load(off_ptr + rows, mask=rmask, other=0)
+    seed_lo, seed_hi = (seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    off_lo, off_hi = (off & 0xFFFFFFFF).to(tl.uint32), ((off >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    k0 = _mix(_mix(seed_lo ^ 0x5BD1E995) ^ seed_hi)
+    k1 = _mix(_mix(k0 ^ off_lo) ^ off_hi)
+    return k0, k1
+
+
+@triton.jit
+def _gumbel(idx, k0, k1):
+    """g ~ Gumbel(0, 1) for vocab indices idx under the row keys."""
+    h = _mix(_mix(idx.to(tl.uint32) * 0x9E3779B9 + k1) ^ k0)
+    w = (h.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # (0, 1]
+    # -log(1 - w): 4 terms of the series below 1/64 (relative error < 1e-8), a plain log above.
+    series = w * (1.0 + w * (0.5 + w * (0.3333333333333333 + w * 0.25)))
+    e = tl.where(w < 0.015625, series, -tl.log(1.0 - w))  # Exp(1)
+    return -tl.log(e)
+
+
+@triton.jit
+def _sample_chunk_kernel(logits_ptr, stride_row, temp_ptr, seed_ptr, off_ptr,
+                         pval_ptr, pidx_ptr, out_ptr, B, V, n_chunks,
+                         ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                         SINGLE: tl.constexpr):
+    """A [ROWS, CHUNK] tile in [ROWS, BLOCK] steps -> each row's (max z, first index) of the chunk.
+
+    SINGLE (the chunk is the whole row): write the id (or -1 on NaN) to out_ptr, skipping pass 2.
+    """
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R]
+    rmask = rows < B
+    rows = rows.to(tl.int64)
+    chunk = tl.program_id(1)
+    temp = tl.load(temp_ptr + rows, mask=rmask, other=0.0)  # [R]
+    sampled = temp > 0
+    any_sampled = tl.max(sampled.to(tl.int32), axis=0) > 0
+    temp = tl.where(sampled, temp, 1.0)[:, None]  # [R, 1], 1 where unused
+    sampled = sampled[:, None]
+    k0, k1 = _row_keys(seed_ptr, off_ptr, rows, rmask)
+    k0, k1 = k0[:, None], k1[:, None]
+    start = chunk * CHUNK
+    lanes = tl.arange(0, BLOCK)[None, :]  # [1, BLOCK]
+    best = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)
+    # An all -inf chunk yields its first index, as torch.argmax does.
+    best_i = tl.zeros([ROWS, BLOCK], tl.int32) + start + lanes
+    nan = tl.zeros([ROWS, BLOCK], tl.int32)
+    for s in range(start, tl.minimum(start + CHUNK, V), BLOCK):  # the last chunk stops at V
+        idx = s + lanes  # [1, BLOCK]
+        x = tl.load(logits_ptr + rows[:, None] * stride_row + idx, mask=rmask[:, None] & (idx < V),
+                    other=float("-inf"))  # [R, BLOCK]
+        nan |= (x != x).to(tl.int32)  # noqa: PLR0124 (NaN test)
+        z = x
+        if any_sampled:  # a uniform branch: all-greedy batches skip the hash and the logs
+            z = tl.where(sampled, x / temp + _gumbel(idx, k0, k1), x)
+        # Strict >: a lane sees increasing indices, so it keeps the first of equal maxima.
+        better = z > best
+        best = tl.where(better, z, best)
+        best_i = tl.where(better, idx, best_i)
+    top = tl.max(best, axis=1)  # [R]
+    top_i = tl.min(tl.where(best == top[:, None], best_i, 2147483647), axis=1)
+    has_nan = tl.max(nan, axis=1) > 0
+    if SINGLE:
+        tl.store(out_ptr + rows, tl.where(has_nan, -1, top_i).to(tl.int64), mask=rmask)
+    else:
+        top = tl.where(has_nan, float("nan"), top)
+        tl.store(pval_ptr + rows * n_chunks + chunk, top, mask=rmask)
+        tl.store(pidx_ptr + rows * n_chunks + chunk, top_i, mask=rmask)
+
+
+@triton.jit
+def _sample_reduce_kernel(pval_ptr, pidx_ptr, out_ptr, B, n_chunks,
+                          ROWS: tl.constexpr, CHUNKS: tl.constexpr):
+    """Each row's chunk winners -> the largest z, first index on ties; -1 if a chunk saw NaN."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R]
+    rmask = rows < B
+    rows = rows.to(tl.int64)
+    c = tl.arange(0, CHUNKS)[None, :]
+    m = rmask[:, None] & (c < n_chunks)
+    val = tl.load(pval_ptr + rows[:, None] * n_chunks + c, mask=m, other=float("-inf"))
+    idx = tl.load(pidx_ptr + rows[:, None] * n_chunks + c, mask=m, other=2147483647)
+    is_nan = val != val  # noqa: PLR0124 (NaN test)
+    has_nan = tl.max(is_nan.to(tl.int32), axis=1) > 0
+    val = tl.where(is_nan, float("-inf"), val)
+    top = tl.max(val, axis=1)
+    top_i = tl.min(tl.where(val == top[:, None], idx, 2147483647), axis=1)
+    tl.store(out_ptr + rows, tl.where(has_nan, -1, top_i).to(tl.int64), mask=rmask)
+
+
+def _chunk_size(b: int, v: int) -> int:
+    """Aim for >= ~1000 programs (an H100 has 132 SMs), chunks of 2K..16K elements."""
+    return min(16384, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
+
+
+def gumbel_argmax(logits: Tensor, temperature: Tensor, seeds: Tensor, offsets: Tensor) -> Tensor:
+    """logits [B, V] float32 (may hold -inf), temperature [B] (0 = greedy) -> ids [B] int64, -1 on NaN."""
+    B, V = logits.shape
+    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    if B == 0:
+        return out
+    block = min(_BLOCK, triton.next_power_of_2(V))
+    chunk = min(_chunk_size(B, V), triton.next_power_of_2(V))  # >= block
+    n_chunks = triton.cdiv(V, chunk)
+    # Short rows share a program (a [rows, BLOCK] tile); the real vocabulary takes one row each.
+    rows = min(max(1, _BLOCK // block), triton.next_power_of_2(B))
+    grid = (triton.cdiv(B, rows), n_chunks)
+    single = n_chunks == 1
+    pval = out if single else torch.empty(B, n_chunks, dtype=torch.float32, device=logits.device)
+    pidx = out if single else torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
+    _sample_chunk_kernel[grid](
+        logits, logits.stride(0), temperature, seeds, offsets, pval, pidx, out, B, V, n_chunks,
+        ROWS=rows, CHUNK=chunk, BLOCK=block, SINGLE=single, num_warps=4)
+    if not single:
+        chunks = triton.next_power_of_2(n_chunks)
+        rows = max(1, 256 // chunks)
+        _sample_reduce_kernel[(triton.cdiv(B, rows),)](pval, pidx, out, B, n_chunks, ROWS=rows,
+                                                       CHUNKS=chunks, num_warps=1)
+    return out
+
+
+def mask_top_k_top_p(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """logits [B, V] -> a copy with -inf outside each sampled row's top-k, then top-p, set.
+
+    Same rule as gptoss.sampler: top-k first; then top-p keeps the smallest prefix (by descending
+    prob of softmax(logits/T) over the top-k) whose mass reaches top_p. Greedy rows and rows with
+    top_k == 0 and top_p >= 1 are left untouched, so they pick exactly what the unfiltered path
+    picks. A stable sort ranks ties by index, so top_k=1 keeps the first maximum. NaN stays NaN.
+    Cost: a [B, V] sort plus a few [B, V] passes (~10 bytes/elt each) and ~4 [B, V] temporaries.
+    """
+    V = logits.shape[1]
+    sampled = temperature > 0  # [B]
+    vals, ids = logits.sort(dim=-1, descending=True, stable=True)  # [B, V] each
+    rank = torch.arange(V, device=logits.device)  # [V]
+    k = torch.where(sampled & (top_k > 0), top_k.to(torch.int64), V)  # [B]
+    out_k = rank[None, :] >= k[:, None]  # [B, V]
+    vals = vals.masked_fill(out_k, float("-inf"))
+    t = torch.where(sampled, temperature, 1.0)  # [B]
+    probs = torch.softmax(vals / t[:, None], dim=-1)  # [B, V]
+    p = torch.where(sampled & (top_p < 1), top_p, float("inf"))  # [B]
+    # Drop a token once the mass strictly before it already reaches top_p.
+    drop_sorted = out_k | ((probs.cumsum(-1) - probs) >= p[:, None])  # [B, V]
+    drop = torch.empty_like(drop_sorted).scatter_(1, ids, drop_sorted)  # [B, V] in vocab order
+    return logits.masked_fill(drop & ~torch.isnan(logits), float("-inf"))
+
+
+def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seeds: Tensor,
+           offsets: Tensor, *, filtered: bool) -> Tensor:
+    """logits [B, V] float32; temperature, top_p [B] f32; top_k [B] int; seeds, offsets [B] int64.
+
+    Returns ids [B] int64. temperature 0 = greedy (first index of the maximum); top_k 0 = off.
+    `filtered` says (host-side, from the request params) whether any row has top_k > 0 or
+    top_p < 1; when False those columns are ignored. A row with a NaN logit yields -1. No host sync: safe in a CUDA graph.
+    """
+    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be float32 [B, V] with a contiguous last dim, got "
+                         f"{logits.dtype} {tuple(logits.shape)} strides {logits.stride()}")
+    B = logits.shape[0]
+    for name, x, dtypes in (("temperature", temperature, (torch.float32,)),
+                            ("top_k", top_k, (torch.int32, torch.int64)),
+                            ("top_p", top_p, (torch.float32,)),
+                            ("seeds", seeds, (torch.int64,)), ("offsets", offsets, (torch.int64,))):
+        if x.shape != (B,) or x.dtype not in dtypes or x.device != logits.device:
+            raise ValueError(f"{name} must be [{B}] {dtypes} on {logits.device}, got "
+                             f"{tuple(x.shape)} {x.dtype} on {x.device}")
+    if filtered:
+        logits = mask_top_k_top_p(logits, temperature, top_k, top_p)
+    return gumbel_argmax(logits, temperature.contiguous(), seeds.contiguous(), offsets.contiguous())
