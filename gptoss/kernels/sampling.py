@@ -1,7 +1,7 @@
 """Next-token sampling on the device: greedy argmax or Gumbel-max with a counter-based hash RNG, no host sync.
 
 logits [B, V] float32 -> ids [B] int64. Two kernels: pass 1 splits each row into chunks (grid
-[B, ceil(V/CHUNK)]), each program keeps the first index of its chunk's maximum of
+[B, ceil(V/CHUNK)]; rows shorter than 1024 share a program), each keeps the first index of the max of
     z_i = logits_i / T + g_i   (sampled rows, T > 0)      or      z_i = logits_i   (T == 0),
 pass 2 reduces the chunk winners of a row (largest z, then the smallest index). Bytes moved:
 4*B*V read once (804 KB per row at V = 201088) plus 8 bytes per chunk; at B = 1024 about 824 MB.
