@@ -1,0 +1,1 @@
+"""Fused Triton kernels for the gpt-oss engine, one op per file, each with its launcher."""
