@@ -28,8 +28,10 @@ INTERPRETED = bool(triton.knobs.runtime.interpret)
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision=PRECISION)
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        r = tl.dot(a, b, input_precision=PRECISION)
+    return r
 
 
 @triton.jit
@@ -278,6 +280,9 @@ def paged_attention(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_
     max_context_hint (default: what the block table can address) and never from context_lens'
     values, so the launch replays in a CUDA graph; splits > 1 add a small reduce kernel.
     Prefill: grid (cdiv(max_query_len, BLOCK_Q), S, Hkv); tiles past a sequence's q_len exit.
+    query_start holds absolute rows of q/out, so a mixed step runs as two launches over the same
+    q/out with row slices, no rebasing: decodes (table[:n], query_start[:n + 1], context_lens[:n],
+    max_query_len 1) on the split-K path, then chunks (table[n:], query_start[n:], ...).
     """
     t, hq, d = q.shape
     hkv = k_new.shape[1]
