@@ -1,0 +1,363 @@
+"""MXFP4 mixture of experts in Triton: routing, two grouped GEMMs (MXFP4 -> bf16 in-kernel), combine.
+
+moe_forward(x [T, H]) = sum over the token's k experts of w_k * expert_k(x), as gptoss.model.MoE:
+
+  logits = x @ router^T + b                        [T, E]   torch F.linear
+  route_and_group                                  [T, k] ids/weights, per-expert row lists
+  act = swiglu(x_rows @ W13_e^T + b13_e)           [A, I]   A = T*k rows, _gate_up_kernel
+  y   = act @ W2_e^T + b2_e                        [A, H]   _down_kernel, in x.dtype
+  out[t] = sum_j w[t, j] * y[t*k + j]  (float32)   [T, H]   _combine_kernel, deterministic
+
+Both GEMMs tile every expert's rows into BM-row tiles; program (n, m) finds its expert and rows
+from the per-expert counts (E ints, a cumsum in registers), so grids depend on T and the shapes
+only and programs past the last tile exit: no host sync, capturable in a CUDA graph. Each
+program computes acc^T [BN, BM] = W [BN, BK] @ x_rows^T [BK, BM]: the dequantized weights are
+the register operand and the few token rows the narrow one, so decode (BM = 16) still feeds
+the tensor cores; the weights stay packed in HBM and are read 16 bytes at a time along K.
+
+Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4):
+  gate_up  FLOPs 4*A*H*I; weight bytes d * (2I*H/2 + 2I*H/32) = d * 8.8 MB
+  down     FLOPs 2*A*I*H; weight bytes d * (H*I/2 + H*I/32)   = d * 4.4 MB
+  activations: x T*H, act A*I and y A*H (written, then read), out T*H, 2 bytes each.
+Decode (T <= 16) is bound by the d * 13.2 MB of weights; large T by the FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from gptoss.kernels.moe_routing import Routing, route, route_and_group
+
+__all__ = ["MoEWeights", "moe_forward", "prepare_moe_weights", "route"]
+
+
+@dataclass(frozen=True, slots=True)
+class MoEWeights:
+    w13: Tensor  # [E, 2, I, H/2] uint8: [:, 0] gate rows, [:, 1] up rows; two e2m1 a byte, low first
+    s13: Tensor  # [E, 2, I, >= H/32] uint8 e8m0 scales (rows padded to 16 bytes: aligned loads)
+    b13: Tensor  # [E, 2, I] float32
+    w2: Tensor  # [E, H, I/2] uint8
+    s2: Tensor  # [E, H, >= I/32] uint8
+    b2: Tensor  # [E, H] float32
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(E, H, I)."""
+        e, _, i, _ = self.w13.shape
+        return e, self.w2.shape[1], i
+
+
+def prepare_moe_weights(gate_up_blocks: Tensor, gate_up_scales: Tensor, gate_up_bias: Tensor,
+                        down_blocks: Tensor, down_scales: Tensor, down_bias: Tensor) -> MoEWeights:
+    """Checkpoint tensors (gate/up rows interleaved) -> MoEWeights; runs once at load.
+
+    The even (gate) and odd (up) rows of gate_up go to separate planes, so a program owning act
+    columns [n, n+BN) reads both halves of its pairs with two plain tile loads, for any BN.
+    """
+    e, n2, g, b = gate_up_blocks.shape
+    h, i = g * 32, n2 // 2
+    want = {"gate_up_blocks": (gate_up_blocks, (e, 2 * i, h // 32, 16), torch.uint8),
+            "gate_up_scales": (gate_up_scales, (e, 2 * i, h // 32), torch.uint8),
+            "gate_up_bias": (gate_up_bias, (e, 2 * i), None),
+            "down_blocks": (down_blocks, (e, h, i // 32, 16), torch.uint8),
+            "down_scales": (down_scales, (e, h, i // 32), torch.uint8),
+            "down_bias": (down_bias, (e, h), None)}
+    for name, (t, shape, dtype) in want.items():
+        if tuple(t.shape) != shape or (dtype is not None and t.dtype != dtype):
+            raise ValueError(f"prepare_moe_weights: {name} is {tuple(t.shape)} {t.dtype}, expected "
+                             f"{shape}{f' {dtype}' if dtype else ''} (E={e}, H={h}, I={i})")
+    if n2 % 2 or i % 32:
+        raise ValueError(f"prepare_moe_weights: intermediate size {i} must be a multiple of 32")
+
+    def planes(t: Tensor) -> Tensor:  # [E, 2I, ...] interleaved -> [E, 2, I, ...]
+        return t.reshape(e, i, 2, -1).transpose(1, 2).contiguous()
+
+    def padded(s: Tensor) -> Tensor:  # the kernels never read the pad
+        return F.pad(s, (0, -s.shape[-1] % 16)).contiguous()
+
+    return MoEWeights(
+        w13=planes(gate_up_blocks).view(e, 2, i, h // 2), s13=padded(planes(gate_up_scales)),
+        b13=planes(gate_up_bias.float()).view(e, 2, i),
+        w2=down_blocks.reshape(e, h, i // 2).contiguous(), s2=padded(down_scales),
+        b2=down_bias.float().contiguous())
+
+
+@dataclass(frozen=True, slots=True)
+class Tiles:
+    bm: int  # token rows per tile (the narrow dot operand)
+    bn: int  # output columns per program (gate_up: act columns, i.e. weight-row pairs)
+    bk: int  # K per step; a multiple of 32 (one scale per 32)
+    warps: int
+    stages: int
+
+
+# By BM, the token rows an expert gets if routing is even (16..128). Each warp owns distinct weight
+# rows (BN = 16 * warps for mma.sync, 64 rows a warpgroup for wgmma), so no weight is dequantized
+# twice; checked in the sm_90a SASS, as are registers (<= 230, no spills) at the 20b shapes.
+# Decode (BM 16) streams the weights: 90 N-tiles an expert, 2-warp programs, 256 K (128 B a row)
+# a step, 4 stages in flight. Past BM 32 the GEMMs are compute-bound: wgmma tiles.
+_GATE_UP_TILES = {16: Tiles(16, 32, 256, 2, 4), 32: Tiles(32, 64, 128, 4, 3),
+                  64: Tiles(64, 64, 128, 4, 3), 128: Tiles(64, 128, 64, 8, 3)}
+_DOWN_TILES = {16: Tiles(16, 32, 256, 2, 4), 32: Tiles(32, 64, 128, 4, 3),
+               64: Tiles(64, 128, 64, 8, 3), 128: Tiles(128, 128, 64, 8, 3)}
+
+
+def choose_tiles(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
+    """Block sizes from the shapes, no autotuning. n: output columns (gate_up: I), k: the K dim."""
+    rows = triton.cdiv(t * top_k, e)  # rows an expert gets if routing is even
+    cfg = (_GATE_UP_TILES if gate_up else _DOWN_TILES)[min(128, max(16, triton.next_power_of_2(rows)))]
+    bn = min(cfg.bn, max(16, triton.next_power_of_2(n)))
+    bk = min(cfg.bk, 1 << (k.bit_length() - 1))  # <= K; K % BK != 0 takes the masked path
+    return Tiles(cfg.bm, bn, bk, min(cfg.warps, bn // 16), cfg.stages)
+
+
+@triton.jit
+def _expert_tile(counts_ptr, rows_ptr, T, pid_m, E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr):
+    """Tile pid_m -> (expert, its assignment rows [BM], valid [BM], tiles in all)."""
+    ex = tl.arange(0, BE)
+    cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)  # [BE]
+    tiles = (cnt + BM - 1) // BM
+    ends = tl.cumsum(tiles, 0)  # [BE] inclusive
+    e = tl.sum((ends <= pid_m).to(tl.int32), 0)  # E when pid_m is past the last tile
+    first = tl.sum(tl.where(ex == e, ends - tiles, 0), 0)
+    n_rows = tl.sum(tl.where(ex == e, cnt, 0), 0)
+    slot = (pid_m - first) * BM + tl.arange(0, BM)
+    valid = slot < n_rows
+    rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # invalid -> row 0, never stored
+    return e, rows, valid, tl.sum(tiles, 0)
+
+
+# 4 packed bytes (8 e2m1 codes) -> 4 bf16x2 words: $0, $1 the low nibbles of bytes 0-1, 2-3 and
+# $2, $3 the high ones (element i of an output comes from byte i, so any register layout works).
+# prmt spreads two bytes into the 16-bit halves of a word; per half, one multiply moves a nibble's
+# 3 magnitude bits to 8:6 (bf16's low exponent bits and top mantissa bit) and its sign to 15,
+# which reads as e2m1 * 2^-126 (code 1, i.e. 0.5, a bf16 subnormal); mul.bf16x2 by 2^126 (0x7E80)
+# makes it exact e2m1. The nibble is masked first, so the two shifted copies cannot carry.
+_E2M1_TO_BF16_ASM: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 t01, t23, m, bias;
+mov.b32 bias, 0x7E807E80;
+prmt.b32 t01, $4, 0, 0x4140;
+prmt.b32 t23, $4, 0, 0x4342;
+and.b32 m, t01, 0x000F000F; mul.lo.u32 m, m, 0x1040; and.b32 m, m, 0x81C081C0;
+mul.rn.bf16x2 $0, m, bias;
+and.b32 m, t23, 0x000F000F; mul.lo.u32 m, m, 0x1040; and.b32 m, m, 0x81C081C0;
+mul.rn.bf16x2 $1, m, bias;
+and.b32 m, t01, 0x00F000F0; mul.lo.u32 m, m, 0x0104; and.b32 m, m, 0x81C081C0;
+mul.rn.bf16x2 $2, m, bias;
+and.b32 m, t23, 0x00F000F0; mul.lo.u32 m, m, 0x0104; and.b32 m, m, 0x81C081C0;
+mul.rn.bf16x2 $3, m, bias;
+}
+""")
+
+
+@triton.jit
+def _dequant(b, s, BN: tl.constexpr, BK: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr):
+    """b [BN, BK/32, 16] uint8, s [BN, BK/32] uint8 e8m0 -> [BN, BK] in dtype, exactly.
+
+    ASM (CUDA): _E2M1_TO_BF16_ASM, two values per 32-bit op, then a bf16x2 multiply by the scale
+    2^(s - 127): ~5 SASS instructions a value with the MMA operand shuffles, against ~9 for the
+    portable path; decode needs ~26 values per SM-cycle (3 TB/s) from 128 lanes. Portable (the
+    interpreter runs no PTX): the 3 magnitude bits go where fp16's low exponent bits and top
+    mantissa bit are, the sign to bit 15, giving e2m1 * 2^-14 (0.5 an fp16 subnormal, converted
+    exactly), times 2^(s - 127 + 14) in float32.
+    """
+    if ASM:
+        lo, hi = tl.inline_asm_elementwise(_E2M1_TO_BF16_ASM, "=r,=r,=r,=r,r", [b],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        scale = (s.to(tl.uint16) << 7).to(tl.bfloat16, bitcast=True)[:, :, None]  # [BN, BK/32, 1]
+    else:
+        b = b.to(tl.int32)
+        lo = ((b << 9) & 0x0E00) | ((b << 12) & 0x8000)
+        hi = ((b << 5) & 0x0E00) | ((b << 8) & 0x8000)
+        lo = lo.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = hi.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        scale = ((s.to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)[:, :, None]
+    w = tl.join(lo * scale, hi * scale)  # [BN, BK/32, 16, 2]: low nibble first
+    return tl.reshape(w, (BN, BK)).to(dtype)
+
+
+@triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
+def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, counts_ptr, rows_ptr,
+                    T, N, K, stride_x, stride_we, stride_wp, stride_wn, stride_se, stride_sp, stride_sn,
+                    alpha, limit,
+                    TOP_K: tl.constexpr, E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr,
+                    ASM: tl.constexpr):
+    """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    e, rows, valid, n_tiles = _expert_tile(counts_ptr, rows_ptr, T, pid_m, E, BE, BM)
+    if pid_m >= n_tiles:
+        return
+    G: tl.constexpr = BK // 32
+    n = pid_n * BN + tl.arange(0, BN)  # [BN] act columns = weight-row pairs
+    n_ok = n < N
+    n_ld = n % N  # past-the-end columns reload valid rows; never stored
+    g, j, kk = tl.arange(0, G), tl.arange(0, 16), tl.arange(0, BK)
+    e64 = e.to(tl.int64)
+    w_gate = (w_ptr + e64 * stride_we + n_ld[:, None, None] * stride_wn
+              + g[None, :, None] * 16 + j[None, None, :])  # [BN, G, 16]
+    s_gate = s_ptr + e64 * stride_se + n_ld[:, None] * stride_sn + g[None, :]  # [BN, G]
+    x_rows = x_ptr + (rows // TOP_K).to(tl.int64)[None, :] * stride_x + kk[:, None]  # [BK, BM]
+    acc_g = tl.zeros([BN, BM], tl.float32)
+    acc_u = tl.zeros([BN, BM], tl.float32)
+    for k0 in range(0, K, BK):
+        if EVEN_K:
+            xt = tl.load(x_rows + k0)
+            bg = tl.load(w_gate + k0 // 2)
+            bu = tl.load(w_gate + stride_wp + k0 // 2)
+            sg = tl.load(s_gate + k0 // 32)
+            su = tl.load(s_gate + stride_sp + k0 // 32)
+        else:  # K tail: zero weights and zero x past K
+            g_ok = (k0 // 32 + g) < K // 32
+            xt = tl.load(x_rows + k0, mask=(k0 + kk < K)[:, None], other=0.0)
+            bg = tl.load(w_gate + k0 // 2, mask=g_ok[None, :, None], other=0)
+            bu = tl.load(w_gate + stride_wp + k0 // 2, mask=g_ok[None, :, None], other=0)
+            sg = tl.load(s_gate + k0 // 32, mask=g_ok[None, :], other=0)
+            su = tl.load(s_gate + stride_sp + k0 // 32, mask=g_ok[None, :], other=0)
+        acc_g = tl.dot(_dequant(bg, sg, BN, BK, xt.dtype, ASM), xt, acc_g, input_precision=PREC)
+        acc_u = tl.dot(_dequant(bu, su, BN, BK, xt.dtype, ASM), xt, acc_u, input_precision=PREC)
+    gate = acc_g + tl.load(b_ptr + e64 * 2 * N + n_ld)[:, None]  # [BN, BM]
+    up = acc_u + tl.load(b_ptr + e64 * 2 * N + N + n_ld)[:, None]
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    act = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+    tl.store(act_ptr + rows.to(tl.int64)[None, :] * N + n[:, None], act.to(act_ptr.dtype.element_ty),
+             mask=n_ok[:, None] & valid[None, :])
+
+
+@triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
+def _down_kernel(a_ptr, w_ptr, s_ptr, b_ptr, y_ptr, counts_ptr, rows_ptr,
+                 T, N, K, stride_we, stride_wn, stride_se, stride_sn,
+                 E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, ASM: tl.constexpr):
+    """y[a, n] = act[a] @ W2_e^T + b2_e for the rows a of tile pid_m; N = H, K = I."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    e, rows, valid, n_tiles = _expert_tile(counts_ptr, rows_ptr, T, pid_m, E, BE, BM)
+    if pid_m >= n_tiles:
+        return
+    G: tl.constexpr = BK // 32
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ok = n < N
+    n_ld = n % N
+    g, j, kk = tl.arange(0, G), tl.arange(0, 16), tl.arange(0, BK)
+    e64 = e.to(tl.int64)
+    w_rows = (w_ptr + e64 * stride_we + n_ld[:, None, None] * stride_wn
+              + g[None, :, None] * 16 + j[None, None, :])  # [BN, G, 16]
+    s_rows = s_ptr + e64 * stride_se + n_ld[:, None] * stride_sn + g[None, :]  # [BN, G]
+    a_rows = a_ptr + rows.to(tl.int64)[None, :] * K + kk[:, None]  # [BK, BM]
+    acc = tl.zeros([BN, BM], tl.float32)
+    for k0 in range(0, K, BK):
+        if EVEN_K:
+            at = tl.load(a_rows + k0)
+            bw = tl.load(w_rows + k0 // 2)
+            sw = tl.load(s_rows + k0 // 32)
+        else:
+            g_ok = (k0 // 32 + g) < K // 32
+            at = tl.load(a_rows + k0, mask=(k0 + kk < K)[:, None], other=0.0)
+            bw = tl.load(w_rows + k0 // 2, mask=g_ok[None, :, None], other=0)
+            sw = tl.load(s_rows + k0 // 32, mask=g_ok[None, :], other=0)
+        acc = tl.dot(_dequant(bw, sw, BN, BK, at.dtype, ASM), at, acc, input_precision=PREC)
+    y = acc + tl.load(b_ptr + e64 * N + n_ld)[:, None]
+    tl.store(y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None], y.to(y_ptr.dtype.element_ty),
+             mask=n_ok[:, None] & valid[None, :])
+
+
+@triton.jit
+def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr):
+    """out[t] = sum_j w[t, j] * y[t*k + j] in float32, in slot order (no atomics: deterministic)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    h_ok = h < H
+    acc = tl.zeros([BH], tl.float32)
+    for j in tl.static_range(TOP_K):
+        wj = tl.load(w_ptr + t * TOP_K + j)
+        acc += wj * tl.load(y_ptr + (t * TOP_K + j) * H + h, mask=h_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.empty(shape, dtype=dtype, device=device)  # tests swap this for NaN-filled buffers
+
+
+def _grid(t: int, top_k: int, e: int, n: int, tiles: Tiles) -> tuple[int, int]:
+    a = t * top_k
+    # Each expert's rows fill whole tiles but its last: at most (A + min(E, A)*(BM-1)) / BM tiles.
+    max_tiles = min(a, (a + min(e, a) * (tiles.bm - 1)) // tiles.bm)
+    return triton.cdiv(n, tiles.bn), max_tiles
+
+
+def gate_up(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, tiles: Tiles) -> Tensor:
+    """x [T, H] -> act [T*k, I] in x.dtype (row t*k + j: token t through its j-th expert)."""
+    (t, h), k = x.shape, r.ids.shape[1]
+    e, _, i = w.shape
+    act = _empty((t * k, i), x.dtype, x.device)
+    _gate_up_kernel[_grid(t, k, e, i, tiles)](
+        x, w.w13, w.s13, w.b13, act, r.counts, r.rows, t, i, h, x.stride(0),
+        *w.w13.stride()[:3], *w.s13.stride()[:3], alpha, limit,
+        TOP_K=k, E=e, BE=triton.next_power_of_2(e), BM=tiles.bm, BN=tiles.bn, BK=tiles.bk,
+        EVEN_K=h % tiles.bk == 0, PREC=_precision(x), ASM=_use_asm(x),
+        num_warps=tiles.warps, num_stages=tiles.stages)
+    return act
+
+
+def down(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
+    """act [T*k, I] -> y [T*k, H] in act.dtype, bias added, not yet weighted."""
+    a, i = act.shape
+    e, h, _ = w.shape
+    t = r.ids.shape[0]
+    y = _empty((a, h), act.dtype, act.device)
+    _down_kernel[_grid(t, r.ids.shape[1], e, h, tiles)](
+        act, w.w2, w.s2, w.b2, y, r.counts, r.rows, t, h, i, *w.w2.stride()[:2], *w.s2.stride()[:2],
+        E=e, BE=triton.next_power_of_2(e), BM=tiles.bm, BN=tiles.bn, BK=tiles.bk,
+        EVEN_K=i % tiles.bk == 0, PREC=_precision(act), ASM=_use_asm(act),
+        num_warps=tiles.warps, num_stages=tiles.stages)
+    return y
+
+
+def combine(y: Tensor, weights: Tensor, dtype: torch.dtype) -> Tensor:
+    """y [T*k, H], weights [T, k] -> [T, H] in dtype."""
+    t, k = weights.shape
+    h = y.shape[1]
+    out = _empty((t, h), dtype, y.device)
+    bh = min(1024, triton.next_power_of_2(h))
+    _combine_kernel[(t, triton.cdiv(h, bh))](y, weights, out, h, TOP_K=k, BH=bh, num_warps=4)
+    return out
+
+
+USE_ASM = True  # the PTX dequant on CUDA; False falls back to the portable one everywhere
+
+
+def _use_asm(x: Tensor) -> bool:
+    return USE_ASM and x.is_cuda and not triton.knobs.runtime.interpret
+
+
+def _precision(x: Tensor) -> str:
+    return "ieee" if x.dtype == torch.float32 else "tf32"  # float32 inputs: no TF32 rounding
+
+
+def moe_forward(x: Tensor, router_weight: Tensor, router_bias: Tensor, top_k: int, w: MoEWeights,
+                alpha: float, limit: float) -> Tensor:
+    """x [T, H] -> [T, H] in x.dtype; gptoss.model.MoE.forward on the GPU kernels."""
+    e, h, i = w.shape
+    if x.dim() != 2 or x.shape[1] != h or router_weight.shape != (e, h):
+        raise ValueError(f"moe_forward: x {tuple(x.shape)}, router {tuple(router_weight.shape)} do not "
+                         f"match the experts (E={e}, H={h}, I={i})")
+    if not (x.is_cuda or triton.knobs.runtime.interpret):
+        raise RuntimeError("moe_forward runs Triton kernels: it needs CUDA tensors (or TRITON_INTERPRET=1); "
+                           "on CPU use gptoss.model.MoE")
+    x = x.contiguous()
+    t = x.shape[0]
+    if t == 0:
+        return torch.empty_like(x)
+    logits = F.linear(x, router_weight, router_bias)  # [T, E]
+    r = route_and_group(logits, top_k)
+    act = gate_up(x, r, w, alpha, limit, choose_tiles(t, top_k, e, i, h, gate_up=True))  # [T*k, I]
+    y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False))  # [T*k, H]
+    return combine(y, r.weights, x.dtype)

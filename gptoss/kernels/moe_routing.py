@@ -1,0 +1,89 @@
+"""MoE routing on the GPU: top-k + softmax over the k logits, and each expert's list of rows.
+
+One kernel, no host sync (CUDA-graph capturable): every token picks its k largest logits (ties go
+to the lower expert id), softmaxes them in float32, and appends its assignment a = t*k + j to its
+experts' lists with an atomic counter per expert. The lists are [E, T] (an expert gets each token
+at most once, so T slots suffice); their order within an expert depends on atomic timing, which
+changes nothing downstream: every row of a grouped GEMM is computed on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+SINGLE_PROGRAM_MAX_TOKENS = 64  # up to this, one program routes everything and zeroes the counters itself
+_BLOCK_T = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    ids: Tensor  # [T, k] int32 expert of each (token, slot)
+    weights: Tensor  # [T, k] float32 softmax over the token's k logits
+    counts: Tensor  # [E] int32 assignments per expert
+    rows: Tensor  # [E, T] int32: rows[e, :counts[e]] are the assignments (t*k + j) routed to e
+
+
+@triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
+def _route_kernel(logits_ptr, ids_ptr, w_ptr, counts_ptr, rows_ptr, T, stride_t,
+                  E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
+                  BE: tl.constexpr, ZERO_COUNTS: tl.constexpr):
+    t = tl.program_id(0) * BT + tl.arange(0, BT)  # [BT]
+    t_ok = t < T
+    ex = tl.arange(0, BE)  # [BE]
+    if ZERO_COUNTS:  # the only program: no memset launch needed
+        tl.store(counts_ptr + ex, tl.zeros([BE], tl.int32), mask=ex < E)
+        tl.debug_barrier()
+    # [BT, BE]; rows past T read as zeros (finite, so their masked-out softmax stays quiet)
+    v = tl.load(logits_ptr + t[:, None] * stride_t + ex[None, :],
+                mask=t_ok[:, None] & (ex < E)[None, :], other=0.0).to(tl.float32)
+    v = tl.where((ex < E)[None, :], v, float("-inf"))
+    kc = tl.arange(0, KP)  # [KP]
+    top = tl.full([BT, KP], float("-inf"), tl.float32)  # [BT, KP] chosen logits, descending
+    for j in tl.static_range(TOP_K):
+        m = tl.max(v, axis=1)  # [BT]
+        idx = tl.min(tl.where(v == m[:, None], ex[None, :], BE), axis=1)  # lowest id among the maxima
+        idx = tl.minimum(idx, E - 1)  # NaN rows never match; keep their writes in bounds
+        v = tl.where(ex[None, :] == idx[:, None], float("-inf"), v)
+        top = tl.where(kc[None, :] == j, m[:, None], top)
+        tl.store(ids_ptr + t * TOP_K + j, idx, mask=t_ok)
+        slot = tl.atomic_add(counts_ptr + idx, 1, mask=t_ok)  # [BT] distinct per (expert, token)
+        tl.store(rows_ptr + idx * T + slot, t * TOP_K + j, mask=t_ok)
+    p = tl.exp(top - tl.max(top, axis=1)[:, None])  # [BT, KP]; unused columns are exp(-inf) = 0
+    p = p / tl.sum(p, axis=1)[:, None]
+    tl.store(w_ptr + t[:, None] * TOP_K + kc[None, :], p, mask=t_ok[:, None] & (kc < TOP_K)[None, :])
+
+
+def route_and_group(logits: Tensor, top_k: int) -> Routing:
+    """logits [T, E] -> Routing; grid and buffers depend on T and E only."""
+    if logits.dim() != 2:
+        raise ValueError(f"route: logits must be [T, E], got {tuple(logits.shape)}")
+    t, e = logits.shape
+    if not 1 <= top_k <= e:
+        raise ValueError(f"route: top_k must be in [1, {e}], got {top_k}")
+    logits = logits.contiguous()
+    dev = logits.device
+    single = t <= SINGLE_PROGRAM_MAX_TOKENS
+    block_t = max(16, triton.next_power_of_2(t)) if single else _BLOCK_T
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=dev)
+    counts = (torch.empty if single else torch.zeros)(e, dtype=torch.int32, device=dev)
+    rows = torch.empty(e, t, dtype=torch.int32, device=dev)
+    if t:
+        _route_kernel[(triton.cdiv(t, block_t),)](
+            logits, ids, weights, counts, rows, t, logits.stride(0),
+            E=e, TOP_K=top_k, KP=triton.next_power_of_2(top_k), BT=block_t,
+            BE=triton.next_power_of_2(e), ZERO_COUNTS=single)
+    elif single:
+        counts.zero_()
+    return Routing(ids, weights, counts, rows)
+
+
+def route(logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
+    """logits [T, E] -> (expert ids [T, k] int32, weights [T, k] float32), as torch.topk + softmax."""
+    r = route_and_group(logits, top_k)
+    return r.ids, r.weights

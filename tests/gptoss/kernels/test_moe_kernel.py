@@ -1,0 +1,254 @@
+"""MXFP4 MoE Triton kernels (gptoss.kernels.moe) against the reference gptoss.model.MoE.
+
+Without CUDA the kernels run in Triton's interpreter on CPU at small shapes; with CUDA the same
+tests run compiled, plus the 20b shape. Expert weights are uniformly random bytes (every e2m1
+code in both nibbles) with scale bytes spread like the release's (118..122 at fan-in 2880).
+Error = ||got - want|| / ||want|| over the whole output. Tolerances: float32 1e-5 (seen <= 4e-7:
+only the summation order differs); bfloat16 1.5e-2 (seen 4e-3..9e-3: the reference rounds
+h = x @ W13 to bf16 and runs SwiGLU in bf16 ops, the kernel keeps both in float32 and rounds act
+once, so each act value differs by up to ~1 bf16 ulp, ~0.4%, and the down GEMM averages that).
+In bf16, logits tie now and then: the kernel takes the lower expert id, torch.topk may not, so a
+token tied at the k-th place is scored against the reference experts on the kernel's valid choice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
+pytest.importorskip("triton")
+
+import numpy as np  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from gptoss.config import PRESETS  # noqa: E402
+from gptoss.kernels import moe  # noqa: E402
+from gptoss.kernels.moe import (  # noqa: E402
+    MoEWeights,
+    Tiles,
+    choose_tiles,
+    moe_forward,
+    prepare_moe_weights,
+    route,
+)
+from gptoss.kernels.moe_routing import SINGLE_PROGRAM_MAX_TOKENS, route_and_group  # noqa: E402
+from gptoss.model import MoE  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = torch.device("cpu" if INTERPRET else "cuda")
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+ALPHA, LIMIT = 1.702, 7.0
+pytestmark = [  # interpreter noise: a runtime loop bound as a 1-element array; exp(-x) overflowing to inf
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")]
+gpu = pytest.mark.skipif(INTERPRET, reason="needs CUDA (compiled kernels)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter_like_the_gpu():
+    """Two Triton 3.6 interpreter bugs, fixed so CPU runs round like the GPU: tl.dot multiplies
+    bfloat16 operands as their raw uint16 bits, and float32 -> bfloat16 casts truncate (the GPU
+    rounds to nearest even)."""
+    if not INTERPRET:
+        yield
+        return
+    from triton.runtime import interpreter as interp
+
+    builder = interp.InterpreterBuilder
+    dot, trunc = builder.create_dot, builder.create_fp_trunc
+
+    def as_f32(h):
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        return interp.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, *rest):
+        return dot(self, as_f32(a), as_f32(b), *rest)
+
+    def create_fp_trunc(self, src, dst_type):
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return trunc(self, src, dst_type)
+        bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even (finite inputs)
+        return interp.TensorHandle(bits.astype(np.uint16), tl.bfloat16)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(builder, "create_dot", create_dot)
+        mp.setattr(builder, "create_fp_trunc", create_fp_trunc)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    """Every act / y / out buffer starts as NaN, so a row no kernel writes fails the comparison."""
+    monkeypatch.setattr(moe, "_empty", lambda shape, dtype, device: torch.full(
+        shape, float("nan"), dtype=dtype, device=device))
+
+
+def make_moe(e: int, h: int, i: int, k: int, dtype: torch.dtype, seed: int = 0) -> tuple[MoE, MoEWeights]:
+    g = torch.Generator(DEV).manual_seed(seed)
+
+    def scale_bytes(shape: tuple[int, ...], fan_in: int) -> torch.Tensor:
+        lo = 118 + round(0.5 * math.log2(2880 / fan_in))  # keeps activations O(1), as make_checkpoint
+        return torch.randint(lo, lo + 5, shape, generator=g, device=DEV, dtype=torch.uint8)
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return (torch.randn(shape, generator=g, device=DEV) * std).to(dtype)
+
+    w = {"router.weight": normal(e, h, std=1 / math.sqrt(h)), "router.bias": normal(e, std=0.5),
+         "experts.gate_up_proj_blocks": torch.randint(0, 256, (e, 2 * i, h // 32, 16), generator=g,
+                                                      device=DEV, dtype=torch.uint8),
+         "experts.gate_up_proj_scales": scale_bytes((e, 2 * i, h // 32), h),
+         "experts.gate_up_proj_bias": normal(e, 2 * i, std=0.02),
+         "experts.down_proj_blocks": torch.randint(0, 256, (e, h, i // 32, 16), generator=g,
+                                                   device=DEV, dtype=torch.uint8),
+         "experts.down_proj_scales": scale_bytes((e, h, i // 32), i),
+         "experts.down_proj_bias": normal(e, h, std=0.02)}
+    ref = MoE(replace(PRESETS["tiny"], num_local_experts=e, num_experts_per_tok=k), w, dtype)
+    names = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
+             "down_proj_blocks", "down_proj_scales", "down_proj_bias")
+    return ref, prepare_moe_weights(*(w["experts." + n] for n in names))
+
+
+def reference(ref: MoE, x: torch.Tensor) -> torch.Tensor:
+    """ref(x), except tokens whose k-th and (k+1)-th logits tie: torch.topk may take either expert
+    there, so those tokens get MoE.forward's sum over the experts the kernel chose (a valid top-k:
+    checked), through the reference Experts."""
+    want = ref(x)
+    logits = F.linear(x, ref.router_weight, ref.router_bias)  # [T, E]
+    ids, weights = route(logits, ref.top_k)
+    top = torch.topk(logits, ref.top_k, dim=-1).values
+    assert torch.equal(logits.gather(1, ids.long()), top)  # the same logits, in the same order
+    if ref.top_k < logits.shape[1]:
+        s = logits.sort(dim=1, descending=True).values
+        for t in (s[:, ref.top_k - 1] == s[:, ref.top_k]).nonzero().flatten().tolist():
+            ys = [ref.experts(e, x[t:t + 1]).float() for e in ids[t].tolist()]  # [1, H] each
+            want[t] = sum(w * y[0] for w, y in zip(weights[t].tolist(), ys)).to(x.dtype)
+    return want
+
+
+def check_against_reference(ref: MoE, w: MoEWeights, x: torch.Tensor) -> float:
+    got = moe_forward(x, ref.router_weight, ref.router_bias, ref.top_k, w, ALPHA, LIMIT)
+    want = reference(ref, x)
+    assert got.shape == want.shape and got.dtype == x.dtype
+    assert not got.isnan().any()
+    err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert err <= TOL[x.dtype], f"rel error {err:.2e} > {TOL[x.dtype]:.0e}"
+    return err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 3, 17, 40])
+def test_moe_forward_matches_reference(dtype, tokens):
+    ref, w = make_moe(8, 64, 64, 4, dtype, seed=tokens)
+    check_against_reference(ref, w, (torch.randn(tokens, 64, device=DEV) * 3).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top1_and_shapes_that_leave_partial_k_and_n_tiles(dtype):
+    ref, w = make_moe(8, 64, 64, 1, dtype, seed=1)
+    check_against_reference(ref, w, (torch.randn(17, 64, device=DEV) * 3).to(dtype))
+    ref, w = make_moe(8, 96, 96, 4, dtype, seed=2)  # K = 96 leaves a tail for BK 64
+    check_against_reference(ref, w, (torch.randn(12, 96, device=DEV) * 3).to(dtype))
+
+
+def test_many_tokens_route_with_several_programs_and_bigger_tiles():
+    ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=3)
+    t = 100  # > SINGLE_PROGRAM_MAX_TOKENS; 50 rows per expert -> BM = 64
+    assert t > SINGLE_PROGRAM_MAX_TOKENS and choose_tiles(t, 4, 8, 64, 64, gate_up=True).bm == 64
+    check_against_reference(ref, w, (torch.randn(t, 64, device=DEV) * 3).bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_expert_with_every_token_and_one_with_none(dtype):
+    ref, w = make_moe(8, 64, 64, 4, dtype, seed=4)
+    ref.router_bias[0] = 50.0  # expert 0 wins every token
+    ref.router_bias[5] = -50.0  # expert 5 never makes the top 4
+    x = (torch.randn(40, 64, device=DEV) * 3).to(dtype)
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    assert r.counts[0].item() == 40 and r.counts[5].item() == 0 and r.counts.sum().item() == 160
+    check_against_reference(ref, w, x)
+
+
+def test_a_tie_at_the_kth_logit_takes_the_lower_expert():
+    ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=6)
+    ref.router_bias.copy_(torch.tensor([3.0, 2.0, 1.0, 0.5, 0.5, -1.0, -2.0, -3.0]))
+    x = (torch.randn(6, 64, device=DEV) * 3).bfloat16()
+    x[::2] = 0  # logits = bias: experts 3 and 4 tie for the 4th place
+    ids, _ = route(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    assert ids[0].tolist() == [0, 1, 2, 3]
+    check_against_reference(ref, w, x)
+
+
+@pytest.mark.parametrize("tiles", [Tiles(16, 16, 32, 4, 2), Tiles(32, 64, 64, 4, 3),
+                                   Tiles(128, 32, 128, 8, 3), Tiles(64, 128, 64, 4, 3)])
+def test_every_tile_shape_gives_the_same_result(tiles):
+    """The heuristic picks BM 64/128 only for big batches; force each shape on a small one."""
+    ref, w = make_moe(8, 96, 96, 4, torch.float32, seed=5)  # partial N tiles for BN 64, 128
+    x = torch.randn(12, 96, device=DEV) * 3
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    y = moe.down(moe.gate_up(x, r, w, ALPHA, LIMIT, tiles), r, w, tiles)
+    got, want = moe.combine(y, r.weights, x.dtype), ref(x)
+    assert ((got - want).norm() / want.norm()).item() <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("tokens, experts, k", [(1, 8, 4), (17, 8, 1), (40, 8, 4), (100, 32, 4)])
+def test_route_matches_topk_then_softmax(tokens, experts, k):
+    logits = torch.randn(tokens, experts, device=DEV) * 2
+    ids, weights = route(logits, k)
+    top_logits, top_ids = torch.topk(logits, k, dim=-1)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids.long(), top_ids)  # float32 random logits: no ties, so exact
+    torch.testing.assert_close(weights, torch.softmax(top_logits, dim=-1), rtol=1e-6, atol=1e-6)
+    r = route_and_group(logits, k)
+    assert torch.equal(r.counts.long(), torch.bincount(top_ids.flatten(), minlength=experts))
+    for e in range(experts):  # each expert's list holds exactly the assignments t*k + j routed to it
+        got = sorted(r.rows[e, :r.counts[e]].tolist())
+        assert got == (top_ids.flatten() == e).nonzero().flatten().tolist()
+
+
+def test_route_breaks_ties_toward_the_lower_expert():
+    logits = torch.zeros(3, 8, dtype=torch.bfloat16, device=DEV)
+    logits[1, 6] = logits[1, 2] = 1.0
+    ids, weights = route(logits, 4)
+    assert ids.tolist() == [[0, 1, 2, 3], [2, 6, 0, 1], [0, 1, 2, 3]]
+    assert weights[0].tolist() == [0.25] * 4
+
+
+def test_choose_tiles_streams_decode_weights_over_every_sm():
+    for t in (1, 2, 4, 8, 16):
+        up, dn = choose_tiles(t, 4, 32, 2880, 2880, True), choose_tiles(t, 4, 32, 2880, 2880, False)
+        assert up.bm == dn.bm == 16 and up.bn <= 64 and dn.bn <= 64
+        # one token: its 4 experts x N-tiles programs, at least two per H100 SM
+        assert moe._grid(1, 4, 32, 2880, up)[0] * 4 >= 2 * 132
+    big = choose_tiles(4096, 4, 32, 2880, 2880, False)
+    assert big.bm == 128 and big.bn >= 64 and 2880 % big.bk == 0
+    for t in (1, 64, 1024, 16384):
+        for n, k in ((2880, 2880), (64, 96)):
+            c = choose_tiles(t, 4, 32, n, k, True)
+            assert c.bk % 32 == 0 and c.bk <= k and 16 <= c.bm <= 128
+
+
+def test_prepare_rejects_mismatched_tensors():
+    _, w = make_moe(8, 64, 64, 4, torch.float32)
+    assert w.shape == (8, 64, 64)
+    blocks = torch.zeros(8, 128, 2, 16, dtype=torch.uint8)
+    scales = torch.zeros(8, 128, 2, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="down_scales is \\(8, 64, 3\\)"):
+        prepare_moe_weights(blocks, scales, torch.zeros(8, 128), torch.zeros(8, 64, 2, 16, dtype=torch.uint8),
+                            torch.zeros(8, 64, 3, dtype=torch.uint8), torch.zeros(8, 64))
+
+
+@gpu
+@pytest.mark.parametrize("tokens", [1, 2, 4, 8, 16, 64, 256, 1024, 4096])
+def test_20b_shape_on_gpu(tokens):
+    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=tokens)
+    err = check_against_reference(ref, w, torch.randn(tokens, 2880, device=DEV).bfloat16())
+    print(f"T={tokens}: rel error {err:.2e}")
