@@ -30,10 +30,14 @@ class EngineConfig:
     kv_cache_tokens: int | None = None  # default: sized from free memory
     block_size: int = 16
     seed: int = 0
+    kernels: str | None = None  # "torch" (the reference model) | "triton"; None: triton on CUDA
+    cuda_graphs: bool = True  # decode steps replay CUDA graphs (triton kernels on CUDA only)
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.kernels not in (None, "torch", "triton"):
+            raise ValueError(f"kernels must be torch or triton, got {self.kernels!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

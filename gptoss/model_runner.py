@@ -35,10 +35,11 @@ class ModelRunner:
             raise RuntimeError("--device cuda: torch sees no CUDA device")
         self.dtype = DTYPES[config.dtype]
         self.block_size = config.block_size
+        self.kernels = config.kernels or ("triton" if self.device.type == "cuda" else "torch")
         self.model = GptOss.from_checkpoint(config.model_path, self.device, self.dtype)
         mc = self.model.cfg
         dense = sum(dense_nbytes(block.mlp, self.dtype) for block in self.model.layers)
-        self.dense_moe = dense <= DENSE_MOE_MAX_BYTES
+        self.dense_moe = self.kernels == "torch" and dense <= DENSE_MOE_MAX_BYTES
         if self.dense_moe:  # a small model: decode its experts once, skip the per-expert loop
             for block in self.model.layers:
                 block.mlp = DenseMoE(block.mlp)
@@ -85,6 +86,12 @@ class ModelRunner:
             if self.device.type == "cpu" else None
         self.attn = PagedAttention(windows, self.num_full_blocks, self.num_ring_blocks, bs,
                                    mc.num_key_value_heads, mc.head_dim, self.dtype, self.device)
+        self.kernel_runner = None
+        if self.kernels == "triton":
+            from gptoss.kernel_runner import KernelRunner
+
+            self.kernel_runner = KernelRunner(self.model, self.attn.cache, bs, max_model_len,
+                                              config.max_num_seqs, config.seed, config.cuda_graphs)
 
     def _kv_budget(self) -> int:
         if self.device.type == "cuda":
@@ -97,6 +104,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: Batch) -> list[int]:
         """Feed the batch's new tokens through the model; sample where a sequence's tokens run out."""
+        if self.kernel_runner is not None:
+            return self.kernel_runner.run(batch)
         seqs, lens = batch.seqs, batch.num_new
         starts = [s.num_computed for s in seqs]
         ids = list(itertools.chain.from_iterable(

@@ -1,0 +1,244 @@
+"""Our engine against vLLM 0.26.0 on one GPU, same checkpoint, same token-id prompts, one table.
+
+    python bench/gptoss_gpu.py --model-path CKPT [--decode 128x512] [--throughput 1000x1024x1024 ...]
+        [--vllm-script .wc1/bench_vllm.py] [--engine gptoss,vllm] [--out DIR]
+
+Workloads (as vLLM's side, shared/tools/vllm_device/bench_vllm.py, runs them): random prompt ids,
+greedy, ignore_eos, exactly OUT new tokens per request.
+  start-up   process start to the first token of one request (our engine: load + graph capture)
+  decode     batch 1, one prompt of IN tokens, OUT new tokens, best of 3, prefill included
+  throughput N prompts at once (Offline), output tokens / wall seconds
+Also printed for ours: host milliseconds per decode step (scheduling + metadata + launch, the time
+the CPU spends before the step's one synchronisation) and the greedy agreement of the triton
+kernels with the torch reference on 16 prompts x 32 tokens (--agreement).
+Each engine runs in its own process, one after the other, so each gets the whole GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+T_PROCESS = time.perf_counter()
+
+
+def rand_prompts(n: int, length: int, seed: int, vocab: int = 200_000) -> list[list[int]]:
+    rng = random.Random(seed)  # the same ids bench_vllm.py draws for the same (n, length, seed)
+    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
+
+
+def emit(rows: list[dict], out: Path | None, record: dict) -> None:
+    print("RESULT " + json.dumps(record), flush=True)
+    rows.append(record)
+    if out is not None:
+        with open(out / "results.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    from gptoss.engine import EngineConfig, LLMEngine
+    from harness.config import SamplingParams
+
+    rows: list[dict] = []
+    cfg = EngineConfig(model_path=Path(args.model_path), device="cuda", max_num_seqs=args.max_num_seqs,
+                       max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                       kernels=args.kernels, cuda_graphs=not args.eager)
+    t = time.perf_counter()
+    eng = LLMEngine(cfg)
+    init = time.perf_counter() - t
+    eng.generate([[1, 2, 3]], SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True))
+    emit(rows, out, {"engine": "gptoss", "what": "startup", "engine_init_s": round(init, 1),
+                     "first_token_s": round(time.perf_counter() - T_PROCESS, 1)})
+    runner = eng.runner.kernel_runner
+
+    def greedy(n: int) -> SamplingParams:
+        return SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
+
+    eng.generate(rand_prompts(4, 64, 123), greedy(16))  # warm-up, as vLLM's side does
+    for spec in args.decode:
+        lin, lout = (int(x) for x in spec.split("x"))
+        prompts = rand_prompts(1, lin, seed=99)
+        eng.generate(prompts, greedy(8))
+        best = None
+        for _ in range(3):
+            if runner is not None:
+                runner.host_times.clear()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            outs = eng.generate(prompts, greedy(lout))
+            dt = time.perf_counter() - t
+            best = dt if best is None else min(best, dt)
+        host = runner.host_times[1:] if runner is not None else []
+        emit(rows, out, {"engine": "gptoss", "what": "batch1_decode", "input_len": lin,
+                         "output_len": len(outs[0]), "wall_s_best_of_3": round(best, 3),
+                         "tok_s_incl_prefill": round(len(outs[0]) / best, 1),
+                         "host_ms_per_step": round(1000 * sum(host) / max(1, len(host)), 3)})
+    for spec in args.throughput:
+        n, lin, lout = (int(x) for x in spec.split("x"))
+        prompts = rand_prompts(n, lin, seed=lin * 7 + n)
+        if runner is not None:
+            runner.host_times.clear()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        outs = eng.generate(prompts, greedy(lout))
+        dt = time.perf_counter() - t
+        n_out = sum(map(len, outs))
+        host = runner.host_times if runner is not None else []
+        emit(rows, out, {"engine": "gptoss", "what": "offline_throughput", "num_prompts": n,
+                         "input_len": lin, "output_len": lout, "wall_s": round(dt, 2),
+                         "output_tok_s": round(n_out / dt, 1), "steps": len(host),
+                         "host_ms_per_step": round(1000 * sum(host) / max(1, len(host)), 3)})
+    return rows
+
+
+def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
+    """Greedy tokens of --kernels triton vs --kernels torch: 16 prompts x 32 tokens, in one process
+    (two engines one after the other), and batch invariance of triton (alone vs in a batch)."""
+    sys.path.insert(0, str(REPO))
+    import gc
+
+    import torch
+
+    from gptoss.engine import EngineConfig, LLMEngine
+    from harness.config import SamplingParams
+
+    rows: list[dict] = []
+    prompts = rand_prompts(16, 64, seed=7)
+    sp = SamplingParams(max_new_tokens=32, temperature=0, ignore_eos=True)
+    got = {}
+    for kernels in ("triton", "torch"):
+        eng = LLMEngine(EngineConfig(model_path=Path(args.model_path), device="cuda", max_num_seqs=64,
+                                     max_model_len=4096, kv_cache_tokens=64 * 4096 // 4, kernels=kernels))
+        got[kernels] = eng.generate(prompts, sp)
+        if kernels == "triton":
+            got["alone"] = [eng.generate([p], sp)[0] for p in prompts]
+        del eng
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    def rate(a: list[list[int]], b: list[list[int]]) -> float:
+        """Share of tokens equal up to the first divergence of each continuation (then all differ)."""
+        same = 0
+        for x, y in zip(a, b):
+            k = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
+            same += k
+        return same / sum(map(len, a))
+
+    emit(rows, out, {"engine": "gptoss", "what": "greedy_agreement", "triton_vs_torch": round(rate(got["triton"], got["torch"]), 4),
+                     "batch_invariance": round(rate(got["alone"], got["triton"]), 4),
+                     "exact_sequences": sum(x == y for x, y in zip(got["triton"], got["torch"]))})
+    return rows
+
+
+def run_vllm(args: argparse.Namespace, out: Path | None) -> list[dict]:
+    cmd = [sys.executable, args.vllm_script, "--model", args.model_path, "--max-model-len", str(args.max_model_len)]
+    for d in args.decode:
+        cmd += ["--decode", d]
+    for t in args.throughput:
+        cmd += ["--throughput", t]
+    env = dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    rows: list[dict] = []
+    first_token = None
+    log = open(out / "vllm.log", "w") if out is not None else None
+    for line in proc.stdout:
+        if log:
+            log.write(line)
+        if line.startswith("RESULT "):
+            r = json.loads(line[7:])
+            r["engine"] = "vllm"
+            if r["what"] == "engine_init":
+                first_token = time.perf_counter() - t0
+                r = {"engine": "vllm", "what": "startup", "engine_init_s": r["seconds"],
+                     "first_token_s": round(first_token, 1)}
+            emit(rows, out, r)
+    proc.wait()
+    if proc.returncode:
+        print(f"vllm bench exited {proc.returncode}; see vllm.log", flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> None:
+    def key(r: dict) -> str:
+        if r["what"] == "batch1_decode":
+            return f"batch-1 decode {r['input_len']}->{r['output_len']}"
+        if r["what"] == "offline_throughput":
+            return f"offline {r['num_prompts']}x({r['input_len']}->{r['output_len']})"
+        return r["what"]
+
+    def value(r: dict) -> float | None:
+        return {"startup": r.get("first_token_s"), "batch1_decode": r.get("tok_s_incl_prefill"),
+                "offline_throughput": r.get("output_tok_s")}.get(r["what"])
+
+    by: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by.setdefault(key(r), {})[r["engine"]] = r
+    print(f"\n{'workload':34} {'gptoss':>10} {'vllm':>10} {'ratio':>7}  notes")
+    for k, e in by.items():
+        ours, theirs = e.get("gptoss"), e.get("vllm")
+        if k == "greedy_agreement" and ours:
+            print(f"{k:34} triton=torch {ours['triton_vs_torch']:.1%}, alone=batched {ours['batch_invariance']:.1%}")
+            continue
+        a = value(ours) if ours else None
+        b = value(theirs) if theirs else None
+        ratio = ""
+        if a and b:  # start-up: lower is better, so the ratio is theirs / ours
+            ratio = f"{(b / a if k == 'startup' else a / b):.2f}x"
+        note = f"host {ours['host_ms_per_step']} ms/step" if ours and "host_ms_per_step" in ours else ""
+        unit = "s" if k == "startup" else "tok/s"
+        print(f"{k:34} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {ratio:>7}  {unit} {note}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--engine", default="gptoss,vllm", help="comma list of gptoss, vllm, agreement")
+    ap.add_argument("--decode", action="append", default=None)
+    ap.add_argument("--throughput", action="append", default=None)
+    ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument("--max-num-seqs", type=int, default=1024)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--kernels", default="triton")
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs for our engine")
+    ap.add_argument("--vllm-script", default=str(REPO / ".wc1" / "bench_vllm.py"))
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.decode = args.decode if args.decode is not None else ["128x512"]
+    args.throughput = args.throughput if args.throughput is not None else []
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        {"gptoss": run_ours, "agreement": run_agreement}[args.child](args, args.out)
+        return
+    rows: list[dict] = []
+    for engine in args.engine.split(","):
+        if engine == "vllm":
+            rows += run_vllm(args, args.out)
+            continue
+        # Each of ours in a fresh process too: the GPU memory and start-up are its own.
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--child", engine]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout.splitlines():
+            if line.startswith("RESULT "):
+                rows.append(json.loads(line[7:]))
+            else:
+                print(line)
+        if proc.returncode:
+            print(f"{engine} exited {proc.returncode}", flush=True)
+    table(rows)
+
+
+if __name__ == "__main__":
+    main()

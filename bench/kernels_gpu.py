@@ -1,0 +1,53 @@
+"""Our Triton kernels against vLLM 0.26.0's on one GPU: MoE, decode/prefill attention, small ops.
+
+    python bench/kernels_gpu.py [--only moe,attn,ops] [--out DIR]
+
+Each part lives in bench/kernels/<part>_gpu.py with a run(rows) that appends one dict per case
+(kernel, case, ours_us, vllm_us, ratio, hbm_frac); a part whose peer cannot be imported still
+times ours. One table at the end: ratio = vLLM's time / ours (> 1: ours is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def fmt(x: object, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="moe,attn,ops")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    rows: list[dict] = []
+    for part in args.only.split(","):
+        try:
+            importlib.import_module(f"kernels.{part}_gpu").run(rows)
+        except Exception:  # one broken part must not hide the others' numbers
+            print(f"part {part} failed:\n{traceback.format_exc()}", flush=True)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "kernels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # The ratio is recomputed here, one convention for every part: peer time / ours (> 1: ours faster).
+    print(f"\n{'kernel':14} {'case':30} {'ours us':>9} {'peer us':>9} {'peer':>6} {'ratio':>6} {'HBM':>5}")
+    for r in rows:
+        peer, name = (r.get("vllm_us"), "vllm") if r.get("vllm_us") else (r.get("torch_us"), "torch")
+        ours = r.get("ours_us")
+        ratio = peer / ours if peer and ours else None
+        print(f"{r['kernel']:14} {r['case']:30} {fmt(ours, '9.1f')} {fmt(peer, '9.1f')} {name if peer else '-':>6} "
+              f"{fmt(ratio, '6.2f')} {fmt(r.get('hbm_frac'), '5.0%')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""gpt-oss forward on our Triton kernels: the same weights as gptoss.model, laid out for speed.
+
+The reference model (gptoss.model.GptOss) stays the oracle; this module takes its tensors once at
+load time (q/k/v fused into one projection, experts prepared for the MoE kernel) and runs a step
+as a fixed sequence of launches with no host synchronisation, so a decode step can be captured
+in a CUDA graph. Per layer: add+RMSNorm, QKV GEMM, RoPE (+ KV write), paged attention with sinks,
+O GEMM, add+RMSNorm, router GEMM + MXFP4 MoE.
+
+KV writes: full layers and decode-only steps write the step's K/V in the RoPE kernel, before
+attention (attention reads the step's own keys from k/v, never from the cache). A prefill chunk
+on a sliding layer could overwrite ring slots its first queries still read, so those layers
+write after attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gptoss.kernels.attention import paged_attention, write_kv
+from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
+from gptoss.kernels.rmsnorm import fused_add_rms_norm
+from gptoss.kernels.rope import build_cos_sin, rope_qkv
+from gptoss.model import GptOss
+
+
+@dataclass(slots=True)
+class StepMeta:
+    """Per-step index tensors, built once on the host side of a step and read by every layer."""
+
+    query_start: Tensor  # [S+1] int32 cumulative new-token offsets
+    context_lens: Tensor  # [S] int32 positions already in the cache
+    full_table: Tensor  # [S, max_blocks] int32
+    ring_table: Tensor  # [S, ring_len] int32 (unused without sliding layers)
+    full_slots: Tensor  # [T] int64 cache slot of each new token, full layers
+    ring_slots: Tensor  # [T] int64 ring slot, or -1 for tokens the ring would drop at once
+    max_query_len: int
+    num_decode: int  # the first num_decode sequences feed one token each (decodes come first)
+
+    @property
+    def decode_only(self) -> bool:
+        return self.num_decode == self.context_lens.shape[0]
+
+
+@dataclass(slots=True)
+class _Layer:
+    ln1: Tensor  # [H] float32
+    wqkv: Tensor  # [(Hq + 2 Hkv) D, H]
+    bqkv: Tensor  # [(Hq + 2 Hkv) D]
+    sinks: Tensor  # [Hq] float32
+    wo: Tensor  # [H, Hq D]
+    bo: Tensor  # [H]
+    ln2: Tensor  # [H] float32
+    router_w: Tensor  # [E, H]
+    router_b: Tensor  # [E]
+    moe: MoEWeights
+    window: int | None
+    pool: str  # "full" | "ring"
+    index: int  # layer index inside its pool's cache
+
+
+class KernelModel:
+    """forward(ids, positions, meta) -> hidden [T, H]; logits(hidden) -> [N, V] float32."""
+
+    def __init__(self, ref: GptOss, caches: dict[str, Tensor], block_size: int, max_positions: int) -> None:
+        cfg = ref.cfg
+        if cfg.quant_method != "mxfp4":
+            raise ValueError("--kernels triton needs MXFP4 experts; this checkpoint stores bf16 experts")
+        self.cfg = cfg
+        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.eps, self.top_k = cfg.rms_norm_eps, cfg.num_experts_per_tok
+        self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
+        self.scale = cfg.head_dim**-0.5
+        self.block_size = block_size
+        self.ring_len = -(-cfg.sliding_window // block_size)
+        self.max_positions = max_positions
+        self.caches = caches  # pool -> [layers, 2, num_blocks, bs, Hkv, D]
+        self.embed, self.norm, self.lm_head = ref.embed, ref.norm, ref.lm_head
+        self.cos_sin = build_cos_sin(ref.rope, max_positions)  # [P, D] float32
+        counts = {"full": 0, "ring": 0}
+        self.layers: list[_Layer] = []
+        for block in ref.layers:
+            a, m = block.attn, block.mlp
+            pool = "full" if a.window is None else "ring"
+            ex = m.experts
+            self.layers.append(_Layer(
+                ln1=block.input_norm,
+                wqkv=torch.cat([a.q_proj_weight, a.k_proj_weight, a.v_proj_weight]).contiguous(),
+                bqkv=torch.cat([a.q_proj_bias, a.k_proj_bias, a.v_proj_bias]).contiguous(),
+                sinks=a.sinks.float().contiguous(), wo=a.o_proj_weight, bo=a.o_proj_bias,
+                ln2=block.post_attention_norm, router_w=m.router_weight, router_b=m.router_bias,
+                moe=prepare_moe_weights(ex.gate_up_blocks, ex.gate_up_scales, ex.gate_up_bias,
+                                        ex.down_blocks, ex.down_scales, ex.down_bias),
+                window=a.window, pool=pool, index=counts[pool]))
+            counts[pool] += 1
+            # The reference layout of the experts is not needed any more: free it layer by layer,
+            # so a repacked copy never doubles the experts' memory (120b: 60 GB).
+            for name in ("gate_up_blocks", "gate_up_scales", "down_blocks", "down_scales"):
+                setattr(ex, name, None)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, meta: StepMeta) -> Tensor:
+        """input_ids, positions [T] int64 -> hidden [T, H] after the final norm."""
+        x = F.embedding(input_ids, self.embed)  # [T, H]
+        residual: Tensor | None = None
+        t = x.shape[0]
+        for lay in self.layers:
+            kv = self.caches[lay.pool][lay.index]  # [2, num_blocks, bs, Hkv, D]
+            kc, vc = kv[0], kv[1]
+            ring = lay.pool == "ring"
+            table = meta.ring_table if ring else meta.full_table
+            slots = meta.ring_slots if ring else meta.full_slots
+            write_first = not ring or meta.decode_only
+            h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps)
+            qkv = F.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
+            if write_first:
+                q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots)
+            else:
+                q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d)
+            o = self._attention(q, k, v, kc, vc, table, meta, lay)  # [T, Hq, D]
+            if not write_first:
+                write_kv(k, v, kc, vc, slots)
+            x = F.linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
+            h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
+            x = moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
+        out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps)
+        return out
+
+    def _attention(self, q: Tensor, k: Tensor, v: Tensor, kc: Tensor, vc: Tensor, table: Tensor,
+                   meta: StepMeta, lay: _Layer) -> Tensor:
+        """Decodes and prefill chunks in separate launches when a step mixes them: the decode launch
+        splits long contexts over programs, the chunk launch tiles queries."""
+        ring_len = self.ring_len if lay.pool == "ring" else None
+        n, s = meta.num_decode, meta.context_lens.shape[0]
+        parts = [(0, n, 1), (n, s, meta.max_query_len)] if 0 < n < s else [(0, s, meta.max_query_len)]
+        out = torch.empty_like(q)
+        for a, b, max_q in parts:
+            paged_attention(q, k, v, kc, vc, table[a:b], meta.query_start[a:b + 1], meta.context_lens[a:b],
+                            lay.sinks, self.scale, lay.window, ring_len, max_q, out=out,
+                            max_context_hint=self.max_positions)
+        return out
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """hidden [N, H] -> [N, V] float32."""
+        return F.linear(hidden, self.lm_head).float()

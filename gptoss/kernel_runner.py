@@ -1,0 +1,247 @@
+"""Runs scheduled batches on the Triton kernels: step metadata, CUDA graphs for decode, GPU sampling.
+
+Block tables live on the device, one row per running sequence; a step sends only the blocks
+added since the last step (O(changed)), and the step's table is a gather of its rows. Pure
+decode steps replay a CUDA graph captured for the next batch size up the ladder (padding rows
+read a dummy table row, attend to nothing but their own key and write no cache slot). Prefill
+and mixed steps run the same kernels eagerly. Sampling runs on the device from per-request
+seeds; the only synchronisation per step is reading the sampled ids back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gptoss.block_manager import cdiv
+from gptoss.kernel_model import KernelModel, StepMeta
+from gptoss.kernels.sampling import sample
+from gptoss.model import GptOss
+from gptoss.scheduler import Batch
+from gptoss.sequence import Sequence, Status
+
+GRAPH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
+               448, 512, 640, 768, 896, 1024)
+_SEED_MIX = 0x9E3779B97F4A7C15  # spreads engine-seeded requests over the 64-bit seed space
+
+
+@dataclass(slots=True)
+class _Row:
+    seq: Sequence
+    index: int
+    full_synced: int = 0
+    ring_synced: int = 0
+
+
+@dataclass(slots=True)
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    hidden: Tensor  # [B, H] output of the captured forward
+
+
+class KernelRunner:
+    def __init__(self, model: GptOss, caches: dict[str, Tensor], block_size: int, max_model_len: int,
+                 max_num_seqs: int, engine_seed: int, cuda_graphs: bool) -> None:
+        cfg = model.cfg
+        self.device = model.embed.device
+        self.bs = block_size
+        hkv, d = cfg.num_key_value_heads, cfg.head_dim
+        views = {k: c.view(c.shape[0], 2, -1, block_size, hkv, d) for k, c in caches.items()}
+        self.model = KernelModel(model, views, block_size, max_model_len)
+        self.ring_len = self.model.ring_len
+        self.engine_seed = engine_seed
+        # One spare row: the padding rows of a graph batch point at it (all zeros).
+        rows = max_num_seqs + 1
+        self.dummy_row = max_num_seqs
+        i32 = dict(dtype=torch.int32, device=self.device)
+        self.full_tab = torch.zeros(rows, cdiv(max_model_len, block_size), **i32)
+        self.ring_tab = torch.zeros(rows, self.ring_len, **i32)
+        self.rows: dict[int, _Row] = {}
+        self.free_rows = list(range(max_num_seqs - 1, -1, -1))
+        self.graph_sizes = [b for b in GRAPH_SIZES if b <= max_num_seqs]
+        if self.graph_sizes and self.graph_sizes[-1] < max_num_seqs:
+            self.graph_sizes.append(max_num_seqs)
+        self.graphs: dict[int, _Graph] = {}
+        self.host_times: list[float] = []  # seconds of host work per step, for the bench
+        if cuda_graphs and self.device.type == "cuda":
+            self._capture()
+
+    # ---- metadata --------------------------------------------------------------------------
+
+    def _sync_tables(self, seqs: list[Sequence]) -> list[int]:
+        """Give each seq a table row, send the blocks it gained; returns the rows in batch order."""
+        for sid in [sid for sid, r in self.rows.items() if r.seq.status is not Status.RUNNING]:
+            self.free_rows.append(self.rows.pop(sid).index)
+        upd_r: list[int] = []
+        upd_c: list[int] = []
+        upd_v: list[int] = []
+        ring_r: list[int] = []
+        ring_c: list[int] = []
+        ring_v: list[int] = []
+        out = []
+        for s in seqs:
+            r = self.rows.get(s.seq_id)
+            if r is None:
+                r = self.rows[s.seq_id] = _Row(s, self.free_rows.pop())
+            fb, rb = s.full_blocks, s.ring_blocks
+            for c in range(r.full_synced, len(fb)):
+                upd_r.append(r.index)
+                upd_c.append(c)
+                upd_v.append(fb[c])
+            for c in range(r.ring_synced, len(rb)):
+                ring_r.append(r.index)
+                ring_c.append(c)
+                ring_v.append(rb[c])
+            r.full_synced, r.ring_synced = len(fb), len(rb)
+            out.append(r.index)
+        for tab, rr, cc, vv in ((self.full_tab, upd_r, upd_c, upd_v), (self.ring_tab, ring_r, ring_c, ring_v)):
+            if rr:
+                idx = torch.tensor([rr, cc, vv], dtype=torch.int64).to(self.device, non_blocking=True)
+                tab[idx[0], idx[1]] = idx[2].to(torch.int32)
+        return out
+
+    def _slots(self, s: Sequence, start: int, n: int) -> tuple[list[int], list[int]]:
+        """Full and ring cache slots of positions [start, start + n); ring -1 where a later token of
+        the same chunk takes the slot (only the last ring_len * bs positions are kept)."""
+        bs, fb, rb, rl = self.bs, s.full_blocks, s.ring_blocks, self.ring_len
+        full = [fb[p // bs] * bs + p % bs for p in range(start, start + n)]
+        keep = start + n - rl * bs
+        ring = [rb[(p // bs) % rl] * bs + p % bs if p >= keep and rb else -1 for p in range(start, start + n)]
+        return full, ring
+
+    # ---- steps ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, batch: Batch) -> list[int]:
+        t0 = time.perf_counter()
+        seqs, lens = batch.seqs, batch.num_new
+        rows = self._sync_tables(seqs)
+        starts = [s.num_computed for s in seqs]
+        decode_only = all(n == 1 for n in lens)
+        graph = self._graph_for(len(seqs)) if decode_only else None
+        if graph is not None:
+            hidden = self._replay(graph, seqs, starts, rows)
+            sample_rows = None
+        else:
+            hidden = self._eager(seqs, starts, lens, rows)
+            ends = np.cumsum(lens)
+            sample_rows = [int(e) - 1 for e, want in zip(ends, batch.sample) if want]
+        picked = [s for s, want in zip(seqs, batch.sample) if want]
+        if not picked:
+            self.host_times.append(time.perf_counter() - t0)
+            return []
+        if sample_rows is not None and len(sample_rows) != hidden.shape[0]:
+            hidden = hidden[torch.tensor(sample_rows, device=self.device)]
+        ids = self._sample(self.model.logits(hidden), picked)
+        self.host_times.append(time.perf_counter() - t0)
+        out = ids.tolist()  # the step's one synchronisation
+        if any(i < 0 for i in out):
+            raise RuntimeError("the model produced NaN logits")
+        return out
+
+    def _sample(self, logits: Tensor, seqs: list[Sequence]) -> Tensor:
+        if all(s.params.greedy for s in seqs):  # no noise to draw: one argmax, NaN rows -> -1
+            return torch.where(logits.isnan().any(-1), -1, logits.argmax(-1))
+        f32 = np.empty((2, len(seqs)), dtype=np.float32)
+        i64 = np.empty((3, len(seqs)), dtype=np.int64)
+        filtered = False
+        for j, s in enumerate(seqs):
+            p = s.params
+            f32[0, j] = 0.0 if p.greedy else p.temperature
+            f32[1, j] = p.top_p
+            seed = p.seed if p.seed is not None else (self.engine_seed * _SEED_MIX + s.seq_id) % (1 << 62)
+            i64[0, j], i64[1, j], i64[2, j] = p.top_k, seed, len(s.token_ids)
+            filtered |= not p.greedy and (p.top_k > 0 or p.top_p < 1.0)
+        f = torch.from_numpy(f32).to(self.device, non_blocking=True)
+        i = torch.from_numpy(i64).to(self.device, non_blocking=True)
+        return sample(logits, f[0], i[0].to(torch.int32), f[1], i[1], i[2], filtered=filtered)
+
+    def _eager(self, seqs: list[Sequence], starts: list[int], lens: list[int], rows: list[int]) -> Tensor:
+        ids: list[int] = []
+        pos: list[int] = []
+        full: list[int] = []
+        ring: list[int] = []
+        for s, a, n in zip(seqs, starts, lens):
+            ids += s.token_ids[a:a + n]
+            pos += range(a, a + n)
+            f, r = self._slots(s, a, n)
+            full += f
+            ring += r
+        dev = self.device
+        tok = torch.tensor([ids, pos, full, ring], dtype=torch.int64).to(dev, non_blocking=True)
+        qs = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32).to(dev, non_blocking=True)
+        seq_t = torch.tensor([starts, rows], dtype=torch.int32).to(dev, non_blocking=True)
+        row_idx = seq_t[1].long()
+        meta = StepMeta(query_start=qs, context_lens=seq_t[0],
+                        full_table=self.full_tab.index_select(0, row_idx),
+                        ring_table=self.ring_tab.index_select(0, row_idx),
+                        full_slots=tok[2], ring_slots=tok[3], max_query_len=max(lens),
+                        num_decode=next((i for i, n in enumerate(lens) if n != 1), len(lens)))
+        return self.model.forward(tok[0], tok[1], meta)
+
+    # ---- CUDA graphs ------------------------------------------------------------------------
+
+    def _graph_for(self, n: int) -> _Graph | None:
+        for b in self.graph_sizes:
+            if b >= n:
+                return self.graphs.get(b)
+        return None
+
+    def _capture(self) -> None:
+        """Capture the decode forward at every ladder size, largest first, in one memory pool."""
+        bmax = self.graph_sizes[-1]
+        dev = self.device
+        # Static inputs: rows 0 ids, 1 positions, 2 full slots, 3 ring slots, 4 table rows.
+        self.g_in = torch.zeros(5, bmax, dtype=torch.int64, device=dev)
+        self.g_host = torch.zeros(5, bmax, dtype=torch.int64).pin_memory()
+        self.g_qs = torch.arange(bmax + 1, dtype=torch.int32, device=dev)
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream):
+            for b in reversed(self.graph_sizes):
+                self._fill_padding(0, b)
+                self.g_in.copy_(self.g_host)
+                for _ in range(2):  # compile and warm the kernels at this size
+                    self._graph_forward(b)
+                torch.cuda.synchronize(dev)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool, stream=stream):
+                    hidden = self._graph_forward(b)
+                self.graphs[b] = _Graph(g, hidden)
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        torch.cuda.synchronize(dev)
+
+    def _fill_padding(self, n: int, b: int) -> None:
+        """Rows [n, b) of the static inputs: token 0 at position 0, no slot, the dummy table row."""
+        h = self.g_host
+        h[0:2, n:b] = 0
+        h[2:4, n:b] = -1
+        h[4, n:b] = self.dummy_row
+
+    def _graph_forward(self, b: int) -> Tensor:
+        ids, pos, full, ring, rows = self.g_in[:, :b]
+        meta = StepMeta(query_start=self.g_qs[:b + 1], context_lens=pos.to(torch.int32),
+                        full_table=self.full_tab.index_select(0, rows),
+                        ring_table=self.ring_tab.index_select(0, rows),
+                        full_slots=full, ring_slots=ring, max_query_len=1, num_decode=b)
+        return self.model.forward(ids, pos, meta)
+
+    def _replay(self, g: _Graph, seqs: list[Sequence], starts: list[int], rows: list[int]) -> Tensor:
+        n, b = len(seqs), g.hidden.shape[0]
+        h = self.g_host.numpy()
+        bs, rl = self.bs, self.ring_len
+        for j, (s, p) in enumerate(zip(seqs, starts)):
+            h[0, j] = s.token_ids[p]
+            h[1, j] = p
+            h[2, j] = s.full_blocks[p // bs] * bs + p % bs
+            h[3, j] = s.ring_blocks[(p // bs) % rl] * bs + p % bs if s.ring_blocks else -1
+            h[4, j] = rows[j]
+        self._fill_padding(n, b)
+        self.g_in[:, :b].copy_(self.g_host[:, :b], non_blocking=True)
+        g.graph.replay()
+        return g.hidden[:n]
