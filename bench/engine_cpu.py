@@ -53,7 +53,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_checkpoints(root: Path) -> tuple[Path, Path]:
-    from gptoss.make_checkpoint import preset_config, write_checkpoint
+    from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
 
     paths = []
     for name, bf16 in (("tiny-mxfp4", False), ("tiny-bf16", True)):

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-# Bump when make_checkpoint's output changes, so an old cached checkpoint is not reused.
+# Bump when gptoss.tools.make_checkpoint's output changes, so an old cached checkpoint is not reused.
 LAYOUT = "tiny-seed0-v1"
 
 
@@ -24,7 +24,7 @@ def default_checkpoint() -> Path:
     target = data_dir() / f"gptoss-{LAYOUT}"
     if (target / "config.json").is_file():
         return target
-    from gptoss.make_checkpoint import preset_config, write_checkpoint
+    from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))

@@ -22,7 +22,7 @@ def lmeval_prompts() -> list[list[int]]:
     """The token ids lm-eval sends for tests/http/lmeval/gptoss_tiny.yaml (doc_to_text, tokenized)."""
     import json
 
-    from gptoss.serve_text import Tokenizer
+    from gptoss.serve.text import Tokenizer
 
     tok = Tokenizer()
     docs = [json.loads(line) for line in LMEVAL_TASK.read_text().splitlines() if line.strip()]

@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     """{'mxfp4': the tiny preset as released (MXFP4 experts), 'bf16': the same model, bf16 experts}."""
-    from gptoss.make_checkpoint import preset_config, write_checkpoint
+    from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
 
     root = tmp_path_factory.mktemp("ckpt")
     return {

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gptoss.serve_app import Server, build_app
+from gptoss.serve.app import Server, build_app
 
 log = logging.getLogger("gptoss.serve")
 

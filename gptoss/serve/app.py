@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gptoss.serve_api import (
+from gptoss.serve.api import (
     ApiError,
     Limits,
     Request,
@@ -25,7 +25,7 @@ from gptoss.serve_api import (
     parse_generate,
     token_ids,
 )
-from gptoss.serve_text import TextStream, Tokenizer
+from gptoss.serve.text import TextStream, Tokenizer
 
 log = logging.getLogger("gptoss.serve")
 STATE = web.AppKey("state", "Server")

@@ -1,6 +1,6 @@
 """Request validation and reply shapes of gptoss.serve: SGLang's /generate and OpenAI's /v1/completions.
 
-Pure functions, no I/O: the server (gptoss/serve.py) feeds them parsed JSON and writes what they
+Pure functions, no I/O: the server (gptoss/serve/main.py) feeds them parsed JSON and writes what they
 return. A request the engine cannot honour exactly is refused with 400, never half-served: an
 unknown sampling parameter, or a known one set to a value the engine does not implement.
 """
