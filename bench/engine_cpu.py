@@ -74,7 +74,7 @@ class Ours:
         self.engine = LLMEngine(self.config)
 
     def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
-        from harness.config import SamplingParams
+        from gptoss.sampling import SamplingParams
 
         return self.engine.generate(prompts, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True))
 
@@ -95,7 +95,7 @@ class OursStreaming:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
-        from harness.config import SamplingParams
+        from gptoss.sampling import SamplingParams
 
         params = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
 

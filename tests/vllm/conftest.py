@@ -8,7 +8,6 @@ decoding is reproducible to the token against our reference model and engine.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib.util
 import json
@@ -105,11 +104,10 @@ def loop():
 
 
 def parse_flags(flags: list[str]):
-    from backends import vllm as vllm_backend
+    from backends.vllm import VllmOptions
+    from harness.cli import parse_options
 
-    parser = argparse.ArgumentParser()
-    vllm_backend.add_arguments(parser)
-    return vllm_backend.options(parser.parse_args(flags))
+    return parse_options(VllmOptions, flags)
 
 
 def run_config(model_path: Path, flags: list[str], scenario: str = "server", **kw) -> RunConfig:
