@@ -1,14 +1,18 @@
 """The HTTP side of gptoss.serve: request handlers for SGLang's /generate, OpenAI's /v1/completions
-and the small endpoints, around one AsyncEngine (Server)."""
+and the small endpoints, around one AsyncEngine (Server). Both generation APIs share one handler
+(_handle, _stream); they differ only in how a step is rendered (Generate, Completions)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -43,23 +47,41 @@ class Server:
         self.limits = Limits(vocab_size=vocab_size, max_model_len=engine.max_model_len,
                              stream_interval=args.stream_interval)
         self.incremental = args.incremental_streaming_output
-        self.max_in_flight = args.max_num_seqs + args.max_queued_requests
-        self.in_flight = 0
+        self.max_in_flight = args.engine.max_num_seqs + args.max_queued_requests
+        self.running: set[str] = set()  # request ids with a handler
+        self.idle = asyncio.Event()  # set while no request is in flight (the shutdown drain waits on it)
+        self.idle.set()
         self.draining = False
+        self.abort_message = "aborted by the engine"  # what a cut request is told; set at shutdown
         self.tokenizer = Tokenizer()
         self.created = int(time.time())
 
-    def admit(self) -> None:
+    @property
+    def in_flight(self) -> int:
+        return len(self.running)
+
+    def admit(self, rid: str) -> None:
         if self.draining:
             raise ApiError(503, "the server is shutting down", "ServiceUnavailableError")
         if self.in_flight >= self.max_in_flight:
             raise ApiError(503, f"the server is busy: {self.in_flight} requests in flight (limit "
                                 f"--max-num-seqs + --max-queued-requests = {self.max_in_flight}); retry later",
                            "ServiceUnavailableError")
-        self.in_flight += 1
+        if rid in self.running:
+            raise ApiError(400, f"request id {rid!r} is already in flight")
+        self.running.add(rid)
+        self.idle.clear()
 
-    def release(self) -> None:
-        self.in_flight -= 1
+    def release(self, rid: str) -> None:
+        self.running.discard(rid)
+        if not self.running:
+            self.idle.set()
+
+    def abort_all(self, message: str) -> None:
+        """Abort every request in flight: each stream ends with an abort event, then [DONE]."""
+        self.abort_message = message
+        for rid in list(self.running):
+            self.engine.abort(rid)
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -74,6 +96,9 @@ def _event(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+DONE = b"data: [DONE]\n\n"
+
+
 async def _body(request: web.Request) -> Any:
     try:
         raw = await request.read()
@@ -85,14 +110,6 @@ async def _body(request: web.Request) -> Any:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
 
 
-def _submit(server: Server, req: Request):
-    """Queue the request in the engine; bad input (duplicate rid, too long) raises here, as a 4xx."""
-    try:
-        return server.engine.generate(req.prompt, req.params, request_id=req.rid)
-    except Exception as e:
-        raise _engine_error(e) from None
-
-
 def _engine_error(e: BaseException) -> ApiError:
     if isinstance(e, ValueError):
         return ApiError(400, str(e))
@@ -100,151 +117,172 @@ def _engine_error(e: BaseException) -> ApiError:
     return ApiError(500, f"engine error: {type(e).__name__}: {e}", "InternalServerError")
 
 
-# ----------------------------------------------------------------------------- /generate
+# ----------------------------------------------------------------------------- one request, either API
 
 
-async def generate(request: web.Request) -> web.StreamResponse:
-    server = request.app[STATE]
-    try:
-        req = parse_generate(await _body(request), server.limits)
-        server.admit()
-    except ApiError as e:
-        return _error(e)
-    try:
-        gen = _submit(server, req)
-        async with aclosing(gen):  # however the handler ends, a running request is aborted
-            return await (_generate_stream(request, server, req, gen) if req.stream
-                          else _generate_whole(server, req, gen))
-    except ApiError as e:
-        return _error(e)
-    finally:
-        server.release()
+@dataclass(slots=True)
+class Step:
+    """What one engine step added to a request."""
+
+    new: list[int]
+    text: str  # completions only: the new text (a stop string may end it early)
+    finish: str | None  # None while running; "stop" | "length" | "abort"
+    stop: int | str | None  # the matched stop token id, or stop string
 
 
-async def _generate_whole(server: Server, req: Request, gen) -> web.Response:
-    started = time.monotonic()
-    ids: list[int] = []
-    last = None
-    try:
-        async with aclosing(gen):
-            async for d in gen:
-                ids += d.token_ids
-                last = d
-    except Exception as e:
-        return _error(_engine_error(e))
-    reason = finish_reason(last.finish_reason if last else "abort", last.stop_token_id if last else None, len(ids))
-    return _json({"output_ids": ids, "meta_info": meta_info(req, len(ids), reason, started)})
+@dataclass(slots=True)
+class Reply:
+    """What a request has produced so far."""
+
+    ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    sent: int = 0  # ids already in a /generate chunk
+    started: float = field(default_factory=time.monotonic)
+    created: int = field(default_factory=lambda: int(time.time()))
+    last: Step | None = None
+
+    def add(self, step: Step) -> None:
+        self.ids += step.new
+        self.text.append(step.text)
+        self.last = step
 
 
-async def _generate_stream(request: web.Request, server: Server, req: Request, gen) -> web.StreamResponse:
-    started = time.monotonic()
-    ids: list[int] = []
-    sent = 0  # ids already in a chunk
-    async with aclosing(gen):
-        resp = web.StreamResponse(headers=SSE_HEADERS)
-        await resp.prepare(request)
-        it = aiter(gen)
-        while True:
-            try:
-                d = await anext(it)
-            except StopAsyncIteration:
-                break
-            except Exception as e:  # the engine failed: SGLang's in-stream error shape
-                err = _engine_error(e)
-                await resp.write(_event({"error": {"message": str(err), "type": err.type, "code": err.status}}))
-                break
-            ids += d.token_ids
-            if d.finish_reason is None and len(ids) - sent < req.stream_interval:
-                continue
-            reason = finish_reason(d.finish_reason, d.stop_token_id, len(ids))
-            out = ids[sent:] if server.incremental else ids
-            sent = len(ids)
-            # A client that went away makes write() raise: leaving the loop aborts the request.
-            await resp.write(_event({"output_ids": out, "meta_info": meta_info(req, len(ids), reason, started)}))
-    await resp.write(b"data: [DONE]\n\n")
-    return resp
-
-
-# ----------------------------------------------------------------------------- /v1/completions
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    server = request.app[STATE]
-    try:
-        req = parse_completion(await _body(request), server.limits, server.model, server.tokenizer.encode)
-        server.admit()
-    except ApiError as e:
-        return _error(e)
-    try:
-        gen = _submit(server, req)
-        async with aclosing(gen):
-            return await (_completion_stream(request, server, req, gen) if req.stream
-                          else _completion_whole(server, req, gen))
-    except ApiError as e:
-        return _error(e)
-    finally:
-        server.release()
-
-
-async def _completion_steps(server: Server, req: Request, gen):
-    """(new ids, new text, finish_reason, stop_reason) per engine step; ends early on a stop string."""
-    text = TextStream(server.tokenizer, req.stop, req.skip_special_tokens, req.include_stop_str)
+async def _steps(server: Server, req: Request, gen) -> AsyncIterator[Step]:
+    """The engine's deltas as Steps; for completions also text, ending early on a stop string."""
+    text = TextStream(server.tokenizer, req.stop, req.skip_special_tokens, req.include_stop_str) \
+        if req.api == "completions" else None
     ids: list[int] = []
     async with aclosing(gen):
         async for d in gen:
             ids += d.token_ids
-            final = d.finish_reason is not None
-            piece = text.step(ids, final)
-            if text.stopped is not None:  # leaving the loop aborts the rest of the generation
-                yield d.token_ids, piece, "stop", text.stopped
+            piece = text.step(ids, d.finish_reason is not None) if text is not None else ""
+            if text is not None and text.stopped is not None:  # leaving the loop aborts the rest
+                yield Step(d.token_ids, piece, "stop", text.stopped)
                 return
-            if d.finish_reason == "abort":
-                raise RuntimeError("the engine aborted the request")
-            yield d.token_ids, piece, d.finish_reason, d.stop_token_id if d.finish_reason == "stop" else None
+            yield Step(d.token_ids, piece, d.finish_reason, d.stop_token_id if d.finish_reason == "stop" else None)
 
 
-async def _completion_whole(server: Server, req: Request, gen) -> web.Response:
-    ids: list[int] = []
-    text: list[str] = []
-    reason = stop_reason = None
+class Api(Protocol):
+    """How one API renders a request's steps."""
+
+    def chunk(self, server: Server, req: Request, reply: Reply, step: Step) -> dict | None: ...
+    def whole(self, server: Server, req: Request, reply: Reply) -> dict: ...
+    def tail(self, server: Server, req: Request, reply: Reply) -> list[dict]: ...
+
+
+class Generate:
+    """SGLang's /generate: output_ids (cumulative unless incremental) and meta_info per chunk."""
+
+    @staticmethod
+    def _finish(server: Server, step: Step | None, n: int) -> dict | None:
+        if step is None:
+            return finish_reason("abort", None, n, server.abort_message)
+        return finish_reason(step.finish, step.stop, n, server.abort_message)
+
+    def chunk(self, server: Server, req: Request, reply: Reply, step: Step) -> dict | None:
+        if step.finish is None and len(reply.ids) - reply.sent < req.stream_interval:
+            return None
+        out = reply.ids[reply.sent:] if server.incremental else reply.ids
+        reply.sent = len(reply.ids)
+        reason = self._finish(server, step, len(reply.ids))
+        return {"output_ids": out, "meta_info": meta_info(req, len(reply.ids), reason, reply.started)}
+
+    def whole(self, server: Server, req: Request, reply: Reply) -> dict:
+        reason = self._finish(server, reply.last, len(reply.ids))
+        return {"output_ids": reply.ids, "meta_info": meta_info(req, len(reply.ids), reason, reply.started)}
+
+    def tail(self, server: Server, req: Request, reply: Reply) -> list[dict]:
+        return []
+
+
+class Completions:
+    """OpenAI's /v1/completions: text, token_ids (return_token_ids), usage (include_usage)."""
+
+    @staticmethod
+    def _finish(server: Server, step: Step | None) -> tuple[str, Any]:
+        if step is None or step.finish == "abort":
+            return "abort", server.abort_message
+        return step.finish, step.stop
+
+    def chunk(self, server: Server, req: Request, reply: Reply, step: Step) -> dict | None:
+        if not step.new and not step.text and step.finish is None:
+            return None
+        reason, stop = self._finish(server, step) if step.finish is not None else (None, None)
+        choice = completion_choice(req, step.text, step.new, reason, stop, first=reply.sent == 0)
+        reply.sent = len(reply.ids)
+        return completion(req, server.model, reply.created, [choice], None)
+
+    def whole(self, server: Server, req: Request, reply: Reply) -> dict:
+        reason, stop = self._finish(server, reply.last)
+        choice = completion_choice(req, "".join(reply.text), reply.ids, reason, stop, first=True)
+        return completion(req, server.model, reply.created, [choice], len(reply.ids))
+
+    def tail(self, server: Server, req: Request, reply: Reply) -> list[dict]:
+        return [completion(req, server.model, reply.created, [], len(reply.ids))] if req.include_usage else []
+
+
+async def _handle(request: web.Request, parse: Callable[[Server, Any], Request], api: Api) -> web.StreamResponse:
+    server = request.app[STATE]
     try:
-        async with aclosing(_completion_steps(server, req, gen)) as steps:
-            async for new, piece, reason, stop_reason in steps:
-                ids += new
-                text.append(piece)
-    except Exception as e:
-        return _error(_engine_error(e))
-    choice = completion_choice(req, "".join(text), ids, reason, stop_reason, first=True)
-    return _json(completion(req, server.model, int(time.time()), [choice], len(ids)))
-
-
-async def _completion_stream(request: web.Request, server: Server, req: Request, gen) -> web.StreamResponse:
-    created = int(time.time())
-    n = 0
-    first = True
-    async with aclosing(_completion_steps(server, req, gen)) as steps:
-        resp = web.StreamResponse(headers=SSE_HEADERS)
-        await resp.prepare(request)
-        it = aiter(steps)
-        while True:
+        req = parse(server, await _body(request))
+        server.admit(req.rid)
+    except ApiError as e:
+        return _error(e)
+    try:
+        try:
+            gen = server.engine.generate(req.prompt, req.params, request_id=req.rid)
+        except Exception as e:  # bad input the engine found (too long ...): a 4xx before any reply
+            return _error(_engine_error(e))
+        # aclosing: however the handler ends (client gone, cancelled), a running request is aborted.
+        async with aclosing(_steps(server, req, gen)) as steps:
+            if req.stream:
+                return await _stream(request, server, req, steps, api)
+            reply = Reply()
             try:
-                new, piece, reason, stop_reason = await anext(it)
-            except StopAsyncIteration:
-                break
+                async for step in steps:
+                    reply.add(step)
             except Exception as e:
-                await resp.write(_event(_engine_error(e).body()))
-                await resp.write(b"data: [DONE]\n\n")
-                return resp
-            if not new and not piece and reason is None:
-                continue
-            n += len(new)
-            choice = completion_choice(req, piece, new, reason, stop_reason, first)
-            first = False
-            await resp.write(_event(completion(req, server.model, created, [choice], None)))
-    if req.include_usage:
-        await resp.write(_event(completion(req, server.model, created, [], n)))
-    await resp.write(b"data: [DONE]\n\n")
+                return _error(_engine_error(e))
+            return _json(api.whole(server, req, reply))
+    finally:
+        server.release(req.rid)
+
+
+async def _stream(request: web.Request, server: Server, req: Request, steps: AsyncIterator[Step],
+                  api: Api) -> web.StreamResponse:
+    """SSE: a chunk per step (as the API renders it), its tail, then [DONE]; an engine failure
+    mid-stream is an error event before [DONE]. A client that went away makes write() raise."""
+    reply = Reply()
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    while True:
+        try:
+            step = await anext(steps)
+        except StopAsyncIteration:
+            break
+        except Exception as e:
+            await resp.write(_event(_engine_error(e).body()))
+            await resp.write(DONE)
+            return resp
+        reply.add(step)
+        if (event := api.chunk(server, req, reply, step)) is not None:
+            await resp.write(_event(event))
+    for event in api.tail(server, req, reply):
+        await resp.write(_event(event))
+    await resp.write(DONE)
     return resp
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, lambda s, body: parse_generate(body, s.limits), GENERATE)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, lambda s, body: parse_completion(body, s.limits, s.model, s.tokenizer.encode),
+                         COMPLETIONS)
+
+
+GENERATE, COMPLETIONS = Generate(), Completions()
 
 
 # ----------------------------------------------------------------------------- small endpoints

@@ -7,27 +7,54 @@ Streams are SSE (`data: {json}` ... `data: [DONE]`). /generate repeats all outpu
 unless --incremental-streaming-output, exactly as SGLang does. Binds 127.0.0.1 unless --host says
 otherwise; bodies over --max-request-bytes get 413, prompts that do not fit the context 400, and
 more than --max-num-seqs + --max-queued-requests requests at once 503. SIGTERM or SIGINT: stop
-accepting, let running requests finish for up to --shutdown-timeout seconds, abort the rest, exit 0.
+accepting (503), let running requests finish for up to --shutdown-timeout seconds, then abort the
+rest (each stream ends with an abort event and [DONE]) and exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import dataclasses
 import logging
+import math
 import signal
 import sys
+import typing
 from pathlib import Path
 
 from aiohttp import web
 
+from gptoss.engine import EngineConfig
 from gptoss.serve.app import Server, build_app
 
 log = logging.getLogger("gptoss.serve")
 
+# After the drain: how long cut streams get to write their abort event, and aiohttp its connections.
+ABORT_GRACE_S = 2.0
+CLOSE_TIMEOUT_S = 1.0
 
-# ----------------------------------------------------------------------------- process
+
+# ----------------------------------------------------------------------------- flags
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
+def _engine_flags(group: argparse._ArgumentGroup) -> list[dataclasses.Field]:
+    """EngineConfig's flag fields as flags: the same declaration --backend gptoss uses."""
+    hints = typing.get_type_hints(EngineConfig)
+    flags = [f for f in dataclasses.fields(EngineConfig) if "help" in f.metadata]
+    for f in flags:
+        kind = int if int in (hints[f.name], *typing.get_args(hints[f.name])) else str
+        shown = f.metadata.get("default_help", f.default)
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=f.default,
+                           choices=f.metadata.get("choices"), help=f"{f.metadata['help']} (default: {shown})")
+    return flags
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,51 +68,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--incremental-streaming-output", action="store_true",
                     help="/generate chunks carry only new ids (default: all ids so far, as SGLang)")
     ap.add_argument("--stream-interval", type=int, default=1, help="tokens per /generate chunk (default 1)")
-    e = ap.add_argument_group("engine")
-    e.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    e.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    e.add_argument("--max-num-seqs", type=int, default=256)
-    e.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    e.add_argument("--max-model-len", type=int, default=None)
-    e.add_argument("--kv-cache-tokens", type=int, default=None)
-    e.add_argument("--seed", type=int, default=0)
+    engine_flags = _engine_flags(ap.add_argument_group("engine"))
     lim = ap.add_argument_group("limits")
     lim.add_argument("--max-queued-requests", type=int, default=1024,
                      help="requests accepted beyond --max-num-seqs before answering 503 (default 1024)")
     lim.add_argument("--max-request-bytes", type=int, default=16 << 20, help="413 above this (default 16 MiB)")
-    lim.add_argument("--shutdown-timeout", type=float, default=30.0,
-                     help="seconds running requests get to finish after SIGTERM (default 30)")
+    lim.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
+                     help="seconds running requests get to finish after SIGTERM before they are aborted (default 30)")
     args = ap.parse_args(argv)
-    for name in ("stream_interval", "max_num_seqs", "max_queued_requests", "max_request_bytes"):
+    for name in ("stream_interval", "max_queued_requests", "max_request_bytes"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0 <= args.port < 65536:
+        ap.error(f"--port must be in [0, 65535], got {args.port}")
+    try:
+        args.engine = EngineConfig(model_path=args.model_path, **{f.name: getattr(args, f.name) for f in engine_flags})
+    except ValueError as e:
+        message = str(e)
+        for f in engine_flags:
+            message = message.replace(f.name, "--" + f.name.replace("_", "-"))
+        ap.error(message)
     return args
 
 
-def _vocab_size(model_path: Path) -> int:
-    cfg = json.loads((model_path / "config.json").read_text())
-    return int(cfg["vocab_size"])
+# ----------------------------------------------------------------------------- process
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from gptoss.engine import AsyncEngine, EngineConfig
+    from gptoss.engine import AsyncEngine
 
-    if args.model_path is None:
+    config: EngineConfig = args.engine
+    if config.model_path is None:
         from gptoss.default import default_checkpoint
 
-        args.model_path = default_checkpoint()
-    model_path = args.model_path.resolve()
+        config = dataclasses.replace(config, model_path=default_checkpoint())
+    model_path = config.model_path.resolve()
     if not (model_path / "config.json").is_file():
         raise SystemExit(f"gptoss.serve: {model_path} is not a checkpoint directory (no config.json)")
-    cfg = EngineConfig(model_path=model_path, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                       kv_cache_tokens=args.kv_cache_tokens, seed=args.seed)
-    async with AsyncEngine(cfg) as engine:
-        server = Server(engine, args, model_path, _vocab_size(model_path))
-        # On shutdown aiohttp stops listening, lets running handlers finish for shutdown_timeout
-        # seconds, then cancels them: each cancelled handler aborts its request in the engine.
+    async with AsyncEngine(dataclasses.replace(config, model_path=model_path)) as engine:
+        server = Server(engine, args, model_path, engine.vocab_size)
+        # handler_cancellation: a client that goes away cancels its handler, which aborts its request.
         runner = web.AppRunner(build_app(server), handler_cancellation=True, access_log=None,
-                               shutdown_timeout=args.shutdown_timeout)
+                               shutdown_timeout=CLOSE_TIMEOUT_S)
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
@@ -97,11 +121,28 @@ async def serve(args: argparse.Namespace) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        server.draining = True  # /health 503, new requests 503
-        if server.in_flight:
-            log.info("draining %d requests (up to %g s)", server.in_flight, args.shutdown_timeout)
+        await drain(server, args.shutdown_timeout)
         await runner.cleanup()
     print("gptoss.serve: stopped", flush=True)
+
+
+async def drain(server: Server, timeout: float) -> None:
+    """New requests get 503; running ones get `timeout` s to finish, then are aborted, so each
+    stream still ends with an abort event and [DONE]. Returns within timeout + ABORT_GRACE_S."""
+    server.draining = True  # /health 503, new requests 503
+    if server.in_flight:
+        log.info("draining %d requests (up to %g s)", server.in_flight, timeout)
+    try:
+        await asyncio.wait_for(server.idle.wait(), timeout)
+        return
+    except TimeoutError:
+        pass
+    log.info("aborting %d requests still running after %g s", server.in_flight, timeout)
+    server.abort_all(f"the server shut down: the request was still running {timeout:g} s after SIGTERM")
+    try:
+        await asyncio.wait_for(server.idle.wait(), ABORT_GRACE_S)
+    except TimeoutError:
+        log.warning("%d requests did not end after their abort; closing their connections", server.in_flight)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,7 +152,3 @@ def main(argv: list[str] | None = None) -> None:
     import uvloop
 
     uvloop.run(serve(args))
-
-
-if __name__ == "__main__":
-    main()
