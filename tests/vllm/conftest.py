@@ -11,10 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import threading
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -82,24 +79,11 @@ def dataset(tmp_path_factory) -> Path:
 # ----------------------------------------------------------------------------- the engine
 
 
-class _Loop:
-    """A loop on a daemon thread, like harness.loop's (used only when that module is absent)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="vllm-test-loop", daemon=True).start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-
 @pytest.fixture(scope="session")
 def loop():
-    """The process's long-lived loop: the harness's own when present, so in-process runs share it."""
-    try:
-        from harness.loop import shared_loop
-    except ModuleNotFoundError:
-        return _Loop()
+    """The process's long-lived loop, the harness's own, so in-process runs share it."""
+    from harness.loop import shared_loop
+
     return shared_loop()
 
 

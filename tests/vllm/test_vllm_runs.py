@@ -18,10 +18,6 @@ import pytest
 
 from tests.vllm.conftest import ENGINE_FLAGS, REPO, accuracy_tokens, generate, greedy_reference, make_dataset
 
-pytestmark = pytest.mark.skipif(
-    not (REPO / "run_mlperf.py").is_file(), reason="run_mlperf.py is not in this checkout yet"
-)
-
 
 @pytest.fixture(scope="session")
 def greedy_config(tmp_path_factory) -> Path:
