@@ -107,3 +107,19 @@ def test_a_damaged_cached_default_checkpoint_is_written_again_and_says_so(tmp_pa
         assert f"the cached default checkpoint {path} is damaged" in caplog.text, what
         assert damage(path) is None and weights.read_bytes() == good, what  # the same seed-0 weights again
         caplog.clear()
+
+
+def test_a_truncated_checkpoint_is_a_backend_error_naming_the_file(tiny_checkpoint, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_checkpoint, bad)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+
+    async def main():
+        async with backend.create(run_config(bad)):
+            pass
+
+    with pytest.raises(BackendError, match=r"model.safetensors cannot be read \(.*\); write or download it again"):
+        asyncio.run(main())
