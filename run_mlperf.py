@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""MLPerf Inference for gpt-oss: flags -> RunConfig -> harness.run(cfg). See --help."""
+"""MLPerf Inference for gpt-oss: flags -> RunConfig -> harness.runner.run(cfg). See --help."""
 
 import sys
 

@@ -7,23 +7,25 @@ import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
 
+from backends.base import Backend
+
 NAMES = ("gptoss", "vllm", "sglang", "openai")
 DEFAULT = "gptoss"
 
 
 @dataclass(frozen=True, slots=True)
 class Spec:
-    module: str  # defines create(cfg: RunConfig) -> Backend
-    options: str  # defines add_arguments(parser) and options(ns) -> frozen dataclass | None
+    module: str  # defines create(cfg: RunSpec) -> Backend
+    cls: str  # the Backend class in that module (its name, flags, in_process ...)
     needs: tuple[str, ...]  # importable modules the backend cannot run without
     install: str  # the setup.sh call that installs them
 
 
 SPECS: dict[str, Spec] = {
-    "gptoss": Spec("backends.gptoss", "backends.gptoss", ("torch", "safetensors"), "./setup.sh --backend gptoss"),
-    "vllm": Spec("backends.vllm", "backends.vllm", ("vllm",), "./setup.sh --backend vllm"),
-    "sglang": Spec("backends.sglang", "backends.http", ("aiohttp",), "./setup.sh --backend sglang"),
-    "openai": Spec("backends.openai", "backends.http", ("aiohttp",), "./setup.sh --backend openai"),
+    "gptoss": Spec("backends.gptoss", "GptossBackend", ("torch", "safetensors"), "./setup.sh --backend gptoss"),
+    "vllm": Spec("backends.vllm", "VllmBackend", ("vllm",), "./setup.sh --backend vllm"),
+    "sglang": Spec("backends.sglang", "SglangBackend", ("aiohttp",), "./setup.sh --backend sglang"),
+    "openai": Spec("backends.openai", "OpenAIBackend", ("aiohttp",), "./setup.sh --backend openai"),
 }
 
 
@@ -51,11 +53,7 @@ def module(name: str) -> ModuleType:
     return importlib.import_module(_spec(name).module)
 
 
-def options_module(name: str) -> ModuleType:
-    """The module whose add_arguments(parser) / options(ns) own the backend's flags."""
-    return importlib.import_module(_spec(name).options)
-
-
-def options_modules() -> list[ModuleType]:
-    """Each options module once, in a stable order, for building --help."""
-    return [importlib.import_module(m) for m in dict.fromkeys(s.options for s in SPECS.values())]
+def backend_class(name: str) -> type[Backend]:
+    """The backend's class: its flags (Options), in_process, default_model_path()."""
+    spec = _spec(name)
+    return getattr(importlib.import_module(spec.module), spec.cls)

@@ -1,4 +1,4 @@
-"""Shared HTTP client for the sglang and openai backends, and the flags of both.
+"""Shared HTTP client for the sglang and openai backends, and the flags they share (HttpOptions).
 
 One pooled aiohttp session per run, a concurrency cap, least-outstanding-first spreading over
 several servers, connect / first-token / total timeouts, opt-in retries, a /health ready check, and
@@ -8,14 +8,13 @@ whose message carries the server's own words.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import resource
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from backends.http_errors import (  # re-exported: the error names the backends' users see
@@ -31,8 +30,7 @@ from backends.http_errors import (  # re-exported: the error names the backends'
 from backends.sse import StreamDecoder, sse_tokens
 
 __all__ = ["HttpBackendError", "MalformedReplyError", "ServerConnectError", "ServerHTTPError", "ServerReportedError",
-           "ServerTimeoutError", "StreamBrokenError", "TokenCountError", "HttpOptions", "HttpClient",
-           "add_arguments", "options"]
+           "ServerTimeoutError", "StreamBrokenError", "TokenCountError", "HttpOptions", "HttpClient"]
 
 DEFAULT_MAX_CONCURRENCY = 1024
 _ERROR_BODY_LIMIT = 4096  # bytes of an error reply quoted in the message
@@ -41,71 +39,37 @@ _ERROR_BODY_LIMIT = 4096  # bytes of an error reply quoted in the message
 # ----------------------------------------------------------------------------- options
 
 
+def _off_at_zero(text: str) -> float | None:
+    value = float(text)
+    return None if value == 0 else value
+
+
 @dataclass(frozen=True, slots=True)
 class HttpOptions:
-    """Flags of the sglang and openai backends (core flags live in RunConfig)."""
+    """Flags of the sglang and openai backends (core flags such as --server-url live in RunConfig).
+    Each field with "help" metadata is a flag (harness/cli.py)."""
 
-    retries: int = 0
-    connect_timeout_s: float = 10.0
-    first_token_timeout_s: float | None = 600.0  # also the longest silence allowed mid-stream
-    ready_timeout_s: float = 600.0
-    stream: bool = True
-    stream_interval: int | None = None  # sglang: sampling_params.stream_interval
-    openai_model: str | None = None  # openai: default is the one model /v1/models lists
+    retries: int = field(default=0, metadata={
+        "help": "retry a request that failed before its first token (connect error, HTTP 5xx/429, cut stream) "
+                "up to N times on the least busy server; 0: every failure counts", "metavar": "N"})
+    connect_timeout_s: float = field(default=10.0, metadata={
+        "help": "seconds to open a TCP connection", "flag": "--connect-timeout", "metavar": "S"})
+    first_token_timeout_s: float | None = field(default=600.0, metadata={  # also the longest silence mid-stream
+        "help": "fail a streamed request with no token S seconds after it was sent, or silent for S seconds "
+                "mid-stream; 0 disables", "flag": "--first-token-timeout", "metavar": "S", "type": _off_at_zero})
+    ready_timeout_s: float = field(default=600.0, metadata={
+        "help": "seconds to wait for every server's GET /health to answer 200", "flag": "--ready-timeout",
+        "metavar": "S"})
+    stream: bool = field(default=True, metadata={
+        "help": "stream tokens over SSE; --no-stream waits for whole replies"})
 
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
-    return value
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("HTTP backends (sglang, openai)")
-    g.add_argument("--retries", type=_non_negative_int, default=0,
-                   help="retry a request that failed before its first token (connect error, HTTP 5xx/429, "
-                        "cut stream) up to N times on the least busy server; default 0: every failure counts")
-    g.add_argument("--connect-timeout", type=_seconds, default=10.0, metavar="S",
-                   help="seconds to open a TCP connection (default 10)")
-    g.add_argument("--first-token-timeout", type=_seconds, default=600.0, metavar="S",
-                   help="fail a streamed request with no token S seconds after it was sent, or silent for S "
-                        "seconds mid-stream; 0 disables (default 600)")
-    g.add_argument("--ready-timeout", type=_seconds, default=600.0, metavar="S",
-                   help="seconds to wait for every server's GET /health to answer 200 (default 600)")
-    g.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
-                   help="stream tokens over SSE (default); --no-stream waits for whole replies")
-    g.add_argument("--stream-interval", type=_positive_int, default=None, metavar="N",
-                   help="sglang: ask the server for one SSE chunk per N tokens (default: the server's)")
-    g.add_argument("--openai-model", default=None, metavar="NAME",
-                   help="openai: the `model` field of requests (default: the one model GET /v1/models lists)")
-
-
-def options(ns: argparse.Namespace) -> HttpOptions:
-    first = ns.first_token_timeout
-    return HttpOptions(
-        retries=ns.retries,
-        connect_timeout_s=ns.connect_timeout or 10.0,
-        first_token_timeout_s=first if first else None,
-        ready_timeout_s=ns.ready_timeout,
-        stream=ns.stream,
-        stream_interval=ns.stream_interval,
-        openai_model=ns.openai_model,
-    )
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries}")
+        for name in ("connect_timeout_s", "first_token_timeout_s", "ready_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {value}")
 
 
 # ----------------------------------------------------------------------------- servers

@@ -8,8 +8,11 @@ sends text without ids is refused: ids are never guessed from text.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
 
+from backends.base import RunSpec, SamplingParams
 from backends.http import (
     HttpClient,
     HttpOptions,
@@ -19,9 +22,15 @@ from backends.http import (
     TokenCountError,
 )
 from backends.sse import data_payloads
-from harness.config import RunConfig, SamplingParams
 
 DEFAULT_URL = "http://127.0.0.1:8000"  # vllm serve's default port
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIOptions(HttpOptions):
+    openai_model: str | None = field(default=None, metadata={
+        "help": "the `model` field of requests", "metavar": "NAME",
+        "default_help": "the one model GET /v1/models lists"})
 
 
 def _loads(buf: bytes, s: int, e: int, url: str) -> Any:
@@ -155,16 +164,22 @@ def request_fields(p: SamplingParams) -> dict[str, Any]:
 
 
 class OpenAIBackend:
-    name = "openai"
+    name: ClassVar[str] = "openai"
+    in_process: ClassVar[bool] = False
+    Options: ClassVar[type] = OpenAIOptions
+    max_model_len = None  # the server checks its own context
+    vocab_size = None
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.opts: HttpOptions = cfg.backend_options or HttpOptions()
-        if self.opts.stream_interval is not None:
-            raise ValueError("--stream-interval is an sglang option; OpenAI servers choose their own chunking")
+    def __init__(self, cfg: RunSpec) -> None:
+        self.opts: OpenAIOptions = cfg.backend_options or OpenAIOptions()
         urls = tuple(u.rstrip("/").removesuffix("/v1") for u in cfg.server_urls)
         self.client = HttpClient("openai", urls, DEFAULT_URL, self.opts, cfg.max_concurrency, cfg.timeout_s)
         self.model = self.opts.openai_model
         self._encoded: dict[SamplingParams, bytes] = {}
+
+    @classmethod
+    def default_model_path(cls) -> Path | None:
+        return None  # the server loads the model
 
     async def __aenter__(self) -> OpenAIBackend:
         await self.client.__aenter__()
@@ -206,5 +221,5 @@ class OpenAIBackend:
                 "model": self.model, **self.client.describe()}
 
 
-def create(cfg: RunConfig) -> OpenAIBackend:
+def create(cfg: RunSpec) -> OpenAIBackend:
     return OpenAIBackend(cfg)

@@ -9,8 +9,11 @@ chunk costs O(new ids) in Python, and it checks the whole list once, on the fina
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
 
+from backends.base import RunSpec, SamplingParams
 from backends.http import (
     HttpClient,
     HttpOptions,
@@ -20,9 +23,19 @@ from backends.http import (
     TokenCountError,
 )
 from backends.sse import SSE_FIELDS, data_payloads
-from harness.config import RunConfig, SamplingParams
 
 DEFAULT_URL = "http://127.0.0.1:30000"  # SGLang's default port
+
+
+@dataclass(frozen=True, slots=True)
+class SglangOptions(HttpOptions):
+    stream_interval: int | None = field(default=None, metadata={
+        "help": "ask the server for one SSE chunk per N tokens", "metavar": "N", "default_help": "the server's"})
+
+    def __post_init__(self) -> None:
+        HttpOptions.__post_init__(self)  # explicit: zero-argument super() fails in slotted dataclasses
+        if self.stream_interval is not None and self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
 
 _UNKNOWN, _CUMULATIVE, _INCREMENTAL = 0, 1, 2
 _INT = re.compile(rb"\d+")
@@ -255,13 +268,21 @@ def sampling_params(p: SamplingParams, stream_interval: int | None) -> dict[str,
 
 
 class SglangBackend:
-    name = "sglang"
+    name: ClassVar[str] = "sglang"
+    in_process: ClassVar[bool] = False
+    Options: ClassVar[type] = SglangOptions
+    max_model_len = None  # the server checks its own context
+    vocab_size = None
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.opts: HttpOptions = cfg.backend_options or HttpOptions()
+    def __init__(self, cfg: RunSpec) -> None:
+        self.opts: SglangOptions = cfg.backend_options or SglangOptions()
         self.client = HttpClient("sglang", cfg.server_urls, DEFAULT_URL, self.opts,
                                  cfg.max_concurrency, cfg.timeout_s)
         self._encoded: dict[SamplingParams, bytes] = {}
+
+    @classmethod
+    def default_model_path(cls) -> Path | None:
+        return None  # the server loads the model
 
     async def __aenter__(self) -> SglangBackend:
         await self.client.__aenter__()
@@ -286,5 +307,5 @@ class SglangBackend:
                 "stream_interval": self.opts.stream_interval, **self.client.describe()}
 
 
-def create(cfg: RunConfig) -> SglangBackend:
+def create(cfg: RunSpec) -> SglangBackend:
     return SglangBackend(cfg)

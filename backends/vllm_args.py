@@ -1,7 +1,8 @@
 """Flags of the vllm backend -> VllmOptions -> AsyncEngineArgs keyword arguments, checked by vLLM itself.
 
-No vLLM import at module level: --help and option parsing work without it. Only _convert_extra
-imports vLLM, to type --vllm-arg values exactly as `vllm serve` types its own flags.
+No vLLM import at module level: --help and option parsing (harness/cli.py reads VllmOptions' field
+metadata) work without it. Only _convert_extra imports vLLM, to type --vllm-arg values exactly as
+`vllm serve` types its own flags.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import difflib
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,64 +34,7 @@ class VllmOptionError(BackendError):
 
 # ----------------------------------------------------------------------------- flags
 
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    option: str
-    kind: type | str  # int, float, str, "bool" (--x / --no-x) or "json"
-    help: str
-
-    @property
-    def dest(self) -> str:
-        return self.option.removeprefix("--").replace("-", "_")
-
-
-FLAGS = (
-    Flag("--tensor-parallel-size", int, "GPUs per model replica (vLLM default 1)"),
-    Flag("--data-parallel-size", int, "model replicas (vLLM default 1)"),
-    Flag(
-        "--enable-expert-parallel", "bool", "shard MoE experts over the GPUs instead of tensor-slicing them"
-    ),
-    Flag(
-        "--max-num-seqs",
-        int,
-        "most sequences per engine step (vLLM's LLM-class default: 1024 on H100/H200, 256 on CPU)",
-    ),
-    Flag(
-        "--max-num-batched-tokens",
-        int,
-        "token budget per engine step (vLLM's LLM-class default: 16384 on H100/H200)",
-    ),
-    Flag(
-        "--dtype",
-        str,
-        "weights and activations: auto, bfloat16, float32 ... (vLLM default auto: the checkpoint's)",
-    ),
-    Flag("--max-model-len", int, "context length, prompt + output (default: the checkpoint's)"),
-    Flag(
-        "--gpu-memory-utilization",
-        float,
-        "share of GPU memory vLLM may take (vLLM default ~0.9; on CPU see README)",
-    ),
-    Flag("--kv-cache-dtype", str, "KV cache dtype: auto, fp8, ... (vLLM default auto)"),
-    Flag("--async-scheduling", "bool", "overlap scheduling with the forward pass (vLLM default on GPU)"),
-    Flag("--enable-prefix-caching", "bool", "reuse KV of shared prompt prefixes (vLLM default on)"),
-    Flag(
-        "--compilation-config",
-        "json",
-        "vLLM CompilationConfig as JSON, e.g. '{\"cudagraph_capture_sizes\": [1, 8, 64]}'",
-    ),
-    Flag("--enforce-eager", "bool", "no torch.compile and no CUDA graphs (faster start, slower steps)"),
-    Flag("--enable-lora", "bool", "LoRA support (implied by --lora-modules)"),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class VllmOptions:
-    engine_args: tuple[tuple[str, Any], ...] = ()  # (AsyncEngineArgs field, value) of the named flags set
-    extra_args: tuple[tuple[str, str], ...] = ()  # --vllm-arg KEY=VALUE, converted by vLLM's own parser
-    lora: tuple[str, str] | None = None  # (name, path): every request goes through this adapter
-    output_kind: str = "auto"  # auto: FINAL_ONLY in Offline, DELTA in Server/Interactive
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vLLM's ModelDType
 
 
 def _json(text: str) -> dict[str, Any]:
@@ -110,63 +54,60 @@ def _pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-def _has(parser: argparse.ArgumentParser, option: str) -> bool:
-    return option in parser._option_string_actions  # argparse's own registry of option strings
+def _engine(help: str, default: str, **more: Any) -> Any:
+    """An AsyncEngineArgs field under vLLM's own flag name; unset (None), vLLM's default stays."""
+    return field(default=None, metadata={"help": help, "default_help": default, "engine": True, **more})
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """vLLM's own flag names. A name another backend already added (say --max-num-seqs) is shared:
-    its value then reaches whichever backend runs, so such flags must default to None (unset)."""
-    group = parser.add_argument_group(
-        "vllm backend", "engine options, passed to vLLM's AsyncEngineArgs as given"
-    )
-    for f in FLAGS:
-        if _has(parser, f.option):
-            continue
-        if f.kind == "bool":
-            group.add_argument(
-                f.option, dest=f.dest, action=argparse.BooleanOptionalAction, default=None, help=f.help
-            )
-        else:
-            kind = _json if f.kind == "json" else f.kind
-            group.add_argument(
-                f.option,
-                dest=f.dest,
-                type=kind,
-                default=None,
-                metavar="JSON" if f.kind == "json" else None,
-                help=f.help,
-            )
-    group.add_argument(
-        "--lora-modules",
-        type=_pair,
-        metavar="NAME=PATH",
-        default=None,
-        help="serve every request through this LoRA adapter (PEFT folder); implies --enable-lora",
-    )
-    group.add_argument(
-        "--vllm-arg",
-        type=_pair,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other AsyncEngineArgs field, as `vllm serve --KEY VALUE` would read it (repeatable); "
-        "a switch takes true/false, e.g. --vllm-arg max_lora_rank=64 --vllm-arg disable_log_stats=false",
-    )
-    group.add_argument(
-        "--vllm-output-kind",
-        choices=OUTPUT_KINDS,
-        default="auto",
-        help="auto (default): whole outputs in Offline (FINAL_ONLY, fewer wake-ups), token deltas otherwise",
-    )
+@dataclass(frozen=True, slots=True)
+class VllmOptions:
+    """The vllm backend's flags. Fields marked "engine" reach AsyncEngineArgs under their own name,
+    and only when set, so vLLM's defaults stay in force."""
 
+    tensor_parallel_size: int | None = _engine("GPUs per model replica", "vLLM's, 1")
+    data_parallel_size: int | None = _engine("model replicas", "vLLM's, 1")
+    enable_expert_parallel: bool | None = _engine(
+        "shard MoE experts over the GPUs instead of tensor-slicing them", "vLLM's, off")
+    max_num_seqs: int | None = _engine(
+        "most sequences per engine step", "vLLM's LLM-class default: 1024 on H100/H200, 256 on CPU")
+    max_num_batched_tokens: int | None = _engine(
+        "token budget per engine step", "vLLM's LLM-class default: 16384 on H100/H200")
+    dtype: str | None = _engine("weights and activations", "vLLM's, auto: the checkpoint's", choices=DTYPES)
+    max_model_len: int | None = _engine("context length, prompt + output", "the checkpoint's")
+    gpu_memory_utilization: float | None = _engine(
+        "share of GPU memory vLLM may take", "vLLM's, 0.9; on CPU a 1 GiB KV cache, see README")
+    kv_cache_dtype: str | None = _engine("KV cache dtype: auto, fp8, ...", "vLLM's, auto")
+    async_scheduling: bool | None = _engine("overlap scheduling with the forward pass", "vLLM's, on")
+    enable_prefix_caching: bool | None = _engine("reuse KV of shared prompt prefixes", "vLLM's, on")
+    compilation_config: dict[str, Any] | None = _engine(
+        "vLLM CompilationConfig as JSON, e.g. '{\"cudagraph_capture_sizes\": [1, 8, 64]}'", "vLLM's",
+        type=_json, metavar="JSON")
+    enforce_eager: bool | None = _engine("no torch.compile and no CUDA graphs (faster start, slower steps)",
+                                         "vLLM's, off")
+    enable_lora: bool | None = _engine("LoRA support (implied by --lora-modules)", "vLLM's, off")
+    lora: tuple[str, str] | None = field(default=None, metadata={
+        "help": "serve every request through this LoRA adapter (PEFT folder); implies --enable-lora",
+        "flag": "--lora-modules", "type": _pair, "metavar": "NAME=PATH", "default_help": "none"})
+    extra_args: tuple[tuple[str, str], ...] = field(default=(), metadata={
+        "help": "any other AsyncEngineArgs field, as `vllm serve --KEY VALUE` would read it (repeatable); "
+                "a switch takes true/false, e.g. --vllm-arg max_lora_rank=64 --vllm-arg disable_log_stats=false",
+        "flag": "--vllm-arg", "type": _pair, "metavar": "KEY=VALUE", "repeat": True, "default_help": "none"})
+    output_kind: str = field(default="auto", metadata={
+        "help": "auto: whole outputs in Offline (FINAL_ONLY, fewer wake-ups), token deltas otherwise",
+        "flag": "--vllm-output-kind", "choices": OUTPUT_KINDS})
 
-def options(ns: argparse.Namespace) -> VllmOptions:
-    engine = tuple((f.dest, v) for f in FLAGS if (v := getattr(ns, f.dest, None)) is not None)
-    extra = tuple(getattr(ns, "vllm_arg", None) or ())
-    return VllmOptions(
-        engine, extra, getattr(ns, "lora_modules", None), getattr(ns, "vllm_output_kind", "auto")
-    )
+    def __post_init__(self) -> None:  # the rest is vLLM's to check (create() reports what it rejects)
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}")
+
+    @property
+    def engine_args(self) -> dict[str, Any]:
+        """The named engine flags that were set, as AsyncEngineArgs keyword arguments."""
+        return {
+            f.name: v for f in fields(self) if f.metadata.get("engine") and (v := getattr(self, f.name)) is not None
+        }
 
 
 # ----------------------------------------------------------------------------- engine args
@@ -215,7 +156,7 @@ def _convert_extra(pairs: tuple[tuple[str, str], ...]) -> dict[str, Any]:
 
 def engine_kwargs(model_path: Path, opts: VllmOptions, *, on_cpu: bool) -> dict[str, Any]:
     """The AsyncEngineArgs keyword arguments: the user's settings plus our documented defaults."""
-    named = dict(opts.engine_args)
+    named = opts.engine_args
     extra = _convert_extra(opts.extra_args)
     for key in extra:
         if key in RESERVED:

@@ -110,13 +110,12 @@ def serve(port: int, paced_interval_ms: float, stream_interval: int) -> None:
 
 
 def ours(url: str, concurrency: int):
-    from backends.http import HttpOptions
-    from backends.sglang import create
+    from backends.sglang import SglangOptions, create
     from harness.config import RunConfig, SamplingParams
 
     cfg = RunConfig(backend="sglang", scenario="offline", input_file=None, output_dir=Path("unused"),
                     sampling=SamplingParams(max_new_tokens=1), server_urls=(url,),
-                    max_concurrency=concurrency, backend_options=HttpOptions())
+                    max_concurrency=concurrency, backend_options=SglangOptions())
     backend = create(cfg)
 
     async def stream(n: int):

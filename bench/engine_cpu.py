@@ -53,7 +53,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_checkpoints(root: Path) -> tuple[Path, Path]:
-    from gptoss.make_checkpoint import preset_config, write_checkpoint
+    from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
 
     paths = []
     for name, bf16 in (("tiny-mxfp4", False), ("tiny-bf16", True)):
@@ -74,7 +74,7 @@ class Ours:
         self.engine = LLMEngine(self.config)
 
     def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
-        from harness.config import SamplingParams
+        from gptoss.sampling import SamplingParams
 
         return self.engine.generate(prompts, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True))
 
@@ -95,7 +95,7 @@ class OursStreaming:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
-        from harness.config import SamplingParams
+        from gptoss.sampling import SamplingParams
 
         params = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
 

@@ -47,7 +47,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
     import torch
 
     from gptoss.engine import EngineConfig, LLMEngine
-    from harness.config import SamplingParams
+    from gptoss.sampling import SamplingParams
 
     rows: list[dict] = []
     cfg = EngineConfig(model_path=Path(args.model_path), device="cuda", max_num_seqs=args.max_num_seqs,
@@ -110,7 +110,7 @@ def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
     import torch
 
     from gptoss.engine import EngineConfig, LLMEngine
-    from harness.config import SamplingParams
+    from gptoss.sampling import SamplingParams
 
     rows: list[dict] = []
     prompts = rand_prompts(16, 64, seed=7)

@@ -68,23 +68,22 @@ def _warmup_prompts() -> list[list[int]]:
 
 
 def _options(model_path: Path, engine_flags: list[str]):
-    from backends import vllm as vllm_backend
+    from backends.vllm import VllmOptions
+    from harness.cli import parse_options
 
-    parser = argparse.ArgumentParser(prog="engine flags")
-    vllm_backend.add_arguments(parser)
-    return vllm_backend.options(parser.parse_args(engine_flags))
+    return parse_options(VllmOptions, engine_flags, prog="engine flags")
 
 
 # ----------------------------------------------------------------------------- llm (vLLM alone)
 
 
 def run_llm(args) -> None:
-    from backends.vllm import engine_kwargs
-    from harness.generation import load_sampling
-
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
+
+    from backends.vllm import engine_kwargs
+    from harness.generation import load_sampling
 
     # Ask vLLM's platform, as the backend does: torch.cuda would initialise CUDA in this process,
     # and vLLM's forked engine core then cannot use it.
@@ -137,7 +136,7 @@ class Lent:
 
     def __init__(self, engine, final_only: bool) -> None:
         self._engine, self._final_only = engine, final_only
-        self.name, self.max_model_len = engine.name, engine.max_model_len
+        self.name, self.max_model_len, self.vocab_size = engine.name, engine.max_model_len, engine.vocab_size
 
     async def __aenter__(self):
         self._engine.final_only = self._final_only

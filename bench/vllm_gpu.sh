@@ -21,7 +21,7 @@ nvidia-smi -L; "$PY" -V
 
 if [ ! -f "$CKPT/config.json" ]; then
   say "checkpoint: gpt-oss-20b, random weights, on the GPU (background)"
-  "$PY" -m gptoss.make_checkpoint --preset 20b --device cuda --out "$CKPT" > "$WORK/checkpoint.log" 2>&1 &
+  "$PY" -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" > "$WORK/checkpoint.log" 2>&1 &
   ckpt_pid=$!
 fi
 

@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends import vllm as vllm_backend  # noqa: E402
+from harness.cli import add_options, options_from  # noqa: E402
 from harness.config import RunConfig, SamplingParams  # noqa: E402
 
 
@@ -68,7 +69,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
-    vllm_backend.add_arguments(ap)
+    add_options(ap, vllm_backend.VllmOptions, "vllm backend")
     args = ap.parse_args()
     cfg = RunConfig(
         backend="vllm",
@@ -77,7 +78,7 @@ def main() -> None:
         output_dir=Path("."),
         sampling=SamplingParams(max_new_tokens=args.output_len, temperature=0.0),
         model_path=args.model_path,
-        backend_options=vllm_backend.options(args),
+        backend_options=options_from(args, vllm_backend.VllmOptions),
     )
     *rows, desc = asyncio.run(_bench(args, vllm_backend.create(cfg)))
     r = desc["resolved"]

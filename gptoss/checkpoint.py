@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from gptoss.config import ModelConfig
@@ -110,14 +110,25 @@ def weight_files(path: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it (sharded index or a single file)."""
     index = path / INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"checkpoint {path}: {INDEX_FILE} cannot be read ({e!r})") from None
         return {name: path / fname for name, fname in weight_map.items()}
     single = path / SINGLE_FILE
     if single.is_file():
-        with safe_open(single, framework="pt") as f:
+        with _open(single, path) as f:
             return dict.fromkeys(f.keys(), single)
     raise CheckpointError(
         f"checkpoint {path}: no {INDEX_FILE} or {SINGLE_FILE} (only safetensors checkpoints are supported)")
+
+
+def _open(file: Path, path: Path, device: str = "cpu"):
+    """safe_open, with a truncated or garbled file reported as the checkpoint's problem."""
+    try:
+        return safe_open(file, framework="pt", device=device)
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"checkpoint {path}: {file.name} cannot be read ({e}); write or download it again") from None
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -148,7 +159,7 @@ def load_weights(path: str | Path, cfg: ModelConfig, device: str | torch.device 
     for file, names in by_file.items():
         if not file.is_file():
             raise CheckpointError(f"checkpoint {path}: shard {file.name} listed in {INDEX_FILE} is missing")
-        with safe_open(file, framework="pt", device=str(device)) as f:
+        with _open(file, path, str(device)) as f:
             present = set(f.keys())
             if missing := [n for n in names if n not in present]:
                 raise CheckpointError(f"checkpoint {path}: missing tensor {missing[0]!r} in {file.name}")

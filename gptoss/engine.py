@@ -12,34 +12,51 @@ import itertools
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Self
 
-from harness.config import SamplingParams
+from gptoss.sampling import SamplingParams
+
+DTYPES = ("bfloat16", "float32")
+
+
+def _flag(help: str, **more: object) -> dict[str, object]:
+    """Field metadata that makes the field a flag (read by harness/cli.py and gptoss/serve/main.py)."""
+    return {"help": help, **more}
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    model_path: Path
-    device: str = "cpu"  # "cpu" | "cuda"
-    dtype: str = "bfloat16"  # "float32" | "bfloat16"
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None  # default: from the checkpoint (capped by the KV cache)
-    kv_cache_tokens: int | None = None  # default: sized from free memory
+    """The engine's settings. The fields with flag metadata are the flags of --backend gptoss and of
+    python -m gptoss.serve, so a knob is declared once, here."""
+
+    model_path: Path | None = None  # set before the engine starts (--model-path is a flag of its own)
+    device: str | None = field(default=None, metadata=_flag(
+        "cpu, cuda or cuda:N", default_help="cuda when torch sees a GPU, else cpu"))
+    dtype: str = field(default="bfloat16", metadata=_flag("activations and KV cache", choices=DTYPES))
+    max_num_seqs: int = field(default=256, metadata=_flag("most running requests"))
+    max_num_batched_tokens: int = field(default=8192, metadata=_flag(
+        "tokens per engine step; longer prompts prefill in chunks"))
+    max_model_len: int | None = field(default=None, metadata=_flag(
+        "prompt + output limit", default_help="the checkpoint's, capped by the KV cache"))
+    kv_cache_tokens: int | None = field(default=None, metadata=_flag(
+        "KV cache size in tokens", default_help="sized from free memory"))
     block_size: int = 16
-    seed: int = 0
-    kernels: str | None = None  # "torch" (the reference model) | "triton"; None: triton on CUDA
-    cuda_graphs: bool = True  # decode steps replay CUDA graphs (triton kernels on CUDA only)
+    seed: int = field(default=0, metadata=_flag("seeds the sampling of requests that carry no seed"))
+    kernels: str | None = field(default=None, metadata=_flag(
+        "torch: the reference model; triton: our fused kernels", choices=("torch", "triton"),
+        default_help="triton on CUDA, torch on CPU"))
+    cuda_graphs: bool = field(default=True, metadata=_flag(
+        "replay CUDA graphs for decode steps (triton kernels on CUDA)"))
 
     def __post_init__(self) -> None:
-        if self.device.split(":")[0] not in ("cpu", "cuda"):
+        if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.kernels not in (None, "torch", "triton"):
             raise ValueError(f"kernels must be torch or triton, got {self.kernels!r}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -69,6 +86,12 @@ class LLMEngine:
         from gptoss.model_runner import ModelRunner
         from gptoss.scheduler import Scheduler
 
+        if config.model_path is None:
+            raise ValueError("EngineConfig.model_path is not set: give the checkpoint directory")
+        if config.device is None:
+            import torch
+
+            config = replace(config, device="cuda" if torch.cuda.is_available() else "cpu")
         self.config = config
         self.runner = ModelRunner(config)
         self.max_model_len = self.runner.max_model_len
@@ -153,6 +176,7 @@ class AsyncEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.max_model_len = 0  # known once the model is loaded
+        self.vocab_size = 0
         self._core: LLMEngine | None = None
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, list[int], SamplingParams]] = []  # guarded by _cond
@@ -169,6 +193,7 @@ class AsyncEngine:
         self._loop = asyncio.get_running_loop()
         self._core = await asyncio.to_thread(LLMEngine, self.config)
         self.max_model_len = self._core.max_model_len
+        self.vocab_size = self._core.vocab_size
         self._thread = threading.Thread(target=self._run, name="gptoss-engine", daemon=True)
         self._thread.start()
         return self
@@ -187,11 +212,12 @@ class AsyncEngine:
         if core is None:
             return {}
         r = core.runner
-        return {"max_model_len": core.max_model_len, "kv_cache_tokens": r.kv_cache_tokens,
+        return {"device": core.config.device, "max_model_len": core.max_model_len, "kv_cache_tokens": r.kv_cache_tokens,
                 "kv_ring_blocks": r.num_ring_blocks, "block_size": self.config.block_size,
                 "max_num_seqs": self.config.max_num_seqs,
                 "max_num_batched_tokens": self.config.max_num_batched_tokens,
-                "dtype": self.config.dtype, "dense_moe": r.dense_moe}
+                "dtype": self.config.dtype, "dense_moe": r.dense_moe, "kernels": r.kernels,
+                "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else []}
 
     def generate(self, prompt: list[int], params: SamplingParams,
                  request_id: str | None = None) -> _Stream:

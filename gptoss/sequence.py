@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from enum import Enum, auto
 
-from harness.config import SamplingParams
+from gptoss.sampling import SamplingParams
 
 
 class Status(Enum):

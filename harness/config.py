@@ -2,52 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.base import SamplingParams  # the sampling every backend takes
+
 VOCAB_SIZE = 201088
-# <|return|>, <|call|>, <|endoftext|>: where gpt-oss stops generating.
-STOP_TOKEN_IDS: tuple[int, ...] = (200002, 200012, 199999)
 
 MAX_NEW_TOKENS_PERFORMANCE = 10240
 MAX_NEW_TOKENS_ACCURACY = 32768
-# gpt-oss context length (max_position_embeddings); used when neither the backend nor the
-# checkpoint's config.json says otherwise.
-MAX_MODEL_LEN = 131072
 
 # The LoadGen model names whose rules (mlperf.conf) apply; Interactive is the Server scenario
 # run under the "-interactive" name.
 LOADGEN_MODEL = "gpt-oss-120b"
 COMPLIANCE_TESTS = ("TEST07", "TEST09")
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How one request is decoded. Shared by every backend and the gptoss engine."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables top-k
-    ignore_eos: bool = False
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = STOP_TOKEN_IDS
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
-
 
 SCENARIOS = ("offline", "server", "interactive")
 
@@ -56,8 +26,8 @@ SCENARIOS = ("offline", "server", "interactive")
 class RunConfig:
     """Everything one run needs, built once from flags (harness/cli.py) and passed whole.
 
-    Backends read: model_path, sampling, server_urls, max_concurrency, timeout_s and
-    backend_options (the frozen dataclass their options module built from the flags).
+    Backends read what backends.base.RunSpec lists: scenario, model_path, server_urls,
+    max_concurrency, timeout_s and backend_options (an instance of the backend's Options).
     """
 
     backend: str
@@ -96,8 +66,8 @@ class RunConfig:
             raise ValueError("--compliance runs in performance mode; drop --accuracy")
         for name in ("target_qps", "min_duration_s", "timeout_s", "interrupt_grace_s"):
             value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         for name in ("min_query_count", "max_samples", "max_concurrency"):
             value = getattr(self, name)
             if value is not None and value < 1:

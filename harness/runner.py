@@ -14,8 +14,9 @@ import mlperf_loadgen as lg
 from rich.console import Console
 
 import backends
+from backends.base import Backend
 from data.checksums import sha256
-from harness.config import MAX_MODEL_LEN, VOCAB_SIZE, RunConfig, SamplingParams
+from harness.config import VOCAB_SIZE, RunConfig, SamplingParams
 from harness.dataset import Dataset, check_model_limits, load_dataset, model_limits
 from harness.interrupt import InterruptWatcher
 from harness.loop import LoopThread, shared_loop
@@ -27,13 +28,14 @@ from harness.sut import SUT
 
 EXIT_OK = 0
 EXIT_FAILED_QUERIES = 1  # some queries failed (backend error, timeout): see the failure report
+EXIT_ACCURACY_FAILED = 1  # accuracy FAIL: the exit code of `python -m evaluation` for the same log
 EXIT_USAGE = 2  # bad flags, conf file, dataset or backend setup; nothing was run
 EXIT_INVALID = 3  # the run completed but LoadGen's result is INVALID
 EXIT_COMPLIANCE = 4  # the compliance test's verification failed
 
 
 class RunError(RuntimeError):
-    """A run that cannot start (a missing package, a missing default checkpoint); exit code 2."""
+    """A run that cannot start (an unusable output directory ...) or be scored; exit code 2."""
 
 
 def sample_params(base: SamplingParams, dataset: Dataset) -> list[SamplingParams]:
@@ -51,51 +53,93 @@ def sample_params(base: SamplingParams, dataset: Dataset) -> list[SamplingParams
     return out
 
 
-def _resolve_model_path(cfg: RunConfig) -> RunConfig:
-    if cfg.model_path is not None or cfg.backend != "gptoss":
+def _resolve_model_path(cfg: RunConfig, backend: type[Backend]) -> RunConfig:
+    if cfg.model_path is not None:
         return cfg
     try:
-        from gptoss.default import default_checkpoint
-    except ModuleNotFoundError as e:
-        if e.name not in ("gptoss", "gptoss.default"):
-            raise
-        raise RunError(
-            "--model-path is required: this install has no gptoss.default to make the tiny checkpoint"
-        ) from None
-    path = default_checkpoint()
-    note = f"--model-path not given: using the tiny random-weight gpt-oss checkpoint at {path}"
+        path = backend.default_model_path()
+    except OSError as e:
+        raise RunError(f"no --model-path, and the {backend.name} backend's default checkpoint: {e}") from None
+    if path is None:
+        return cfg
+    note = f"--model-path not given: using the {backend.name} backend's default checkpoint at {path}"
     return replace(cfg, model_path=path, notes=(*cfg.notes, note))
 
 
-def _compliance_module():
-    try:
-        from evaluation import compliance
-    except ModuleNotFoundError as e:
-        if e.name not in ("evaluation", "evaluation.compliance"):
-            raise
+# What a run writes into its log directory (LoadGen's logs, ours, evaluation's, compliance's); a
+# previous run's copies are deleted before a run starts, so no file mixes two runs.
+OWNED_FILES = (
+    "mlperf_log_summary.txt",
+    "mlperf_log_detail.txt",
+    "mlperf_log_accuracy.json",
+    "mlperf_log_trace.json",
+    "run.json",
+    "accuracy.json",
+    "audit.config",
+    "verify_accuracy.txt",
+    "verify_output_len.txt",
+    "accuracy_result.json",
+)
+OWNED_COMPLIANCE_DIRS = ("accuracy", "performance")  # evaluation.compliance.copy_logs
+
+
+def _check_output_dir(cfg: RunConfig) -> None:
+    """The log directory can be made and written, or one line says why (before anything runs, and
+    without making it: a run that fails its checks leaves nothing behind)."""
+    import tempfile
+
+    existing = cfg.log_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
         raise RunError(
-            "--compliance needs the evaluation package (evaluation.compliance), which is not installed"
+            f"--output-dir {cfg.output_dir}: {existing} is a file, not a directory; choose another --output-dir"
+        )
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # the real test of writable (root, read-only mounts)
+            pass
+    except OSError as e:
+        raise RunError(
+            f"--output-dir {cfg.output_dir}: cannot write to {existing} ({e.strerror or e}); "
+            "choose another --output-dir"
         ) from None
-    return compliance
+
+
+def _clear_previous_run(cfg: RunConfig) -> list[str]:
+    """Delete what an earlier run left in this run's log directory; return the names deleted."""
+    import shutil
+
+    try:
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        gone = []
+        for name in OWNED_FILES:
+            if (cfg.log_dir / name).is_file():
+                (cfg.log_dir / name).unlink()
+                gone.append(name)
+        for name in OWNED_COMPLIANCE_DIRS if cfg.compliance else ():
+            if (cfg.log_dir / name).is_dir():
+                shutil.rmtree(cfg.log_dir / name)
+                gone.append(name + "/")
+    except OSError as e:
+        raise RunError(f"--output-dir {cfg.output_dir}: {e}; choose another --output-dir") from None
+    return gone
 
 
 def _evaluate(dataset: Dataset, log_dir: Path, console: Console) -> dict[str, Any] | None:
+    from evaluation import evaluate_run
+    from evaluation.accuracy_log import AccuracyLogError
+    from evaluation.graders import GroundTruthError
+    from evaluation.lcb_tests import LcbTestsError
+    from evaluation.reference import DatasetError as ReferenceError
+
     if not dataset.has_ground_truth:
         console.print("[yellow]accuracy not scored:[/] the dataset has no 'ground_truth' column")
         return None
-    try:
-        import evaluation
-    except ModuleNotFoundError as e:
-        if e.name != "evaluation":
-            raise
-        console.print("[yellow]accuracy not scored:[/] the evaluation package is not installed")
-        return None
-    evaluate_run = getattr(evaluation, "evaluate_run", None)
-    if evaluate_run is None:
-        console.print("[yellow]accuracy not scored:[/] this evaluation package has no evaluate_run()")
-        return None
     out = log_dir / "accuracy.json"
-    result = evaluate_run(log_dir / "mlperf_log_accuracy.json", dataset.path, out)
+    try:
+        result = evaluate_run(log_dir / "mlperf_log_accuracy.json", dataset.path, out)
+    except (AccuracyLogError, ReferenceError, GroundTruthError, LcbTestsError) as e:
+        raise RunError(f"accuracy not scored: {e}") from None
     console.print(f"accuracy results: {out}")
     return result
 
@@ -109,7 +153,6 @@ class _Run:
     dataset: Dataset
     settings: lg.TestSettings
     params: list[SamplingParams]
-    vocab: int
     compliance: Any  # evaluation.compliance, for --compliance runs
     audit: str  # the audit.config LoadGen reads ("" for none)
     record: dict[str, Any]
@@ -138,19 +181,28 @@ def _prepare(cfg: RunConfig, console: Console) -> _Run:
     """Every check that needs no backend, so a bad flag, conf or dataset fails in seconds."""
     for text in cfg.notes:
         console.print(f"[cyan]note:[/] {text}", soft_wrap=True)
+    _check_output_dir(cfg)
     dataset = load_dataset(cfg.input_file, max_samples=cfg.max_samples)
     settings = build_test_settings(cfg, len(dataset))
-    compliance = _compliance_module() if cfg.compliance else None
+    if cfg.compliance:
+        from evaluation import compliance
+    else:
+        compliance = None
     backends.check_installed(cfg.backend)
-    resolved = _resolve_model_path(cfg)
+    resolved = _resolve_model_path(cfg, backends.backend_class(cfg.backend))
     for text in resolved.notes[len(cfg.notes) :]:
         console.print(f"[cyan]note:[/] {text}", soft_wrap=True)
     cfg = resolved
+    # What the checkpoint says, before a slow start; the started backend's own limits are checked again.
     max_len, vocab = model_limits(cfg.model_path)
-    vocab = vocab or VOCAB_SIZE
-    check_model_limits(dataset, max_model_len=max_len or MAX_MODEL_LEN, vocab_size=vocab)
+    if max_len or vocab:
+        check_model_limits(dataset, max_model_len=max_len or sys.maxsize, vocab_size=vocab or VOCAB_SIZE)
 
-    cfg.log_dir.mkdir(parents=True, exist_ok=True)
+    if cleared := _clear_previous_run(cfg):
+        console.print(
+            f"[cyan]note:[/] {cfg.log_dir} held a previous run's files; deleted them: {', '.join(cleared)}",
+            soft_wrap=True,
+        )
     audit = str(compliance.write_audit_config(cfg.compliance, cfg.log_dir)) if compliance else ""
     record: dict[str, Any] = {
         "status": "starting",
@@ -160,6 +212,7 @@ def _prepare(cfg: RunConfig, console: Console) -> _Run:
         "dataset": {"path": str(dataset.path), "rows": len(dataset), "sha256": sha256(dataset.path)},
         "loadgen_settings": describe(settings),
         "audit_config": audit or None,
+        "cleared_previous_run": cleared,
     }
     r = _Run(
         cfg,
@@ -167,7 +220,6 @@ def _prepare(cfg: RunConfig, console: Console) -> _Run:
         dataset,
         settings,
         sample_params(cfg.sampling, dataset),
-        vocab,
         compliance,
         audit,
         record,
@@ -179,18 +231,22 @@ def _prepare(cfg: RunConfig, console: Console) -> _Run:
 def _with_backend(r: _Run) -> tuple[SUT, int | None]:
     loop = shared_loop()
     r.console.print(f"starting backend '{r.cfg.backend}' ...")
-    backend = loop.run(backends.module(r.cfg.backend).create(r.cfg).__aenter__())
+    backend: Backend = loop.run(backends.module(r.cfg.backend).create(r.cfg).__aenter__())
     try:
         r.record["backend"] = backend.describe()
-        if limit := getattr(backend, "max_model_len", None):
-            check_model_limits(r.dataset, max_model_len=limit, vocab_size=r.vocab)
+        if backend.max_model_len is not None or backend.vocab_size is not None:
+            check_model_limits(
+                r.dataset,
+                max_model_len=backend.max_model_len or sys.maxsize,
+                vocab_size=backend.vocab_size or VOCAB_SIZE,
+            )
         r.save(status="running")
         return _run_loadgen(r, backend, loop)
     finally:
         loop.run(backend.__aexit__(None, None, None))
 
 
-def _run_loadgen(r: _Run, backend: Any, loop: LoopThread) -> tuple[SUT, int | None]:
+def _run_loadgen(r: _Run, backend: Backend, loop: LoopThread) -> tuple[SUT, int | None]:
     cfg = r.cfg
     sut = SUT(
         backend,
@@ -266,8 +322,15 @@ def _finish(r: _Run, sut: SUT, signum: int | None) -> int:
             f"[bold red]interrupted[/] ({signal.Signals(signum).name}): the results above are partial"
         )
     else:
+        accuracy_failed = not_scored = False
         if cfg.accuracy:
-            r.record["evaluation"] = _evaluate(r.dataset, cfg.log_dir, console)
+            try:
+                evaluation = _evaluate(r.dataset, cfg.log_dir, console)
+            except RunError as e:
+                console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+                evaluation, not_scored = {"error": str(e)}, True
+            r.record["evaluation"] = evaluation
+            accuracy_failed = evaluation is not None and not evaluation.get("passed", False)
         if r.compliance is not None:
             passed = bool(r.compliance.verify(cfg.compliance, cfg.log_dir))
             r.record["compliance"] = {"test": cfg.compliance, "passed": passed}
@@ -277,6 +340,10 @@ def _finish(r: _Run, sut: SUT, signum: int | None) -> int:
             code = EXIT_INVALID
         if sut.failed:
             code = EXIT_FAILED_QUERIES
+        elif accuracy_failed:
+            code = EXIT_ACCURACY_FAILED
+        if not_scored:
+            code = EXIT_USAGE  # as `python -m evaluation` for inputs it cannot score
     r.save(
         status="interrupted" if signum is not None else "finished",
         exit_code=code,

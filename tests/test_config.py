@@ -1,6 +1,6 @@
 import pytest
 
-from harness.config import STOP_TOKEN_IDS, SamplingParams
+from backends.base import STOP_TOKEN_IDS, SamplingParams
 
 
 def test_defaults_match_mlperf_generation_settings():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptoss.make_checkpoint import preset_config, write_checkpoint
+from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
 
 TINY_SEED = 0
 

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from gptoss.engine import AsyncEngine, Delta, EngineConfig, EngineError, LLMEngine
-from harness.config import SamplingParams
+from gptoss.sampling import SamplingParams
 
 LONG = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
 

@@ -1,10 +1,10 @@
-"""backends.gptoss: flags → options, lazy torch import, streaming through the Backend protocol,
-and the default checkpoint."""
+"""backends.gptoss: EngineConfig as its options, lazy torch import, streaming through the Backend
+protocol (engine SamplingParams converted from the harness's), and the default checkpoint."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -12,39 +12,20 @@ from pathlib import Path
 import pytest
 
 from backends import gptoss as backend
-from backends.base import BackendError
-from harness.config import RunConfig, SamplingParams
+from backends.base import BackendError, SamplingParams
+from gptoss.engine import EngineConfig
+from harness.config import RunConfig
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
 
 
-def parse(argv, parser=None):
-    parser = parser or argparse.ArgumentParser()
-    backend.add_arguments(parser)
-    return backend.options(parser.parse_args(argv))
+def test_harness_sampling_params_become_the_engines_own():
+    from gptoss.sampling import SamplingParams as EngineSamplingParams
 
-
-def test_flags_become_options():
-    assert parse([]) == backend.GptossOptions()
-    got = parse(["--device", "cpu", "--dtype", "float32", "--max-num-seqs", "4", "--max-num-batched-tokens",
-                 "64", "--max-model-len", "512", "--kv-cache-tokens", "2048", "--engine-seed", "3"])
-    assert got == backend.GptossOptions("cpu", "float32", 4, 64, 512, 2048, 3)
-
-
-def test_flags_another_backend_defined_are_shared_not_duplicated():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--max-num-seqs", type=int, default=None)  # as the vllm backend adds it
-    assert parse(["--max-num-seqs", "7"], parser).max_num_seqs == 7
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
-    (["--device", "tpu"], "--device must be cpu or cuda, got 'tpu'"),
-])
-def test_bad_flags_are_refused(argv, message):
-    with pytest.raises(ValueError) as e:
-        parse(argv)
-    assert str(e.value) == message
+    p = SamplingParams(max_new_tokens=7, temperature=0.5, top_p=0.9, top_k=3, ignore_eos=True, seed=4,
+                       stop_token_ids=(1, 2))
+    assert backend.engine_params(p) == EngineSamplingParams(7, 0.5, 0.9, 3, True, 4, (1, 2))
+    assert backend.GptossBackend.Options is EngineConfig and backend.GptossBackend.in_process
 
 
 def test_importing_the_backend_does_not_import_torch():
@@ -55,14 +36,15 @@ def test_importing_the_backend_does_not_import_torch():
 def run_config(path, **opts):
     opts = {"device": "cpu", "dtype": "float32", "kv_cache_tokens": 2048, "max_num_seqs": 4} | opts
     return RunConfig(backend="gptoss", scenario="offline", input_file=None, output_dir=Path("."),
-                     sampling=GREEDY, model_path=path, backend_options=backend.GptossOptions(**opts))
+                     sampling=GREEDY, model_path=path, backend_options=EngineConfig(**opts))
 
 
 def test_stream_yields_the_engines_tokens(tiny_checkpoint):
-    from gptoss.engine import EngineConfig, LLMEngine
+    from gptoss.engine import LLMEngine
 
     prompt = [11, 22, 33, 44, 55]
-    want = LLMEngine(EngineConfig(tiny_checkpoint, dtype="float32", kv_cache_tokens=2048)).generate([prompt], GREEDY)[0]
+    engine = LLMEngine(EngineConfig(tiny_checkpoint, dtype="float32", kv_cache_tokens=2048))
+    want = engine.generate([prompt], backend.engine_params(GREEDY))[0]
 
     async def main():
         async with backend.create(run_config(tiny_checkpoint, max_model_len=64)) as b:
@@ -70,9 +52,10 @@ def test_stream_yields_the_engines_tokens(tiny_checkpoint):
             with pytest.raises(BackendError, match="gptoss refused the request: prompt has 64 tokens"):
                 async for _ in b.stream([1] * 64, GREEDY):
                     pass
-            return chunks, b.describe()
+            return chunks, b.describe(), (b.max_model_len, b.vocab_size)
 
-    chunks, info = asyncio.run(main())
+    chunks, info, limits = asyncio.run(main())
+    assert limits == (64, 201088)  # what the harness checks the dataset against, before LoadGen
     assert all(chunks) and [t for c in chunks for t in c] == want
     assert info["max_model_len"] == 64 and info["kv_cache_tokens"] == 2048 and info["device"] == "cpu"
     assert info["model_path"] == str(tiny_checkpoint) and info["dense_moe"] is True
@@ -103,3 +86,40 @@ def test_default_checkpoint_is_made_once(tmp_path, monkeypatch):
 
     used, chunks = asyncio.run(main())
     assert used == str(path) and sum(map(len, chunks)) == GREEDY.max_new_tokens
+
+
+def test_a_damaged_cached_default_checkpoint_is_written_again_and_says_so(tmp_path, monkeypatch, caplog):
+    from gptoss.default import damage, default_checkpoint
+
+    monkeypatch.setenv("MLPERF_DATA_DIR", str(tmp_path))
+    path = default_checkpoint()
+    weights = path / "model.safetensors"
+    good = weights.read_bytes()
+    for what, spoil, reason in [
+        ("truncated weights", lambda: weights.write_bytes(good[: len(good) // 2]), "model.safetensors"),
+        ("garbled config", lambda: (path / "config.json").write_text("{not json"), "config.json"),
+        ("no weights", lambda: weights.unlink(), "no .safetensors file"),
+    ]:
+        spoil()
+        assert reason in damage(path), what
+        with caplog.at_level(logging.WARNING, logger="gptoss.default"):
+            assert default_checkpoint() == path
+        assert f"the cached default checkpoint {path} is damaged" in caplog.text, what
+        assert damage(path) is None and weights.read_bytes() == good, what  # the same seed-0 weights again
+        caplog.clear()
+
+
+def test_a_truncated_checkpoint_is_a_backend_error_naming_the_file(tiny_checkpoint, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_checkpoint, bad)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+
+    async def main():
+        async with backend.create(run_config(bad)):
+            pass
+
+    with pytest.raises(BackendError, match=r"model.safetensors cannot be read \(.*\); write or download it again"):
+        asyncio.run(main())

@@ -10,7 +10,7 @@ import torch
 
 from gptoss.attention_ref import DenseAttention
 from gptoss.engine import EngineConfig, LLMEngine
-from harness.config import SamplingParams
+from gptoss.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
 

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from gptoss import mxfp4
 from gptoss.checkpoint import CheckpointError, load, tensor_specs
 from gptoss.config import PRESETS
-from gptoss.make_checkpoint import main, preset_config, write_checkpoint
+from gptoss.tools.make_checkpoint import main, preset_config, write_checkpoint
 
 # A one-layer, 256-token-vocab model: the loader does not care about size, and it writes in ms.
 MICRO = replace(PRESETS["tiny"], vocab_size=256).with_layers(1)

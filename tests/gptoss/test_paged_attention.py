@@ -11,7 +11,7 @@ from gptoss.attention_ref import attention
 from gptoss.block_manager import BlockManager
 from gptoss.paged_attention import PagedAttention, StepContext
 from gptoss.sequence import Sequence
-from harness.config import SamplingParams
+from gptoss.sampling import SamplingParams
 
 HQ, HKV, D = 4, 2, 16
 

@@ -9,7 +9,7 @@ from gptoss.block_manager import BlockManager, cdiv
 from gptoss.paged_attention import StepContext
 from gptoss.scheduler import Scheduler
 from gptoss.sequence import Sequence, Status
-from harness.config import SamplingParams
+from gptoss.sampling import SamplingParams
 
 STOP = (200002, 200012, 199999)
 

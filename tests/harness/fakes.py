@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Self
+from pathlib import Path
+from typing import Any, ClassVar, Self
 
-from harness.config import RunConfig, SamplingParams
+from backends.base import RunSpec, SamplingParams
 
 MODULE = "tests.harness.fakes"
 
@@ -21,35 +21,20 @@ def expected_tokens(prompt: list[int], params: SamplingParams) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class FakeOptions:
-    delay_s: float = 0.0  # sleep before each chunk
-    chunk: int = 3  # tokens per chunk after the first (which is always 1 token)
-    fail_every: int = 0  # every Nth request raises after its first chunk
-    stall_every: int = 0  # every Nth request hangs forever after its first chunk
-    fail_at: int = 1  # the chunk index at which failures and stalls happen (0: before any token)
-    stubborn_s: float = 0.0  # > 0: a stall ignores cancellation for this long, then yields the rest
-    fail_start: bool = False  # __aenter__ raises BackendError, as a server that is not up would
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--fake-delay", type=float, default=0.0)
-    parser.add_argument("--fake-chunk", type=int, default=3)
-    parser.add_argument("--fake-fail-every", type=int, default=0)
-    parser.add_argument("--fake-stall-every", type=int, default=0)
-    parser.add_argument("--fake-fail-at", type=int, default=1)
-    parser.add_argument("--fake-stubborn", type=float, default=0.0)
-    parser.add_argument("--fake-fail-start", action="store_true")
-
-
-def options(ns: argparse.Namespace) -> FakeOptions:
-    return FakeOptions(
-        ns.fake_delay,
-        ns.fake_chunk,
-        ns.fake_fail_every,
-        ns.fake_stall_every,
-        ns.fake_fail_at,
-        ns.fake_stubborn,
-        ns.fake_fail_start,
-    )
+    delay_s: float = field(default=0.0, metadata={"help": "sleep before each chunk", "flag": "--fake-delay"})
+    chunk: int = field(default=3, metadata={"help": "tokens per chunk after the first (always 1 token)",
+                                            "flag": "--fake-chunk"})
+    fail_every: int = field(default=0, metadata={"help": "every Nth request raises after its first chunk",
+                                                 "flag": "--fake-fail-every"})
+    stall_every: int = field(default=0, metadata={"help": "every Nth request hangs after its first chunk",
+                                                  "flag": "--fake-stall-every"})
+    fail_at: int = field(default=1, metadata={  # 0: before any token
+        "help": "the chunk index at which failures and stalls happen", "flag": "--fake-fail-at"})
+    stubborn_s: float = field(default=0.0, metadata={  # > 0: a stall ignores cancellation this long, then ends
+        "help": "seconds a stall ignores cancellation", "flag": "--fake-stubborn"})
+    fail_start: bool = field(default=False, metadata={  # as a server that is not up would
+        "help": "__aenter__ raises BackendError", "flag": "--fake-fail-start"})
+    max_model_len: int | None = field(default=None, metadata={"help": "the context the backend reports"})
 
 
 class InjectedFailure(RuntimeError):
@@ -58,13 +43,24 @@ class InjectedFailure(RuntimeError):
 
 @dataclass
 class FakeBackend:
+    name: ClassVar[str] = "fake"
+    in_process: ClassVar[bool] = False  # takes --server-url, as the reference command line gives it
+    Options: ClassVar[type] = FakeOptions
     opts: FakeOptions
-    name: str = "fake"
     calls: int = 0
     # prompt -> the tokens yielded for each request with that prompt
     yielded: dict[tuple[int, ...], list[list[int]]] = field(default_factory=dict)
     entered: bool = False
     exited: bool = False
+    vocab_size: int | None = None
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.opts.max_model_len
+
+    @classmethod
+    def default_model_path(cls) -> Path | None:
+        return None
 
     async def __aenter__(self) -> Self:
         if self.opts.fail_start:
@@ -108,7 +104,7 @@ class FakeBackend:
 LAST: FakeBackend | None = None
 
 
-def create(cfg: RunConfig) -> FakeBackend:
+def create(cfg: RunSpec) -> FakeBackend:
     global LAST
     LAST = FakeBackend(cfg.backend_options or FakeOptions())
     return LAST
@@ -118,6 +114,6 @@ def register() -> None:
     """Make '--backend fake' known to the registry (tests and tests/harness/fake_run.py)."""
     import backends
 
-    backends.SPECS["fake"] = backends.Spec(MODULE, MODULE, (), "(test-only backend)")
+    backends.SPECS["fake"] = backends.Spec(MODULE, "FakeBackend", (), "(test-only backend)")
     if "fake" not in backends.NAMES:
         backends.NAMES = (*backends.NAMES, "fake")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import build_parser, config_from_args
+from harness.cli import build_parser, parse_config
 from harness.generation import GenerationConfigError, load_sampling
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,9 +21,7 @@ def _config(argv: list, env: dict | None = None, monkeypatch=None):
         monkeypatch.delenv("MLPERF_BACKEND", raising=False)
         for k, v in (env or {}).items():
             monkeypatch.setenv(k, v)
-    parser = build_parser()
-    argv = ["run_mlperf.py", *map(str, argv)]
-    return config_from_args(parser.parse_args(argv[1:]), parser, argv)
+    return parse_config(["run_mlperf.py", *map(str, argv)])
 
 
 def test_help_works_without_heavy_imports_and_says_num_workers_is_ignored():
@@ -211,8 +209,8 @@ def test_run_json_records_command_settings_backend_and_versions(fake_backend, tm
             "remove them or choose the backend they belong to",
         ),
         (
-            ["--backend", "sglang", "--no-stream", "--engine-seed", "3"],
-            "--engine-seed has no effect with --backend sglang; remove it",
+            ["--backend", "sglang", "--no-stream", "--seed", "3"],
+            "--seed has no effect with --backend sglang; remove it or choose the backend it belongs to (gptoss)",
         ),
         (
             ["--backend", "openai", "--max-num-seqs", "8"],
@@ -224,11 +222,84 @@ def test_a_flag_of_another_backend_is_refused_not_ignored(argv, message, capsys,
     with pytest.raises(SystemExit) as e:
         _config(argv, monkeypatch=monkeypatch)
     assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error: ") and err.count("\n") == 1
 
 
-def test_shared_engine_flags_reach_whichever_in_process_backend_runs(monkeypatch):
-    vllm_cfg = _config(["--backend", "vllm", "--max-num-seqs", "8"], monkeypatch=monkeypatch)
-    assert dict(vllm_cfg.backend_options.engine_args)["max_num_seqs"] == 8
-    gptoss_cfg = _config(["--backend", "gptoss", "--max-num-seqs", "8", "--device", "cpu"])
-    assert (gptoss_cfg.backend_options.max_num_seqs, gptoss_cfg.backend_options.device) == (8, "cpu")
+
+def test_a_flag_means_what_its_backend_says(monkeypatch):
+    from gptoss.engine import EngineConfig
+
+    vllm_cfg = _config(["--backend", "vllm", "--max-num-seqs", "8", "--dtype", "auto"], monkeypatch=monkeypatch)
+    assert vllm_cfg.backend_options.engine_args == {"max_num_seqs": 8, "dtype": "auto"}  # only what was set
+    gptoss_cfg = _config(["--backend", "gptoss", "--max-num-seqs", "8", "--device", "cpu", "--seed", "5"])
+    # EngineConfig is the gptoss options, built whole; the model path is the runner's to fill in
+    assert gptoss_cfg.backend_options == EngineConfig(device="cpu", max_num_seqs=8, seed=5)
+    assert _config(["--backend", "gptoss"]).backend_options == EngineConfig()
+    sglang = _config(["--backend", "sglang", "--stream-interval", "4", "--first-token-timeout", "0"])
+    assert (sglang.backend_options.stream_interval, sglang.backend_options.first_token_timeout_s) == (4, None)
+
+
+def test_help_shows_each_backends_own_flags_and_defaults(capsys):
+    from harness.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run_mlperf.py", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    gptoss = " ".join(out[out.index("--backend gptoss:") : out.index("--backend vllm:")].split())
+    vllm = " ".join(out[out.index("--backend vllm:") : out.index("--backend sglang:")].split())
+    assert "--dtype {bfloat16,float32}" in gptoss and "most running requests (default: 256)" in gptoss
+    assert "--dtype {auto,half,float16,bfloat16,float,float32}" in vllm
+    assert "256 on CPU" in vllm and "(default: 256)" not in vllm
+    assert "--seed SEED" in gptoss and "--engine-seed" not in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--backend", "gptoss", "--dtype", "auto"], "argument --dtype: invalid choice: 'auto'"),
+        (["--backend", "gptoss", "--engine-seed", "3"], "unrecognized arguments: --engine-seed 3"),
+        (["--backend", "gptoss", "--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+        (["--backend", "gptoss", "--max-model-len", "1"], "--max-model-len must be >= 2, got 1"),
+        (["--backend", "gptoss", "--device", "tpu"], "--device must be cpu or cuda, got 'tpu'"),
+        (["--target-qps", "inf"], "argument --target-qps: expected a finite number, got 'inf'"),
+        (["--target-qps", "1e400"], "argument --target-qps: expected a finite number, got '1e400'"),
+        (["--min-duration", "nan"], "argument --min-duration: expected a finite number, got 'nan'"),
+        (["--timeout=-inf"], "argument --timeout: expected a finite number, got '-inf'"),
+        (["--interrupt-grace", "-1"], "argument --interrupt-grace: must be >= 0, got -1"),
+        (["--max-samples", "1e3"], "argument --max-samples: expected an integer, got '1e3'"),
+        (["--backend", "vllm", "--gpu-memory-utilization", "nan"], "expected a finite number, got 'nan'"),
+        (["--backend", "sglang", "--ready-timeout", "Infinity"], "expected a finite number, got 'Infinity'"),
+        (["--backend", "sglang", "--first-token-timeout", "inf"], "expected a finite number, got 'inf'"),
+        (["--backend", "sglang", "--retries", "-1"], "--retries must be >= 0, got -1"),
+        (["--backend", "sglang", "--server-url", "not-a-url"], "--server-url 'not-a-url' is not an http(s) URL"),
+        (["--backend", "openai", "--server-url", "http://:80"], "--server-url 'http://:80' is not an http(s) URL"),
+        (["--backend", "openai", "--server-url", "http://h:99999"], "--server-url 'http://h:99999': Port out of range"),
+        (["--backend", "openai", "--server-url", "ftp://h:1"], "is not an http(s) URL; give http://HOST:PORT"),
+        (["--backend", "nope"], "--backend='nope' is not a backend; choose one of gptoss, vllm, sglang, openai"),
+        (["--max-num"], "unrecognized arguments: --max-num"),  # no abbreviations: a prefix is not a flag
+    ],
+)
+def test_bad_flags_exit_2_with_one_error_line(argv, message, capsys, monkeypatch):
+    with pytest.raises(SystemExit) as e:
+        _config(argv, monkeypatch=monkeypatch)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_nonfinite_numbers_in_the_generation_config_are_refused(tmp_path):
+    for text in ('{"temperature": NaN}', '{"top_p": Infinity}', '{"temperature": 1e400}'):
+        path = tmp_path / "g.json"
+        path.write_text(text)
+        with pytest.raises(GenerationConfigError, match="must be a number"):
+            load_sampling(path, accuracy=False)
+
+
+def test_parse_options_builds_one_backends_options_from_its_flags():
+    from backends.vllm_args import VllmOptions
+    from harness.cli import parse_options
+
+    opts = parse_options(VllmOptions, ["--lora-modules", "a=/x", "--vllm-arg", "k=1", "--vllm-arg", "j=2"])
+    assert opts.lora == ("a", "/x") and opts.extra_args == (("k", "1"), ("j", "2"))

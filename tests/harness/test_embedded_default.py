@@ -3,7 +3,6 @@ gptoss engine on the tiny random checkpoint and the bundled data, VALID, on CPU,
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,15 +14,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-needs_engine = pytest.mark.skipif(
-    importlib.util.find_spec("gptoss") is None
-    or importlib.util.find_spec("gptoss.default") is None
-    or not (ROOT / "backends" / "gptoss.py").is_file(),
-    reason="the gptoss engine (gptoss/default.py, backends/gptoss.py) is not in this checkout",
-)
-
-
-@needs_engine
 @pytest.mark.timeout(240)
 def test_quick_start_offline_run_is_valid(tmp_path):
     env = dict(os.environ, MLPERF_DATA_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
@@ -54,3 +44,22 @@ def test_quick_start_offline_run_is_valid(tmp_path):
         load_dataset(ROOT / "data" / "sample.parquet").output_lens
     )
     assert "VALID" in done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_max_model_len_shorter_than_the_prompts_fails_before_loadgen_citing_it(tmp_path):
+    """The gptoss engine's own limit (the Backend protocol's max_model_len), not the checkpoint's 131072."""
+    env = dict(os.environ, MLPERF_DATA_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
+    env.pop("MLPERF_BACKEND", None)
+    done = subprocess.run(
+        [sys.executable, "run_mlperf.py", "--max-model-len", "150", "--kv-cache-tokens", "4096",
+         "--output-dir", str(tmp_path / "out")],
+        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=230,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "longer than the model's context of 150 tokens" in errors[0], done.stdout
+    log_dir = tmp_path / "out" / "offline" / "performance"
+    assert not (log_dir / "mlperf_log_summary.txt").exists()  # LoadGen never started
+    assert json.loads((log_dir / "run.json").read_text())["status"] == "error"

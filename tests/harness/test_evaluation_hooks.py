@@ -4,6 +4,7 @@ LoadGen really reads the audit.config it writes."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import types
@@ -23,7 +24,7 @@ def evaluation(monkeypatch):
 
     def evaluate_run(accuracy_log: Path, dataset: Path, output_json: Path) -> dict:
         calls.append(("evaluate_run", accuracy_log, dataset, output_json))
-        result = {"exact_match": 0.0, "entries": len(json.loads(accuracy_log.read_text()))}
+        result = {"exact_match": 0.0, "entries": len(json.loads(accuracy_log.read_text())), "passed": pkg.passes}
         output_json.write_text(json.dumps(result))
         return result
 
@@ -40,35 +41,48 @@ def evaluation(monkeypatch):
         calls.append(("verify", test, output_dir))
         return compliance.passes
 
-    pkg.evaluate_run = evaluate_run
+    pkg.evaluate_run, pkg.passes = evaluate_run, True
     compliance.write_audit_config, compliance.verify, compliance.passes = write_audit_config, verify, True
     pkg.compliance = compliance
+    real = importlib.import_module("evaluation")  # its error classes stay importable through the stand-in
+    pkg.__path__ = real.__path__
     monkeypatch.setitem(sys.modules, "evaluation", pkg)
     monkeypatch.setitem(sys.modules, "evaluation.compliance", compliance)
-    return types.SimpleNamespace(calls=calls, compliance=compliance)
+    return types.SimpleNamespace(calls=calls, compliance=compliance, pkg=pkg)
 
 
-def test_accuracy_run_calls_evaluate_run(fake_backend, evaluation, synth_parquet, tmp_path):
+@pytest.mark.parametrize("passes, code", [(True, 0), (False, 1)])
+def test_accuracy_run_calls_evaluate_run_and_exits_as_python_m_evaluation(
+    fake_backend, evaluation, synth_parquet, tmp_path, passes, code
+):
+    """One outcome, one exit code: accuracy FAIL exits 1, as `python -m evaluation` does on the same log."""
+    evaluation.pkg.passes = passes
     assert (
         run_cli(["--backend", "fake", "--input-file", synth_parquet, "--accuracy", "--output-dir", tmp_path])
-        == 0
+        == code
     )
     log_dir = tmp_path / "offline" / "accuracy"
     assert evaluation.calls == [
         ("evaluate_run", log_dir / "mlperf_log_accuracy.json", synth_parquet, log_dir / "accuracy.json")
     ]
-    assert run_json(log_dir)["evaluation"] == {"exact_match": 0.0, "entries": 16}
+    record = run_json(log_dir)
+    assert record["evaluation"] == {"exact_match": 0.0, "entries": 16, "passed": passes}
+    assert record["exit_code"] == code
 
 
-def test_accuracy_run_without_the_evaluation_package_says_so(
-    fake_backend, synth_parquet, tmp_path, capsys, monkeypatch
+def test_an_accuracy_log_that_cannot_be_scored_exits_2_with_one_error_line(
+    fake_backend, evaluation, synth_parquet, tmp_path, capsys
 ):
-    monkeypatch.setitem(sys.modules, "evaluation", None)  # import evaluation -> ModuleNotFoundError
-    assert (
-        run_cli(["--backend", "fake", "--input-file", synth_parquet, "--accuracy", "--output-dir", tmp_path])
-        == 0
-    )
-    assert "accuracy not scored: the evaluation package is not installed" in capsys.readouterr().out
+    from evaluation.accuracy_log import AccuracyLogError
+
+    def broken(accuracy_log: Path, dataset: Path, output_json: Path) -> dict:
+        raise AccuracyLogError(f"{accuracy_log}: entry 3 is not an object")
+
+    evaluation.pkg.evaluate_run = broken
+    args = ["--backend", "fake", "--input-file", synth_parquet, "--accuracy", "--output-dir", tmp_path]
+    assert run_cli(args) == 2
+    assert "error: accuracy not scored: " in capsys.readouterr().out
+    assert run_json(tmp_path / "offline" / "accuracy")["status"] == "finished"
 
 
 @pytest.mark.parametrize("passes, code", [(True, 0), (False, EXIT_COMPLIANCE)])

@@ -161,7 +161,7 @@ def test_a_backend_that_ignores_cancellation_cannot_hold_a_query(fake_backend, s
 
 def test_a_backend_that_cannot_start_exits_2_and_says_why(fake_backend, tmp_path, capsys):
     assert run_cli(["--backend", "fake", "--output-dir", tmp_path, "--fake-fail-start"]) == 2
-    assert "backend error: fake server at http://127.0.0.1:9 is not reachable" in capsys.readouterr().out
+    assert "error: fake server at http://127.0.0.1:9 is not reachable\n" in capsys.readouterr().out
     record = run_json(tmp_path / "offline" / "performance")
     assert record["status"] == "error"
     assert record["error"] == "BackendError: fake server at http://127.0.0.1:9 is not reachable"
@@ -174,7 +174,7 @@ def test_a_backend_that_is_not_installed_names_the_setup_call(fake_backend, monk
     monkeypatch.setitem(
         backends.SPECS,
         "fake",
-        backends.Spec(spec.module, spec.options, ("no_such_module_xyz",), "./setup.sh --backend fake"),
+        backends.Spec(spec.module, spec.cls, ("no_such_module_xyz",), "./setup.sh --backend fake"),
     )
     assert run_cli(["--backend", "fake", "--output-dir", tmp_path]) == 2
     assert (

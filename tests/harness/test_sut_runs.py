@@ -48,8 +48,10 @@ def test_accuracy_log_holds_exactly_the_backend_tokens(fake_backend, synth_parqu
             200,
         ]
     )
-    assert code == 0
+    # The fake's tokens answer nothing: every query succeeds and accuracy FAILs (exit 1, as python -m evaluation).
+    assert code == 1
     log_dir = tmp_path / scenario / "accuracy"
+    assert run_json(log_dir)["failures"]["count"] == 0 and run_json(log_dir)["evaluation"]["passed"] is False
     expected, ds = _expected(synth_parquet, accuracy=True)
     entries = accuracy_entries(log_dir)
     assert sorted(e["qsl_idx"] for e in entries) == list(range(len(ds)))  # every sample exactly once
@@ -68,7 +70,7 @@ def test_accuracy_log_holds_exactly_the_backend_tokens(fake_backend, synth_parqu
     logged = {tuple(ds.prompts[e["qsl_idx"]].tolist()): e["tokens"] for e in entries}
     assert {k: v[0] for k, v in backend.yielded.items()} == logged
     record = run_json(log_dir)
-    assert record["status"] == "finished" and record["exit_code"] == 0
+    assert record["status"] == "finished" and record["exit_code"] == 1
     assert record["queries"] == {"issued": 16, "completed": 16, "output_tokens": sum(map(len, expected))}
     assert record["failures"]["count"] == 0
 

@@ -27,7 +27,7 @@ def fault_url_incremental():
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
-    from gptoss.make_checkpoint import preset_config, write_checkpoint
+    from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
 
     return write_checkpoint(preset_config("tiny"), tmp_path_factory.mktemp("gptoss") / "tiny", seed=0)
 

@@ -7,7 +7,6 @@ import socket
 import subprocess
 from pathlib import Path
 
-from backends.http import HttpOptions
 from harness.config import RunConfig, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +21,7 @@ def lmeval_prompts() -> list[list[int]]:
     """The token ids lm-eval sends for tests/http/lmeval/gptoss_tiny.yaml (doc_to_text, tokenized)."""
     import json
 
-    from gptoss.serve_text import Tokenizer
+    from gptoss.serve.text import Tokenizer
 
     tok = Tokenizer()
     docs = [json.loads(line) for line in LMEVAL_TASK.read_text().splitlines() if line.strip()]
@@ -69,12 +68,12 @@ def free_port() -> int:
 
 def make_backend(name: str, urls: list[str], *, max_concurrency: int | None = None,
                  timeout_s: float | None = None, **opts):
-    from backends import module
+    from backends import backend_class, module
 
     opts.setdefault("ready_timeout_s", 5.0)
     cfg = RunConfig(backend=name, scenario="offline", input_file=None, output_dir=Path("unused"),
                     sampling=SamplingParams(max_new_tokens=8), server_urls=tuple(urls),
-                    max_concurrency=max_concurrency, timeout_s=timeout_s, backend_options=HttpOptions(**opts))
+                    max_concurrency=max_concurrency, timeout_s=timeout_s, backend_options=backend_class(name).Options(**opts))
     return module(name).create(cfg)
 
 
@@ -98,8 +97,9 @@ def engine_greedy(ckpt: Path, prompts: list[list[int]], max_new: int = ORACLE_MA
     import asyncio
 
     from gptoss.engine import AsyncEngine, EngineConfig
+    from gptoss.sampling import SamplingParams as EngineSamplingParams
 
-    params = SamplingParams(max_new_tokens=max_new, temperature=0.0)
+    params = EngineSamplingParams(max_new_tokens=max_new, temperature=0.0)
 
     async def main():
         out = {}

@@ -30,7 +30,7 @@ def test_lm_eval_local_completions_against_gptoss_serve(gptoss_server, tiny_ckpt
     if lm_eval is None:
         pytest.skip("lm_eval is not installed: python3 -m venv .venv-lmeval && "
                     ".venv-lmeval/bin/pip install 'lm-eval[api]==0.4.13' (own venv: it downgrades python-dateutil)")
-    from gptoss.serve_text import Tokenizer
+    from gptoss.serve.text import Tokenizer
 
     cmd = [lm_eval, "run", "--model", "local-completions",
            "--model_args", f"base_url={gptoss_server}/v1/completions", f"model={tiny_ckpt.name}",

@@ -15,7 +15,8 @@ import pytest
 from httpkit import collect, make_backend
 
 from backends.http import ServerHTTPError, ServerReportedError
-from gptoss import serve
+from gptoss.serve.app import Server, build_app
+from gptoss.serve.main import parse_args
 from harness.config import SamplingParams
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,8 +55,8 @@ class ScriptedEngine:
 
 
 async def start(engine, *flags: str):
-    args = serve.parse_args(["--port", "0", *flags])
-    runner = aiohttp.web.AppRunner(serve.build_app(serve.Server(engine, args, Path("/ckpt/tiny"), 1000)),
+    args = parse_args(["--port", "0", *flags])
+    runner = aiohttp.web.AppRunner(build_app(Server(engine, args, Path("/ckpt/tiny"), 1000)),
                                    handler_cancellation=True)
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)

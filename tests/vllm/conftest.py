@@ -8,14 +8,10 @@ decoding is reproducible to the token against our reference model and engine.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib.util
 import json
-import threading
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -45,7 +41,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     """{'mxfp4': the tiny preset as released (MXFP4 experts), 'bf16': the same model, bf16 experts}."""
-    from gptoss.make_checkpoint import preset_config, write_checkpoint
+    from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
 
     root = tmp_path_factory.mktemp("ckpt")
     return {
@@ -83,33 +79,19 @@ def dataset(tmp_path_factory) -> Path:
 # ----------------------------------------------------------------------------- the engine
 
 
-class _Loop:
-    """A loop on a daemon thread, like harness.loop's (used only when that module is absent)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="vllm-test-loop", daemon=True).start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-
 @pytest.fixture(scope="session")
 def loop():
-    """The process's long-lived loop: the harness's own when present, so in-process runs share it."""
-    try:
-        from harness.loop import shared_loop
-    except ModuleNotFoundError:
-        return _Loop()
+    """The process's long-lived loop, the harness's own, so in-process runs share it."""
+    from harness.loop import shared_loop
+
     return shared_loop()
 
 
 def parse_flags(flags: list[str]):
-    from backends import vllm as vllm_backend
+    from backends.vllm import VllmOptions
+    from harness.cli import parse_options
 
-    parser = argparse.ArgumentParser()
-    vllm_backend.add_arguments(parser)
-    return vllm_backend.options(parser.parse_args(flags))
+    return parse_options(VllmOptions, flags)
 
 
 def run_config(model_path: Path, flags: list[str], scenario: str = "server", **kw) -> RunConfig:

@@ -8,17 +8,12 @@ says which one our reference model agrees with, and from which token on.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import random
 
 import pytest
 
 from harness.config import SamplingParams
 from tests.vllm.conftest import generate, greedy_reference
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("gptoss.engine") is None, reason="gptoss.engine is not in this checkout"
-)
 
 N_NEW = 24
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 
@@ -16,14 +15,14 @@ from tests.vllm.conftest import REPO, parse_flags, run_config
 
 def test_module_and_flags_work_without_importing_vllm():
     code = (
-        "import argparse, sys\n"
+        "import sys\n"
         "from backends import vllm as b\n"
-        "p = argparse.ArgumentParser(); b.add_arguments(p)\n"
-        "o = b.options(p.parse_args(['--max-num-seqs', '8', '--vllm-arg', 'max_loras=2']))\n"
-        "assert o.engine_args == (('max_num_seqs', 8),), o\n"
+        "from harness.cli import build_parser, parse_options\n"
+        "o = parse_options(b.VllmOptions, ['--max-num-seqs', '8', '--vllm-arg', 'max_loras=2'])\n"
+        "assert o.engine_args == {'max_num_seqs': 8}, o\n"
+        "build_parser('vllm').format_help()\n"
         "heavy = sorted(m for m in ('vllm', 'torch') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
-        "p.format_help()\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
 
@@ -50,28 +49,25 @@ def test_flags_become_options_with_only_what_was_set():
         ]
     )
     assert opts == VllmOptions(
-        engine_args=(
-            ("tensor_parallel_size", 2),
-            ("enable_expert_parallel", True),
-            ("gpu_memory_utilization", 0.85),
-            ("kv_cache_dtype", "fp8"),
-            ("enable_prefix_caching", False),
-            ("compilation_config", {"cudagraph_capture_sizes": [1, 2, 4]}),
-        ),
+        tensor_parallel_size=2,
+        enable_expert_parallel=True,
+        gpu_memory_utilization=0.85,
+        kv_cache_dtype="fp8",
+        enable_prefix_caching=False,
+        compilation_config={"cudagraph_capture_sizes": [1, 2, 4]},
         extra_args=(("max_lora_rank", "64"), ("stream_interval", "4")),
         lora=("sql", "/adapters/sql"),
         output_kind="auto",
     )
-    assert parse_flags([]) == VllmOptions()
-
-
-def test_a_flag_another_backend_already_added_is_shared_not_duplicated():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--max-num-seqs", type=int, default=None)  # as the gptoss backend may
-    vllm_backend.add_arguments(parser)  # must not raise "conflicting option string"
-    assert vllm_backend.options(parser.parse_args(["--max-num-seqs", "12"])).engine_args == (
-        ("max_num_seqs", 12),
-    )
+    assert list(opts.engine_args) == [
+        "tensor_parallel_size",
+        "enable_expert_parallel",
+        "gpu_memory_utilization",
+        "kv_cache_dtype",
+        "enable_prefix_caching",
+        "compilation_config",
+    ]
+    assert parse_flags([]) == VllmOptions() and VllmOptions().engine_args == {}
 
 
 @pytest.mark.parametrize(
@@ -81,7 +77,7 @@ def test_a_flag_another_backend_already_added_is_shared_not_duplicated():
         (["--compilation-config", "[1, 2]"], "--compilation-config: expected a JSON object"),
         (["--lora-modules", "just-a-path"], "--lora-modules: expected KEY=VALUE"),
         (["--vllm-arg", "=3"], "--vllm-arg: expected KEY=VALUE"),
-        (["--max-num-seqs", "many"], "--max-num-seqs: invalid int value: 'many'"),
+        (["--max-num-seqs", "many"], "--max-num-seqs: expected an integer, got 'many'"),
         (["--vllm-output-kind", "sometimes"], "--vllm-output-kind: invalid choice: 'sometimes'"),
     ],
 )

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("triton")
 
 from gptoss.engine import EngineConfig, LLMEngine  # noqa: E402
-from harness.config import SamplingParams  # noqa: E402
+from gptoss.sampling import SamplingParams  # noqa: E402
 from tests.gptoss.kernels.conftest import DEVICE  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Write a random-weight gpt-oss checkpoint in the exact released HF layout (tiny, 20b, 120b).
 
-    python -m gptoss.make_checkpoint --preset tiny --out /tmp/gptoss-tiny
-    python -m gptoss.make_checkpoint --preset 20b --out ~/gptoss20b-random --device cuda
+    python -m gptoss.tools.make_checkpoint --preset tiny --out /tmp/gptoss-tiny
+    python -m gptoss.tools.make_checkpoint --preset 20b --out ~/gptoss20b-random --device cuda
 
 Every tensor comes from its own generator, seeded by (seed, tensor name), so a tensor does not
 depend on sharding or on --layers (it does on --device: cpu and cuda generators differ); and
@@ -170,7 +170,7 @@ def preset_config(preset: str, layers: int | None = None, bf16_experts: bool = F
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gptoss.make_checkpoint", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gptoss.tools.make_checkpoint", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)

@@ -1,7 +1,7 @@
 """Request validation and reply shapes of gptoss.serve: SGLang's /generate and OpenAI's /v1/completions.
 
-Pure functions, no I/O: the server (gptoss/serve.py) feeds them parsed JSON and writes what they
-return. A request the engine cannot honour exactly is refused with 400, never half-served: an
+Pure functions, no I/O: the handlers (gptoss/serve/app.py) feed them parsed JSON and write what
+they return. A request the engine cannot honour exactly is refused with 400, never half-served: an
 unknown sampling parameter, or a known one set to a value the engine does not implement.
 """
 
@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from harness.config import STOP_TOKEN_IDS, SamplingParams
+from gptoss.sampling import STOP_TOKEN_IDS, SamplingParams
 
 
 class ApiError(Exception):
@@ -42,6 +42,7 @@ class Request:
     params: SamplingParams
     stream: bool
     rid: str
+    api: str = "generate"  # "generate" | "completions"
     stream_interval: int = 1
     # OpenAI extras
     stop: tuple[str, ...] = ()
@@ -247,6 +248,7 @@ def parse_completion(body: Any, lim: Limits, model: str, encode) -> Request:
                        None if seed is None else _int(seed, "seed")),
         stream=stream,
         rid=f"cmpl-{uuid.uuid4().hex}",
+        api="completions",
         stream_interval=1,
         stop=stop,
         include_usage=_bool(opts.get("include_usage", False), "stream_options.include_usage"),

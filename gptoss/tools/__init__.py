@@ -1,0 +1,1 @@
+"""Checkpoint tooling for the gptoss engine (random checkpoints in the released HF layout)."""
