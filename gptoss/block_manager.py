@@ -60,6 +60,10 @@ class BlockManager:
         n = cdiv(num_tokens, self.block_size)
         return max(0, n - len(seq.full_blocks)), max(0, min(n, self.ring_len) - len(seq.ring_blocks))
 
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> tuple[int, int]:
+        """Extra (full, ring) blocks `seq` needs to hold positions [0, num_tokens)."""
+        return self._need(seq, num_tokens)
+
     def can_allocate(self, seq: Sequence, num_tokens: int, reserve: int = 0) -> bool:
         """Whether `seq` can grow to `num_tokens` positions and still leave `reserve` full blocks free."""
         full, ring = self._need(seq, num_tokens)

@@ -49,6 +49,9 @@ class EngineConfig:
         default_help="triton on CUDA, torch on CPU"))
     cuda_graphs: bool = field(default=True, metadata=_flag(
         "replay CUDA graphs for decode steps (triton kernels on CUDA)"))
+    decode_steps: int = field(default=8, metadata=_flag(
+        "decode steps run back to back on the GPU when no waiting request could join "
+        "(CUDA graphs only; 1: a host round trip every step)"))
 
     def __post_init__(self) -> None:
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -57,7 +60,7 @@ class EngineConfig:
             raise ValueError(f"kernels must be torch or triton, got {self.kernels!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "decode_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_model_len", "kv_cache_tokens"):
@@ -138,6 +141,14 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        k = self._lookahead(batch)
+        if k > 1:
+            out = []
+            for seq, n in self.scheduler.postprocess_multi(batch, self.runner.kernel_runner.run_multi(batch, k)):
+                out.append((seq.request_id, Delta(seq.token_ids[-n:], seq.finish_reason, seq.stop_token_id)))
+                if seq.finish_reason is not None:
+                    del self.seqs[seq.request_id]
+            return out
         sampled = self.runner.run(batch)
         out = []
         for seq in self.scheduler.postprocess(batch, sampled):
@@ -145,6 +156,22 @@ class LLMEngine:
             if seq.finish_reason is not None:
                 del self.seqs[seq.request_id]
         return out
+
+    def _lookahead(self, batch) -> int:
+        """How many decode steps to run back to back on the device (1: an ordinary step).
+
+        Only a pure decode batch on CUDA graphs, and only while no waiting request could join: a
+        multi-step would delay its prefill. Capped by the longest remaining output (no step is
+        wasted on every sequence), by the context limit, and by free KV blocks."""
+        kr, k = self.runner.kernel_runner, self.config.decode_steps
+        if k <= 1 or kr is None or not kr.can_multi_step(batch):
+            return 1
+        sch = self.scheduler
+        if sch.waiting and len(sch.running) < sch.max_num_seqs:
+            return 1
+        k = min(k, max(s.max_tokens - s.num_tokens for s in batch.seqs),
+                min(self.max_model_len - s.num_computed for s in batch.seqs))
+        return k if k > 1 and sch.extend_decode(batch, k) else 1
 
     def fail_all(self) -> list[str]:
         """Drop every request after a failed step (its KV writes may be half done); return their ids."""

@@ -39,8 +39,25 @@ class _Row:
 
 @dataclass(slots=True)
 class _Graph:
-    graph: torch.cuda.CUDAGraph
-    hidden: Tensor  # [B, H] output of the captured forward
+    """The decode forward at batch size B over the static inputs: a captured CUDA graph, or (no
+    graphs: CPU, --no-cuda-graphs) the same forward run eagerly, so both paths share every input."""
+
+    size: int
+    graph: torch.cuda.CUDAGraph | None
+    hidden: Tensor | None  # [B, H] output; a graph writes it in place, eager replaces it
+    forward: object = None  # eager: callable(B) -> hidden
+
+    def replay(self) -> Tensor:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.hidden = self.forward(self.size)
+        return self.hidden
+
+
+def _greedy(logits: Tensor) -> Tensor:
+    """[N, V] -> [N] argmax ids; -1 for a row holding NaN (the caller fails that request)."""
+    return torch.where(logits.isnan().any(-1), -1, logits.argmax(-1))
 
 
 class KernelRunner:
@@ -65,10 +82,18 @@ class KernelRunner:
         self.graph_sizes = [b for b in GRAPH_SIZES if b <= max_num_seqs]
         if self.graph_sizes and self.graph_sizes[-1] < max_num_seqs:
             self.graph_sizes.append(max_num_seqs)
-        self.graphs: dict[int, _Graph] = {}
         self.host_times: list[float] = []  # seconds of host work per step, for the bench
+        bmax = self.graph_sizes[-1]
+        # Static decode inputs: rows 0 ids, 1 positions, 2 full slots, 3 ring slots, 4 table rows.
+        self.g_in = torch.zeros(5, bmax, dtype=torch.int64, device=self.device)
+        self.g_host = torch.zeros(5, bmax, dtype=torch.int64)
+        self.g_qs = torch.arange(bmax + 1, dtype=torch.int32, device=self.device)
+        if self.device.type == "cuda":
+            self.g_host = self.g_host.pin_memory()
         if cuda_graphs and self.device.type == "cuda":
             self._capture()
+        else:
+            self.graphs = {b: _Graph(b, None, None, self._graph_forward) for b in self.graph_sizes}
 
     # ---- metadata --------------------------------------------------------------------------
 
@@ -144,8 +169,13 @@ class KernelRunner:
         return out
 
     def _sample(self, logits: Tensor, seqs: list[Sequence]) -> Tensor:
-        if all(s.params.greedy for s in seqs):  # no noise to draw: one argmax, NaN rows -> -1
-            return torch.where(logits.isnan().any(-1), -1, logits.argmax(-1))
+        if all(s.params.greedy for s in seqs):
+            return _greedy(logits)
+        f, i, filtered = self._sampling_params(seqs)
+        return sample(logits, f[0], i[0].to(torch.int32), f[1], i[1], i[2], filtered=filtered)
+
+    def _sampling_params(self, seqs: list[Sequence]) -> tuple[Tensor, Tensor, bool]:
+        """Device tensors: float32 [2, N] (temperature, top_p), int64 [3, N] (top_k, seed, offset)."""
         f32 = np.empty((2, len(seqs)), dtype=np.float32)
         i64 = np.empty((3, len(seqs)), dtype=np.int64)
         filtered = False
@@ -158,7 +188,53 @@ class KernelRunner:
             filtered |= not p.greedy and (p.top_k > 0 or p.top_p < 1.0)
         f = torch.from_numpy(f32).to(self.device, non_blocking=True)
         i = torch.from_numpy(i64).to(self.device, non_blocking=True)
-        return sample(logits, f[0], i[0].to(torch.int32), f[1], i[1], i[2], filtered=filtered)
+        return f, i, filtered
+
+    def can_multi_step(self, batch: Batch) -> bool:
+        """A pure decode batch that a captured graph covers and whose sampling needs no filtering."""
+        return (all(n == 1 for n in batch.num_new) and self._graph_for(len(batch.seqs)) is not None
+                and not any(not s.params.greedy and (s.params.top_k > 0 or s.params.top_p < 1.0)
+                            for s in batch.seqs))
+
+    @torch.inference_mode()
+    def run_multi(self, batch: Batch, k: int) -> list[list[int]]:
+        """k decode steps back to back with no host round trip: each step's sampled ids, positions
+        and cache slots are fed to the next on the device (the blocks for all k positions must be
+        allocated). Returns each sequence's k ids; those past its end are the caller's to drop."""
+        t0 = time.perf_counter()
+        seqs = batch.seqs
+        n = len(seqs)
+        g = self._graph_for(n)
+        assert g is not None
+        rows = self._sync_tables(seqs)
+        hidden = self._replay(g, seqs, [s.num_computed for s in seqs], rows)
+        greedy = all(s.params.greedy for s in seqs)
+        if not greedy:
+            f, i, _ = self._sampling_params(seqs)
+            temp, top_k, top_p, seeds = f[0], i[0].to(torch.int32), f[1], i[1]
+        ids_in, pos, full, ring, row_idx = self.g_in[:, :n]
+        out = torch.empty(k, n, dtype=torch.int64, device=self.device)
+        bs, rl = self.bs, self.ring_len
+        for j in range(k):
+            if j:
+                hidden = g.replay()[:n]
+            logits = self.model.logits(hidden)
+            ids = _greedy(logits) if greedy else sample(logits, temp, top_k, top_p, seeds, pos + 1,
+                                                        filtered=False)
+            out[j] = ids
+            if j + 1 == k:
+                break
+            ids_in.copy_(ids.clamp(min=0))  # a NaN row (-1) fails the request on the host
+            pos += 1
+            blk = pos // bs
+            full.copy_(self.full_tab[row_idx, blk] * bs + pos % bs)
+            if rl:
+                ring.copy_(self.ring_tab[row_idx, blk % rl] * bs + pos % bs)
+        self.host_times.append(time.perf_counter() - t0)
+        res = out.t().tolist()  # the k steps' one synchronisation
+        if any(i < 0 for r in res for i in r):
+            raise RuntimeError("the model produced NaN logits")
+        return res
 
     def _eager(self, seqs: list[Sequence], starts: list[int], lens: list[int], rows: list[int]) -> Tensor:
         ids: list[int] = []
@@ -193,12 +269,8 @@ class KernelRunner:
 
     def _capture(self) -> None:
         """Capture the decode forward at every ladder size, largest first, in one memory pool."""
-        bmax = self.graph_sizes[-1]
         dev = self.device
-        # Static inputs: rows 0 ids, 1 positions, 2 full slots, 3 ring slots, 4 table rows.
-        self.g_in = torch.zeros(5, bmax, dtype=torch.int64, device=dev)
-        self.g_host = torch.zeros(5, bmax, dtype=torch.int64).pin_memory()
-        self.g_qs = torch.arange(bmax + 1, dtype=torch.int32, device=dev)
+        self.graphs = {}
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
@@ -212,7 +284,7 @@ class KernelRunner:
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool, stream=stream):
                     hidden = self._graph_forward(b)
-                self.graphs[b] = _Graph(g, hidden)
+                self.graphs[b] = _Graph(b, g, hidden)
         torch.cuda.current_stream(dev).wait_stream(stream)
         torch.cuda.synchronize(dev)
 
@@ -232,7 +304,7 @@ class KernelRunner:
         return self.model.forward(ids, pos, meta)
 
     def _replay(self, g: _Graph, seqs: list[Sequence], starts: list[int], rows: list[int]) -> Tensor:
-        n, b = len(seqs), g.hidden.shape[0]
+        n, b = len(seqs), g.size
         h = self.g_host.numpy()
         bs, rl = self.bs, self.ring_len
         for j, (s, p) in enumerate(zip(seqs, starts)):
@@ -243,5 +315,4 @@ class KernelRunner:
             h[4, j] = rows[j]
         self._fill_padding(n, b)
         self.g_in[:, :b].copy_(self.g_host[:, :b], non_blocking=True)
-        g.graph.replay()
-        return g.hidden[:n]
+        return g.replay()[:n]

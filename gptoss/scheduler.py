@@ -133,6 +133,36 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def extend_decode(self, batch: Batch, k: int) -> bool:
+        """Allocate blocks for k decode positions per sequence of a pure decode batch (multi-step),
+        if the cache has them without preempting anyone; False leaves everything as it was."""
+        need = [self.bm.blocks_needed(s, s.num_computed + k) for s in batch.seqs]
+        if sum(f for f, _ in need) > self.bm.full.num_free or sum(r for _, r in need) > self.bm.ring.num_free:
+            return False
+        for s in batch.seqs:
+            self.bm.allocate(s, s.num_computed + k)
+        return True
+
+    def postprocess_multi(self, batch: Batch, tokens: list[list[int]]) -> list[tuple[Sequence, int]]:
+        """Record a multi-step decode: each seq takes its ids in order until it finishes; the rest
+        were computed past its end and are dropped. Returns (seq, ids taken) for every seq."""
+        out: list[tuple[Sequence, int]] = []
+        finished = False
+        for seq, ids in zip(batch.seqs, tokens):
+            taken = 0
+            for t in ids:
+                seq.num_computed += 1
+                seq.append(t)
+                taken += 1
+                if seq.is_finished:
+                    self.bm.free(seq)
+                    finished = True
+                    break
+            out.append((seq, taken))
+        if finished:
+            self.running = [s for s in self.running if not s.is_finished]
+        return out
+
     def postprocess(self, batch: Batch, sampled: list[int]) -> list[Sequence]:
         """Record a step's progress; `sampled` holds one id per seq with batch.sample set.
 

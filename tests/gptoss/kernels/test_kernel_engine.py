@@ -57,3 +57,20 @@ def test_triton_sampling_is_seeded_and_batch_invariant(engines):
     other = triton_eng.generate(prompts[:1], [SamplingParams(max_new_tokens=6, temperature=1.0, seed=9,
                                                              ignore_eos=True)])
     assert other[0] != together[0]
+
+
+def test_multi_step_decode_equals_single_steps_and_drops_tokens_past_a_stop(engines, tiny_checkpoint):
+    multi, _ = engines  # decode_steps 8 (the default): pure decode batches run 8 steps per round trip
+    single = make_engine(tiny_checkpoint, "triton", decode_steps=1)
+    prompts = prompts_of([9, 20], seed=6)
+    sp = [SamplingParams(max_new_tokens=11, temperature=1.0, seed=5, ignore_eos=True),
+          SamplingParams(max_new_tokens=13, temperature=0.0, ignore_eos=True)]
+    want = single.generate(prompts, sp)
+    assert multi.generate(prompts, sp) == want
+    # A stop id met mid-window ends the request there; the ids computed after it are dropped.
+    stop = want[1][4]
+    cut = [SamplingParams(max_new_tokens=13, temperature=0.0, stop_token_ids=(stop,))]
+    got = multi.generate(prompts[1:], cut)[0]
+    assert got == want[1][: want[1].index(stop) + 1]
+    bm = multi.scheduler.bm
+    assert bm.full.num_free == bm.full.num_blocks and bm.ring.num_free == bm.ring.num_blocks
