@@ -14,13 +14,6 @@ from harness.generation import DEFAULT_GENERATION_CONFIG, GenerationConfigError,
 
 ENV_BACKEND = "MLPERF_BACKEND"
 
-# The embedded default (no --input-file) is a smoke run of seconds, not LoadGen's official 600 s.
-# Offline: every bundled row once, which is VALID. Server: two passes over the rows at 2 QPS; a
-# VALID Server run needs ~500 queries under the latency limits (early stopping), which a CPU
-# does not sustain, so this one reports INVALID and says how many more queries it would need.
-EMBEDDED_OFFLINE = {"min_duration": 0.0}  # + min_query_count = every bundled row
-EMBEDDED_SERVER = {"min_duration": 0.0, "min_query_count": 48, "target_qps": 2.0}
-
 EPILOG = f"""\
 Settings apply in this order, each overriding the one before: the mlperf.conf built into the
 LoadGen wheel (or --mlperf-conf), --user-conf, then --target-qps/--min-duration/--min-query-count.
@@ -209,25 +202,16 @@ def _rows(path: Path) -> int:
 def _embedded_default(ns: argparse.Namespace) -> tuple[Path, dict[str, float | int], list[str]]:
     """No --input-file: the bundled sample, plus short LoadGen settings for flags left unset
     (unless a user.conf says what the user wants)."""
+    from harness.smoke import smoke_notes, smoke_settings
+
     path = _bundled_sample()
     rows = _rows(path)
     notes = [f"no --input-file: using the bundled synthetic dataset {path} ({rows} rows)"]
     if ns.user_conf is not None:
         return path, {}, notes
-    short = (
-        dict(EMBEDDED_OFFLINE, min_query_count=rows) if ns.scenario == "offline" else dict(EMBEDDED_SERVER)
-    )
-    short = {k: v for k, v in short.items() if getattr(ns, k) is None}
+    short = {k: v for k, v in smoke_settings(ns.scenario, rows).items() if getattr(ns, k, None) is None}
     if short:
-        settings = ", ".join(f"{k}={v:g}" for k, v in short.items())
-        notes.append(
-            f"embedded default: short LoadGen settings {settings} (a smoke test, not a valid submission setting)"
-        )
-        if ns.scenario != "offline":
-            notes.append(
-                "a VALID Server run needs ~500 queries within the TTFT/TPOT limits (LoadGen's early "
-                "stopping): give --min-query-count 500 and a --target-qps the backend sustains"
-            )
+        notes += smoke_notes(ns.scenario, short)
     return path, short, notes
 
 
@@ -272,6 +256,7 @@ def config_from_args(ns: argparse.Namespace, parser: argparse.ArgumentParser, ar
             target_qps=flag("target_qps"),
             min_duration_s=flag("min_duration"),
             min_query_count=flag("min_query_count"),
+            latency_percentile=short.get("latency_percentile"),
             max_samples=ns.max_samples,
             compliance=ns.compliance,
             interrupt_grace_s=ns.interrupt_grace,

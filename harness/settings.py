@@ -119,6 +119,8 @@ def build_test_settings(cfg: RunConfig, n_samples: int) -> lg.TestSettings:
         ts.min_duration_ms = math.ceil(cfg.min_duration_s * 1000)
     if cfg.min_query_count is not None:
         ts.min_query_count = cfg.min_query_count
+    if cfg.latency_percentile is not None:
+        ts.server_target_latency_percentile = cfg.latency_percentile
     # A dataset smaller than the official one: say so in the logs instead of letting LoadGen
     # report 6396 performance samples while it loads fewer.
     if ts.performance_sample_count_override == 0 or ts.performance_sample_count_override > n_samples:
