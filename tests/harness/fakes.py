@@ -28,6 +28,7 @@ class FakeOptions:
     fail_at: int = 1  # the chunk index at which failures and stalls happen (0: before any token)
     stubborn_s: float = 0.0  # > 0: a stall ignores cancellation for this long, then yields the rest
     fail_start: bool = False  # __aenter__ raises BackendError, as a server that is not up would
+    mark_file: str | None = None  # a line is appended here when a request yielded its first chunk
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fake-fail-at", type=int, default=1)
     parser.add_argument("--fake-stubborn", type=float, default=0.0)
     parser.add_argument("--fake-fail-start", action="store_true")
+    parser.add_argument("--fake-mark-file", default=None)
 
 
 def options(ns: argparse.Namespace) -> FakeOptions:
@@ -49,6 +51,7 @@ def options(ns: argparse.Namespace) -> FakeOptions:
         ns.fake_fail_at,
         ns.fake_stubborn,
         ns.fake_fail_start,
+        ns.fake_mark_file,
     )
 
 
@@ -100,6 +103,9 @@ class FakeBackend:
                         continue  # a misbehaving backend: swallows the cancel, keeps streaming
             sent.extend(chunk)
             yield chunk
+            if k == 0 and self.opts.mark_file:  # lets a test in another process wait for streaming
+                with open(self.opts.mark_file, "a") as f:
+                    f.write(f"{call}\n")
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "options": self.opts}

@@ -120,7 +120,7 @@ def test_stall_mid_stream_hits_the_first_token_timeout(name, fault_url):
     t0 = time.monotonic()
     got, err = asyncio.run(run_one(name, f"{fault_url}/stall", first_token_timeout_s=0.5))
     assert isinstance(err, ServerTimeoutError) and "sent nothing for 0.5 s" in str(err)
-    assert 0.5 <= time.monotonic() - t0 < 5
+    assert 0.5 <= time.monotonic() - t0 < 30  # the timeout, not the 3600 s stall
     assert got == sent_ids(N)[:before_fault(N)]
 
 
@@ -136,7 +136,7 @@ def test_stall_hits_the_total_timeout_when_first_token_timeout_is_off(name, faul
     got, err = asyncio.run(run_one(name, f"{fault_url}/stall", first_token_timeout_s=None,
                                    timeout_s=1.0))
     assert isinstance(err, ServerTimeoutError) and "total timeout (1.0 s)" in str(err)
-    assert 1.0 <= time.monotonic() - t0 < 5
+    assert 1.0 <= time.monotonic() - t0 < 30  # the timeout, not the 3600 s stall
     assert got == sent_ids(N)[:before_fault(N)]
 
 
@@ -194,14 +194,14 @@ def test_unhealthy_server_is_waited_for_with_progress_lines(fault_url, monkeypat
     monkeypatch.setattr(http, "READY_PROGRESS_S", 0.4)
 
     async def main():
-        async with make_backend("sglang", [f"{fault_url}/unhealthy"], ready_timeout_s=1.5):
+        async with make_backend("sglang", [f"{fault_url}/unhealthy"], ready_timeout_s=4.0):
             pass
 
     t0 = time.monotonic()
     with pytest.raises(ServerConnectError) as e:
         asyncio.run(main())
-    assert time.monotonic() - t0 >= 1.5  # "not ready" is waited for until --ready-timeout
-    assert str(e.value).startswith(f"sglang server {fault_url}/unhealthy not ready after 1.5 s "
+    assert time.monotonic() - t0 >= 4.0  # "not ready" is waited for until --ready-timeout
+    assert str(e.value).startswith(f"sglang server {fault_url}/unhealthy not ready after 4 s "
                                    "(GET /health: HTTP 503: still loading)")
     progress = capsys.readouterr().err.splitlines()
     assert len(progress) >= 2, progress  # one at once, then one every READY_PROGRESS_S
@@ -227,7 +227,7 @@ def test_server_going_away_mid_run_fails_every_request_and_nothing_hangs():
     try:
         t0 = time.monotonic()
         results, after = asyncio.run(main())
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 30  # first-token timeout 5 s, not a hang
     finally:
         stop_process(proc)
     for got, err in results:

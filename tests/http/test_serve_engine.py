@@ -151,7 +151,7 @@ def test_incremental_output_and_sigterm_drain(tiny_ckpt, oracle):
                     got, err = await collect(b, prompt, GREEDY)
                     assert err is None and got == oracle[tuple(prompt)]
                 # A long request, cut by SIGTERM after --shutdown-timeout.
-                task = asyncio.create_task(collect(b, [5, 6, 7], SamplingParams(max_new_tokens=1000, ignore_eos=True)))
+                task = asyncio.create_task(collect(b, [5, 6, 7], SamplingParams(max_new_tokens=4000, ignore_eos=True)))
                 await asyncio.sleep(1.0)
                 os.kill(proc.pid, signal.SIGTERM)
                 t_term = time.monotonic()
@@ -162,8 +162,9 @@ def test_incremental_output_and_sigterm_drain(tiny_ckpt, oracle):
         rc = proc.wait(timeout=60)
         out = proc.stdout.read()
         assert rc == 0 and "gptoss.serve: stopped" in out
-        # 1000 tokens take far longer than the 1 s grace: the stream is cut then, after real tokens only.
-        assert isinstance(err, StreamBrokenError) and cut_after < 10
-        assert 0 < len(got) < 1000 and all(type(x) is int for x in got)
+        # 4000 tokens take far longer than the 1 s grace on any CPU: the stream is cut then, after
+        # real tokens only (the bound is only far below the time the whole request would take).
+        assert isinstance(err, StreamBrokenError) and cut_after < 30
+        assert 0 < len(got) < 4000 and all(type(x) is int for x in got)
     finally:
         stop_process(proc)
