@@ -49,8 +49,15 @@ def _options_modules() -> list:
     return mods
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line `error: ...` (not the 40-line usage and a prefix)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (run_mlperf.py --help lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="run_mlperf.py",
         description="Run MLPerf Inference (LoadGen) for gpt-oss on one of several backends.",
         epilog=EPILOG,
@@ -271,6 +278,7 @@ def config_from_args(ns: argparse.Namespace, parser: argparse.ArgumentParser, ar
 
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from backends.base import BackendError
     from harness.dataset import DatasetError
@@ -285,10 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(ns, parser, argv)
         return run(cfg, console)
     except (DatasetError, SettingsError, GenerationConfigError, RunError, backends.BackendNotInstalled) as e:
-        console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         return EXIT_USAGE
     except BackendError as e:  # the backend could not start (server unreachable, bad checkpoint ...)
-        console.print(f"[bold red]backend error:[/] {e}", soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         return EXIT_USAGE
     except KeyboardInterrupt:  # outside LoadGen's test (model loading, evaluation): nothing to complete
         console.print("[bold red]interrupted[/]")

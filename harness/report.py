@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 _PREFIX = ":::MLLOG "
@@ -128,7 +129,7 @@ def print_summary(
     table.add_column("limit / note")
     if result.validity is not None:
         style = "bold green" if result.validity == "VALID" else "bold red"
-        table.add_row("result", f"[{style}]{result.validity}[/]", result.invalid_reason or "")
+        table.add_row("result", f"[{style}]{result.validity}[/]", escape(result.invalid_reason or ""))
     if not result.accuracy:  # accuracy mode issues every sample once, unpaced: no rates
         table.add_row("samples/s", _rate(result.samples_per_s), "LoadGen")
         table.add_row("output tokens/s", _rate(result.tokens_per_s), "LoadGen")
@@ -154,7 +155,7 @@ def print_summary(
         counts = Counter(result.loadgen_errors)
         console.print(f"[yellow]LoadGen logged {len(result.loadgen_errors)} error(s):[/]")
         for message, n in counts.most_common(5):
-            console.print(f"  {n} x {message}")
+            console.print(f"  {n} x {escape(message)}")
     console.print(f"LoadGen logs: {log_dir}")
 
 
@@ -170,6 +171,7 @@ def print_failures(
     for reason, n in failures.most_common(10):
         idx = ", ".join(map(str, examples.get(reason, [])))
         more = ", ..." if n > len(examples.get(reason, [])) else ""
-        console.print(f"  {n} x {reason}  [dim](qsl_idx {idx}{more})[/]", soft_wrap=True)
+        # A reason quotes a server or the OS ("[Errno 104] ..."): text, never markup.
+        console.print(f"  {n} x {escape(reason)}  [dim](qsl_idx {idx}{more})[/]", soft_wrap=True)
     if len(failures) > 10:
         console.print(f"  ... and {len(failures) - 10} other reasons (run.json lists them all)")

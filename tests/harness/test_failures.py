@@ -160,7 +160,7 @@ def test_a_backend_that_ignores_cancellation_cannot_hold_a_query(fake_backend, s
 
 def test_a_backend_that_cannot_start_exits_2_and_says_why(fake_backend, tmp_path, capsys):
     assert run_cli(["--backend", "fake", "--output-dir", tmp_path, "--fake-fail-start"]) == 2
-    assert "backend error: fake server at http://127.0.0.1:9 is not reachable" in capsys.readouterr().out
+    assert "error: fake server at http://127.0.0.1:9 is not reachable" in capsys.readouterr().out
     record = run_json(tmp_path / "offline" / "performance")
     assert record["status"] == "error"
     assert record["error"] == "BackendError: fake server at http://127.0.0.1:9 is not reachable"

@@ -309,7 +309,7 @@ def test_an_option_vllm_rejects_stops_the_run_before_loadgen(checkpoints, datase
     out = capsys.readouterr().out
     assert code == 2, out
     assert (
-        "backend error: --vllm-arg max_num_seq=4: "
+        "error: --vllm-arg max_num_seq=4: "
         "vLLM's engine has no option 'max_num_seq'. Did you mean: max_num_seqs" in out
     )
     assert not list(tmp_path.rglob("mlperf_log_*")), "LoadGen started"
