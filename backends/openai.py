@@ -214,7 +214,8 @@ class OpenAIBackend:
                 fields["stream_options"] = {"include_usage": True}
             tail = self._encoded[params] = b"," + orjson.dumps(fields)[1:]
         body = b'{"prompt":' + orjson.dumps(prompt) + tail
-        return self.client.request("/v1/completions", body, OpenAIDecoder, self.opts.stream, parse_whole)
+        return self.client.request("/v1/completions", body, OpenAIDecoder, self.opts.stream, parse_whole,
+                                   params.max_new_tokens)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "api": "OpenAI POST /v1/completions with a token-id prompt",

@@ -300,7 +300,8 @@ class SglangBackend:
                 b',"sampling_params":' + orjson.dumps(sampling_params(params, self.opts.stream_interval))
                 + (b',"stream":true}' if self.opts.stream else b',"stream":false}'))
         body = b'{"input_ids":' + orjson.dumps(prompt) + tail
-        return self.client.request("/generate", body, SglangDecoder, self.opts.stream, parse_whole)
+        return self.client.request("/generate", body, SglangDecoder, self.opts.stream, parse_whole,
+                                   params.max_new_tokens)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "api": "SGLang native POST /generate with input_ids",

@@ -23,13 +23,6 @@ from harness.generation import DEFAULT_GENERATION_CONFIG, GenerationConfigError,
 
 ENV_BACKEND = "MLPERF_BACKEND"
 
-# The embedded default (no --input-file) is a smoke run of seconds, not LoadGen's official 600 s.
-# Offline: every bundled row once, which is VALID. Server: two passes over the rows at 2 QPS; a
-# VALID Server run needs ~500 queries under the latency limits (early stopping), which a CPU
-# does not sustain, so this one reports INVALID and says how many more queries it would need.
-EMBEDDED_OFFLINE = {"min_duration": 0.0}  # + min_query_count = every bundled row
-EMBEDDED_SERVER = {"min_duration": 0.0, "min_query_count": 48, "target_qps": 2.0}
-
 EPILOG = f"""\
 Settings apply in this order, each overriding the one before: the mlperf.conf built into the
 LoadGen wheel (or --mlperf-conf), --user-conf, then --target-qps/--min-duration/--min-query-count.
@@ -405,25 +398,16 @@ def _rows(path: Path) -> int:
 def _embedded_default(ns: argparse.Namespace) -> tuple[Path, dict[str, float | int], list[str]]:
     """No --input-file: the bundled sample, plus short LoadGen settings for flags left unset
     (unless a user.conf says what the user wants)."""
+    from harness.smoke import smoke_notes, smoke_settings
+
     path = _bundled_sample()
     rows = _rows(path)
     notes = [f"no --input-file: using the bundled synthetic dataset {path} ({rows} rows)"]
     if ns.user_conf is not None:
         return path, {}, notes
-    short = (
-        dict(EMBEDDED_OFFLINE, min_query_count=rows) if ns.scenario == "offline" else dict(EMBEDDED_SERVER)
-    )
-    short = {k: v for k, v in short.items() if getattr(ns, k) is None}
+    short = {k: v for k, v in smoke_settings(ns.scenario, rows).items() if getattr(ns, k, None) is None}
     if short:
-        settings = ", ".join(f"{k}={v:g}" for k, v in short.items())
-        notes.append(
-            f"embedded default: short LoadGen settings {settings} (a smoke test, not a valid submission setting)"
-        )
-        if ns.scenario != "offline":
-            notes.append(
-                "a VALID Server run needs ~500 queries within the TTFT/TPOT limits (LoadGen's early "
-                "stopping): give --min-query-count 500 and a --target-qps the backend sustains"
-            )
+        notes += smoke_notes(ns.scenario, short)
     return path, short, notes
 
 
@@ -473,6 +457,7 @@ def config_from_args(
             target_qps=flag("target_qps"),
             min_duration_s=flag("min_duration"),
             min_query_count=flag("min_query_count"),
+            latency_percentile=short.get("latency_percentile"),
             max_samples=ns.max_samples,
             compliance=ns.compliance,
             interrupt_grace_s=ns.interrupt_grace,
@@ -503,6 +488,7 @@ def parse_config(argv: list[str]) -> RunConfig:
 
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from backends.base import BackendError
     from harness.dataset import DatasetError
@@ -521,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         backends.BackendNotInstalled,
         BackendError,  # the backend could not start (server unreachable, bad checkpoint ...)
     ) as e:
-        console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         return EXIT_USAGE
     except KeyboardInterrupt:  # outside LoadGen's test (model loading, evaluation): nothing to complete
         console.print("[bold red]interrupted[/]")

@@ -35,6 +35,8 @@ class FakeOptions:
     fail_start: bool = field(default=False, metadata={  # as a server that is not up would
         "help": "__aenter__ raises BackendError", "flag": "--fake-fail-start"})
     max_model_len: int | None = field(default=None, metadata={"help": "the context the backend reports"})
+    mark_file: str | None = field(default=None, metadata={  # lets a test in another process wait for streaming
+        "help": "a line is appended here when a request yielded its first chunk", "flag": "--fake-mark-file"})
 
 
 class InjectedFailure(RuntimeError):
@@ -96,6 +98,9 @@ class FakeBackend:
                         continue  # a misbehaving backend: swallows the cancel, keeps streaming
             sent.extend(chunk)
             yield chunk
+            if k == 0 and self.opts.mark_file:  # lets a test in another process wait for streaming
+                with open(self.opts.mark_file, "a") as f:
+                    f.write(f"{call}\n")
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "options": self.opts}

@@ -134,10 +134,31 @@ def test_embedded_default_uses_the_bundled_data_and_short_settings(fake_backend,
     assert (cfg.min_duration_s, cfg.min_query_count, cfg.target_qps) == (0.0, 24, None)
     assert any("not a valid submission setting" in n for n in cfg.notes)
     srv = _config(["--backend", "fake", "--scenario", "server", "--target-qps", 3])
-    assert (srv.min_duration_s, srv.min_query_count, srv.target_qps) == (0.0, 48, 3.0)  # flags win
-    assert any("a VALID Server run needs ~500 queries" in n for n in srv.notes)
+    assert (srv.min_duration_s, srv.min_query_count, srv.target_qps) == (0.0, 120, 3.0)  # flags win
+    assert srv.latency_percentile == 0.9
+    assert any("judged at p90 instead of p99" in n for n in srv.notes)
+    inter = _config(["--backend", "fake", "--scenario", "interactive"])
+    assert (inter.min_query_count, inter.target_qps, inter.latency_percentile) == (48, 1.0, 0.9)
+    assert any("usually ends INVALID (exit 3) on a busy one" in n for n in inter.notes)
     real = _config(["--backend", "fake", "--input-file", "x.parquet"])
     assert (real.min_duration_s, real.min_query_count, real.target_qps) == (None, None, None)
+    assert real.latency_percentile is None
+    own = _config(["--backend", "fake", "--scenario", "server", "--user-conf", "user.conf"])
+    assert (own.min_query_count, own.target_qps, own.latency_percentile) == (None, None, None)  # the conf says
+
+
+def test_embedded_server_smoke_run_is_judged_at_p90(fake_backend, tmp_path):
+    """The smoke settings reach LoadGen, and the summary reports the percentile LoadGen judged."""
+    from tests.harness.conftest import run_cli, run_json
+
+    code = run_cli(["--backend", "fake", "--scenario", "server", "--target-qps", 200, "--output-dir", tmp_path])
+    record = run_json(tmp_path / "server" / "performance")
+    assert code == (0 if record["result"]["validity"] == "VALID" else 3)
+    assert record["loadgen_settings"]["server_target_latency_percentile"] == pytest.approx(0.9)
+    assert record["loadgen_settings"]["min_query_count"] == 120
+    result = record["result"]
+    assert result["target_percentile"] == pytest.approx(0.9)
+    assert 0 < result["tpot_target_ns"] <= result["tpot_p99_ns"] and 0 < result["ttft_target_ns"] <= result["ttft_p99_ns"]
 
 
 def test_generation_config_defaults_and_modes(tmp_path):

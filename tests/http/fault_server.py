@@ -3,15 +3,21 @@
 The fault is chosen by the first path segment, so one process serves every fault:
     http://127.0.0.1:PORT/<fault>/generate, /<fault>/v1/completions, /<fault>/health
 The request's answer is always the ids TOKEN_BASE + i, i < max_new_tokens, so a test knows exactly
-which tokens the server sent before a fault. Run: python tests/http/fault_server.py [--port N]
-[--incremental] [--token-delay S]; it prints "PORT <n>" once listening.
+which tokens the server sent before a fault ("endless" ignores max_new_tokens and never stops).
+"busy_<n>_<retry>_<tag>" answers 503 to its first n requests (retry: "s<k>" sends Retry-After: k,
+"date<k>" an HTTP date k seconds ahead, "none" no header), then correctly; GET /times/<fault> lists
+when each request to it arrived (server monotonic seconds). Run: python tests/http/fault_server.py
+[--port N] [--incremental] [--token-delay S]; it prints "PORT <n>" once listening.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import sys
+import time
+from email.utils import formatdate
 
 import orjson
 from aiohttp import web
@@ -19,7 +25,9 @@ from aiohttp import web
 TOKEN_BASE = 1000
 # Any fault name starting with "ok" answers correctly (several URLs of one healthy server).
 FAULTS = ("ok", "http500", "cut", "stall", "stall_first", "malformed", "mismatch", "error_event",
-          "abort", "no_final", "lower_count", "text_only", "unhealthy", "junk_line", "garbage_ids")
+          "abort", "no_final", "lower_count", "text_only", "unhealthy", "junk_line", "garbage_ids", "endless",
+          "busy_<n>_<retry>_<tag>")
+ENDLESS_CHUNK_DELAY_S = 0.001  # an endless stream yields to the loop so that a client's close is seen
 
 
 def sent_ids(n: int) -> list[int]:
@@ -61,9 +69,41 @@ class _InFlight:
         self.app["in_flight"] -= 1
 
 
+class _Endless:
+    """Counts the endless streams still being written, to check that the client closed them."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+
+    def __enter__(self) -> None:
+        self.app["endless"] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.app["endless"] -= 1
+
+
+def _busy(request: web.Request) -> web.Response | None:
+    """The 503 of a busy_<n>_<retry>_<tag> fault while its first n requests last; None afterwards."""
+    fault = request.match_info["fault"]
+    times = request.app["times"].setdefault(fault, [])
+    times.append(time.monotonic())
+    if not fault.startswith("busy_"):
+        return None
+    _, n, retry, _tag = fault.split("_", 3)
+    if len(times) > int(n):
+        return None
+    headers = {}
+    if retry.startswith("s"):
+        headers["Retry-After"] = retry[1:]
+    elif retry.startswith("date"):
+        headers["Retry-After"] = formatdate(time.time() + float(retry[4:]), usegmt=True)
+    return web.json_response({"error": {"message": "injected overload: try again later"}}, status=503,
+                             headers=headers)
+
+
 async def generate(request: web.Request) -> web.StreamResponse:
     with _InFlight(request.app):
-        return await _generate(request)
+        return _busy(request) or await _generate(request)
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
@@ -77,6 +117,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     delay = app["token_delay"]
     if fault == "http500":
         return web.json_response({"error": {"message": "injected failure: out of memory"}}, status=500)
+    if fault == "endless":
+        return await _sglang_endless(request, body, inc)
     if not body.get("stream"):
         if fault == "mismatch":
             return web.json_response({"output_ids": ids, "meta_info": {"completion_tokens": n + 1,
@@ -128,9 +170,26 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def _sglang_endless(request: web.Request, body: dict, inc: bool) -> web.StreamResponse:
+    """Ignores max_new_tokens: twice as many ids whole, or a stream that never ends."""
+    n = body["sampling_params"]["max_new_tokens"]
+    if not body.get("stream"):
+        ids = sent_ids(2 * n)
+        return web.json_response({"output_ids": ids, "meta_info": {
+            "id": "fault", "finish_reason": {"type": "length", "length": 2 * n}, "prompt_tokens": 3,
+            "completion_tokens": 2 * n, "cached_tokens": 0, "e2e_latency": 0.0}})
+    resp = await _sse(request)
+    ids: list[int] = []
+    with _Endless(request.app):
+        while True:  # ends when the client goes away (the write raises)
+            ids.append(TOKEN_BASE + len(ids))
+            await resp.write(_sglang_chunk(ids, len(ids), len(ids) - 1, inc))
+            await asyncio.sleep(ENDLESS_CHUNK_DELAY_S)
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
     with _InFlight(request.app):
-        return await _completions(request)
+        return _busy(request) or await _completions(request)
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
@@ -143,6 +202,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": {"message": "injected failure: out of memory", "type": "InternalError",
                                             "param": None, "code": 500}}, status=500)
     ret_ids = bool(body.get("return_token_ids")) and fault != "text_only"
+    if fault == "endless":
+        n, ids = 2 * n, sent_ids(2 * n)
 
     def choice(delta: list[int], reason):
         c = {"index": 0, "text": "x" * len(delta), "logprobs": None, "finish_reason": reason}
@@ -158,6 +219,13 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     resp = await _sse(request)
     if fault == "stall_first":
         await asyncio.sleep(3600)
+    if fault == "endless":
+        with _Endless(request.app):
+            for i in itertools.count():  # ends when the client goes away (the write raises)
+                chunk = {"id": "c", "object": "text_completion", "model": "fault-model",
+                         "choices": [choice([TOKEN_BASE + i], None)]}
+                await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+                await asyncio.sleep(ENDLESS_CHUNK_DELAY_S)
     for i in range(n):
         if i == k and fault in ("cut", "stall", "malformed", "error_event", "no_final", "junk_line", "garbage_ids"):
             break
@@ -201,9 +269,14 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def times(request: web.Request) -> web.Response:
+    return web.json_response(request.app["times"].get(request.match_info["fault"], []))
+
+
 async def stats(request: web.Request) -> web.Response:
     a = request.app
-    return web.json_response({"peak": a["peak"], "total": a["total"], "in_flight": a["in_flight"]})
+    return web.json_response({"peak": a["peak"], "total": a["total"], "in_flight": a["in_flight"],
+                              "endless": a["endless"]})
 
 
 async def models(request: web.Request) -> web.Response:
@@ -219,12 +292,14 @@ async def main() -> None:
     app = web.Application()
     app["incremental"] = args.incremental
     app["token_delay"] = args.token_delay
-    app["in_flight"] = app["peak"] = app["total"] = 0
+    app["in_flight"] = app["peak"] = app["total"] = app["endless"] = 0
+    app["times"] = {}
     app.router.add_post("/{fault}/generate", generate)
     app.router.add_post("/{fault}/v1/completions", completions)
     app.router.add_get("/{fault}/health", health)
     app.router.add_get("/{fault}/v1/models", models)
     app.router.add_get("/stats", stats)
+    app.router.add_get("/times/{fault}", times)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port)

@@ -108,7 +108,7 @@ def test_client_going_away_aborts_the_request_in_the_engine():
                 body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 50}, "stream": True, "rid": "gone"}
                 async with s.post(url + "/generate", json=body) as r:
                     await r.content.readline()  # the first chunk arrived: the request is running
-            for _ in range(100):  # the disconnect reaches the handler asynchronously
+            for _ in range(1000):  # the disconnect reaches the handler asynchronously
                 if engine.closed_early:
                     break
                 await asyncio.sleep(0.02)
@@ -124,14 +124,15 @@ def test_requests_beyond_the_queue_bound_get_503():
         runner, url = await start(ScriptedEngine(delay=0.05), "--max-num-seqs", "1", "--max-queued-requests", "1")
         try:
             async with make_backend("sglang", [url], max_concurrency=8) as b:
-                return await asyncio.gather(*(collect(b, [1], SamplingParams(max_new_tokens=10)) for _ in range(3)))
+                # 40 tokens x 0.05 s: the third request arrives long before the first one ends.
+                return await asyncio.gather(*(collect(b, [1], SamplingParams(max_new_tokens=40)) for _ in range(3)))
         finally:
             await runner.cleanup()
 
     results = asyncio.run(main())
     ok = [got for got, err in results if err is None]
     busy = [err for got, err in results if err is not None]
-    assert ok == [list(range(500, 510))] * 2
+    assert ok == [list(range(500, 540))] * 2
     assert len(busy) == 1 and isinstance(busy[0], ServerHTTPError) and busy[0].status == 503
     assert "the server is busy: 2 requests in flight" in str(busy[0])
 
