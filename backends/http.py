@@ -35,9 +35,19 @@ from backends.http_errors import (  # re-exported: the error names the backends'
 )
 from backends.sse import StreamDecoder, sse_tokens
 
-__all__ = ["HttpBackendError", "MalformedReplyError", "ServerConnectError", "ServerHTTPError", "ServerReportedError",
-           "ServerTimeoutError", "StreamBrokenError", "TokenCountError", "TokenLimitExceededError", "HttpOptions",
-           "HttpClient"]
+__all__ = [
+    "HttpBackendError",
+    "MalformedReplyError",
+    "ServerConnectError",
+    "ServerHTTPError",
+    "ServerReportedError",
+    "ServerTimeoutError",
+    "StreamBrokenError",
+    "TokenCountError",
+    "TokenLimitExceededError",
+    "HttpOptions",
+    "HttpClient",
+]
 
 DEFAULT_MAX_CONCURRENCY = 1024
 _ERROR_BODY_LIMIT = 4096  # bytes of an error reply quoted in the message
@@ -71,19 +81,39 @@ class HttpOptions:
     """Flags of the sglang and openai backends (core flags such as --server-url live in RunConfig).
     Each field with "help" metadata is a flag (harness/cli.py)."""
 
-    retries: int = field(default=0, metadata={
-        "help": "retry a request that failed before its first token (connect error, HTTP 5xx/429, cut stream) "
-                "up to N times on the least busy server; 0: every failure counts", "metavar": "N"})
-    connect_timeout_s: float = field(default=10.0, metadata={
-        "help": "seconds to open a TCP connection", "flag": "--connect-timeout", "metavar": "S"})
-    first_token_timeout_s: float | None = field(default=600.0, metadata={  # also the longest silence mid-stream
-        "help": "fail a streamed request with no token S seconds after it was sent, or silent for S seconds "
-                "mid-stream; 0 disables", "flag": "--first-token-timeout", "metavar": "S", "type": _off_at_zero})
-    ready_timeout_s: float = field(default=600.0, metadata={
-        "help": "seconds to wait for every server's GET /health to answer 200", "flag": "--ready-timeout",
-        "metavar": "S"})
-    stream: bool = field(default=True, metadata={
-        "help": "stream tokens over SSE; --no-stream waits for whole replies"})
+    retries: int = field(
+        default=0,
+        metadata={
+            "help": "retry a request that failed before its first token (connect error, HTTP 5xx/429, cut stream) "
+            "up to N times on the least busy server; 0: every failure counts",
+            "metavar": "N",
+        },
+    )
+    connect_timeout_s: float = field(
+        default=10.0,
+        metadata={"help": "seconds to open a TCP connection", "flag": "--connect-timeout", "metavar": "S"},
+    )
+    first_token_timeout_s: float | None = field(
+        default=600.0,
+        metadata={  # also the longest silence mid-stream
+            "help": "fail a streamed request with no token S seconds after it was sent, or silent for S seconds "
+            "mid-stream; 0 disables",
+            "flag": "--first-token-timeout",
+            "metavar": "S",
+            "type": _off_at_zero,
+        },
+    )
+    ready_timeout_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "seconds to wait for every server's GET /health to answer 200",
+            "flag": "--ready-timeout",
+            "metavar": "S",
+        },
+    )
+    stream: bool = field(
+        default=True, metadata={"help": "stream tokens over SSE; --no-stream waits for whole replies"}
+    )
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -160,8 +190,15 @@ def error_message(body: bytes) -> str:
 class HttpClient:
     """The pooled session, the concurrency cap and the server pool of one backend for one run."""
 
-    def __init__(self, backend: str, urls: tuple[str, ...], default_url: str, opts: HttpOptions,
-                 max_concurrency: int | None, timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        backend: str,
+        urls: tuple[str, ...],
+        default_url: str,
+        opts: HttpOptions,
+        max_concurrency: int | None,
+        timeout_s: float | None,
+    ) -> None:
         self.backend = backend
         self.opts = opts
         self.pool = ServerPool([normalize_url(u) for u in (urls or (default_url,))])
@@ -179,11 +216,13 @@ class HttpClient:
 
         _ensure_fd_limit(_fds_needed(self.max_concurrency))
         self._slots = asyncio.Semaphore(self.max_concurrency)
-        connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=0,
-                                         ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=0, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=None), read_bufsize=1 << 20,
-            skip_auto_headers=("User-Agent",))
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None),
+            read_bufsize=1 << 20,
+            skip_auto_headers=("User-Agent",),
+        )
         try:
             await self._wait_ready()
         except BaseException:
@@ -225,7 +264,8 @@ class HttpClient:
                 if now - unreachable_since >= grace or now >= deadline:
                     raise ServerConnectError(
                         f"cannot reach the {self.backend} server at {server.url} ({_connect_reason(e)}, "
-                        f"for {now - start:.0f} s); start the server or fix --server-url") from None
+                        f"for {now - start:.0f} s); start the server or fix --server-url"
+                    ) from None
                 await asyncio.sleep(READY_POLL_S)
                 continue
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # it accepted: busy or starting
@@ -234,11 +274,15 @@ class HttpClient:
             if now >= deadline:
                 raise ServerConnectError(
                     f"{self.backend} server {server.url} not ready after {self.opts.ready_timeout_s:g} s "
-                    f"(GET /health: {last}); wait until it has loaded, raise --ready-timeout, or fix --server-url")
+                    f"(GET /health: {last}); wait until it has loaded, raise --ready-timeout, or fix --server-url"
+                )
             if now >= next_progress:
-                print(f"waiting for the {self.backend} server {server.url} to be ready ({now - start:.0f} s of "
-                      f"--ready-timeout {self.opts.ready_timeout_s:g}): GET /health: {last}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"waiting for the {self.backend} server {server.url} to be ready ({now - start:.0f} s of "
+                    f"--ready-timeout {self.opts.ready_timeout_s:g}): GET /health: {last}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 next_progress = now + READY_PROGRESS_S
             await asyncio.sleep(min(READY_POLL_S, max(0.0, deadline - now)))
 
@@ -252,7 +296,9 @@ class HttpClient:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 body = await resp.read()
                 if resp.status != 200:
-                    raise ServerHTTPError(f"HTTP {resp.status} from {url}: {error_message(body)}", resp.status)
+                    raise ServerHTTPError(
+                        f"HTTP {resp.status} from {url}: {error_message(body)}", resp.status
+                    )
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             raise ServerConnectError(f"GET {url} failed: {type(e).__name__}: {e}") from e
         try:
@@ -260,9 +306,15 @@ class HttpClient:
         except orjson.JSONDecodeError as e:
             raise MalformedReplyError(f"GET {url} returned malformed JSON: {e}") from e
 
-    async def request(self, path: str, body: bytes, decoder: Callable[[str], StreamDecoder],
-                      stream: bool, parse_whole: Callable[[bytes, str], list[int]],
-                      limit: int) -> AsyncIterator[list[int]]:
+    async def request(
+        self,
+        path: str,
+        body: bytes,
+        decoder: Callable[[str], StreamDecoder],
+        stream: bool,
+        parse_whole: Callable[[bytes, str], list[int]],
+        limit: int,
+    ) -> AsyncIterator[list[int]]:
         """POST body to the least busy server; yield ids as they arrive, never more than `limit`
         (the request's max_new_tokens). Retries, after a backoff, only before any token."""
         assert self._slots is not None, "use the backend as `async with backend:`"
@@ -282,7 +334,8 @@ class HttpClient:
                                     yield ids[:keep]
                                 raise TokenLimitExceededError(
                                     f"{server.url}{path} sent more than max_new_tokens={limit} token ids; "
-                                    f"the first {limit} are kept and the stream was closed")
+                                    f"the first {limit} are kept and the stream was closed"
+                                )
                             got += len(ids)
                             yield ids
                     return
@@ -297,26 +350,38 @@ class HttpClient:
                     failed = server
                     await asyncio.sleep(delay)
 
-    async def _once(self, server: Server, path: str, body: bytes, decoder: Callable[[str], StreamDecoder],
-                    stream: bool, parse_whole: Callable[[bytes, str], list[int]]) -> AsyncIterator[list[int]]:
+    async def _once(
+        self,
+        server: Server,
+        path: str,
+        body: bytes,
+        decoder: Callable[[str], StreamDecoder],
+        stream: bool,
+        parse_whole: Callable[[bytes, str], list[int]],
+    ) -> AsyncIterator[list[int]]:
         import aiohttp
 
         url = server.url + path
         silence = self.opts.first_token_timeout_s if stream else None
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=self.opts.connect_timeout_s,
-                                        sock_read=silence)
+        timeout = aiohttp.ClientTimeout(
+            total=self.timeout_s, sock_connect=self.opts.connect_timeout_s, sock_read=silence
+        )
         first_deadline = time.monotonic() + silence if silence else None
         server.outstanding += 1
         server.sent += 1
         got_headers = False
         try:
-            async with self.session.post(url, data=body, timeout=timeout,
-                                         headers={"Content-Type": "application/json"}) as resp:
+            async with self.session.post(
+                url, data=body, timeout=timeout, headers={"Content-Type": "application/json"}
+            ) as resp:
                 got_headers = True
                 if resp.status != 200:
                     text = error_message(await resp.read())
-                    raise ServerHTTPError(f"HTTP {resp.status} from {url}: {text}", resp.status,
-                                          parse_retry_after(resp.headers.get("Retry-After")))
+                    raise ServerHTTPError(
+                        f"HTTP {resp.status} from {url}: {text}",
+                        resp.status,
+                        parse_retry_after(resp.headers.get("Retry-After")),
+                    )
                 if not stream:
                     yield parse_whole(await resp.read(), url)
                     return
@@ -329,15 +394,22 @@ class HttpClient:
         except aiohttp.ConnectionTimeoutError as e:
             raise ServerConnectError(
                 f"cannot connect to {url}: no answer within the connect timeout "
-                f"({self.opts.connect_timeout_s:g} s)") from e
+                f"({self.opts.connect_timeout_s:g} s)"
+            ) from e
         except aiohttp.SocketTimeoutError as e:
             raise ServerTimeoutError(f"{url} sent nothing for {silence:g} s (first-token timeout)") from e
         except asyncio.TimeoutError as e:
-            raise ServerTimeoutError(f"request to {url} exceeded the total timeout ({self.timeout_s} s)") from e
+            raise ServerTimeoutError(
+                f"request to {url} exceeded the total timeout ({self.timeout_s} s)"
+            ) from e
         except aiohttp.ClientConnectorError as e:
             raise ServerConnectError(f"cannot connect to {url}: {e.os_error or e}") from e
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
-                aiohttp.ClientOSError, ConnectionError) as e:
+        except (
+            aiohttp.ClientPayloadError,
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientOSError,
+            ConnectionError,
+        ) as e:
             where = "mid-stream" if got_headers else "before replying"
             raise StreamBrokenError(f"connection to {url} lost {where}: {type(e).__name__}: {e}") from e
         except aiohttp.ClientResponseError as e:
@@ -354,8 +426,12 @@ class HttpClient:
             "max_concurrency": self.max_concurrency,
             "stream": o.stream,
             "retries": o.retries,
-            "timeouts_s": {"connect": o.connect_timeout_s, "first_token": o.first_token_timeout_s,
-                           "total": self.timeout_s, "ready": o.ready_timeout_s},
+            "timeouts_s": {
+                "connect": o.connect_timeout_s,
+                "first_token": o.first_token_timeout_s,
+                "total": self.timeout_s,
+                "ready": o.ready_timeout_s,
+            },
             "requests": {s.url: {"sent": s.sent, "failed": s.failed} for s in self.pool.servers},
             "retried_requests": self.retried,
             "aiohttp": aiohttp.__version__,
@@ -368,7 +444,7 @@ def retry_delay(attempt: int, retry_after_s: float | None) -> float | None:
         if retry_after_s > RETRY_AFTER_MAX_S:
             return None
         return retry_after_s + random.uniform(0.0, RETRY_AFTER_JITTER_S)
-    d = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0 ** attempt)
+    d = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0**attempt)
     return random.uniform(d / 2, d)
 
 
@@ -419,8 +495,10 @@ def _check_fd_limit(max_concurrency: int) -> None:
     needed = _fds_needed(max_concurrency)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < needed:
-        raise BackendError(f"--max-concurrency {max_concurrency} needs about {needed} open files but their hard "
-                           f"limit is {hard}; lower --max-concurrency or raise `ulimit -Hn`")
+        raise BackendError(
+            f"--max-concurrency {max_concurrency} needs about {needed} open files but their hard "
+            f"limit is {hard}; lower --max-concurrency or raise `ulimit -Hn`"
+        )
 
 
 def _ensure_fd_limit(needed: int) -> None:
@@ -431,5 +509,7 @@ def _ensure_fd_limit(needed: int) -> None:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (ValueError, OSError) as e:  # an unlimited hard limit still ends at the kernel's nr_open
-            raise BackendError(f"cannot raise the open-files limit to {needed} for --max-concurrency "
-                               f"({e}); lower --max-concurrency") from None
+            raise BackendError(
+                f"cannot raise the open-files limit to {needed} for --max-concurrency "
+                f"({e}); lower --max-concurrency"
+            ) from None

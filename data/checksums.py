@@ -51,7 +51,10 @@ def check(path: Path, table: dict, *, record: bool = False) -> tuple[bool, str]:
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
         return False, f"{path}: cannot read dataset: {e}"
     if not set(PROMPT_COLUMNS) & set(columns):
-        return False, f"{path}: no 'tok_input' column (nor the older 'input_tokens'): not an MLCommons dataset"
+        return (
+            False,
+            f"{path}: no 'tok_input' column (nor the older 'input_tokens'): not an MLCommons dataset",
+        )
     if rows != entry["rows"]:
         return False, f"{path}: {rows} rows, expected {entry['rows']}"
     digest = sha256(path)

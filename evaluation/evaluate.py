@@ -57,7 +57,9 @@ def evaluate_run(
         samples.append(sample)
     # The generated code must not read the expected outputs, nor the answers in the dataset.
     secrets = tuple(str(p) for p in (lcb_tests, dataset, accuracy_log) if p is not None)
-    used = grade_livecodebench(samples, lcb_jobs, lcb_tests, workers, lcb_timeout_s, isolation, secrets, quiet)
+    used = grade_livecodebench(
+        samples, lcb_jobs, lcb_tests, workers, lcb_timeout_s, isolation, secrets, quiet
+    )
 
     result = summarize(samples, rows, entries)
     # "fallback": generated code ran without namespaces and could read the host's files.

@@ -93,7 +93,9 @@ class Sandbox:
         if self.isolation != "fallback":  # everything outside the view is invisible anyway
             for path in self.hide:
                 if inside_view(path):
-                    raise ValueError(f"cannot hide {path} from generated code: it is among the interpreter's files")
+                    raise ValueError(
+                        f"cannot hide {path} from generated code: it is among the interpreter's files"
+                    )
 
     def run(
         self, code: str, *, stdin: bytes = b"", fn_name: str | None = None, args: list | None = None
@@ -264,7 +266,9 @@ def stdlib_path() -> list[str]:
     """sys.path of `python -I -S`, the sandbox's interpreter: the standard library and lib-dynload."""
     out = subprocess.run(
         [sys.executable, "-I", "-S", "-c", "import json, sys; print(json.dumps(sys.path))"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return [p for p in json.loads(out) if p and os.path.isdir(p)]
 
@@ -333,7 +337,9 @@ def shared_libraries(binaries: list[str]) -> list[str]:
     """The shared libraries the binaries load (their paths as the loader finds them), by ldd."""
     ldd = shutil.which("ldd")
     if ldd is None:
-        raise RuntimeError("ldd is not installed: the sandbox cannot tell which libraries the interpreter needs")
+        raise RuntimeError(
+            "ldd is not installed: the sandbox cannot tell which libraries the interpreter needs"
+        )
     out = subprocess.run([ldd, *binaries], capture_output=True, text=True, check=False).stdout
     libs = set()
     for line in out.splitlines():

@@ -84,7 +84,7 @@ class DenseMoE(nn.Module):
         ys, a = [], 0
         for e, c in enumerate(counts):
             if c:
-                hid = self._round(torch.addmm(self.gate_up_bias[e], xs[a:a + c], self.gate_up[e]))
+                hid = self._round(torch.addmm(self.gate_up_bias[e], xs[a : a + c], self.gate_up[e]))
                 act = self._round(swiglu(hid, self.alpha, self.limit))
                 ys.append(self._round(torch.addmm(self.down_bias[e], act, self.down[e])))  # [c, H]
                 a += c

@@ -34,8 +34,13 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 watermark_blocks: int = 0) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        watermark_blocks: int = 0,
+    ) -> None:
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -98,8 +103,10 @@ class Scheduler:
             batch.preempted.append(victim)
             if victim is seq:
                 if not self.running:  # alone and still too big: waiting would spin forever
-                    raise RuntimeError(f"the KV cache ({self.bm.max_tokens_per_seq()} tokens) cannot "
-                                       f"hold {seq.num_computed + n} positions of {seq!r}")
+                    raise RuntimeError(
+                        f"the KV cache ({self.bm.max_tokens_per_seq()} tokens) cannot "
+                        f"hold {seq.num_computed + n} positions of {seq!r}"
+                    )
                 return False
         self.bm.allocate(seq, seq.num_computed + n)
         batch.seqs.append(seq)
@@ -113,8 +120,10 @@ class Scheduler:
             reserve = self.watermark_blocks if self.running else 0
             if not self.bm.can_allocate(seq, n, reserve):
                 if not self.running:  # the whole cache is free and still too small
-                    raise RuntimeError(f"the KV cache ({self.bm.max_tokens_per_seq()} tokens) cannot "
-                                       f"hold {n} positions of {seq!r}")
+                    raise RuntimeError(
+                        f"the KV cache ({self.bm.max_tokens_per_seq()} tokens) cannot "
+                        f"hold {n} positions of {seq!r}"
+                    )
                 break
             self.waiting.popleft()
             self.bm.allocate(seq, n)

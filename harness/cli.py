@@ -143,7 +143,9 @@ def _checked(parse: Any, name: str) -> Any:
     return _named(run, name)
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type, title: str, description: str | None = None) -> None:
+def add_options(
+    parser: argparse.ArgumentParser, cls: type, title: str, description: str | None = None
+) -> None:
     """Turn the flag fields of the dataclass `cls` into a group of flags (unset ones keep the field default)."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(title, description)
@@ -160,7 +162,9 @@ def add_options(parser: argparse.ArgumentParser, cls: type, title: str, descript
             if "choices" in f.metadata:
                 kw["choices"] = f.metadata["choices"]
             else:
-                kw["metavar"] = f.metadata.get("metavar") or flag_of(f).removeprefix("--").replace("-", "_").upper()
+                kw["metavar"] = (
+                    f.metadata.get("metavar") or flag_of(f).removeprefix("--").replace("-", "_").upper()
+                )
             if f.metadata.get("repeat"):
                 kw["action"], kw["default"] = "append", None
         group.add_argument(flag_of(f), **kw)
@@ -227,7 +231,9 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
         add_help=False,
         allow_abbrev=False,  # a prefix of one backend's flag must not silently mean another's
     )
-    p.add_argument("-h", "--help", action=_FullHelp, help="show the core flags and every backend's, then exit")
+    p.add_argument(
+        "-h", "--help", action=_FullHelp, help="show the core flags and every backend's, then exit"
+    )
     p.add_argument(
         "--backend",
         default=None,

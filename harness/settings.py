@@ -154,7 +154,9 @@ def build_test_settings(cfg: RunConfig, n_samples: int) -> lg.TestSettings:
 
 def _check_rates(ts: lg.TestSettings, scenario: str) -> None:
     """What the confs and flags produced, where LoadGen would crash or never end instead of refusing."""
-    qps, name = (ts.offline_expected_qps, "Offline") if scenario == "Offline" else (ts.server_target_qps, "Server")
+    qps, name = (
+        (ts.offline_expected_qps, "Offline") if scenario == "Offline" else (ts.server_target_qps, "Server")
+    )
     if not (math.isfinite(qps) and qps > 0):
         raise SettingsError(
             f"the {name} target_qps is {qps:g}: it must be a positive number (--target-qps, or target_qps in a conf)"

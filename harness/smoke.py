@@ -36,7 +36,9 @@ def smoke_settings(scenario: str, rows: int) -> dict[str, Any]:
 def smoke_notes(scenario: str, settings: dict[str, Any]) -> list[str]:
     """What the user is told before the run, so that its verdict is read for what it is."""
     shown = ", ".join(f"{k}={v:g}" for k, v in settings.items())
-    notes = [f"embedded default: short LoadGen settings {shown} (a smoke test, not a valid submission setting)"]
+    notes = [
+        f"embedded default: short LoadGen settings {shown} (a smoke test, not a valid submission setting)"
+    ]
     if scenario != "offline" and "latency_percentile" in settings:
         notes.append(
             f"the TTFT/TPOT limits are judged at p{settings['latency_percentile'] * 100:g} instead of p99 so "

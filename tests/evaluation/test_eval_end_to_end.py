@@ -298,8 +298,9 @@ def test_result_records_the_sandbox_and_a_fallback_run_says_it_could_read_the_ho
     tmp_path, _, tests = inputs
     dataset = write_dataset(tmp_path / "d.parquet", [("livecodebench_v6", "abc001_a")])
     log = write_log(tmp_path / "log.json", [harmony(code("print(sum(map(int, input().split())))"))])
-    result = evaluation.evaluate_run(log, dataset, tmp_path / "r.json", lcb_tests=tests, lcb_timeout_s=2.0,
-                                     isolation="fallback")
+    result = evaluation.evaluate_run(
+        log, dataset, tmp_path / "r.json", lcb_tests=tests, lcb_timeout_s=2.0, isolation="fallback"
+    )
     assert result["sandbox_isolation"] == "fallback"
     assert "sandbox: fallback (no Linux namespaces here)" in capsys.readouterr().out
     from evaluation.sandbox import detect_isolation

@@ -256,10 +256,39 @@ def test_signals_and_exit_codes(sandbox):
 
 # Generated code relies on these (LiveCodeBench's prelude and beyond); several are extension
 # modules in lib-dynload that load shared libraries (libmpdec, libz, libcrypto, libsqlite3, libffi).
-STDLIB_MODULES = ("json", "collections", "itertools", "heapq", "math", "re", "bisect", "functools", "decimal",
-                  "fractions", "statistics", "datetime", "array", "struct", "random", "string", "typing",
-                  "dataclasses", "enum", "operator", "copy", "io", "zlib", "hashlib", "sqlite3", "unicodedata",
-                  "threading", "queue", "textwrap", "pickle", "csv")
+STDLIB_MODULES = (
+    "json",
+    "collections",
+    "itertools",
+    "heapq",
+    "math",
+    "re",
+    "bisect",
+    "functools",
+    "decimal",
+    "fractions",
+    "statistics",
+    "datetime",
+    "array",
+    "struct",
+    "random",
+    "string",
+    "typing",
+    "dataclasses",
+    "enum",
+    "operator",
+    "copy",
+    "io",
+    "zlib",
+    "hashlib",
+    "sqlite3",
+    "unicodedata",
+    "threading",
+    "queue",
+    "textwrap",
+    "pickle",
+    "csv",
+)
 
 
 def test_the_program_sees_only_the_interpreter(sandbox, tmp_path):
@@ -272,8 +301,15 @@ def test_the_program_sees_only_the_interpreter(sandbox, tmp_path):
     exposed = tmp_path / "exposed.txt"
     exposed.write_text("secret")
     exposed.chmod(0o644)
-    outside = [str(exposed), __file__, str(Path(evaluation.__file__).with_name("sandbox.py")), "/etc/passwd",
-               "/etc/hostname", str(Path(sys.prefix) / "pyvenv.cfg"), "/proc/1/environ"]
+    outside = [
+        str(exposed),
+        __file__,
+        str(Path(evaluation.__file__).with_name("sandbox.py")),
+        "/etc/passwd",
+        "/etc/hostname",
+        str(Path(sys.prefix) / "pyvenv.cfg"),
+        "/proc/1/environ",
+    ]
     probe = f"""
 import os, sys, subprocess
 for path in {outside!r}:
@@ -303,7 +339,10 @@ except ImportError as e:
     tops = {p.split("/")[1] for p in [*view["dirs"], *view["files"], *(link for link, _ in view["links"])]}
     tops |= {"dev", "proc", str(sandbox.base_dir.resolve()).split("/")[1]}
     assert lines[len(outside) + 1] == str(sorted(tops))
-    assert lines[len(outside) + 2:] == ["[2]", "ModuleNotFoundError"]  # the interpreter runs; no site-packages
+    assert lines[len(outside) + 2 :] == [
+        "[2]",
+        "ModuleNotFoundError",
+    ]  # the interpreter runs; no site-packages
     r = sandbox.run("import os\nprint(sorted(os.listdir('/dev')))")
     devices = ["fd", "full", "null", "random", "stderr", "stdin", "stdout", "urandom", "zero"]
     assert r.stdout.decode() == f"{devices}\n"  # no GPUs, no disks

@@ -50,7 +50,9 @@ def hf_fp32(tiny_checkpoint: Path):
     """
     transformers = pytest.importorskip("transformers")
     model = transformers.GptOssForCausalLM.from_pretrained(
-        tiny_checkpoint, dtype=torch.float32,
+        tiny_checkpoint,
+        dtype=torch.float32,
         quantization_config=transformers.Mxfp4Config(dequantize=True),
-        experts_implementation="eager")
+        experts_implementation="eager",
+    )
     return model.float().eval()

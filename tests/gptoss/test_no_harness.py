@@ -13,8 +13,14 @@ BLOCK = "import sys\nfor name in ('harness', 'backends'):\n    sys.modules[name]
 
 
 def _run(code: str, tmp_path: Path) -> str:
-    done = subprocess.run([sys.executable, "-c", BLOCK + code, str(tmp_path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=240, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCK + code, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

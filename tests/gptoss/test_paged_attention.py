@@ -22,10 +22,13 @@ def test_paged_equals_dense_over_chunked_prefill_and_decode(block_size, window):
     rng = random.Random(block_size)
     layers = [window, None]  # one sliding layer, one full layer
     bm = BlockManager(num_full_blocks=400, block_size=block_size, window=window)
-    attn = PagedAttention(layers, bm.full.num_blocks, bm.ring.num_blocks, block_size, HKV, D,
-                          torch.float32, torch.device("cpu"))
+    attn = PagedAttention(
+        layers, bm.full.num_blocks, bm.ring.num_blocks, block_size, HKV, D, torch.float32, torch.device("cpu")
+    )
     lengths = [3, 40, 1, 140, 36, 50]
-    seqs = [Sequence(i, str(i), [0] * n, SamplingParams(max_new_tokens=30), 10_000) for i, n in enumerate(lengths)]
+    seqs = [
+        Sequence(i, str(i), [0] * n, SamplingParams(max_new_tokens=30), 10_000) for i, n in enumerate(lengths)
+    ]
     history = {s.seq_id: {layer: ([], []) for layer in range(2)} for s in seqs}  # K/V chunks per seq
     done = {s.seq_id: 0 for s in seqs}  # positions with K/V in the cache
     sinks = torch.randn(HQ)
@@ -48,8 +51,16 @@ def test_paged_equals_dense_over_chunked_prefill_and_decode(block_size, window):
         starts = [done[s.seq_id] for s in live]
         for s, a, n in zip(live, starts, news):
             bm.allocate(s, a + n)
-        attn.ctx = StepContext.build(starts, news, [s.full_blocks for s in live], [s.ring_blocks for s in live],
-                                     block_size, window, HKV, torch.device("cpu"))
+        attn.ctx = StepContext.build(
+            starts,
+            news,
+            [s.full_blocks for s in live],
+            [s.ring_blocks for s in live],
+            block_size,
+            window,
+            HKV,
+            torch.device("cpu"),
+        )
         t = sum(news)
         for g in attn.ctx.groups:
             kinds[("decode" if g.qlen == 1 else "prefill", g.batch > 1, g.pad_src is not None)] = True
@@ -59,12 +70,12 @@ def test_paged_equals_dense_over_chunked_prefill_and_decode(block_size, window):
             row = 0
             for s, a, n in zip(live, starts, news):
                 ks, vs = history[s.seq_id][layer]
-                ks.append(k[row:row + n])
-                vs.append(v[row:row + n])
+                ks.append(k[row : row + n])
+                vs.append(v[row : row + n])
                 kk, vv = torch.cat(ks), torch.cat(vs)
                 pos = torch.arange(a + n)
-                want = attention(q[row:row + n], kk, vv, sinks, w, 0.25, pos[a:], pos)
-                torch.testing.assert_close(out[row:row + n], want, rtol=1e-5, atol=1e-5)
+                want = attention(q[row : row + n], kk, vv, sinks, w, 0.25, pos[a:], pos)
+                torch.testing.assert_close(out[row : row + n], want, rtol=1e-5, atol=1e-5)
                 row += n
         for s, n in zip(live, news):
             done[s.seq_id] += n

@@ -43,12 +43,20 @@ class KVShadow:
 
     def check_and_write(self, batch):
         seqs, starts = batch.seqs, [s.num_computed for s in batch.seqs]
-        ctx = StepContext.build(starts, batch.num_new, [s.full_blocks for s in seqs],
-                                [s.ring_blocks for s in seqs], self.bs, self.window, 1, torch.device("cpu"))
+        ctx = StepContext.build(
+            starts,
+            batch.num_new,
+            [s.full_blocks for s in seqs],
+            [s.ring_blocks for s in seqs],
+            self.bs,
+            self.window,
+            1,
+            torch.device("cpu"),
+        )
         num_decode = batch.num_new.count(1)
         i = num_decode
-        for g in ctx.groups[1 if num_decode else 0:]:  # prefill groups, in step order
-            assert g.start == sum(batch.num_new[:i]) and g.num_tokens == sum(batch.num_new[i:i + g.batch])
+        for g in ctx.groups[1 if num_decode else 0 :]:  # prefill groups, in step order
+            assert g.start == sum(batch.num_new[:i]) and g.num_tokens == sum(batch.num_new[i : i + g.batch])
             for b in range(g.batch):
                 for kind, ix in (("full", g.full), ("ring", g.ring)):
                     self.expect(seqs[i + b], kind, ix, b, starts[i + b])
@@ -80,8 +88,9 @@ def test_random_load_keeps_invariants_and_leaks_nothing(shadow_kv):
         for _ in range(rng.randint(0, 3)):  # arrivals while others run
             if pending:
                 i = pending.pop(0)
-                seq = make_seq(i, rng.randint(1, 300), rng.randint(1, 200), max_model_len,
-                               ignore_eos=rng.random() < 0.5)
+                seq = make_seq(
+                    i, rng.randint(1, 300), rng.randint(1, 200), max_model_len, ignore_eos=rng.random() < 0.5
+                )
                 seqs.append(seq)
                 sched.add(seq)
         if rng.random() < 0.05 and len(sched):  # abort a random unfinished request
@@ -101,8 +110,9 @@ def test_random_load_keeps_invariants_and_leaks_nothing(shadow_kv):
         bm.check_invariants(sched.running)
         if shadow:
             shadow.check_and_write(batch)
-        sampled = [rng.choice(STOP) if rng.random() < 0.01 else rng.randrange(1000)
-                   for _ in range(sum(batch.sample))]
+        sampled = [
+            rng.choice(STOP) if rng.random() < 0.01 else rng.randrange(1000) for _ in range(sum(batch.sample))
+        ]
         sched.postprocess(batch, sampled)
         bm.check_invariants(sched.running)
 
@@ -117,8 +127,11 @@ def test_random_load_keeps_invariants_and_leaks_nothing(shadow_kv):
             assert not seq.params.ignore_eos and out[-1] in STOP and out[-1] == seq.stop_token_id
             assert not any(t in STOP for t in out[:-1])
         elif seq.finish_reason == "length":
-            assert len(seq) == seq.max_tokens == min(seq.num_prompt_tokens + seq.params.max_new_tokens,
-                                                     max_model_len)
+            assert (
+                len(seq)
+                == seq.max_tokens
+                == min(seq.num_prompt_tokens + seq.params.max_new_tokens, max_model_len)
+            )
             assert seq.params.ignore_eos or not any(t in STOP for t in out)
     assert len(seqs) == num_requests and all(reasons.values()), reasons
 

@@ -93,7 +93,9 @@ ROWS = [
     Row("flag-target-qps-negative", ("--target-qps", "-5"), r"target.qps"),
     Row("flag-target-qps-zero", ("--target-qps", "0"), r"target.qps"),
     Row("flag-target-qps-nan", ("--target-qps", "nan"), r"target.qps"),
-    Row("flag-target-qps-inf", ("--scenario", "server", "--target-qps", "inf", *HTTP, *REFUSED), r"target.qps"),
+    Row(
+        "flag-target-qps-inf", ("--scenario", "server", "--target-qps", "inf", *HTTP, *REFUSED), r"target.qps"
+    ),
     Row("flag-target-qps-1e400", ("--target-qps", "1e400", *HTTP, *REFUSED), r"target.qps"),
     Row("flag-min-duration-negative", ("--min-duration", "-1"), r"min.duration"),
     Row("flag-min-duration-inf", ("--min-duration", "inf", *HTTP, *REFUSED), r"min.duration"),
@@ -105,90 +107,217 @@ ROWS = [
     Row("flag-timeout-nan", ("--timeout", "nan"), r"timeout"),
     Row("flag-timeout-inf", ("--timeout", "inf", *HTTP, *REFUSED), r"timeout"),
     Row("flag-max-concurrency-zero", ("--max-concurrency", "0"), r"--max-concurrency"),
-    Row("flag-max-concurrency-over-fd-limit", (*HTTP, *REFUSED, "--max-concurrency", "100000000"),
-        r"--max-concurrency 100000000 needs about 100000064 open files|cannot raise the open-files limit"),
+    Row(
+        "flag-max-concurrency-over-fd-limit",
+        (*HTTP, *REFUSED, "--max-concurrency", "100000000"),
+        r"--max-concurrency 100000000 needs about 100000064 open files|cannot raise the open-files limit",
+    ),
     Row("flag-max-samples-zero", ("--max-samples", "0"), r"--max-samples"),
     Row("flag-interrupt-grace-negative", ("--interrupt-grace", "-1"), r"interrupt.grace"),
     Row("flag-interrupt-grace-inf", ("--interrupt-grace", "inf", *HTTP, *REFUSED), r"interrupt.grace"),
     Row("flag-scenario", ("--scenario", "turbo"), r"--scenario.*'turbo'"),
     Row("flag-backend", ("--backend", "tensorrt"), r"'tensorrt' is not a backend"),
     Row("flag-unknown", ("--tempreature", "0"), r"unrecognized arguments: --tempreature"),
-    Row("flag-compliance-with-accuracy", ("--compliance", "TEST07", "--accuracy"), r"--compliance.*--accuracy"),
+    Row(
+        "flag-compliance-with-accuracy", ("--compliance", "TEST07", "--accuracy"), r"--compliance.*--accuracy"
+    ),
     Row("flag-foreign-backend-flag", ("--backend", "gptoss", "--retries", "2"), r"--retries has no effect"),
     Row("flag-retries-negative", (*HTTP, "--retries", "-1"), r"--retries"),
     Row("flag-ready-timeout-nan", (*HTTP, "--ready-timeout", "nan"), r"--ready-timeout"),
     Row("flag-ready-timeout-inf", (*HTTP, *REFUSED, "--ready-timeout", "inf"), r"--ready-timeout"),
     # ------------------------------------------------------------------ conf files
     Row("conf-user-missing", ("--user-conf", "{tmp}/nope.conf"), r"--user-conf .*nope.conf does not exist"),
-    Row("conf-mlperf-missing", ("--mlperf-conf", "{tmp}/nope.conf"), r"--mlperf-conf .*nope.conf does not exist"),
-    Row("conf-syntax", ("--user-conf", "{tmp}/u.conf"), r"u.conf:2: expected 'model.scenario.key = value'",
-        make=text("u.conf", "# ok\ngpt-oss-120b.Server.target_qps: 3\n")),
-    Row("conf-not-a-number", ("--user-conf", "{tmp}/u.conf"), r"u.conf:1: value 'fast' .* not an integer or a float",
-        make=text("u.conf", "gpt-oss-120b.Offline.target_qps = fast\n")),
-    Row("conf-inf", ("--scenario", "server", "--user-conf", "{tmp}/u.conf", *HTTP, *REFUSED),
+    Row(
+        "conf-mlperf-missing",
+        ("--mlperf-conf", "{tmp}/nope.conf"),
+        r"--mlperf-conf .*nope.conf does not exist",
+    ),
+    Row(
+        "conf-syntax",
+        ("--user-conf", "{tmp}/u.conf"),
+        r"u.conf:2: expected 'model.scenario.key = value'",
+        make=text("u.conf", "# ok\ngpt-oss-120b.Server.target_qps: 3\n"),
+    ),
+    Row(
+        "conf-not-a-number",
+        ("--user-conf", "{tmp}/u.conf"),
+        r"u.conf:1: value 'fast' .* not an integer or a float",
+        make=text("u.conf", "gpt-oss-120b.Offline.target_qps = fast\n"),
+    ),
+    Row(
+        "conf-inf",
+        ("--scenario", "server", "--user-conf", "{tmp}/u.conf", *HTTP, *REFUSED),
         r"u.conf:1: value 'inf' of gpt-oss-120b.Server.target_qps is not a finite number",
-        make=text("u.conf", "gpt-oss-120b.Server.target_qps = inf\n")),
-    Row("conf-nan", ("--user-conf", "{tmp}/u.conf"), r"u.conf:1: value 'nan' .* is not a finite number",
-        make=text("u.conf", "*.*.min_duration = nan\n")),
-    Row("conf-1e400", ("--user-conf", "{tmp}/u.conf"), r"u.conf:1: value '1e400' .* is not a finite number",
-        make=text("u.conf", "gpt-oss-120b.Offline.target_qps = 1e400\n")),
-    Row("conf-negative-duration", ("--user-conf", "{tmp}/u.conf"), r"u.conf:1: value '-1' of .*min_duration is negative",
-        make=text("u.conf", "gpt-oss-120b.Offline.min_duration = -1\n")),
-    Row("conf-zero-qps", ("--scenario", "server", "--user-conf", "{tmp}/u.conf", *HTTP, *REFUSED),
+        make=text("u.conf", "gpt-oss-120b.Server.target_qps = inf\n"),
+    ),
+    Row(
+        "conf-nan",
+        ("--user-conf", "{tmp}/u.conf"),
+        r"u.conf:1: value 'nan' .* is not a finite number",
+        make=text("u.conf", "*.*.min_duration = nan\n"),
+    ),
+    Row(
+        "conf-1e400",
+        ("--user-conf", "{tmp}/u.conf"),
+        r"u.conf:1: value '1e400' .* is not a finite number",
+        make=text("u.conf", "gpt-oss-120b.Offline.target_qps = 1e400\n"),
+    ),
+    Row(
+        "conf-negative-duration",
+        ("--user-conf", "{tmp}/u.conf"),
+        r"u.conf:1: value '-1' of .*min_duration is negative",
+        make=text("u.conf", "gpt-oss-120b.Offline.min_duration = -1\n"),
+    ),
+    Row(
+        "conf-zero-qps",
+        ("--scenario", "server", "--user-conf", "{tmp}/u.conf", *HTTP, *REFUSED),
         r"Server target_qps is 0: it must be a positive number",
-        make=text("u.conf", "gpt-oss-120b.Server.target_qps = 0\n")),
-    Row("conf-percentile-over-100", ("--scenario", "server", "--user-conf", "{tmp}/u.conf", *HTTP, *REFUSED),
+        make=text("u.conf", "gpt-oss-120b.Server.target_qps = 0\n"),
+    ),
+    Row(
+        "conf-percentile-over-100",
+        ("--scenario", "server", "--user-conf", "{tmp}/u.conf", *HTTP, *REFUSED),
         r"target_latency_percentile is 150",
-        make=text("u.conf", "gpt-oss-120b.Server.target_latency_percentile = 150\n")),
+        make=text("u.conf", "gpt-oss-120b.Server.target_latency_percentile = 150\n"),
+    ),
     Row("conf-is-a-directory", ("--user-conf", "{tmp}"), r"--user-conf .* does not exist|cannot read"),
-    Row("generation-config-missing", ("--generation-config", "{tmp}/g.json"), r"generation config .*g.json does not exist"),
-    Row("generation-config-nan", ("--generation-config", "{tmp}/g.json"), r"'temperature' must be a number, got nan",
-        make=text("g.json", '{"temperature": NaN}')),
-    Row("generation-config-not-json", ("--generation-config", "{tmp}/g.json"), r"cannot read generation config",
-        make=text("g.json", "{temperature: 1}")),
+    Row(
+        "generation-config-missing",
+        ("--generation-config", "{tmp}/g.json"),
+        r"generation config .*g.json does not exist",
+    ),
+    Row(
+        "generation-config-nan",
+        ("--generation-config", "{tmp}/g.json"),
+        r"'temperature' must be a number, got nan",
+        make=text("g.json", '{"temperature": NaN}'),
+    ),
+    Row(
+        "generation-config-not-json",
+        ("--generation-config", "{tmp}/g.json"),
+        r"cannot read generation config",
+        make=text("g.json", "{temperature: 1}"),
+    ),
     # ------------------------------------------------------------------ datasets
     Row("dataset-missing", ("--input-file", "{tmp}/none.parquet"), r"none.parquet: no such file"),
-    Row("dataset-not-parquet", ("--input-file", "{tmp}/d.parquet"), r"cannot read dataset .*d.parquet",
-        make=text("d.parquet", b"PAR1 but not really")),
-    Row("dataset-csv", ("--input-file", "{tmp}/d.csv"), r"expected a .parquet or .pkl file",
-        make=text("d.csv", "tok_input\n1\n")),
-    Row("dataset-no-tok-input", ("--input-file", "{tmp}/d.parquet"), r"tok_input",
-        make=parquet("d.parquet", tok_input=None)),
-    Row("dataset-text-prompts", ("--input-file", "{tmp}/d.parquet"), r"row 0, column 'tok_input'",
-        make=parquet("d.parquet", tok_input=["hello", "world"])),
-    Row("dataset-empty", ("--input-file", "{tmp}/d.parquet"), r"has no rows",
-        make=lambda d: _frame().iloc[:0].to_parquet(d / "d.parquet")),
-    Row("dataset-out-of-vocab", ("--input-file", "{tmp}/d.parquet"), r"token id 300000",
-        make=parquet("d.parquet", tok_input=[[1, 300000], [2]])),
-    Row("dataset-negative-token", ("--input-file", "{tmp}/d.parquet"), r"token id -4 at position 1 is negative",
-        make=parquet("d.parquet", tok_input=[[1, -4], [2]])),
-    Row("dataset-bad-output-len", ("--input-file", "{tmp}/d.parquet"), r"max_output_len.* is -3",
-        make=parquet("d.parquet", max_output_len=[4, -3])),
+    Row(
+        "dataset-not-parquet",
+        ("--input-file", "{tmp}/d.parquet"),
+        r"cannot read dataset .*d.parquet",
+        make=text("d.parquet", b"PAR1 but not really"),
+    ),
+    Row(
+        "dataset-csv",
+        ("--input-file", "{tmp}/d.csv"),
+        r"expected a .parquet or .pkl file",
+        make=text("d.csv", "tok_input\n1\n"),
+    ),
+    Row(
+        "dataset-no-tok-input",
+        ("--input-file", "{tmp}/d.parquet"),
+        r"tok_input",
+        make=parquet("d.parquet", tok_input=None),
+    ),
+    Row(
+        "dataset-text-prompts",
+        ("--input-file", "{tmp}/d.parquet"),
+        r"row 0, column 'tok_input'",
+        make=parquet("d.parquet", tok_input=["hello", "world"]),
+    ),
+    Row(
+        "dataset-empty",
+        ("--input-file", "{tmp}/d.parquet"),
+        r"has no rows",
+        make=lambda d: _frame().iloc[:0].to_parquet(d / "d.parquet"),
+    ),
+    Row(
+        "dataset-out-of-vocab",
+        ("--input-file", "{tmp}/d.parquet"),
+        r"token id 300000",
+        make=parquet("d.parquet", tok_input=[[1, 300000], [2]]),
+    ),
+    Row(
+        "dataset-negative-token",
+        ("--input-file", "{tmp}/d.parquet"),
+        r"token id -4 at position 1 is negative",
+        make=parquet("d.parquet", tok_input=[[1, -4], [2]]),
+    ),
+    Row(
+        "dataset-bad-output-len",
+        ("--input-file", "{tmp}/d.parquet"),
+        r"max_output_len.* is -3",
+        make=parquet("d.parquet", max_output_len=[4, -3]),
+    ),
     # ------------------------------------------------------------------ servers
-    Row("server-refused", (*HTTP, *REFUSED), r"cannot reach the sglang server at http://127\.0\.0\.1:\d+ "
-        r"\(connection refused"),
-    Row("server-unknown-host", (*HTTP, "--server-url", "http://no-such-host.invalid:30000"),
-        r"cannot reach the sglang server at http://no-such-host\.invalid:30000 \(host not found"),
-    Row("server-503-forever", (*HTTP, "--server-url", "{fault}/unhealthy", "--ready-timeout", "2"),
-        r"sglang server .*/unhealthy not ready after 2 s \(GET /health: HTTP 503: still loading\)"),
-    Row("server-openai-503-forever", ("--backend", "openai", "--input-file", SAMPLE, "--server-url",
-                                      "{fault}/unhealthy", "--ready-timeout", "2"), r"not ready after 2 s"),
+    Row(
+        "server-refused",
+        (*HTTP, *REFUSED),
+        r"cannot reach the sglang server at http://127\.0\.0\.1:\d+ "
+        r"\(connection refused",
+    ),
+    Row(
+        "server-unknown-host",
+        (*HTTP, "--server-url", "http://no-such-host.invalid:30000"),
+        r"cannot reach the sglang server at http://no-such-host\.invalid:30000 \(host not found",
+    ),
+    Row(
+        "server-503-forever",
+        (*HTTP, "--server-url", "{fault}/unhealthy", "--ready-timeout", "2"),
+        r"sglang server .*/unhealthy not ready after 2 s \(GET /health: HTTP 503: still loading\)",
+    ),
+    Row(
+        "server-openai-503-forever",
+        (
+            "--backend",
+            "openai",
+            "--input-file",
+            SAMPLE,
+            "--server-url",
+            "{fault}/unhealthy",
+            "--ready-timeout",
+            "2",
+        ),
+        r"not ready after 2 s",
+    ),
     Row("server-url-not-a-url", (*HTTP, "--server-url", "not-a-url"), r"--server-url.*not-a-url"),
     # ------------------------------------------------------------------ output directories
-    Row("output-dir-is-a-file", (*HTTP, *REFUSED, "--output-dir", "{tmp}/f"), r"--output-dir .*f",
-        make=text("f", "a file")),
-    Row("output-dir-under-a-file", (*HTTP, *REFUSED, "--output-dir", "{tmp}/f/out"), r"--output-dir .*f",
-        make=text("f", "a file")),
-    Row("output-dir-unwritable", (*HTTP, *REFUSED, "--output-dir", "/proc/gptoss-mlperf-out"),
-        r"--output-dir .*/proc/gptoss-mlperf-out"),
+    Row(
+        "output-dir-is-a-file",
+        (*HTTP, *REFUSED, "--output-dir", "{tmp}/f"),
+        r"--output-dir .*f",
+        make=text("f", "a file"),
+    ),
+    Row(
+        "output-dir-under-a-file",
+        (*HTTP, *REFUSED, "--output-dir", "{tmp}/f/out"),
+        r"--output-dir .*f",
+        make=text("f", "a file"),
+    ),
+    Row(
+        "output-dir-unwritable",
+        (*HTTP, *REFUSED, "--output-dir", "/proc/gptoss-mlperf-out"),
+        r"--output-dir .*/proc/gptoss-mlperf-out",
+    ),
     # ------------------------------------------------------------------ checkpoints
     Row("checkpoint-missing", ("--model-path", "{tmp}/no-ckpt"), r"no-ckpt"),
-    Row("checkpoint-corrupt-config", ("--model-path", "{tmp}/ckpt"), r"ckpt.*config.json",
-        make=checkpoint("config")),
-    Row("checkpoint-truncated-weights", ("--model-path", "{tmp}/ckpt"), r"ckpt.*safetensors",
-        make=checkpoint("weights")),
-    Row("checkpoint-without-weights", ("--model-path", "{tmp}/ckpt"), r"ckpt.*safetensors",
-        make=checkpoint("no_weights")),
+    Row(
+        "checkpoint-corrupt-config",
+        ("--model-path", "{tmp}/ckpt"),
+        r"ckpt.*config.json",
+        make=checkpoint("config"),
+    ),
+    Row(
+        "checkpoint-truncated-weights",
+        ("--model-path", "{tmp}/ckpt"),
+        r"ckpt.*safetensors",
+        make=checkpoint("weights"),
+    ),
+    Row(
+        "checkpoint-without-weights",
+        ("--model-path", "{tmp}/ckpt"),
+        r"ckpt.*safetensors",
+        make=checkpoint("no_weights"),
+    ),
 ]
 
 
@@ -222,15 +351,23 @@ class Outcome:
 
     @property
     def error_lines(self) -> list[str]:
-        return [line for line in (self.stdout + "\n" + self.stderr).splitlines() if line.startswith("error: ")]
+        return [
+            line for line in (self.stdout + "\n" + self.stderr).splitlines() if line.startswith("error: ")
+        ]
 
 
 def run_mlperf(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> Outcome:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
     env.pop("MLPERF_BACKEND", None)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(ROOT / "run_mlperf.py"), *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=WALL_S)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "run_mlperf.py"), *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WALL_S,
+    )
     return Outcome(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
 
 
@@ -290,10 +427,18 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 # (flag, what a bad value is refused for, the text naming it)
-FLOAT_FLAGS = [("--target-qps", "target.qps"), ("--min-duration", "min.duration"), ("--timeout", "timeout"),
-               ("--interrupt-grace", "interrupt.grace")]
-INT_FLAGS = [("--min-query-count", "min.query.count"), ("--max-new-tokens", "max.new.tokens"),
-             ("--max-concurrency", "max.concurrency"), ("--max-samples", "max.samples")]
+FLOAT_FLAGS = [
+    ("--target-qps", "target.qps"),
+    ("--min-duration", "min.duration"),
+    ("--timeout", "timeout"),
+    ("--interrupt-grace", "interrupt.grace"),
+]
+INT_FLAGS = [
+    ("--min-query-count", "min.query.count"),
+    ("--max-new-tokens", "max.new.tokens"),
+    ("--max-concurrency", "max.concurrency"),
+    ("--max-samples", "max.samples"),
+]
 
 
 def _not_a_number(s: str) -> bool:
@@ -307,11 +452,17 @@ def _not_a_number(s: str) -> bool:
 not_numbers = st.text(alphabet="abcxyz-+.,e_ 0123456789%$", min_size=1, max_size=8).filter(
     lambda s: _not_a_number(s) and not s.startswith("-")  # "-x" reads as a flag: argparse's own path
 )
-negatives = st.one_of(st.integers(max_value=-1).map(str), st.floats(max_value=-1e-9, allow_nan=False,
-                                                                    allow_infinity=False).map(repr))
+negatives = st.one_of(
+    st.integers(max_value=-1).map(str),
+    st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False).map(repr),
+)
 finite_bad_float = st.one_of(not_numbers, negatives)
-bad_int = st.one_of(not_numbers, negatives, st.just("0"),
-                    st.floats(min_value=0.5, max_value=1e6).filter(lambda x: x != int(x)).map(repr))
+bad_int = st.one_of(
+    not_numbers,
+    negatives,
+    st.just("0"),
+    st.floats(min_value=0.5, max_value=1e6).filter(lambda x: x != int(x)).map(repr),
+)
 
 
 def _in_process(argv: list[str]) -> Outcome:
@@ -337,45 +488,91 @@ def _in_process(argv: list[str]) -> Outcome:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.one_of(st.tuples(st.sampled_from(FLOAT_FLAGS), finite_bad_float),
-                 st.tuples(st.sampled_from(INT_FLAGS), bad_int)))
+@given(
+    st.one_of(
+        st.tuples(st.sampled_from(FLOAT_FLAGS), finite_bad_float),
+        st.tuples(st.sampled_from(INT_FLAGS), bad_int),
+    )
+)
 def test_generated_bad_flag_values_are_one_error_line(tmp_path, case):
     (flag, name), value = case
     # A value that slipped through would reach only a refused server, never a model or LoadGen.
     port = free_port()
-    argv = ["--backend", "sglang", "--input-file", SAMPLE, "--server-url", f"http://127.0.0.1:{port}",
-            "--output-dir", str(tmp_path / "out"), f"{flag}={value}"]
+    argv = [
+        "--backend",
+        "sglang",
+        "--input-file",
+        SAMPLE,
+        "--server-url",
+        f"http://127.0.0.1:{port}",
+        "--output-dir",
+        str(tmp_path / "out"),
+        f"{flag}={value}",
+    ]
     assert_refused(_in_process(argv), 2, name)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from(FLOAT_FLAGS + [("--ready-timeout", "ready.timeout"), ("--connect-timeout", "connect.timeout"),
-                                      ("--first-token-timeout", "first.token.timeout")]),
-       st.sampled_from(["inf", "-inf", "nan", "1e400", "-1e400", "Infinity"]))
+@given(
+    st.sampled_from(
+        FLOAT_FLAGS
+        + [
+            ("--ready-timeout", "ready.timeout"),
+            ("--connect-timeout", "connect.timeout"),
+            ("--first-token-timeout", "first.token.timeout"),
+        ]
+    ),
+    st.sampled_from(["inf", "-inf", "nan", "1e400", "-1e400", "Infinity"]),
+)
 def test_generated_non_finite_flag_values_are_one_error_line(tmp_path, flag, value):
     # A subprocess each: an infinite rate that slipped through would crash LoadGen, not just fail.
-    argv = ["--backend", "sglang", "--input-file", SAMPLE, "--server-url", f"http://127.0.0.1:{free_port()}",
-            "--output-dir", str(tmp_path / "out"), f"{flag[0]}={value}"]
+    argv = [
+        "--backend",
+        "sglang",
+        "--input-file",
+        SAMPLE,
+        "--server-url",
+        f"http://127.0.0.1:{free_port()}",
+        "--output-dir",
+        str(tmp_path / "out"),
+        f"{flag[0]}={value}",
+    ]
     assert_refused(run_mlperf(argv, tmp_path), 2, flag[1])
 
 
 # A malformed cell of one column; every other cell stays good. Stored as a pickle: parquet would
 # convert a mixed column as a whole (or refuse it), a pickle keeps the one bad cell as it is.
 bad_cells = st.one_of(
-    st.tuples(st.just("tok_input"), st.one_of(
-        st.text(max_size=5),  # text, not ids
-        st.none(),
-        st.integers(0, 100),  # one id, not a list
-        st.lists(st.integers(max_value=-1), min_size=1, max_size=3),  # negative ids
-        st.lists(st.integers(min_value=201088, max_value=2**40), min_size=1, max_size=3),  # beyond the vocabulary
-        st.just([]),  # an empty prompt
-        st.lists(st.one_of(st.floats(allow_nan=True), st.text(max_size=2), st.booleans()), min_size=1, max_size=3),
-        st.lists(st.lists(st.integers(0, 10), min_size=1, max_size=2), min_size=1, max_size=2),  # nested
-    )),
-    st.tuples(st.just("max_output_len"), st.one_of(
-        st.integers(max_value=0), st.just(float("nan")), st.none(),
-        st.floats(0.5, 1e6).filter(lambda x: x != int(x)), st.text(min_size=1, max_size=5), st.booleans(),
-    )),
+    st.tuples(
+        st.just("tok_input"),
+        st.one_of(
+            st.text(max_size=5),  # text, not ids
+            st.none(),
+            st.integers(0, 100),  # one id, not a list
+            st.lists(st.integers(max_value=-1), min_size=1, max_size=3),  # negative ids
+            st.lists(
+                st.integers(min_value=201088, max_value=2**40), min_size=1, max_size=3
+            ),  # beyond the vocabulary
+            st.just([]),  # an empty prompt
+            st.lists(
+                st.one_of(st.floats(allow_nan=True), st.text(max_size=2), st.booleans()),
+                min_size=1,
+                max_size=3,
+            ),
+            st.lists(st.lists(st.integers(0, 10), min_size=1, max_size=2), min_size=1, max_size=2),  # nested
+        ),
+    ),
+    st.tuples(
+        st.just("max_output_len"),
+        st.one_of(
+            st.integers(max_value=0),
+            st.just(float("nan")),
+            st.none(),
+            st.floats(0.5, 1e6).filter(lambda x: x != int(x)),
+            st.text(min_size=1, max_size=5),
+            st.booleans(),
+        ),
+    ),
     st.tuples(st.just("dataset"), st.one_of(st.none(), st.integers(), st.floats(allow_nan=True))),
     st.tuples(st.just("tok_input_len"), st.one_of(st.integers(4, 10**6), st.none(), st.just(float("nan")))),
 )
@@ -397,7 +594,15 @@ def test_generated_malformed_dataset_cells_are_one_error_line(tmp_path, cell, ro
     frame[column] = pd.Series(cells, dtype=object)
     path = tmp_path / "d.pkl"
     frame.to_pickle(path)
-    argv = ["--backend", "sglang", "--input-file", str(path), "--server-url", f"http://127.0.0.1:{free_port()}",
-            "--output-dir", str(tmp_path / "out")]
+    argv = [
+        "--backend",
+        "sglang",
+        "--input-file",
+        str(path),
+        "--server-url",
+        f"http://127.0.0.1:{free_port()}",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     out = _in_process(argv)
     assert_refused(out, 2, rf"d\.pkl: row {row}, column '{column}'")

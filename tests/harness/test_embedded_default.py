@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
 @pytest.mark.timeout(240)
 def test_quick_start_offline_run_is_valid(tmp_path):
     env = dict(os.environ, MLPERF_DATA_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
@@ -48,9 +49,22 @@ def test_max_model_len_shorter_than_the_prompts_fails_before_loadgen_citing_it(t
     env = dict(os.environ, MLPERF_DATA_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
     env.pop("MLPERF_BACKEND", None)
     done = subprocess.run(
-        [sys.executable, "run_mlperf.py", "--max-model-len", "150", "--kv-cache-tokens", "4096",
-         "--output-dir", str(tmp_path / "out")],
-        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=230,
+        [
+            sys.executable,
+            "run_mlperf.py",
+            "--max-model-len",
+            "150",
+            "--kv-cache-tokens",
+            "4096",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=230,
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr

@@ -24,7 +24,11 @@ def evaluation(monkeypatch):
 
     def evaluate_run(accuracy_log: Path, dataset: Path, output_json: Path) -> dict:
         calls.append(("evaluate_run", accuracy_log, dataset, output_json))
-        result = {"exact_match": 0.0, "entries": len(json.loads(accuracy_log.read_text())), "passed": pkg.passes}
+        result = {
+            "exact_match": 0.0,
+            "entries": len(json.loads(accuracy_log.read_text())),
+            "passed": pkg.passes,
+        }
         output_json.write_text(json.dumps(result))
         return result
 

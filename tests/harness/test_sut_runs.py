@@ -111,7 +111,9 @@ def generous_limits(tmp_path):
     return conf
 
 
-def test_server_performance_is_valid_and_token_counts_agree(fake_backend, synth_no_lens, tmp_path, generous_limits):
+def test_server_performance_is_valid_and_token_counts_agree(
+    fake_backend, synth_no_lens, tmp_path, generous_limits
+):
     # Early stopping needs several hundred queries; an instant backend at 600 QPS takes ~1 s.
     code = run_cli(
         [
@@ -143,7 +145,10 @@ def test_server_performance_is_valid_and_token_counts_agree(fake_backend, synth_
     assert fake_backend.LAST.calls == completed
     assert record["queries"]["output_tokens"] == generated
     assert _loadgen_token_count(detail_values(log_dir), True, completed) == pytest.approx(generated, rel=1e-4)
-    assert (record["result"]["ttft_limit_ns"], record["result"]["tpot_limit_ns"]) == (60_000_000_000, 10_000_000_000)
+    assert (record["result"]["ttft_limit_ns"], record["result"]["tpot_limit_ns"]) == (
+        60_000_000_000,
+        10_000_000_000,
+    )
 
 
 def test_interactive_uses_the_interactive_latency_limits(fake_backend, synth_no_lens, tmp_path):
@@ -171,7 +176,10 @@ def test_interactive_uses_the_interactive_latency_limits(fake_backend, synth_no_
     assert record["loadgen_settings"]["scenario"] == "Server"
     assert record["loadgen_settings"]["ttft_latency"] == 2_000_000_000
     assert record["loadgen_settings"]["tpot_latency"] == 15_000_000
-    assert (record["result"]["ttft_limit_ns"], record["result"]["tpot_limit_ns"]) == (2_000_000_000, 15_000_000)
+    assert (record["result"]["ttft_limit_ns"], record["result"]["tpot_limit_ns"]) == (
+        2_000_000_000,
+        15_000_000,
+    )
     assert record["result"]["validity"] in ("VALID", "INVALID")
     assert code == (0 if record["result"]["validity"] == "VALID" else 3)
     assert record["failures"]["count"] == 0 and record["queries"]["completed"] >= 600

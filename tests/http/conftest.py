@@ -39,7 +39,20 @@ def oracle(tiny_ckpt) -> dict[tuple, list[int]]:
 
 @pytest.fixture(scope="session")
 def gptoss_server(tiny_ckpt):
-    proc, line = start_process([sys.executable, "-m", "gptoss.serve", "--model-path", str(tiny_ckpt), "--port", "0",
-                                "--dtype", "float32"], "gptoss.serve: listening on ", timeout=240)
+    proc, line = start_process(
+        [
+            sys.executable,
+            "-m",
+            "gptoss.serve",
+            "--model-path",
+            str(tiny_ckpt),
+            "--port",
+            "0",
+            "--dtype",
+            "float32",
+        ],
+        "gptoss.serve: listening on ",
+        timeout=240,
+    )
     yield line.split()[0]
     stop_process(proc)

@@ -24,9 +24,25 @@ from aiohttp import web
 
 TOKEN_BASE = 1000
 # Any fault name starting with "ok" answers correctly (several URLs of one healthy server).
-FAULTS = ("ok", "http500", "cut", "stall", "stall_first", "malformed", "mismatch", "error_event",
-          "abort", "no_final", "lower_count", "text_only", "unhealthy", "junk_line", "garbage_ids", "endless",
-          "busy_<n>_<retry>_<tag>")
+FAULTS = (
+    "ok",
+    "http500",
+    "cut",
+    "stall",
+    "stall_first",
+    "malformed",
+    "mismatch",
+    "error_event",
+    "abort",
+    "no_final",
+    "lower_count",
+    "text_only",
+    "unhealthy",
+    "junk_line",
+    "garbage_ids",
+    "endless",
+    "busy_<n>_<retry>_<tag>",
+)
 ENDLESS_CHUNK_DELAY_S = 0.001  # an endless stream yields to the loop so that a client's close is seen
 
 
@@ -45,11 +61,17 @@ async def _sse(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _sglang_chunk(ids: list[int], upto: int, since: int, incremental: bool, finish=None,
-                  count: int | None = None) -> bytes:
+def _sglang_chunk(
+    ids: list[int], upto: int, since: int, incremental: bool, finish=None, count: int | None = None
+) -> bytes:
     out = ids[since:upto] if incremental else ids[:upto]
-    meta = {"id": "fault", "finish_reason": finish, "prompt_tokens": 3,
-            "completion_tokens": upto if count is None else count, "cached_tokens": 0}
+    meta = {
+        "id": "fault",
+        "finish_reason": finish,
+        "prompt_tokens": 3,
+        "completion_tokens": upto if count is None else count,
+        "cached_tokens": 0,
+    }
     return b"data: " + orjson.dumps({"output_ids": out, "meta_info": meta}) + b"\n\n"
 
 
@@ -97,8 +119,9 @@ def _busy(request: web.Request) -> web.Response | None:
         headers["Retry-After"] = retry[1:]
     elif retry.startswith("date"):
         headers["Retry-After"] = formatdate(time.time() + float(retry[4:]), usegmt=True)
-    return web.json_response({"error": {"message": "injected overload: try again later"}}, status=503,
-                             headers=headers)
+    return web.json_response(
+        {"error": {"message": "injected overload: try again later"}}, status=503, headers=headers
+    )
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -121,20 +144,42 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         return await _sglang_endless(request, body, inc)
     if not body.get("stream"):
         if fault == "mismatch":
-            return web.json_response({"output_ids": ids, "meta_info": {"completion_tokens": n + 1,
-                                                                       "finish_reason": {"type": "length"}}})
+            return web.json_response(
+                {
+                    "output_ids": ids,
+                    "meta_info": {"completion_tokens": n + 1, "finish_reason": {"type": "length"}},
+                }
+            )
         if fault == "malformed":
             return web.Response(body=b'{"output_ids": [1, 2,', content_type="application/json")
-        return web.json_response({"output_ids": ids, "meta_info": {
-            "id": "fault", "finish_reason": {"type": "length", "length": n}, "prompt_tokens": 3,
-            "completion_tokens": n, "cached_tokens": 0, "e2e_latency": 0.0}})
+        return web.json_response(
+            {
+                "output_ids": ids,
+                "meta_info": {
+                    "id": "fault",
+                    "finish_reason": {"type": "length", "length": n},
+                    "prompt_tokens": 3,
+                    "completion_tokens": n,
+                    "cached_tokens": 0,
+                    "e2e_latency": 0.0,
+                },
+            }
+        )
     resp = await _sse(request)
     if fault == "stall_first":
         await asyncio.sleep(3600)
     upto = 0
     for upto in range(1, n + 1):
-        if upto == k + 1 and fault in ("cut", "stall", "malformed", "error_event", "no_final", "lower_count",
-                                   "junk_line", "garbage_ids"):
+        if upto == k + 1 and fault in (
+            "cut",
+            "stall",
+            "malformed",
+            "error_event",
+            "no_final",
+            "lower_count",
+            "junk_line",
+            "garbage_ids",
+        ):
             break
         if delay:
             await asyncio.sleep(delay)
@@ -155,8 +200,10 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     elif fault == "malformed":
         await resp.write(b'data: {"output_ids": [1000, 10\n\n')
     elif fault == "error_event":
-        await resp.write(b'data: {"error": {"message": "injected engine error", "type": "InternalError", '
-                         b'"code": 500}}\n\ndata: [DONE]\n\n')
+        await resp.write(
+            b'data: {"error": {"message": "injected engine error", "type": "InternalError", '
+            b'"code": 500}}\n\ndata: [DONE]\n\n'
+        )
     elif fault == "no_final":
         await resp.write(b"data: [DONE]\n\n")
     elif fault == "lower_count":
@@ -164,9 +211,13 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     elif fault == "junk_line":
         await resp.write(b"<html>502 Bad Gateway</html>\n")
     elif fault == "garbage_ids":
-        await resp.write(b'data: {"output_ids":[' + b",".join(str(i).encode() for i in ids[:k])
-                         + b',"x"],"meta_info":{"id":"f","finish_reason":null,"completion_tokens":'
-                         + str(k + 1).encode() + b"}}\n\n")
+        await resp.write(
+            b'data: {"output_ids":['
+            + b",".join(str(i).encode() for i in ids[:k])
+            + b',"x"],"meta_info":{"id":"f","finish_reason":null,"completion_tokens":'
+            + str(k + 1).encode()
+            + b"}}\n\n"
+        )
     return resp
 
 
@@ -175,9 +226,19 @@ async def _sglang_endless(request: web.Request, body: dict, inc: bool) -> web.St
     n = body["sampling_params"]["max_new_tokens"]
     if not body.get("stream"):
         ids = sent_ids(2 * n)
-        return web.json_response({"output_ids": ids, "meta_info": {
-            "id": "fault", "finish_reason": {"type": "length", "length": 2 * n}, "prompt_tokens": 3,
-            "completion_tokens": 2 * n, "cached_tokens": 0, "e2e_latency": 0.0}})
+        return web.json_response(
+            {
+                "output_ids": ids,
+                "meta_info": {
+                    "id": "fault",
+                    "finish_reason": {"type": "length", "length": 2 * n},
+                    "prompt_tokens": 3,
+                    "completion_tokens": 2 * n,
+                    "cached_tokens": 0,
+                    "e2e_latency": 0.0,
+                },
+            }
+        )
     resp = await _sse(request)
     ids: list[int] = []
     with _Endless(request.app):
@@ -199,8 +260,17 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     ids = sent_ids(n)
     k = before_fault(n)
     if fault == "http500":
-        return web.json_response({"error": {"message": "injected failure: out of memory", "type": "InternalError",
-                                            "param": None, "code": 500}}, status=500)
+        return web.json_response(
+            {
+                "error": {
+                    "message": "injected failure: out of memory",
+                    "type": "InternalError",
+                    "param": None,
+                    "code": 500,
+                }
+            },
+            status=500,
+        )
     ret_ids = bool(body.get("return_token_ids")) and fault != "text_only"
     if fault == "endless":
         n, ids = 2 * n, sent_ids(2 * n)
@@ -213,34 +283,62 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
     if not body.get("stream"):
         count = n + 1 if fault == "mismatch" else n
-        return web.json_response({"id": "c", "object": "text_completion", "model": "fault-model",
-                                  "choices": [choice(ids, "length")],
-                                  "usage": {"prompt_tokens": 3, "completion_tokens": count, "total_tokens": 3 + count}})
+        return web.json_response(
+            {
+                "id": "c",
+                "object": "text_completion",
+                "model": "fault-model",
+                "choices": [choice(ids, "length")],
+                "usage": {"prompt_tokens": 3, "completion_tokens": count, "total_tokens": 3 + count},
+            }
+        )
     resp = await _sse(request)
     if fault == "stall_first":
         await asyncio.sleep(3600)
     if fault == "endless":
         with _Endless(request.app):
             for i in itertools.count():  # ends when the client goes away (the write raises)
-                chunk = {"id": "c", "object": "text_completion", "model": "fault-model",
-                         "choices": [choice([TOKEN_BASE + i], None)]}
+                chunk = {
+                    "id": "c",
+                    "object": "text_completion",
+                    "model": "fault-model",
+                    "choices": [choice([TOKEN_BASE + i], None)],
+                }
                 await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
                 await asyncio.sleep(ENDLESS_CHUNK_DELAY_S)
     for i in range(n):
-        if i == k and fault in ("cut", "stall", "malformed", "error_event", "no_final", "junk_line", "garbage_ids"):
+        if i == k and fault in (
+            "cut",
+            "stall",
+            "malformed",
+            "error_event",
+            "no_final",
+            "junk_line",
+            "garbage_ids",
+        ):
             break
         if request.app["token_delay"]:
             await asyncio.sleep(request.app["token_delay"])
         reason = "length" if i == n - 1 else None
         if reason and fault == "abort":
             reason = "abort"
-        chunk = {"id": "c", "object": "text_completion", "model": "fault-model", "choices": [choice([ids[i]], reason)]}
+        chunk = {
+            "id": "c",
+            "object": "text_completion",
+            "model": "fault-model",
+            "choices": [choice([ids[i]], reason)],
+        }
         await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
     else:
         usage = n + 1 if fault == "mismatch" else n
         if body.get("stream_options", {}).get("include_usage"):
-            chunk = {"id": "c", "object": "text_completion", "model": "fault-model", "choices": [],
-                     "usage": {"prompt_tokens": 3, "completion_tokens": usage, "total_tokens": 3 + usage}}
+            chunk = {
+                "id": "c",
+                "object": "text_completion",
+                "model": "fault-model",
+                "choices": [],
+                "usage": {"prompt_tokens": 3, "completion_tokens": usage, "total_tokens": 3 + usage},
+            }
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         return resp
@@ -252,14 +350,18 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     elif fault == "malformed":
         await resp.write(b'data: {"choices": [{"token_ids": [1\n\n')
     elif fault == "error_event":
-        await resp.write(b'data: {"error": {"message": "injected engine error", "type": "InternalError", '
-                         b'"param": null, "code": 500}}\n\ndata: [DONE]\n\n')
+        await resp.write(
+            b'data: {"error": {"message": "injected engine error", "type": "InternalError", '
+            b'"param": null, "code": 500}}\n\ndata: [DONE]\n\n'
+        )
     elif fault == "no_final":
         await resp.write(b"data: [DONE]\n\n")
     elif fault == "junk_line":
         await resp.write(b"<html>502 Bad Gateway</html>\n")
     elif fault == "garbage_ids":
-        await resp.write(b'data: {"choices":[{"index":0,"text":"x","finish_reason":null,"token_ids":["x"]}]}\n\n')
+        await resp.write(
+            b'data: {"choices":[{"index":0,"text":"x","finish_reason":null,"token_ids":["x"]}]}\n\n'
+        )
     return resp
 
 
@@ -275,8 +377,9 @@ async def times(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     a = request.app
-    return web.json_response({"peak": a["peak"], "total": a["total"], "in_flight": a["in_flight"],
-                              "endless": a["endless"]})
+    return web.json_response(
+        {"peak": a["peak"], "total": a["total"], "in_flight": a["in_flight"], "endless": a["endless"]}
+    )
 
 
 async def models(request: web.Request) -> web.Response:

@@ -28,14 +28,21 @@ def lmeval_prompts() -> list[list[int]]:
     return [tok.encode(f"Question: {d['question']}\nAnswer:") for d in docs]
 
 
-def start_process(args: list[str], ready_prefix: str, timeout: float = 60.0,
-                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_process(
+    args: list[str], ready_prefix: str, timeout: float = 60.0, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
     """Start a server process and return it with the rest of its first stdout line starting with prefix."""
     import selectors
     import time
 
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
@@ -47,7 +54,7 @@ def start_process(args: list[str], ready_prefix: str, timeout: float = 60.0,
             break
         if line.startswith(ready_prefix):
             sel.close()
-            return proc, line[len(ready_prefix):].strip()
+            return proc, line[len(ready_prefix) :].strip()
     sel.close()
     proc.kill()
     out, err = proc.communicate(timeout=10)
@@ -66,18 +73,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_backend(name: str, urls: list[str], *, max_concurrency: int | None = None,
-                 timeout_s: float | None = None, **opts):
+def make_backend(
+    name: str, urls: list[str], *, max_concurrency: int | None = None, timeout_s: float | None = None, **opts
+):
     from backends import backend_class, module
 
     opts.setdefault("ready_timeout_s", 5.0)
-    cfg = RunConfig(backend=name, scenario="offline", input_file=None, output_dir=Path("unused"),
-                    sampling=SamplingParams(max_new_tokens=8), server_urls=tuple(urls),
-                    max_concurrency=max_concurrency, timeout_s=timeout_s, backend_options=backend_class(name).Options(**opts))
+    cfg = RunConfig(
+        backend=name,
+        scenario="offline",
+        input_file=None,
+        output_dir=Path("unused"),
+        sampling=SamplingParams(max_new_tokens=8),
+        server_urls=tuple(urls),
+        max_concurrency=max_concurrency,
+        timeout_s=timeout_s,
+        backend_options=backend_class(name).Options(**opts),
+    )
     return module(name).create(cfg)
 
 
-async def collect(backend, prompt: list[int], params: SamplingParams) -> tuple[list[int], BaseException | None]:
+async def collect(
+    backend, prompt: list[int], params: SamplingParams
+) -> tuple[list[int], BaseException | None]:
     """All ids the backend yielded, and the exception that ended the stream (None when it finished)."""
     got: list[int] = []
     try:
@@ -92,7 +110,9 @@ async def collect(backend, prompt: list[int], params: SamplingParams) -> tuple[l
 # ----------------------------------------------------------------------------- the real engine
 
 
-def engine_greedy(ckpt: Path, prompts: list[list[int]], max_new: int = ORACLE_MAX_NEW) -> dict[tuple, list[int]]:
+def engine_greedy(
+    ckpt: Path, prompts: list[list[int]], max_new: int = ORACLE_MAX_NEW
+) -> dict[tuple, list[int]]:
     """The in-process engine's greedy tokens, one prompt at a time, in float32 (the oracle)."""
     import asyncio
 

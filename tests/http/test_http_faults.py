@@ -53,7 +53,9 @@ def test_healthy_server_gives_exactly_the_sent_ids(name, stream, fault_url):
 
 
 def test_sglang_incremental_output_gives_the_same_ids(fault_url_incremental):
-    got, err = asyncio.run(run_one("sglang", f"{fault_url_incremental}/ok", SamplingParams(max_new_tokens=300)))
+    got, err = asyncio.run(
+        run_one("sglang", f"{fault_url_incremental}/ok", SamplingParams(max_new_tokens=300))
+    )
     assert err is None
     assert got == sent_ids(300)
 
@@ -63,23 +65,38 @@ def test_sglang_incremental_output_gives_the_same_ids(fault_url_incremental):
 MID_STREAM = {
     "cut": ((StreamBrokenError, "lost mid-stream"), (StreamBrokenError, "lost mid-stream")),
     "malformed": ((MalformedReplyError, "malformed JSON"), (MalformedReplyError, "malformed JSON")),
-    "error_event": ((ServerReportedError, "injected engine error"),
-                    (ServerReportedError, "injected engine error")),
-    "no_final": ((StreamBrokenError, "without a final chunk"), (StreamBrokenError, "without a finish_reason")),
+    "error_event": (
+        (ServerReportedError, "injected engine error"),
+        (ServerReportedError, "injected engine error"),
+    ),
+    "no_final": (
+        (StreamBrokenError, "without a final chunk"),
+        (StreamBrokenError, "without a finish_reason"),
+    ),
     "lower_count": ((TokenCountError, "lowered completion_tokens from 4 to 2"), None),
     "junk_line": ((MalformedReplyError, "malformed SSE line"), (MalformedReplyError, "malformed SSE line")),
-    "garbage_ids": ((MalformedReplyError, "non-integer output_ids"), (MalformedReplyError, "non-integer token_ids")),
+    "garbage_ids": (
+        (MalformedReplyError, "non-integer output_ids"),
+        (MalformedReplyError, "non-integer token_ids"),
+    ),
 }
 
 
-@pytest.mark.parametrize("name, fault", [(name, fault) for fault in sorted(MID_STREAM) for i, name in enumerate(BOTH)
-                                         if MID_STREAM[fault][i] is not None])
+@pytest.mark.parametrize(
+    "name, fault",
+    [
+        (name, fault)
+        for fault in sorted(MID_STREAM)
+        for i, name in enumerate(BOTH)
+        if MID_STREAM[fault][i] is not None
+    ],
+)
 def test_mid_stream_fault_raises_named_error_after_only_sent_ids(name, fault, fault_url):
     cls, text = MID_STREAM[fault][BOTH.index(name)]
     got, err = asyncio.run(run_one(name, f"{fault_url}/{fault}"))
     assert isinstance(err, cls) and isinstance(err, BackendError), repr(err)
     assert text in str(err) and fault_url in str(err)
-    assert got == sent_ids(N)[:before_fault(N)]
+    assert got == sent_ids(N)[: before_fault(N)]
 
 
 @pytest.mark.parametrize("name", BOTH)
@@ -97,7 +114,7 @@ def test_count_disagreeing_with_ids_is_an_error(name, stream, fault_url):
     assert isinstance(err, TokenCountError), repr(err)
     assert "completion_tokens=9" in str(err)
     # Streamed ids before the bad final chunk may have been yielded (only ids the server sent).
-    assert got == sent_ids(N)[:len(got)] and (stream or got == [])
+    assert got == sent_ids(N)[: len(got)] and (stream or got == [])
 
 
 @pytest.mark.parametrize("name", BOTH)
@@ -106,7 +123,7 @@ def test_server_abort_is_an_error_not_a_short_output(name, fault_url):
     assert isinstance(err, ServerReportedError)
     assert ("injected abort" if name == "sglang" else "finish_reason='abort'") in str(err)
     # SGLang's abort chunk still carries the last id; OpenAI's aborted choice is refused whole.
-    assert got == sent_ids(N)[:N if name == "sglang" else N - 1]
+    assert got == sent_ids(N)[: N if name == "sglang" else N - 1]
 
 
 def test_openai_server_without_token_ids_is_refused(fault_url):
@@ -121,7 +138,7 @@ def test_stall_mid_stream_hits_the_first_token_timeout(name, fault_url):
     got, err = asyncio.run(run_one(name, f"{fault_url}/stall", first_token_timeout_s=0.5))
     assert isinstance(err, ServerTimeoutError) and "sent nothing for 0.5 s" in str(err)
     assert 0.5 <= time.monotonic() - t0 < 30  # the timeout, not the 3600 s stall
-    assert got == sent_ids(N)[:before_fault(N)]
+    assert got == sent_ids(N)[: before_fault(N)]
 
 
 @pytest.mark.parametrize("name", BOTH)
@@ -133,11 +150,10 @@ def test_stall_before_first_token_hits_the_first_token_timeout(name, fault_url):
 @pytest.mark.parametrize("name", BOTH)
 def test_stall_hits_the_total_timeout_when_first_token_timeout_is_off(name, fault_url):
     t0 = time.monotonic()
-    got, err = asyncio.run(run_one(name, f"{fault_url}/stall", first_token_timeout_s=None,
-                                   timeout_s=1.0))
+    got, err = asyncio.run(run_one(name, f"{fault_url}/stall", first_token_timeout_s=None, timeout_s=1.0))
     assert isinstance(err, ServerTimeoutError) and "total timeout (1.0 s)" in str(err)
     assert 1.0 <= time.monotonic() - t0 < 30  # the timeout, not the 3600 s stall
-    assert got == sent_ids(N)[:before_fault(N)]
+    assert got == sent_ids(N)[: before_fault(N)]
 
 
 @pytest.mark.timeout(90)
@@ -170,8 +186,11 @@ def test_unknown_host_fails_fast_with_the_url():
             pass
 
     t0 = time.monotonic()
-    with pytest.raises(ServerConnectError, match=r"cannot reach the sglang server at http://no-such-host\.invalid:30000 "
-                                                 r"\(host not found: "):
+    with pytest.raises(
+        ServerConnectError,
+        match=r"cannot reach the sglang server at http://no-such-host\.invalid:30000 "
+        r"\(host not found: ",
+    ):
         asyncio.run(main())
     assert time.monotonic() - t0 < 45
 
@@ -179,8 +198,11 @@ def test_unknown_host_fails_fast_with_the_url():
 def test_server_that_starts_within_the_grace_is_used():
     """A server launched together with the run refuses for a moment, then answers."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(FAULT_SERVER), "--port", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(FAULT_SERVER), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         got, err = asyncio.run(run_one("sglang", f"http://127.0.0.1:{port}/ok", ready_timeout_s=600.0))
     finally:
@@ -201,12 +223,16 @@ def test_unhealthy_server_is_waited_for_with_progress_lines(fault_url, monkeypat
     with pytest.raises(ServerConnectError) as e:
         asyncio.run(main())
     assert time.monotonic() - t0 >= 4.0  # "not ready" is waited for until --ready-timeout
-    assert str(e.value).startswith(f"sglang server {fault_url}/unhealthy not ready after 4 s "
-                                   "(GET /health: HTTP 503: still loading)")
+    assert str(e.value).startswith(
+        f"sglang server {fault_url}/unhealthy not ready after 4 s (GET /health: HTTP 503: still loading)"
+    )
     progress = capsys.readouterr().err.splitlines()
     assert len(progress) >= 2, progress  # one at once, then one every READY_PROGRESS_S
-    assert all(line.startswith(f"waiting for the sglang server {fault_url}/unhealthy to be ready (") and
-               line.endswith("GET /health: HTTP 503: still loading") for line in progress), progress
+    assert all(
+        line.startswith(f"waiting for the sglang server {fault_url}/unhealthy to be ready (")
+        and line.endswith("GET /health: HTTP 503: still loading")
+        for line in progress
+    ), progress
 
 
 def test_server_going_away_mid_run_fails_every_request_and_nothing_hangs():
@@ -217,7 +243,9 @@ def test_server_going_away_mid_run_fails_every_request_and_nothing_hangs():
 
     async def main():
         async with make_backend("sglang", [url], first_token_timeout_s=5.0) as backend:
-            tasks = [asyncio.create_task(collect(backend, [i], SamplingParams(max_new_tokens=n))) for i in range(8)]
+            tasks = [
+                asyncio.create_task(collect(backend, [i], SamplingParams(max_new_tokens=n))) for i in range(8)
+            ]
             await asyncio.sleep(0.5)
             os.kill(proc.pid, signal.SIGKILL)
             results = await asyncio.gather(*tasks)
@@ -232,11 +260,15 @@ def test_server_going_away_mid_run_fails_every_request_and_nothing_hangs():
         stop_process(proc)
     for got, err in results:
         assert isinstance(err, StreamBrokenError) and err.kind == "stream_cut", repr(err)
-        assert 0 < len(got) < n and got == sent_ids(n)[:len(got)]
+        assert 0 < len(got) < n and got == sent_ids(n)[: len(got)]
     got, err = after
     # A new connection is refused; a pooled keep-alive one is reset before any reply.
-    assert got == [] and (isinstance(err, ServerConnectError) and "cannot connect" in str(err)
-                          or isinstance(err, StreamBrokenError) and "lost before replying" in str(err)), repr(err)
+    assert got == [] and (
+        isinstance(err, ServerConnectError)
+        and "cannot connect" in str(err)
+        or isinstance(err, StreamBrokenError)
+        and "lost before replying" in str(err)
+    ), repr(err)
 
 
 def test_retries_move_a_failed_request_to_another_server(fault_url):
@@ -261,7 +293,7 @@ def test_no_retry_once_a_token_was_yielded(fault_url):
 
     got, err, desc = asyncio.run(main())
     assert isinstance(err, StreamBrokenError)
-    assert got == sent_ids(N)[:before_fault(N)] and desc["retried_requests"] == 0
+    assert got == sent_ids(N)[: before_fault(N)] and desc["retried_requests"] == 0
 
 
 def test_least_outstanding_spreads_over_servers_and_concurrency_is_capped():
@@ -270,7 +302,9 @@ def test_least_outstanding_spreads_over_servers_and_concurrency_is_capped():
 
     async def main():
         async with make_backend("sglang", [f"{base}/ok1", f"{base}/ok2"], max_concurrency=3) as b:
-            results = await asyncio.gather(*(collect(b, [i], SamplingParams(max_new_tokens=20)) for i in range(12)))
+            results = await asyncio.gather(
+                *(collect(b, [i], SamplingParams(max_new_tokens=20)) for i in range(12))
+            )
             return results, b.describe()
 
     try:
@@ -302,7 +336,9 @@ def test_concurrency_cap_bounds_requests_in_flight_at_the_server():
 
 
 def test_bad_server_url_is_refused_with_a_clear_message():
-    with pytest.raises(ValueError, match="--server-url must look like http://HOST:PORT, got 'localhost:30000'"):
+    with pytest.raises(
+        ValueError, match="--server-url must look like http://HOST:PORT, got 'localhost:30000'"
+    ):
         make_backend("sglang", ["localhost:30000"])
 
 
@@ -339,9 +375,24 @@ def test_server_ignoring_max_new_tokens_is_cut_at_the_limit(name, stream, fault_
 def test_token_limit_failure_is_counted_by_name_in_a_run(fault_url, tmp_path):
     from test_http_run_mlperf import accuracy_tokens, run_mlperf
 
-    proc = run_mlperf("--backend", "openai", "--scenario", "server", "--accuracy", "--max-samples", 4,
-                      "--output-dir", tmp_path, "--server-url", f"{fault_url}/endless", "--max-new-tokens", 5,
-                      "--target-qps", 20, timeout=120)
+    proc = run_mlperf(
+        "--backend",
+        "openai",
+        "--scenario",
+        "server",
+        "--accuracy",
+        "--max-samples",
+        4,
+        "--output-dir",
+        tmp_path,
+        "--server-url",
+        f"{fault_url}/endless",
+        "--max-new-tokens",
+        5,
+        "--target-qps",
+        20,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     log_dir = tmp_path / "server" / "accuracy"
     logged = accuracy_tokens(log_dir)
@@ -406,8 +457,10 @@ def test_backoff_delays_grow_are_jittered_and_capped():
     assert retry_delay(0, 3600.0) is None  # longer than RETRY_AFTER_MAX_S: reported, not waited for
 
 
-@pytest.mark.parametrize("value, expected", [("2", 2.0), ("0", 0.0), (" 7 ", 7.0), ("soon", None), ("-1", None),
-                                             ("", None), (None, None)])
+@pytest.mark.parametrize(
+    "value, expected",
+    [("2", 2.0), ("0", 0.0), (" 7 ", 7.0), ("soon", None), ("-1", None), ("", None), (None, None)],
+)
 def test_retry_after_header_values(value, expected):
     from backends.http import parse_retry_after
 
