@@ -84,8 +84,8 @@ class HttpOptions:
     retries: int = field(
         default=0,
         metadata={
-            "help": "retry a request that failed before its first token (connect error, HTTP 5xx/429, cut stream) "
-            "up to N times on the least busy server; 0: every failure counts",
+            "help": "retry a request that failed before its first token (connect error, HTTP 5xx/429, cut "
+            "stream) up to N times on the least busy server; 0: every failure counts",
             "metavar": "N",
         },
     )
@@ -96,8 +96,8 @@ class HttpOptions:
     first_token_timeout_s: float | None = field(
         default=600.0,
         metadata={  # also the longest silence mid-stream
-            "help": "fail a streamed request with no token S seconds after it was sent, or silent for S seconds "
-            "mid-stream; 0 disables",
+            "help": "fail a streamed request with no token S seconds after it was sent, or silent for S "
+            "seconds mid-stream; 0 disables",
             "flag": "--first-token-timeout",
             "metavar": "S",
             "type": _off_at_zero,
@@ -268,13 +268,14 @@ class HttpClient:
                     ) from None
                 await asyncio.sleep(READY_POLL_S)
                 continue
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # it accepted: busy or starting
+            except (TimeoutError, aiohttp.ClientError) as e:  # it accepted: busy or starting
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             now = time.monotonic()
             if now >= deadline:
                 raise ServerConnectError(
                     f"{self.backend} server {server.url} not ready after {self.opts.ready_timeout_s:g} s "
-                    f"(GET /health: {last}); wait until it has loaded, raise --ready-timeout, or fix --server-url"
+                    f"(GET /health: {last}); wait until it has loaded, raise --ready-timeout, or fix "
+                    "--server-url"
                 )
             if now >= next_progress:
                 print(
@@ -299,7 +300,7 @@ class HttpClient:
                     raise ServerHTTPError(
                         f"HTTP {resp.status} from {url}: {error_message(body)}", resp.status
                     )
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise ServerConnectError(f"GET {url} failed: {type(e).__name__}: {e}") from e
         try:
             return orjson.loads(body)
@@ -398,7 +399,7 @@ class HttpClient:
             ) from e
         except aiohttp.SocketTimeoutError as e:
             raise ServerTimeoutError(f"{url} sent nothing for {silence:g} s (first-token timeout)") from e
-        except asyncio.TimeoutError as e:
+        except TimeoutError as e:
             raise ServerTimeoutError(
                 f"request to {url} exceeded the total timeout ({self.timeout_s} s)"
             ) from e

@@ -199,8 +199,8 @@ class SglangDecoder:
                 self.mode = _INCREMENTAL
         else:
             raise TokenCountError(
-                f"{self.url} sent {len(ids)} output_ids with completion_tokens={count} after streaming {have}: "
-                "they disagree with the count or with the ids already streamed"
+                f"{self.url} sent {len(ids)} output_ids with completion_tokens={count} after streaming "
+                f"{have}: they disagree with the count or with the ids already streamed"
             )
         self.ids += new
         self.new += new

@@ -106,8 +106,9 @@ class VllmOptions:
     extra_args: tuple[tuple[str, str], ...] = field(
         default=(),
         metadata={
-            "help": "any other AsyncEngineArgs field, as `vllm serve --KEY VALUE` would read it (repeatable); "
-            "a switch takes true/false, e.g. --vllm-arg max_lora_rank=64 --vllm-arg disable_log_stats=false",
+            "help": "any other AsyncEngineArgs field, as `vllm serve --KEY VALUE` would read it "
+            "(repeatable); a switch takes true/false, e.g. --vllm-arg max_lora_rank=64 --vllm-arg "
+            "disable_log_stats=false",
             "flag": "--vllm-arg",
             "type": _pair,
             "metavar": "KEY=VALUE",

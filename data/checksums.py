@@ -64,7 +64,8 @@ def check(path: Path, table: dict, *, record: bool = False) -> tuple[bool, str]:
             return True, f"{path}: OK ({rows} rows); pinned sha256 {digest}"
         return (
             True,
-            f"{path}: OK ({rows} rows); sha256 {digest} is NOT PINNED yet: verify the source, then rerun with --record",
+            f"{path}: OK ({rows} rows); sha256 {digest} is NOT PINNED yet: verify the source, then rerun "
+            "with --record",
         )
     if digest != entry["sha256"]:
         return False, f"{path}: sha256 {digest} does not match the pinned {entry['sha256']}"

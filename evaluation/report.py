@@ -33,8 +33,8 @@ def print_report(result: dict, console: Console | None = None) -> None:
         console.print(f"[bold red]problem:[/] {problem}")
     if result.get("sandbox_isolation") == "fallback":
         console.print(
-            "[bold yellow]sandbox: fallback[/] (no Linux namespaces here): generated code ran behind rlimits and "
-            "Python audit hooks only, and could read the host's files"
+            "[bold yellow]sandbox: fallback[/] (no Linux namespaces here): generated code ran behind rlimits "
+            "and Python audit hooks only, and could read the host's files"
         )
     score = result["exact_match"]
     if score is None:

@@ -182,7 +182,7 @@ def build_filesystem(job: dict) -> None:
 
 
 def pivot_root(root: str) -> None:
-    """Make `root` the filesystem root and drop the host's tree entirely (not just hide it, as chroot would)."""
+    """Make `root` the filesystem root and drop the host's tree (not just hide it, as chroot would)."""
     number = SYS_PIVOT_ROOT.get(platform.machine())
     if number is None:
         raise SetupError(f"pivot_root: unknown syscall number on {platform.machine()}")

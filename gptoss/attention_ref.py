@@ -1,4 +1,4 @@
-"""Dense reference attention with per-head sinks, and an AttentionFn for one sequence over a plain KV cache."""
+"""Dense reference attention with per-head sinks; an AttentionFn for one sequence over a plain KV cache."""
 
 from __future__ import annotations
 

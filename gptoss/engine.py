@@ -175,7 +175,7 @@ class LLMEngine:
         params = params if isinstance(params, list) else [params] * len(prompts)
         base = next(self._ids)
         ids = [f"gen-{base}-{i}" for i in range(len(prompts))]
-        for rid, prompt, p in zip(ids, prompts, params):
+        for rid, prompt, p in zip(ids, prompts, params, strict=True):
             self.add(rid, prompt, p)
         outputs: dict[str, list[int]] = {rid: [] for rid in ids}
         while self.has_work():

@@ -190,7 +190,7 @@ class Block(nn.Module):
 
 
 class GptOss(nn.Module):
-    """model(input_ids [T], positions [T], attn) -> hidden [T, H]; compute_logits(hidden) -> [N, V] float32."""
+    """model(input_ids [T], positions [T], attn) -> hidden [T, H]; compute_logits(hidden) -> [N, V] fp32."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], dtype: torch.dtype):
         super().__init__()

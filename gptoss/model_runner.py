@@ -129,7 +129,9 @@ class ModelRunner:
         seqs, lens = batch.seqs, batch.num_new
         starts = [s.num_computed for s in seqs]
         ids = list(
-            itertools.chain.from_iterable(s.token_ids[a : a + n] for s, a, n in zip(seqs, starts, lens))
+            itertools.chain.from_iterable(
+                s.token_ids[a : a + n] for s, a, n in zip(seqs, starts, lens, strict=True)
+            )
         )
         ctx = StepContext.build(
             starts,
@@ -148,10 +150,10 @@ class ModelRunner:
         finally:
             self.attn.ctx = None
         ends = list(itertools.accumulate(lens))
-        rows = [e - 1 for e, s in zip(ends, batch.sample) if s]
+        rows = [e - 1 for e, s in zip(ends, batch.sample, strict=True) if s]
         if not rows:
             return []
-        picked = [s for s, want in zip(seqs, batch.sample) if want]
+        picked = [s for s, want in zip(seqs, batch.sample, strict=True) if want]
         logits = self._logits(hidden[torch.tensor(rows, device=self.device)])  # [N, V] float32
         return sample(logits, picked)
 

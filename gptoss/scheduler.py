@@ -93,7 +93,9 @@ class Scheduler:
         order = sorted(range(len(batch.seqs)), key=lambda j: batch.num_new[j] != 1)
         batch.seqs = [batch.seqs[j] for j in order]
         batch.num_new = [batch.num_new[j] for j in order]
-        batch.sample = [s.num_computed + n == s.num_tokens for s, n in zip(batch.seqs, batch.num_new)]
+        batch.sample = [
+            s.num_computed + n == s.num_tokens for s, n in zip(batch.seqs, batch.num_new, strict=True)
+        ]
         return batch
 
     def _grow(self, seq: Sequence, n: int, batch: Batch) -> bool:
@@ -152,7 +154,7 @@ class Scheduler:
         out: list[Sequence] = []
         it = iter(sampled)
         finished = False
-        for seq, n, sample in zip(batch.seqs, batch.num_new, batch.sample):
+        for seq, n, sample in zip(batch.seqs, batch.num_new, batch.sample, strict=True):
             seq.num_computed += n
             if not sample:
                 continue

@@ -146,7 +146,7 @@ def _checked(parse: Any, name: str) -> Any:
 def add_options(
     parser: argparse.ArgumentParser, cls: type, title: str, description: str | None = None
 ) -> None:
-    """Turn the flag fields of the dataclass `cls` into a group of flags (unset ones keep the field default)."""
+    """The flag fields of the dataclass `cls` as a group of flags (an unset one keeps the field default)."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(title, description)
     for f in option_fields(cls):
@@ -280,7 +280,8 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--num-workers",
         type=_int,
-        help="accepted for compatibility with the MLCommons reference and ignored: the SUT runs every query on one asyncio loop",
+        help="accepted for compatibility with the MLCommons reference and ignored: the SUT runs every query "
+        "on one asyncio loop",
     )
     p.add_argument(
         "--max-concurrency",
@@ -290,7 +291,8 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         type=_non_negative,
-        help="per-query limit in seconds: a longer query is completed with the tokens it has and counted as failed (default: none)",
+        help="per-query limit in seconds: a longer query is completed with the tokens it has and counted as "
+        "failed (default: none)",
     )
     p.add_argument(
         "--model-path",
@@ -322,7 +324,8 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
         "--interrupt-grace",
         type=_non_negative,
         default=10.0,
-        help="after Ctrl-C, seconds LoadGen may take to finish its logs before we exit without them (default: 10)",
+        help="after Ctrl-C, seconds LoadGen may take to finish its logs before we exit without them "
+        "(default: 10)",
     )
     if backend is not None:
         add_options(p, backends.backend_class(backend).Options, *_backend_group(backend))

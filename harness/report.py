@@ -166,7 +166,8 @@ def print_failures(
     if not failed:
         return
     console.print(
-        f"[bold red]{failed} of {total} queries failed[/] (completed with the tokens received before the failure):"
+        f"[bold red]{failed} of {total} queries failed[/] (completed with the tokens received before the "
+        "failure):"
     )
     for reason, n in failures.most_common(10):
         idx = ", ".join(map(str, examples.get(reason, [])))

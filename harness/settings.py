@@ -159,7 +159,8 @@ def _check_rates(ts: lg.TestSettings, scenario: str) -> None:
     )
     if not (math.isfinite(qps) and qps > 0):
         raise SettingsError(
-            f"the {name} target_qps is {qps:g}: it must be a positive number (--target-qps, or target_qps in a conf)"
+            f"the {name} target_qps is {qps:g}: it must be a positive number (--target-qps, or target_qps in "
+            "a conf)"
         )
     percentile = ts.server_target_latency_percentile
     if scenario == "Server" and not 0 < percentile < 1:

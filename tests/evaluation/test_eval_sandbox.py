@@ -3,9 +3,9 @@ leaves nothing behind. Runs in every isolation this machine offers (namespaces a
 
 import os
 import signal
-import sys
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -319,7 +319,8 @@ for path in {outside!r}:
     except OSError as e:
         print(type(e).__name__)
 import {", ".join(STDLIB_MODULES)}
-print(decimal.Decimal(1) / 7, zlib.crc32(b'x'), hashlib.sha256(b'x').hexdigest()[:8], sqlite3.sqlite_version > '3')
+print(decimal.Decimal(1) / 7, zlib.crc32(b'x'), hashlib.sha256(b'x').hexdigest()[:8],
+      sqlite3.sqlite_version > '3')
 print(sorted(os.listdir('/')))
 print(subprocess.run([sys.executable, '-c', 'import heapq; print(heapq.nsmallest(1, [3, 2]))'],
                      capture_output=True, text=True).stdout.strip())

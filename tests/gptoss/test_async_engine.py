@@ -45,12 +45,12 @@ def test_streams_equal_the_synchronous_engine(tiny_checkpoint):
     async def main():
         async with AsyncEngine(config(tiny_checkpoint)) as engine:
             results = await asyncio.gather(
-                *(collect(engine.generate(p, sp)) for p, sp in zip(prompts, params))
+                *(collect(engine.generate(p, sp)) for p, sp in zip(prompts, params, strict=True))
             )
             assert blocks_all_free(engine)
             return results
 
-    for deltas, want in zip(run(main()), expected):
+    for deltas, want in zip(run(main()), expected, strict=True):
         assert [t for d in deltas for t in d.token_ids] == want
         assert all(d.token_ids for d in deltas) and all(d.finish_reason is None for d in deltas[:-1])
         assert (deltas[-1].finish_reason, deltas[-1].stop_token_id) == ("length", None)

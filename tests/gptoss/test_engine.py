@@ -47,7 +47,7 @@ def test_paged_greedy_equals_reference_full_forward(engine, ref_fp32):
     # 1 token; chunked prefill (300 > 128 budget); decode crossing the 128 window (120 + 12).
     prompts = prompts_of([1, 17, 120, 300])
     outs = engine.generate(prompts, GREEDY)
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(prompts, outs, strict=True):
         assert out == reference_greedy(ref_fp32, prompt, GREEDY.max_new_tokens)
     assert engine.scheduler.bm.full.num_free == engine.scheduler.bm.full.num_blocks
 
@@ -61,7 +61,7 @@ def test_batch_outputs_equal_each_request_alone(engine):
     ]  # 64 + 70 crosses 128 while decoding
     batched = engine.generate(prompts, params)
     assert [len(o) for o in batched] == [p.max_new_tokens for p in params]
-    for prompt, p, out in zip(prompts, params, batched):
+    for prompt, p, out in zip(prompts, params, batched, strict=True):
         assert out == alone(engine, prompt, p)
 
 

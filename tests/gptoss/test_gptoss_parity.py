@@ -1,5 +1,6 @@
 """The reference model against transformers' GptOssForCausalLM, and against itself (cache, batching)."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,7 @@ class _PerSequence:
 
     def __init__(self, lengths: list[int]):
         bounds = torch.tensor([0, *lengths]).cumsum(0).tolist()
-        self.slices = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+        self.slices = [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
     def __call__(self, layer, q, k, v, sinks, window, scale):
         outs = []

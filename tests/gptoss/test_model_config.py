@@ -113,7 +113,8 @@ def test_with_layers_keeps_the_alternation():
         ({"model_type": "llama"}, "config.json: model_type is 'llama', expected 'gpt_oss'"),
         (
             {"quantization_config": {"quant_method": "fp8"}},
-            "config.json: unknown quant method 'fp8'; supported: 'mxfp4', or no quantization_config (bf16 experts)",
+            "config.json: unknown quant method 'fp8'; supported: 'mxfp4', or no quantization_config (bf16 "
+            "experts)",
         ),
         (
             {"tie_word_embeddings": True},
@@ -126,7 +127,8 @@ def test_with_layers_keeps_the_alternation():
         ({"layer_types": ["sliding_attention"] * 3}, "config.json: layer_types has 3 entries for 24 layers"),
         (
             {"layer_types": ["chunked_attention"] * 24},
-            "config.json: unknown layer_types ['chunked_attention']; expected 'sliding_attention' or 'full_attention'",
+            "config.json: unknown layer_types ['chunked_attention']; expected 'sliding_attention' or "
+            "'full_attention'",
         ),
         (
             {"num_key_value_heads": 7},

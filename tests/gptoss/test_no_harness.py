@@ -9,7 +9,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-BLOCK = "import sys\nfor name in ('harness', 'backends'):\n    sys.modules[name] = None  # import name -> ImportError\n"
+BLOCK = (
+    "import sys\n"
+    "for name in ('harness', 'backends'):\n"
+    "    sys.modules[name] = None  # import name -> ImportError\n"
+)
 
 
 def _run(code: str, tmp_path: Path) -> str:
@@ -31,11 +35,14 @@ def test_the_engine_generates_without_the_harness(tmp_path):
         "from gptoss.engine import EngineConfig, LLMEngine\n"
         "from gptoss.sampling import SamplingParams\n"
         "from gptoss.tools.make_checkpoint import preset_config, write_checkpoint\n"
-        "path = write_checkpoint(preset_config('tiny'), __import__('pathlib').Path(sys.argv[1]) / 'tiny', seed=0)\n"
+        "path = write_checkpoint(preset_config('tiny'), __import__('pathlib').Path(sys.argv[1]) / 'tiny', "
+        "seed=0)\n"
         "engine = LLMEngine(EngineConfig(path, device='cpu', dtype='float32', kv_cache_tokens=1024))\n"
-        "(ids,) = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))\n"
+        "(ids,) = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, temperature=0.0, "
+        "ignore_eos=True))\n"
         "print(len(ids), all(0 <= i < engine.vocab_size for i in ids))\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('harness', 'backends') and sys.modules[m]))\n",
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('harness', 'backends') and "
+        "sys.modules[m]))\n",
         tmp_path,
     )
     assert out.split("\n")[:2] == ["4 True", "[]"]

@@ -10,8 +10,8 @@ import torch
 from gptoss.attention_ref import attention
 from gptoss.block_manager import BlockManager
 from gptoss.paged_attention import PagedAttention, StepContext
-from gptoss.sequence import Sequence
 from gptoss.sampling import SamplingParams
+from gptoss.sequence import Sequence
 
 HQ, HKV, D = 4, 2, 16
 
@@ -49,7 +49,7 @@ def test_paged_equals_dense_over_chunked_prefill_and_decode(block_size, window):
         order = sorted(range(len(live)), key=lambda i: news[i] != 1)
         live, news = [live[i] for i in order], [news[i] for i in order]
         starts = [done[s.seq_id] for s in live]
-        for s, a, n in zip(live, starts, news):
+        for s, a, n in zip(live, starts, news, strict=True):
             bm.allocate(s, a + n)
         attn.ctx = StepContext.build(
             starts,
@@ -68,7 +68,7 @@ def test_paged_equals_dense_over_chunked_prefill_and_decode(block_size, window):
             q, k, v = torch.randn(t, HQ, D), torch.randn(t, HKV, D), torch.randn(t, HKV, D)
             out = attn(layer, q, k, v, sinks, w, 0.25)
             row = 0
-            for s, a, n in zip(live, starts, news):
+            for s, a, n in zip(live, starts, news, strict=True):
                 ks, vs = history[s.seq_id][layer]
                 ks.append(k[row : row + n])
                 vs.append(v[row : row + n])
@@ -77,7 +77,7 @@ def test_paged_equals_dense_over_chunked_prefill_and_decode(block_size, window):
                 want = attention(q[row : row + n], kk, vv, sinks, w, 0.25, pos[a:], pos)
                 torch.testing.assert_close(out[row : row + n], want, rtol=1e-5, atol=1e-5)
                 row += n
-        for s, n in zip(live, news):
+        for s, n in zip(live, news, strict=True):
             done[s.seq_id] += n
     # Every sequence decoded 25 tokens after its prompt; the longest ran well past the window.
     assert all(done[s.seq_id] == s.num_tokens == s.num_prompt_tokens + 25 for s in seqs)

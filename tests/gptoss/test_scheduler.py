@@ -7,9 +7,9 @@ import torch
 
 from gptoss.block_manager import BlockManager, cdiv
 from gptoss.paged_attention import StepContext
+from gptoss.sampling import SamplingParams
 from gptoss.scheduler import Scheduler
 from gptoss.sequence import Sequence, Status
-from gptoss.sampling import SamplingParams
 
 STOP = (200002, 200012, 199999)
 
@@ -38,7 +38,7 @@ class KVShadow:
         rows = ix.rows.view(-1, L)[b].tolist() if L else []
         lo = 0 if kind == "full" else max(0, end - self.window)
         pos = range(L) if kind == "full" else range(end - L, end)
-        got = [self.pool[kind][r] for r, p in zip(rows, pos) if lo <= p < end]
+        got = [self.pool[kind][r] for r, p in zip(rows, pos, strict=True) if lo <= p < end]
         assert got == [(seq.seq_id, p) for p in range(lo, end)], (kind, seq, end)
 
     def check_and_write(self, batch):
@@ -63,10 +63,10 @@ class KVShadow:
             i += g.batch
         assert i == len(seqs)
         positions = ctx.positions.tolist()
-        owner = [s.seq_id for s, n in zip(seqs, batch.num_new) for _ in range(n)]
+        owner = [s.seq_id for s, n in zip(seqs, batch.num_new, strict=True) for _ in range(n)]
         for r, row in enumerate(ctx.full_rows.tolist()):
             self.pool["full"][row] = (owner[r], positions[r])
-        for r, row in zip(ctx.ring_src.tolist(), ctx.ring_rows.tolist()):
+        for r, row in zip(ctx.ring_src.tolist(), ctx.ring_rows.tolist(), strict=True):
             self.pool["ring"][row] = (owner[r], positions[r])
         for g in ctx.groups[: 1 if num_decode else 0]:
             for b in range(g.batch):
@@ -103,7 +103,7 @@ def test_random_load_keeps_invariants_and_leaks_nothing(shadow_kv):
         preemptions += len(batch.preempted)
         assert batch.num_tokens <= 256 and len(sched.running) <= 12
         assert [n == 1 for n in batch.num_new] == sorted([n == 1 for n in batch.num_new], reverse=True)
-        for seq, n in zip(batch.seqs, batch.num_new):
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             assert seq.status is Status.RUNNING and 1 <= n <= seq.num_tokens - seq.num_computed
             assert len(seq.full_blocks) == cdiv(seq.num_computed + n, bs)
             assert len(seq.ring_blocks) == min(cdiv(seq.num_computed + n, bs), window // bs)

@@ -240,7 +240,8 @@ def test_run_json_records_command_settings_backend_and_versions(fake_backend, tm
         ),
         (
             ["--backend", "sglang", "--no-stream", "--seed", "3"],
-            "--seed has no effect with --backend sglang; remove it or choose the backend it belongs to (gptoss)",
+            "--seed has no effect with --backend sglang; remove it or choose the backend it belongs to "
+            "(gptoss)",
         ),
         (
             ["--backend", "openai", "--max-num-seqs", "8"],

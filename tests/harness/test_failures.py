@@ -177,6 +177,6 @@ def test_a_backend_that_is_not_installed_names_the_setup_call(fake_backend, monk
     )
     assert run_cli(["--backend", "fake", "--output-dir", tmp_path]) == 2
     assert (
-        "error: backend 'fake' needs no_such_module_xyz, which is not installed: run `./setup.sh --backend fake`"
-        in capsys.readouterr().out
+        "error: backend 'fake' needs no_such_module_xyz, which is not installed: run `./setup.sh --backend "
+        "fake`" in capsys.readouterr().out
     )

@@ -48,7 +48,8 @@ def test_accuracy_log_holds_exactly_the_backend_tokens(fake_backend, synth_parqu
             200,
         ]
     )
-    # The fake's tokens answer nothing: every query succeeds and accuracy FAILs (exit 1, as python -m evaluation).
+    # The fake's tokens answer nothing: every query succeeds and accuracy FAILs (exit 1, as
+    # python -m evaluation).
     assert code == 1
     log_dir = tmp_path / scenario / "accuracy"
     assert run_json(log_dir)["failures"]["count"] == 0 and run_json(log_dir)["evaluation"]["passed"] is False

@@ -7,6 +7,7 @@ server sent are yielded (a prefix of TOKEN_BASE + i), and nothing hangs.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -16,8 +17,8 @@ import time
 import uuid
 
 import pytest
-from httpkit import FAULT_SERVER, collect, free_port, make_backend, start_process, stop_process
 from fault_server import before_fault, sent_ids
+from httpkit import FAULT_SERVER, collect, free_port, make_backend, start_process, stop_process
 
 from backends.base import BackendError
 from backends.http import (
@@ -236,7 +237,7 @@ def test_unhealthy_server_is_waited_for_with_progress_lines(fault_url, monkeypat
 
 
 def test_server_going_away_mid_run_fails_every_request_and_nothing_hangs():
-    """Killed with requests in flight: each raises a named error after only sent ids; later ones cannot connect."""
+    """Killed with requests in flight: each gets a named error after sent ids; later ones cannot connect."""
     proc, port = start_process([sys.executable, str(FAULT_SERVER), "--token-delay", "0.02"], "PORT ")
     url = f"http://127.0.0.1:{port}/ok"
     n = 200
@@ -342,7 +343,7 @@ def test_bad_server_url_is_refused_with_a_clear_message():
         make_backend("sglang", ["localhost:30000"])
 
 
-# ----------------------------------------------------------------------------- a server ignoring max_new_tokens
+# ------------------------------------------------------------------------- a server ignoring max_new_tokens
 
 
 async def _get(base: str, path: str):
@@ -402,7 +403,7 @@ def test_token_limit_failure_is_counted_by_name_in_a_run(fault_url, tmp_path):
     assert "TokenLimitExceededError" in proc.stdout
 
 
-# ----------------------------------------------------------------------------- --retries: backoff, Retry-After
+# ------------------------------------------------------------------------- --retries: backoff, Retry-After
 
 
 def _busy(failures: int, retry: str) -> str:
@@ -438,7 +439,7 @@ def test_retries_back_off_exponentially_without_retry_after(fault_url):
 
     got, err, times = asyncio.run(main())
     assert err is None and got == sent_ids(N) and len(times) == 3
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     base = http.BACKOFF_BASE_S
     # Equal jitter: retry k waits within [d/2, d], d = base * 2^k.
     assert gaps[0] >= base / 2 * 0.9 and gaps[1] >= base * 0.9, gaps

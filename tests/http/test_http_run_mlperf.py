@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from httpkit import FAULT_SERVER, ROOT, engine_greedy, start_process, stop_process
 from fault_server import before_fault, sent_ids
+from httpkit import FAULT_SERVER, ROOT, engine_greedy, start_process, stop_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -102,7 +102,8 @@ def test_accuracy_log_holds_the_engines_greedy_tokens(
         "--target-qps",
         20,
     )
-    # Random weights answer nothing right: every query succeeds, and accuracy FAILs (exit 1, as python -m evaluation).
+    # Random weights answer nothing right: every query succeeds, and accuracy FAILs (exit 1, as
+    # python -m evaluation).
     assert proc.returncode == EXIT_ACCURACY_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((tmp_path / scenario / "accuracy" / "run.json").read_text())
     assert record["failures"]["count"] == 0 and record["evaluation"]["passed"] is False

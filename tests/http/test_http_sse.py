@@ -9,8 +9,8 @@ import pytest
 
 import backends.sglang as sglang
 from backends.http import MalformedReplyError, TokenCountError
-from backends.sse import sse_tokens
 from backends.openai import OpenAIDecoder
+from backends.sse import sse_tokens
 
 
 def sglang_stream(ids: list[int], incremental: bool, interval: int = 1, text: bool = False) -> bytes:
@@ -70,7 +70,7 @@ IDS = [200005, 17, 0, 99999, 3, 200002, 12, 201087, 5, 6, 7]
 def test_every_split_point_gives_the_same_ids(incremental, text):
     body = sglang_stream(IDS, incremental, text=text)
     cases = [([body[:cut], body[cut:]], sglang.SglangDecoder("http://test")) for cut in range(1, len(body))]
-    for (_, dec), got in zip(cases, decode_many(cases)):
+    for (_, dec), got in zip(cases, decode_many(cases), strict=True):
         assert sum(got, []) == IDS and dec.finished
 
 
@@ -141,5 +141,5 @@ def test_openai_deltas_and_usage():
     chunks.append({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}})
     body = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
     cases = [([body[:cut], body[cut:]], OpenAIDecoder("http://test")) for cut in range(1, len(body))]
-    for (_, dec), got in zip(cases, decode_many(cases)):
+    for (_, dec), got in zip(cases, decode_many(cases), strict=True):
         assert sum(got, []) == [7, 8, 9] and dec.finished

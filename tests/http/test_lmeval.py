@@ -69,7 +69,7 @@ def test_lm_eval_local_completions_against_gptoss_serve(gptoss_server, tiny_ckpt
     assert results["n-samples"]["gptoss_tiny"]["effective"] == len(samples) == 6
     assert "exact_match,none" in results["results"]["gptoss_tiny"]
     tok = Tokenizer()
-    for sample, prompt in zip(samples, lmeval_prompts()):
+    for sample, prompt in zip(samples, lmeval_prompts(), strict=True):
         # lm-eval tokenized the prompt with our /tokenize and sent ids; the text it got back is the
         # engine's greedy tokens (max_gen_toks 8), decoded, cut at its stop sequence.
         assert tok.encode(sample["arguments"]["gen_args_0"]["arg_0"]) == prompt
