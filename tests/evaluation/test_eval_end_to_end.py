@@ -9,11 +9,19 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from evalkit import SUM, TWO_SUM, harmony, run_loadgen, write_dataset, write_lcb_tests, write_log
 
 import evaluation
 from evaluation.accuracy_log import AccuracyLogError
 from evaluation.reference import DatasetError
+from tests.evaluation.evalkit import (
+    SUM,
+    TWO_SUM,
+    harmony,
+    run_loadgen,
+    write_dataset,
+    write_lcb_tests,
+    write_log,
+)
 
 REPO = Path(evaluation.__file__).parents[1]
 SUM_CODE = "a, b = map(int, input().split())\nprint(a + b)"

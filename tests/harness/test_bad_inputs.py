@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FAULT_SERVER = ROOT / "tests" / "http" / "fault_server.py"
+FAULT_SERVER = ROOT / "tests" / "backends" / "fault_server.py"
 WALL_S = 60.0  # each row, start to exit: a mistake never waits (a slow CPU still fits easily)
 
 pytestmark = pytest.mark.timeout(600)

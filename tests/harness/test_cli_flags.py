@@ -153,7 +153,7 @@ def test_embedded_default_uses_the_bundled_data_and_short_settings(fake_backend,
 
 def test_embedded_server_smoke_run_is_judged_at_p90(fake_backend, tmp_path):
     """The smoke settings reach LoadGen, and the summary reports the percentile LoadGen judged."""
-    from tests.harness.conftest import run_cli, run_json
+    from tests.harness.runkit import run_cli, run_json
 
     code = run_cli(
         ["--backend", "fake", "--scenario", "server", "--target-qps", 200, "--output-dir", tmp_path]
@@ -202,7 +202,7 @@ def test_bad_generation_configs(tmp_path, content, message):
 
 
 def test_missing_named_conf_exits_2_with_the_message(fake_backend, tmp_path, capsys):
-    from tests.harness.conftest import run_cli
+    from tests.harness.runkit import run_cli
 
     assert (
         run_cli(["--backend", "fake", "--user-conf", tmp_path / "user.conf", "--output-dir", tmp_path]) == 2
@@ -211,7 +211,7 @@ def test_missing_named_conf_exits_2_with_the_message(fake_backend, tmp_path, cap
 
 
 def test_run_json_records_command_settings_backend_and_versions(fake_backend, tmp_path):
-    from tests.harness.conftest import run_cli, run_json
+    from tests.harness.runkit import run_cli, run_json
 
     assert run_cli(["--backend", "fake", "--output-dir", tmp_path, "--fake-delay", 0]) == 0
     record = run_json(tmp_path / "offline" / "performance")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.dataset import DatasetError, check_model_limits, load_dataset
-from tests.harness.conftest import run_cli
+from tests.harness.runkit import run_cli
 
 GOOD = [[200006, 17360, 200008], [200006, 1, 2, 3]]
 

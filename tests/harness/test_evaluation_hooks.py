@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.runner import EXIT_COMPLIANCE
-from tests.harness.conftest import accuracy_entries, run_cli, run_json
+from tests.harness.runkit import accuracy_entries, run_cli, run_json
 
 
 @pytest.fixture

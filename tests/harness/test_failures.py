@@ -9,7 +9,7 @@ import pytest
 
 from harness.dataset import load_dataset
 from harness.runner import EXIT_FAILED_QUERIES
-from tests.harness.conftest import accuracy_entries, run_cli, run_json
+from tests.harness.runkit import accuracy_entries, run_cli, run_json
 
 
 @pytest.mark.timeout(60)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.dataset import load_dataset
-from tests.harness.conftest import accuracy_entries
+from tests.harness.runkit import accuracy_entries
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_RUN = ROOT / "tests" / "harness" / "fake_run.py"

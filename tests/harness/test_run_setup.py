@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.conftest import run_cli, run_json
+from tests.harness.runkit import run_cli, run_json
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_RUN = ROOT / "tests" / "harness" / "fake_run.py"

@@ -7,7 +7,7 @@ import pytest
 from harness.dataset import load_dataset
 from harness.generation import load_sampling
 from harness.runner import sample_params
-from tests.harness.conftest import accuracy_entries, detail_values, run_cli, run_json, summary_field
+from tests.harness.runkit import accuracy_entries, detail_values, run_cli, run_json, summary_field
 
 pytestmark = pytest.mark.timeout(120)
 

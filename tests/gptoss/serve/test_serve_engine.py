@@ -15,10 +15,10 @@ import time
 import aiohttp
 import orjson
 import pytest
-from httpkit import PROMPTS, collect, make_backend, start_process, stop_process
 
 from backends.http import ServerReportedError
 from harness.config import SamplingParams
+from tests.backends.httpkit import PROMPTS, collect, make_backend, start_process, stop_process
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -113,7 +113,7 @@ def test_reference_client_requests_and_the_fields_it_reads(gptoss_server, oracle
             assert reason == {"type": "length", "length": MAX_NEW}
 
 
-def test_health_models_and_openai_usage(gptoss_server, tiny_ckpt):
+def test_health_models_and_openai_usage(gptoss_server, tiny_checkpoint):
     async def main():
         async with aiohttp.ClientSession() as s:
             async with s.get(f"{gptoss_server}/health") as r:
@@ -134,7 +134,7 @@ def test_health_models_and_openai_usage(gptoss_server, tiny_ckpt):
         return models, [x for x in text.split("\n\n") if x]
 
     models, lines = asyncio.run(main())
-    assert [m["id"] for m in models["data"]] == [tiny_ckpt.name]
+    assert [m["id"] for m in models["data"]] == [tiny_checkpoint.name]
     assert lines[-1] == "data: [DONE]"
     events = [orjson.loads(x[6:]) for x in lines[:-1]]
     assert events[0]["choices"][0]["prompt_token_ids"] == PROMPTS[0]
@@ -170,14 +170,14 @@ def test_default_checkpoint_is_served_without_model_path(tmp_path):
         stop_process(proc)
 
 
-def test_incremental_output_gives_the_same_tokens(tiny_ckpt, oracle):
+def test_incremental_output_gives_the_same_tokens(tiny_checkpoint, oracle):
     proc, line = start_process(
         [
             sys.executable,
             "-m",
             "gptoss.serve",
             "--model-path",
-            str(tiny_ckpt),
+            str(tiny_checkpoint),
             "--port",
             "0",
             "--dtype",
@@ -204,7 +204,7 @@ async def _sse_events(session: aiohttp.ClientSession, url: str, body: dict, even
                 events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
 
 
-def test_sigterm_drains_within_the_timeout_then_ends_cut_streams_with_an_abort_event(tiny_ckpt):
+def test_sigterm_drains_within_the_timeout_then_ends_cut_streams_with_an_abort_event(tiny_checkpoint):
     """SIGTERM: new requests 503; a short request finishes; long ones run until --shutdown-timeout, then
     each stream ends with an abort event and [DONE]; the process exits 0 within the timeout + a margin
     (it used to take twice the timeout and cut streams with neither)."""
@@ -215,7 +215,7 @@ def test_sigterm_drains_within_the_timeout_then_ends_cut_streams_with_an_abort_e
             "-m",
             "gptoss.serve",
             "--model-path",
-            str(tiny_ckpt),
+            str(tiny_checkpoint),
             "--port",
             "0",
             "--dtype",
@@ -291,14 +291,14 @@ def test_sigterm_drains_within_the_timeout_then_ends_cut_streams_with_an_abort_e
         stop_process(proc)
 
 
-def test_our_clients_count_a_cut_stream_as_the_servers_abort(tiny_ckpt):
+def test_our_clients_count_a_cut_stream_as_the_servers_abort(tiny_checkpoint):
     proc, line = start_process(
         [
             sys.executable,
             "-m",
             "gptoss.serve",
             "--model-path",
-            str(tiny_ckpt),
+            str(tiny_checkpoint),
             "--port",
             "0",
             "--dtype",

@@ -9,7 +9,7 @@ import pytest
 
 from backends.base import BackendError
 from harness.config import SamplingParams
-from tests.vllm.conftest import MAX_MODEL_LEN, collect, generate, greedy_reference
+from tests.backends.vllm.vllmkit import MAX_MODEL_LEN, collect, generate, greedy_reference
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
 

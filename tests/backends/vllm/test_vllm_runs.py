@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from harness.config import SamplingParams
-from tests.vllm.conftest import ENGINE_FLAGS, REPO, accuracy_tokens, generate, greedy_reference, make_dataset
+from tests.backends.vllm.vllmkit import (
+    ENGINE_FLAGS,
+    REPO,
+    accuracy_tokens,
+    generate,
+    greedy_reference,
+    make_dataset,
+)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ The request's answer is always the ids TOKEN_BASE + i, i < max_new_tokens, so a 
 which tokens the server sent before a fault ("endless" ignores max_new_tokens and never stops).
 "busy_<n>_<retry>_<tag>" answers 503 to its first n requests (retry: "s<k>" sends Retry-After: k,
 "date<k>" an HTTP date k seconds ahead, "none" no header), then correctly; GET /times/<fault> lists
-when each request to it arrived (server monotonic seconds). Run: python tests/http/fault_server.py
+when each request to it arrived (server monotonic seconds). Run: python tests/backends/fault_server.py
 [--port N] [--incremental] [--token-delay S]; it prints "PORT <n>" once listening.
 """
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from httpkit import collect, make_backend
 
 from backends.http import ServerHTTPError, ServerReportedError
 from gptoss.serve.app import Server, build_app
 from gptoss.serve.main import parse_args
 from harness.config import SamplingParams
+from tests.backends.httpkit import collect, make_backend
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,8 +17,6 @@ import time
 import uuid
 
 import pytest
-from fault_server import before_fault, sent_ids
-from httpkit import FAULT_SERVER, collect, free_port, make_backend, start_process, stop_process
 
 from backends.base import BackendError
 from backends.http import (
@@ -32,6 +30,8 @@ from backends.http import (
     TokenLimitExceededError,
 )
 from harness.config import SamplingParams
+from tests.backends.fault_server import before_fault, sent_ids
+from tests.backends.httpkit import FAULT_SERVER, collect, free_port, make_backend, start_process, stop_process
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -374,7 +374,7 @@ def test_server_ignoring_max_new_tokens_is_cut_at_the_limit(name, stream, fault_
 
 
 def test_token_limit_failure_is_counted_by_name_in_a_run(fault_url, tmp_path):
-    from test_http_run_mlperf import accuracy_tokens, run_mlperf
+    from tests.backends.httpkit import accuracy_tokens, run_mlperf
 
     proc = run_mlperf(
         "--backend",

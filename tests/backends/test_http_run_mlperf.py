@@ -1,8 +1,6 @@
 """run_mlperf.py --backend sglang/openai end to end: against gptoss.serve (VALID runs, accuracy tokens
 equal to the in-process engine's greedy tokens) and against the fault-injection server (every query
 logged, failures counted and named, non-zero exit, no invented token). Real processes throughout.
-
-Skipped only while run_mlperf.py is absent (the harness lands separately).
 """
 
 from __future__ import annotations
@@ -16,8 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_server import before_fault, sent_ids
-from httpkit import FAULT_SERVER, ROOT, engine_greedy, start_process, stop_process
+
+from tests.backends.fault_server import before_fault, sent_ids
+from tests.backends.httpkit import (
+    FAULT_SERVER,
+    ROOT,
+    accuracy_tokens,
+    engine_greedy,
+    run_mlperf,
+    start_process,
+    stop_process,
+    summary_result,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -40,35 +48,9 @@ def greedy_config(tmp_path_factory) -> Path:
     return path
 
 
-def run_mlperf(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "run_mlperf.py", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def accuracy_tokens(log_dir: Path) -> dict[int, list[int]]:
-    import numpy as np
-
-    entries = json.loads((log_dir / "mlperf_log_accuracy.json").read_text())
-    out = {e["qsl_idx"]: np.frombuffer(bytes.fromhex(e["data"]), dtype="<i4").tolist() for e in entries}
-    assert len(out) == len(entries), "a query was logged twice"
-    return out
-
-
-def summary_result(log_dir: Path) -> str:
-    for line in (log_dir / "mlperf_log_summary.txt").read_text().splitlines():
-        if line.startswith("Result is"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError("no result in the summary")
-
-
 @pytest.fixture(scope="module")
-def dataset_oracle(tiny_ckpt, dataset) -> dict[tuple, list[int]]:
-    return engine_greedy(tiny_ckpt, prompts(dataset))
+def dataset_oracle(tiny_checkpoint, dataset) -> dict[tuple, list[int]]:
+    return engine_greedy(tiny_checkpoint, prompts(dataset))
 
 
 def prompts(path: Path) -> list[list[int]]:
@@ -127,9 +109,8 @@ def measured_qps(url: str, dataset: Path, max_new_tokens: int) -> float:
     """Queries per second the server answers right now: every row at once."""
     import asyncio
 
-    from httpkit import make_backend
-
     from harness.config import SamplingParams
+    from tests.backends.httpkit import make_backend
 
     rows = prompts(dataset)
 

@@ -1,31 +1,21 @@
-"""Helpers of the HTTP backend tests (imported by name; conftest.py holds only fixtures)."""
+"""Helpers of the HTTP backend and gptoss.serve tests: server processes, clients, the greedy oracle."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 from harness.config import RunConfig, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_SERVER = Path(__file__).with_name("fault_server.py")
-LMEVAL_TASK = Path(__file__).with_name("lmeval") / "gptoss_tiny.jsonl"
 
 PROMPTS = [[200006, 17360, 200008, 13225, 2375], list(range(1000, 1040)), [7] * 3]
 ORACLE_MAX_NEW = 12  # greedy decoding is prefix-stable: shorter requests compare against a prefix
-
-
-def lmeval_prompts() -> list[list[int]]:
-    """The token ids lm-eval sends for tests/http/lmeval/gptoss_tiny.yaml (doc_to_text, tokenized)."""
-    import json
-
-    from gptoss.serve.text import Tokenizer
-
-    tok = Tokenizer()
-    docs = [json.loads(line) for line in LMEVAL_TASK.read_text().splitlines() if line.strip()]
-    return [tok.encode(f"Question: {d['question']}\nAnswer:") for d in docs]
 
 
 def start_process(
@@ -65,6 +55,32 @@ def stop_process(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.communicate(timeout=10)
+
+
+def run_mlperf(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "run_mlperf.py", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def accuracy_tokens(log_dir: Path) -> dict[int, list[int]]:
+    import numpy as np
+
+    entries = json.loads((log_dir / "mlperf_log_accuracy.json").read_text())
+    out = {e["qsl_idx"]: np.frombuffer(bytes.fromhex(e["data"]), dtype="<i4").tolist() for e in entries}
+    assert len(out) == len(entries), "a query was logged twice"
+    return out
+
+
+def summary_result(log_dir: Path) -> str:
+    for line in (log_dir / "mlperf_log_summary.txt").read_text().splitlines():
+        if line.startswith("Result is"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError("no result in the summary")
 
 
 def free_port() -> int:

@@ -13,7 +13,9 @@ import shutil
 import subprocess
 
 import pytest
-from httpkit import ROOT, lmeval_prompts
+
+from tests.backends.httpkit import ROOT
+from tests.gptoss.serve.servekit import LMEVAL_DIR, lmeval_prompts
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -29,7 +31,7 @@ def _lm_eval() -> str | None:
     return None
 
 
-def test_lm_eval_local_completions_against_gptoss_serve(gptoss_server, tiny_ckpt, oracle, tmp_path):
+def test_lm_eval_local_completions_against_gptoss_serve(gptoss_server, tiny_checkpoint, oracle, tmp_path):
     lm_eval = _lm_eval()
     if lm_eval is None:
         pytest.skip(
@@ -45,14 +47,14 @@ def test_lm_eval_local_completions_against_gptoss_serve(gptoss_server, tiny_ckpt
         "local-completions",
         "--model_args",
         f"base_url={gptoss_server}/v1/completions",
-        f"model={tiny_ckpt.name}",
+        f"model={tiny_checkpoint.name}",
         "tokenizer_backend=remote",
         "num_concurrent=1",
         "max_retries=1",
         "--tasks",
         "gptoss_tiny",
         "--include_path",
-        "tests/http/lmeval",
+        str(LMEVAL_DIR),
         "--output_path",
         str(tmp_path / "out"),
         "--log_samples",
