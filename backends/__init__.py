@@ -22,7 +22,9 @@ class Spec:
 
 
 SPECS: dict[str, Spec] = {
-    "gptoss": Spec("backends.gptoss", "GptossBackend", ("torch", "safetensors"), "./setup.sh --backend gptoss"),
+    "gptoss": Spec(
+        "backends.gptoss", "GptossBackend", ("torch", "safetensors"), "./setup.sh --backend gptoss"
+    ),
     "vllm": Spec("backends.vllm", "VllmBackend", ("vllm",), "./setup.sh --backend vllm"),
     "sglang": Spec("backends.sglang", "SglangBackend", ("aiohttp",), "./setup.sh --backend sglang"),
     "openai": Spec("backends.openai", "OpenAIBackend", ("aiohttp",), "./setup.sh --backend openai"),

@@ -27,9 +27,15 @@ def create(cfg: RunSpec) -> GptossBackend:
 
 
 def engine_params(p: SamplingParams) -> EngineSamplingParams:
-    return EngineSamplingParams(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
-                                top_k=p.top_k, ignore_eos=p.ignore_eos, seed=p.seed,
-                                stop_token_ids=p.stop_token_ids)
+    return EngineSamplingParams(
+        max_new_tokens=p.max_new_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        ignore_eos=p.ignore_eos,
+        seed=p.seed,
+        stop_token_ids=p.stop_token_ids,
+    )
 
 
 class GptossBackend:
@@ -43,7 +49,10 @@ class GptossBackend:
         self.vocab_size: int | None = None
         self._engine = None  # gptoss.engine.AsyncEngine once started
         self._params: dict[SamplingParams, EngineSamplingParams] = {}  # one conversion per distinct setting
-        self._describe: dict[str, Any] = {"backend": self.name, "options": {k: v for k, v in asdict(config).items() if k != "model_path"}}
+        self._describe: dict[str, Any] = {
+            "backend": self.name,
+            "options": {k: v for k, v in asdict(config).items() if k != "model_path"},
+        }
 
     @classmethod
     def default_model_path(cls) -> Path:

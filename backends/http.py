@@ -1,22 +1,27 @@
 """Shared HTTP client for the sglang and openai backends, and the flags they share (HttpOptions).
 
 One pooled aiohttp session per run, a concurrency cap, least-outstanding-first spreading over
-several servers, connect / first-token / total timeouts, opt-in retries, a /health ready check, and
-the SSE framing of backends/sse.py. Every failure raises a BackendError subclass whose class names the cause and
-whose message carries the server's own words.
+several servers, connect / first-token / total timeouts, opt-in retries with a jittered backoff
+that honours Retry-After, a /health ready check, a hard stop at the request's max_new_tokens, and
+the SSE framing of backends/sse.py. Every failure raises a BackendError subclass whose class names
+the cause and whose message carries the server's own words.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import random
 import resource
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends.base import BackendError
 from backends.http_errors import (  # re-exported: the error names the backends' users see
     HttpBackendError,
     MalformedReplyError,
@@ -26,14 +31,41 @@ from backends.http_errors import (  # re-exported: the error names the backends'
     ServerTimeoutError,
     StreamBrokenError,
     TokenCountError,
+    TokenLimitExceededError,
 )
 from backends.sse import StreamDecoder, sse_tokens
 
-__all__ = ["HttpBackendError", "MalformedReplyError", "ServerConnectError", "ServerHTTPError", "ServerReportedError",
-           "ServerTimeoutError", "StreamBrokenError", "TokenCountError", "HttpOptions", "HttpClient"]
+__all__ = [
+    "HttpBackendError",
+    "MalformedReplyError",
+    "ServerConnectError",
+    "ServerHTTPError",
+    "ServerReportedError",
+    "ServerTimeoutError",
+    "StreamBrokenError",
+    "TokenCountError",
+    "TokenLimitExceededError",
+    "HttpOptions",
+    "HttpClient",
+]
 
 DEFAULT_MAX_CONCURRENCY = 1024
 _ERROR_BODY_LIMIT = 4096  # bytes of an error reply quoted in the message
+
+# The ready check. A server that answers, even "503 loading", is waited for up to --ready-timeout;
+# one that nobody answers for (connection refused, unknown host, no route) is most likely a wrong
+# URL, so it gets only this grace, which covers a server started together with the run.
+UNREACHABLE_GRACE_S = 5.0
+READY_POLL_S = 0.5
+READY_PROGRESS_S = 5.0  # a progress line on stderr this often while a server is not ready
+
+# --retries: equal-jitter exponential backoff, base * 2^attempt capped, drawn from [d/2, d]; a
+# Retry-After (503/429) replaces it. A server asking for a longer pause than RETRY_AFTER_MAX_S is
+# not retried: the failure is reported instead of holding the query for minutes.
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 10.0
+RETRY_AFTER_JITTER_S = 0.25
+RETRY_AFTER_MAX_S = 60.0
 
 
 # ----------------------------------------------------------------------------- options
@@ -49,19 +81,39 @@ class HttpOptions:
     """Flags of the sglang and openai backends (core flags such as --server-url live in RunConfig).
     Each field with "help" metadata is a flag (harness/cli.py)."""
 
-    retries: int = field(default=0, metadata={
-        "help": "retry a request that failed before its first token (connect error, HTTP 5xx/429, cut stream) "
-                "up to N times on the least busy server; 0: every failure counts", "metavar": "N"})
-    connect_timeout_s: float = field(default=10.0, metadata={
-        "help": "seconds to open a TCP connection", "flag": "--connect-timeout", "metavar": "S"})
-    first_token_timeout_s: float | None = field(default=600.0, metadata={  # also the longest silence mid-stream
-        "help": "fail a streamed request with no token S seconds after it was sent, or silent for S seconds "
-                "mid-stream; 0 disables", "flag": "--first-token-timeout", "metavar": "S", "type": _off_at_zero})
-    ready_timeout_s: float = field(default=600.0, metadata={
-        "help": "seconds to wait for every server's GET /health to answer 200", "flag": "--ready-timeout",
-        "metavar": "S"})
-    stream: bool = field(default=True, metadata={
-        "help": "stream tokens over SSE; --no-stream waits for whole replies"})
+    retries: int = field(
+        default=0,
+        metadata={
+            "help": "retry a request that failed before its first token (connect error, HTTP 5xx/429, cut "
+            "stream) up to N times on the least busy server; 0: every failure counts",
+            "metavar": "N",
+        },
+    )
+    connect_timeout_s: float = field(
+        default=10.0,
+        metadata={"help": "seconds to open a TCP connection", "flag": "--connect-timeout", "metavar": "S"},
+    )
+    first_token_timeout_s: float | None = field(
+        default=600.0,
+        metadata={  # also the longest silence mid-stream
+            "help": "fail a streamed request with no token S seconds after it was sent, or silent for S "
+            "seconds mid-stream; 0 disables",
+            "flag": "--first-token-timeout",
+            "metavar": "S",
+            "type": _off_at_zero,
+        },
+    )
+    ready_timeout_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "seconds to wait for every server's GET /health to answer 200",
+            "flag": "--ready-timeout",
+            "metavar": "S",
+        },
+    )
+    stream: bool = field(
+        default=True, metadata={"help": "stream tokens over SSE; --no-stream waits for whole replies"}
+    )
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -138,14 +190,22 @@ def error_message(body: bytes) -> str:
 class HttpClient:
     """The pooled session, the concurrency cap and the server pool of one backend for one run."""
 
-    def __init__(self, backend: str, urls: tuple[str, ...], default_url: str, opts: HttpOptions,
-                 max_concurrency: int | None, timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        backend: str,
+        urls: tuple[str, ...],
+        default_url: str,
+        opts: HttpOptions,
+        max_concurrency: int | None,
+        timeout_s: float | None,
+    ) -> None:
         self.backend = backend
         self.opts = opts
         self.pool = ServerPool([normalize_url(u) for u in (urls or (default_url,))])
         self.max_concurrency = max_concurrency or DEFAULT_MAX_CONCURRENCY
         if self.max_concurrency < 1:
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        _check_fd_limit(self.max_concurrency)
         self.timeout_s = timeout_s
         self.retried = 0
         self.session: Any = None
@@ -154,13 +214,15 @@ class HttpClient:
     async def __aenter__(self) -> HttpClient:
         import aiohttp
 
-        _ensure_fd_limit(self.max_concurrency + 64)
+        _ensure_fd_limit(_fds_needed(self.max_concurrency))
         self._slots = asyncio.Semaphore(self.max_concurrency)
-        connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=0,
-                                         ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=0, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=None), read_bufsize=1 << 20,
-            skip_auto_headers=("User-Agent",))
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None),
+            read_bufsize=1 << 20,
+            skip_auto_headers=("User-Agent",),
+        )
         try:
             await self._wait_ready()
         except BaseException:
@@ -175,25 +237,55 @@ class HttpClient:
 
     async def _wait_ready(self) -> None:
         """GET /health on every server until 200. Polling is the only signal a remote server gives."""
+        deadline = time.monotonic() + self.opts.ready_timeout_s
+        for server in self.pool.servers:
+            await self._wait_one_ready(server, deadline)
+
+    async def _wait_one_ready(self, server: Server, deadline: float) -> None:
         import aiohttp
 
-        deadline = time.monotonic() + self.opts.ready_timeout_s
+        url = server.url + "/health"
         probe = aiohttp.ClientTimeout(total=5.0, sock_connect=self.opts.connect_timeout_s)
-        for server in self.pool.servers:
-            last = "no answer"
-            while True:
-                try:
-                    async with self.session.get(server.url + "/health", timeout=probe) as resp:
-                        if resp.status == 200:
-                            break
-                        last = f"HTTP {resp.status}: {error_message(await resp.read())}"
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    last = f"{type(e).__name__}: {e}"
-                if time.monotonic() >= deadline:
+        grace = min(UNREACHABLE_GRACE_S, self.opts.ready_timeout_s)
+        start = time.monotonic()
+        unreachable_since: float | None = None
+        next_progress = start
+        while True:
+            try:
+                async with self.session.get(url, timeout=probe) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}: {error_message(await resp.read())}"
+                unreachable_since = None
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+                # Refused, unknown host, no route, TLS failure: nothing is loading there.
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since >= grace or now >= deadline:
                     raise ServerConnectError(
-                        f"{self.backend} server {server.url} not ready after {self.opts.ready_timeout_s:g} s "
-                        f"(GET /health: {last}); start it or fix --server-url")
-                await asyncio.sleep(0.5)
+                        f"cannot reach the {self.backend} server at {server.url} ({_connect_reason(e)}, "
+                        f"for {now - start:.0f} s); start the server or fix --server-url"
+                    ) from None
+                await asyncio.sleep(READY_POLL_S)
+                continue
+            except (TimeoutError, aiohttp.ClientError) as e:  # it accepted: busy or starting
+                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            now = time.monotonic()
+            if now >= deadline:
+                raise ServerConnectError(
+                    f"{self.backend} server {server.url} not ready after {self.opts.ready_timeout_s:g} s "
+                    f"(GET /health: {last}); wait until it has loaded, raise --ready-timeout, or fix "
+                    "--server-url"
+                )
+            if now >= next_progress:
+                print(
+                    f"waiting for the {self.backend} server {server.url} to be ready ({now - start:.0f} s of "
+                    f"--ready-timeout {self.opts.ready_timeout_s:g}): GET /health: {last}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                next_progress = now + READY_PROGRESS_S
+            await asyncio.sleep(min(READY_POLL_S, max(0.0, deadline - now)))
 
     async def get_json(self, path: str) -> Any:
         """GET from the first server (setup-time queries such as /v1/models)."""
@@ -205,55 +297,92 @@ class HttpClient:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 body = await resp.read()
                 if resp.status != 200:
-                    raise ServerHTTPError(f"HTTP {resp.status} from {url}: {error_message(body)}", resp.status)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    raise ServerHTTPError(
+                        f"HTTP {resp.status} from {url}: {error_message(body)}", resp.status
+                    )
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise ServerConnectError(f"GET {url} failed: {type(e).__name__}: {e}") from e
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError as e:
             raise MalformedReplyError(f"GET {url} returned malformed JSON: {e}") from e
 
-    async def request(self, path: str, body: bytes, decoder: Callable[[str], StreamDecoder],
-                      stream: bool, parse_whole: Callable[[bytes, str], list[int]]) -> AsyncIterator[list[int]]:
-        """POST body to the least busy server; yield ids as they arrive. Retries only before any token."""
+    async def request(
+        self,
+        path: str,
+        body: bytes,
+        decoder: Callable[[str], StreamDecoder],
+        stream: bool,
+        parse_whole: Callable[[bytes, str], list[int]],
+        limit: int,
+    ) -> AsyncIterator[list[int]]:
+        """POST body to the least busy server; yield ids as they arrive, never more than `limit`
+        (the request's max_new_tokens). Retries, after a backoff, only before any token."""
         assert self._slots is not None, "use the backend as `async with backend:`"
         async with self._slots:
             failed: Server | None = None
             for attempt in itertools.count():
                 server = self.pool.pick(avoid=failed)
-                yielded = False
+                got = 0
                 try:
                     async with aclosing(self._once(server, path, body, decoder, stream, parse_whole)) as it:
                         async for ids in it:
-                            yielded = True
+                            if got + len(ids) > limit:
+                                # A server that ignores max_new_tokens could stream for ever: keep
+                                # what the request asked for, then close the stream (leaving `aclosing`).
+                                keep, got = limit - got, limit
+                                if keep:
+                                    yield ids[:keep]
+                                raise TokenLimitExceededError(
+                                    f"{server.url}{path} sent more than max_new_tokens={limit} token ids; "
+                                    f"the first {limit} are kept and the stream was closed"
+                                )
+                            got += len(ids)
                             yield ids
                     return
                 except HttpBackendError as e:
                     server.failed += 1
-                    if yielded or not e.retryable or attempt >= self.opts.retries:
+                    if got or not e.retryable or attempt >= self.opts.retries:
+                        raise
+                    delay = retry_delay(attempt, getattr(e, "retry_after_s", None))
+                    if delay is None:
                         raise
                     self.retried += 1
                     failed = server
+                    await asyncio.sleep(delay)
 
-    async def _once(self, server: Server, path: str, body: bytes, decoder: Callable[[str], StreamDecoder],
-                    stream: bool, parse_whole: Callable[[bytes, str], list[int]]) -> AsyncIterator[list[int]]:
+    async def _once(
+        self,
+        server: Server,
+        path: str,
+        body: bytes,
+        decoder: Callable[[str], StreamDecoder],
+        stream: bool,
+        parse_whole: Callable[[bytes, str], list[int]],
+    ) -> AsyncIterator[list[int]]:
         import aiohttp
 
         url = server.url + path
         silence = self.opts.first_token_timeout_s if stream else None
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=self.opts.connect_timeout_s,
-                                        sock_read=silence)
+        timeout = aiohttp.ClientTimeout(
+            total=self.timeout_s, sock_connect=self.opts.connect_timeout_s, sock_read=silence
+        )
         first_deadline = time.monotonic() + silence if silence else None
         server.outstanding += 1
         server.sent += 1
         got_headers = False
         try:
-            async with self.session.post(url, data=body, timeout=timeout,
-                                         headers={"Content-Type": "application/json"}) as resp:
+            async with self.session.post(
+                url, data=body, timeout=timeout, headers={"Content-Type": "application/json"}
+            ) as resp:
                 got_headers = True
                 if resp.status != 200:
                     text = error_message(await resp.read())
-                    raise ServerHTTPError(f"HTTP {resp.status} from {url}: {text}", resp.status)
+                    raise ServerHTTPError(
+                        f"HTTP {resp.status} from {url}: {text}",
+                        resp.status,
+                        parse_retry_after(resp.headers.get("Retry-After")),
+                    )
                 if not stream:
                     yield parse_whole(await resp.read(), url)
                     return
@@ -266,15 +395,22 @@ class HttpClient:
         except aiohttp.ConnectionTimeoutError as e:
             raise ServerConnectError(
                 f"cannot connect to {url}: no answer within the connect timeout "
-                f"({self.opts.connect_timeout_s:g} s)") from e
+                f"({self.opts.connect_timeout_s:g} s)"
+            ) from e
         except aiohttp.SocketTimeoutError as e:
             raise ServerTimeoutError(f"{url} sent nothing for {silence:g} s (first-token timeout)") from e
-        except asyncio.TimeoutError as e:
-            raise ServerTimeoutError(f"request to {url} exceeded the total timeout ({self.timeout_s} s)") from e
+        except TimeoutError as e:
+            raise ServerTimeoutError(
+                f"request to {url} exceeded the total timeout ({self.timeout_s} s)"
+            ) from e
         except aiohttp.ClientConnectorError as e:
             raise ServerConnectError(f"cannot connect to {url}: {e.os_error or e}") from e
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
-                aiohttp.ClientOSError, ConnectionError) as e:
+        except (
+            aiohttp.ClientPayloadError,
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientOSError,
+            ConnectionError,
+        ) as e:
             where = "mid-stream" if got_headers else "before replying"
             raise StreamBrokenError(f"connection to {url} lost {where}: {type(e).__name__}: {e}") from e
         except aiohttp.ClientResponseError as e:
@@ -291,12 +427,79 @@ class HttpClient:
             "max_concurrency": self.max_concurrency,
             "stream": o.stream,
             "retries": o.retries,
-            "timeouts_s": {"connect": o.connect_timeout_s, "first_token": o.first_token_timeout_s,
-                           "total": self.timeout_s, "ready": o.ready_timeout_s},
+            "timeouts_s": {
+                "connect": o.connect_timeout_s,
+                "first_token": o.first_token_timeout_s,
+                "total": self.timeout_s,
+                "ready": o.ready_timeout_s,
+            },
             "requests": {s.url: {"sent": s.sent, "failed": s.failed} for s in self.pool.servers},
             "retried_requests": self.retried,
             "aiohttp": aiohttp.__version__,
         }
+
+
+def retry_delay(attempt: int, retry_after_s: float | None) -> float | None:
+    """Seconds to wait before retry number attempt + 1; None when the server asks for too long a pause."""
+    if retry_after_s is not None:
+        if retry_after_s > RETRY_AFTER_MAX_S:
+            return None
+        return retry_after_s + random.uniform(0.0, RETRY_AFTER_JITTER_S)
+    d = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0**attempt)
+    return random.uniform(d / 2, d)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds from now: delta-seconds or an HTTP date; None when absent or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is always GMT
+        from datetime import UTC
+
+        when = when.replace(tzinfo=UTC)
+    seconds = when.timestamp() - time.time()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _connect_reason(e: Exception) -> str:
+    """The OS's words for a failed connect: 'connection refused', 'host not found: ...', ..."""
+    import os
+    import socket
+
+    import aiohttp
+
+    if isinstance(e, aiohttp.ConnectionTimeoutError):
+        return "no answer within the connect timeout"
+    err = getattr(e, "os_error", None)
+    if isinstance(err, socket.gaierror):
+        return f"host not found: {err.strerror}"
+    if isinstance(err, OSError) and err.errno and err.errno > 0:
+        return os.strerror(err.errno).lower()
+    return str(err or e)
+
+
+def _fds_needed(max_concurrency: int) -> int:
+    return max_concurrency + 64  # a socket per request, plus the process's own files
+
+
+def _check_fd_limit(max_concurrency: int) -> None:
+    """Refuse, before any start, a concurrency cap the open-files hard limit cannot hold."""
+    needed = _fds_needed(max_concurrency)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise BackendError(
+            f"--max-concurrency {max_concurrency} needs about {needed} open files but their hard "
+            f"limit is {hard}; lower --max-concurrency or raise `ulimit -Hn`"
+        )
 
 
 def _ensure_fd_limit(needed: int) -> None:
@@ -304,7 +507,10 @@ def _ensure_fd_limit(needed: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        if target < needed:
-            raise ValueError(f"--max-concurrency needs about {needed} open files but the hard limit is "
-                             f"{hard}; lower --max-concurrency or raise `ulimit -n`")
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as e:  # an unlimited hard limit still ends at the kernel's nr_open
+            raise BackendError(
+                f"cannot raise the open-files limit to {needed} for --max-concurrency "
+                f"({e}); lower --max-concurrency"
+            ) from None

@@ -19,10 +19,11 @@ class ServerConnectError(HttpBackendError):
 class ServerHTTPError(HttpBackendError):
     kind = "http_status"
 
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, status: int, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = status == 429 or status >= 500
+        self.retry_after_s = retry_after_s  # the server's Retry-After, in seconds from now
 
 
 class StreamBrokenError(HttpBackendError):
@@ -43,3 +44,7 @@ class ServerReportedError(HttpBackendError):
 
 class TokenCountError(HttpBackendError):
     kind = "count_mismatch"  # token ids and the server's own count disagree
+
+
+class TokenLimitExceededError(HttpBackendError):
+    kind = "token_limit"  # more ids than the request's max_new_tokens: the server ignored the limit

@@ -28,9 +28,14 @@ DEFAULT_URL = "http://127.0.0.1:8000"  # vllm serve's default port
 
 @dataclass(frozen=True, slots=True)
 class OpenAIOptions(HttpOptions):
-    openai_model: str | None = field(default=None, metadata={
-        "help": "the `model` field of requests", "metavar": "NAME",
-        "default_help": "the one model GET /v1/models lists"})
+    openai_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "the `model` field of requests",
+            "metavar": "NAME",
+            "default_help": "the one model GET /v1/models lists",
+        },
+    )
 
 
 def _loads(buf: bytes, s: int, e: int, url: str) -> Any:
@@ -39,13 +44,16 @@ def _loads(buf: bytes, s: int, e: int, url: str) -> Any:
     try:
         obj = orjson.loads(memoryview(buf)[s:e])
     except orjson.JSONDecodeError as err:
-        raise MalformedReplyError(f"{url} sent malformed JSON ({err}): {buf[s:min(e, s + 120)]!r}") from None
+        raise MalformedReplyError(
+            f"{url} sent malformed JSON ({err}): {buf[s : min(e, s + 120)]!r}"
+        ) from None
     if not isinstance(obj, dict):
         raise MalformedReplyError(f"{url} sent a reply that is not a JSON object")
     if "error" in obj:
         err = obj["error"]
         raise ServerReportedError(
-            f"{url} reported an error: {err.get('message', err) if isinstance(err, dict) else err}")
+            f"{url} reported an error: {err.get('message', err) if isinstance(err, dict) else err}"
+        )
     return obj
 
 
@@ -61,7 +69,8 @@ def _choice(obj: dict, url: str) -> tuple[list[int], str | None] | None:
         if c.get("text"):
             raise MalformedReplyError(
                 f"{url} sent text without token_ids: the server must support `return_token_ids` "
-                "(vLLM >= 0.10.2 or python -m gptoss.serve)")
+                "(vLLM >= 0.10.2 or python -m gptoss.serve)"
+            )
         ids = []
     if not isinstance(ids, list) or not all(type(x) is int for x in ids):
         raise MalformedReplyError(f"{url} sent non-integer token_ids")
@@ -108,7 +117,8 @@ class OpenAIDecoder:
         if buf.startswith(b"[DONE]", s):
             if not self.finished:
                 raise StreamBrokenError(
-                    f"{self.url} ended the stream ([DONE]) after {self.count} tokens without a finish_reason")
+                    f"{self.url} ended the stream ([DONE]) after {self.count} tokens without a finish_reason"
+                )
             self._done = True
             return
         if self._done:
@@ -128,7 +138,8 @@ class OpenAIDecoder:
         count = _usage_count(obj, self.url)
         if count is not None and count != self.count:
             raise TokenCountError(
-                f"{self.url} reported completion_tokens={count} but streamed {self.count} token ids")
+                f"{self.url} reported completion_tokens={count} but streamed {self.count} token ids"
+            )
 
 
 def parse_whole(body: bytes, url: str) -> list[int]:
@@ -198,7 +209,8 @@ class OpenAIBackend:
         if len(names) != 1 or not isinstance(names[0], str):
             raise MalformedReplyError(
                 f"GET /v1/models on {self.client.pool.servers[0].url} lists {names}; "
-                "pick one with --openai-model")
+                "pick one with --openai-model"
+            )
         return names[0]
 
     async def __aexit__(self, *exc: object) -> None:
@@ -214,11 +226,17 @@ class OpenAIBackend:
                 fields["stream_options"] = {"include_usage": True}
             tail = self._encoded[params] = b"," + orjson.dumps(fields)[1:]
         body = b'{"prompt":' + orjson.dumps(prompt) + tail
-        return self.client.request("/v1/completions", body, OpenAIDecoder, self.opts.stream, parse_whole)
+        return self.client.request(
+            "/v1/completions", body, OpenAIDecoder, self.opts.stream, parse_whole, params.max_new_tokens
+        )
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "api": "OpenAI POST /v1/completions with a token-id prompt",
-                "model": self.model, **self.client.describe()}
+        return {
+            "backend": self.name,
+            "api": "OpenAI POST /v1/completions with a token-id prompt",
+            "model": self.model,
+            **self.client.describe(),
+        }
 
 
 def create(cfg: RunSpec) -> OpenAIBackend:

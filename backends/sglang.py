@@ -29,13 +29,20 @@ DEFAULT_URL = "http://127.0.0.1:30000"  # SGLang's default port
 
 @dataclass(frozen=True, slots=True)
 class SglangOptions(HttpOptions):
-    stream_interval: int | None = field(default=None, metadata={
-        "help": "ask the server for one SSE chunk per N tokens", "metavar": "N", "default_help": "the server's"})
+    stream_interval: int | None = field(
+        default=None,
+        metadata={
+            "help": "ask the server for one SSE chunk per N tokens",
+            "metavar": "N",
+            "default_help": "the server's",
+        },
+    )
 
     def __post_init__(self) -> None:
         HttpOptions.__post_init__(self)  # explicit: zero-argument super() fails in slotted dataclasses
         if self.stream_interval is not None and self.stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
+
 
 _UNKNOWN, _CUMULATIVE, _INCREMENTAL = 0, 1, 2
 _INT = re.compile(rb"\d+")
@@ -100,7 +107,8 @@ class SglangDecoder:
                         break
                 elif not buf.startswith(SSE_FIELDS, i):
                     junk = junk or MalformedReplyError(
-                        f"malformed SSE line from {self.url}: {buf[i:min(stop, i + 200)]!r}")
+                        f"malformed SSE line from {self.url}: {buf[i : min(stop, i + 200)]!r}"
+                    )
             j = i - 1
         if error is not None:
             self._whole(_loads(buf, *error, self.url))
@@ -112,7 +120,8 @@ class SglangDecoder:
     def _done(self) -> None:
         if not self.finished:
             raise StreamBrokenError(
-                f"{self.url} ended the stream ([DONE]) after {len(self.ids)} tokens without a final chunk")
+                f"{self.url} ended the stream ([DONE]) after {len(self.ids)} tokens without a final chunk"
+            )
 
     def _event(self, buf: bytes, s: int, e: int) -> None:
         if self.finished:
@@ -142,7 +151,7 @@ class SglangDecoder:
             if t < 0:
                 t = s - 1
                 break
-        seg = buf[t + 1:le]
+        seg = buf[t + 1 : le]
         b = seg.rfind(b"[")
         if b >= 0:  # the whole list is in seg: it holds `new` ids or fewer
             if not seg.endswith(_KEY, 0, b + 1):
@@ -151,11 +160,12 @@ class SglangDecoder:
                 raise TokenCountError(f"{self.url} switched from cumulative to incremental output_ids")
             if have:
                 self.mode = _INCREMENTAL
-            seg = seg[b + 1:]
+            seg = seg[b + 1 :]
         else:  # more ids precede the tail: cumulative
             if self.mode == _INCREMENTAL or not have:
                 raise TokenCountError(
-                    f"{self.url} sent more output_ids than completion_tokens={count} allows after {have}")
+                    f"{self.url} sent more output_ids than completion_tokens={count} allows after {have}"
+                )
             self.mode = _CUMULATIVE
         try:
             ids = [int(x) for x in seg.split(b",")] if new > 1 else [int(seg)]
@@ -163,7 +173,8 @@ class SglangDecoder:
             raise MalformedReplyError(f"{self.url} sent non-integer output_ids: {seg[:80]!r}") from None
         if len(ids) != new:
             raise TokenCountError(
-                f"{self.url} sent {len(ids)} new output_ids but completion_tokens grew by {new}")
+                f"{self.url} sent {len(ids)} new output_ids but completion_tokens grew by {new}"
+            )
         self.ids += ids
         self.new += ids
 
@@ -188,8 +199,9 @@ class SglangDecoder:
                 self.mode = _INCREMENTAL
         else:
             raise TokenCountError(
-                f"{self.url} sent {len(ids)} output_ids with completion_tokens={count} after streaming {have}: "
-                "they disagree with the count or with the ids already streamed")
+                f"{self.url} sent {len(ids)} output_ids with completion_tokens={count} after streaming "
+                f"{have}: they disagree with the count or with the ids already streamed"
+            )
         self.ids += new
         self.new += new
         if reason is not None:
@@ -205,7 +217,9 @@ def _loads(buf: bytes, s: int, e: int, url: str) -> Any:
     try:
         return orjson.loads(memoryview(buf)[s:e])
     except orjson.JSONDecodeError as err:
-        raise MalformedReplyError(f"{url} sent malformed JSON ({err}): {buf[s:min(e, s + 120)]!r}") from None
+        raise MalformedReplyError(
+            f"{url} sent malformed JSON ({err}): {buf[s : min(e, s + 120)]!r}"
+        ) from None
 
 
 def _message(err: Any) -> str:
@@ -276,8 +290,9 @@ class SglangBackend:
 
     def __init__(self, cfg: RunSpec) -> None:
         self.opts: SglangOptions = cfg.backend_options or SglangOptions()
-        self.client = HttpClient("sglang", cfg.server_urls, DEFAULT_URL, self.opts,
-                                 cfg.max_concurrency, cfg.timeout_s)
+        self.client = HttpClient(
+            "sglang", cfg.server_urls, DEFAULT_URL, self.opts, cfg.max_concurrency, cfg.timeout_s
+        )
         self._encoded: dict[SamplingParams, bytes] = {}
 
     @classmethod
@@ -297,14 +312,22 @@ class SglangBackend:
         tail = self._encoded.get(params)
         if tail is None:
             tail = self._encoded[params] = (
-                b',"sampling_params":' + orjson.dumps(sampling_params(params, self.opts.stream_interval))
-                + (b',"stream":true}' if self.opts.stream else b',"stream":false}'))
+                b',"sampling_params":'
+                + orjson.dumps(sampling_params(params, self.opts.stream_interval))
+                + (b',"stream":true}' if self.opts.stream else b',"stream":false}')
+            )
         body = b'{"input_ids":' + orjson.dumps(prompt) + tail
-        return self.client.request("/generate", body, SglangDecoder, self.opts.stream, parse_whole)
+        return self.client.request(
+            "/generate", body, SglangDecoder, self.opts.stream, parse_whole, params.max_new_tokens
+        )
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "api": "SGLang native POST /generate with input_ids",
-                "stream_interval": self.opts.stream_interval, **self.client.describe()}
+        return {
+            "backend": self.name,
+            "api": "SGLang native POST /generate with input_ids",
+            "stream_interval": self.opts.stream_interval,
+            **self.client.describe(),
+        }
 
 
 def create(cfg: RunSpec) -> SglangBackend:

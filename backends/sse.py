@@ -38,12 +38,15 @@ def data_payloads(buf: bytes, start: int, end: int, url: str) -> Iterator[tuple[
             if buf.startswith(b"data:", pos):
                 yield (pos + 6 if buf.startswith(b" ", pos + 5) else pos + 5), stop
             elif not buf.startswith(SSE_FIELDS, pos):
-                raise MalformedReplyError(f"malformed SSE line from {url}: {buf[pos:min(stop, pos + 200)]!r}")
+                raise MalformedReplyError(
+                    f"malformed SSE line from {url}: {buf[pos : min(stop, pos + 200)]!r}"
+                )
         pos = nl + 1
 
 
-async def sse_tokens(resp: Any, decoder: StreamDecoder, url: str,
-                     first_deadline: float | None) -> AsyncIterator[list[int]]:
+async def sse_tokens(
+    resp: Any, decoder: StreamDecoder, url: str, first_deadline: float | None
+) -> AsyncIterator[list[int]]:
     """Hand the complete lines of each read to the decoder and yield the ids it found.
 
     Only the end of each read is searched (for its last newline); the decoder decides which lines

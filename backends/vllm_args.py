@@ -67,46 +67,79 @@ class VllmOptions:
     tensor_parallel_size: int | None = _engine("GPUs per model replica", "vLLM's, 1")
     data_parallel_size: int | None = _engine("model replicas", "vLLM's, 1")
     enable_expert_parallel: bool | None = _engine(
-        "shard MoE experts over the GPUs instead of tensor-slicing them", "vLLM's, off")
+        "shard MoE experts over the GPUs instead of tensor-slicing them", "vLLM's, off"
+    )
     max_num_seqs: int | None = _engine(
-        "most sequences per engine step", "vLLM's LLM-class default: 1024 on H100/H200, 256 on CPU")
+        "most sequences per engine step", "vLLM's LLM-class default: 1024 on H100/H200, 256 on CPU"
+    )
     max_num_batched_tokens: int | None = _engine(
-        "token budget per engine step", "vLLM's LLM-class default: 16384 on H100/H200")
+        "token budget per engine step", "vLLM's LLM-class default: 16384 on H100/H200"
+    )
     dtype: str | None = _engine("weights and activations", "vLLM's, auto: the checkpoint's", choices=DTYPES)
     max_model_len: int | None = _engine("context length, prompt + output", "the checkpoint's")
     gpu_memory_utilization: float | None = _engine(
-        "share of GPU memory vLLM may take", "vLLM's, 0.9; on CPU a 1 GiB KV cache, see README")
+        "share of GPU memory vLLM may take", "vLLM's, 0.9; on CPU a 1 GiB KV cache, see README"
+    )
     kv_cache_dtype: str | None = _engine("KV cache dtype: auto, fp8, ...", "vLLM's, auto")
     async_scheduling: bool | None = _engine("overlap scheduling with the forward pass", "vLLM's, on")
     enable_prefix_caching: bool | None = _engine("reuse KV of shared prompt prefixes", "vLLM's, on")
     compilation_config: dict[str, Any] | None = _engine(
-        "vLLM CompilationConfig as JSON, e.g. '{\"cudagraph_capture_sizes\": [1, 8, 64]}'", "vLLM's",
-        type=_json, metavar="JSON")
-    enforce_eager: bool | None = _engine("no torch.compile and no CUDA graphs (faster start, slower steps)",
-                                         "vLLM's, off")
+        "vLLM CompilationConfig as JSON, e.g. '{\"cudagraph_capture_sizes\": [1, 8, 64]}'",
+        "vLLM's",
+        type=_json,
+        metavar="JSON",
+    )
+    enforce_eager: bool | None = _engine(
+        "no torch.compile and no CUDA graphs (faster start, slower steps)", "vLLM's, off"
+    )
     enable_lora: bool | None = _engine("LoRA support (implied by --lora-modules)", "vLLM's, off")
-    lora: tuple[str, str] | None = field(default=None, metadata={
-        "help": "serve every request through this LoRA adapter (PEFT folder); implies --enable-lora",
-        "flag": "--lora-modules", "type": _pair, "metavar": "NAME=PATH", "default_help": "none"})
-    extra_args: tuple[tuple[str, str], ...] = field(default=(), metadata={
-        "help": "any other AsyncEngineArgs field, as `vllm serve --KEY VALUE` would read it (repeatable); "
-                "a switch takes true/false, e.g. --vllm-arg max_lora_rank=64 --vllm-arg disable_log_stats=false",
-        "flag": "--vllm-arg", "type": _pair, "metavar": "KEY=VALUE", "repeat": True, "default_help": "none"})
-    output_kind: str = field(default="auto", metadata={
-        "help": "auto: whole outputs in Offline (FINAL_ONLY, fewer wake-ups), token deltas otherwise",
-        "flag": "--vllm-output-kind", "choices": OUTPUT_KINDS})
+    lora: tuple[str, str] | None = field(
+        default=None,
+        metadata={
+            "help": "serve every request through this LoRA adapter (PEFT folder); implies --enable-lora",
+            "flag": "--lora-modules",
+            "type": _pair,
+            "metavar": "NAME=PATH",
+            "default_help": "none",
+        },
+    )
+    extra_args: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata={
+            "help": "any other AsyncEngineArgs field, as `vllm serve --KEY VALUE` would read it "
+            "(repeatable); a switch takes true/false, e.g. --vllm-arg max_lora_rank=64 --vllm-arg "
+            "disable_log_stats=false",
+            "flag": "--vllm-arg",
+            "type": _pair,
+            "metavar": "KEY=VALUE",
+            "repeat": True,
+            "default_help": "none",
+        },
+    )
+    output_kind: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: whole outputs in Offline (FINAL_ONLY, fewer wake-ups), token deltas otherwise",
+            "flag": "--vllm-output-kind",
+            "choices": OUTPUT_KINDS,
+        },
+    )
 
     def __post_init__(self) -> None:  # the rest is vLLM's to check (create() reports what it rejects)
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.output_kind not in OUTPUT_KINDS:
-            raise ValueError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}")
+            raise ValueError(
+                f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}"
+            )
 
     @property
     def engine_args(self) -> dict[str, Any]:
         """The named engine flags that were set, as AsyncEngineArgs keyword arguments."""
         return {
-            f.name: v for f in fields(self) if f.metadata.get("engine") and (v := getattr(self, f.name)) is not None
+            f.name: v
+            for f in fields(self)
+            if f.metadata.get("engine") and (v := getattr(self, f.name)) is not None
         }
 
 

@@ -40,8 +40,13 @@ def encode_events(n: int, incremental: bool, interval: int) -> list[bytes]:
     for start in range(0, n, interval):
         upto = min(start + interval, n)
         done = upto == n
-        meta = {"id": "bench", "finish_reason": {"type": "length", "length": n} if done else None,
-                "prompt_tokens": len(PROMPT), "completion_tokens": upto, "cached_tokens": 0}
+        meta = {
+            "id": "bench",
+            "finish_reason": {"type": "length", "length": n} if done else None,
+            "prompt_tokens": len(PROMPT),
+            "completion_tokens": upto,
+            "cached_tokens": 0,
+        }
         if done:
             meta["e2e_latency"] = 0.0
         out = ids[start:upto] if incremental else ids[:upto]
@@ -71,9 +76,22 @@ def serve(port: int, paced_interval_ms: float, stream_interval: int) -> None:
         n = body["sampling_params"]["max_new_tokens"]
         if not body.get("stream"):  # the reference client's initialize() probe
             ids = list(range(n))
-            return web.Response(body=orjson.dumps({"output_ids": ids, "meta_info": {
-                "id": "probe", "finish_reason": {"type": "length", "length": n}, "prompt_tokens": 3,
-                "completion_tokens": n, "cached_tokens": 0, "e2e_latency": 0.0}}), content_type="application/json")
+            return web.Response(
+                body=orjson.dumps(
+                    {
+                        "output_ids": ids,
+                        "meta_info": {
+                            "id": "probe",
+                            "finish_reason": {"type": "length", "length": n},
+                            "prompt_tokens": 3,
+                            "completion_tokens": n,
+                            "cached_tokens": 0,
+                            "e2e_latency": 0.0,
+                        },
+                    }
+                ),
+                content_type="application/json",
+            )
         ev, whole = events(n, mode == "incremental")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -113,9 +131,16 @@ def ours(url: str, concurrency: int):
     from backends.sglang import SglangOptions, create
     from harness.config import RunConfig, SamplingParams
 
-    cfg = RunConfig(backend="sglang", scenario="offline", input_file=None, output_dir=Path("unused"),
-                    sampling=SamplingParams(max_new_tokens=1), server_urls=(url,),
-                    max_concurrency=concurrency, backend_options=SglangOptions())
+    cfg = RunConfig(
+        backend="sglang",
+        scenario="offline",
+        input_file=None,
+        output_dir=Path("unused"),
+        sampling=SamplingParams(max_new_tokens=1),
+        server_urls=(url,),
+        max_concurrency=concurrency,
+        backend_options=SglangOptions(),
+    )
     backend = create(cfg)
 
     async def stream(n: int):
@@ -135,15 +160,18 @@ def raw(url: str, concurrency: int):
 
     class _Ctx:
         async def __aenter__(self):
-            state["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
-                                               read_bufsize=1 << 20)
+            state["s"] = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=concurrency), read_bufsize=1 << 20
+            )
 
         async def __aexit__(self, *exc):
             await state["s"].close()
 
     async def stream(n: int):
         body = orjson.dumps({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": n}, "stream": True})
-        async with state["s"].post(url + "/generate", data=body, headers={"Content-Type": "application/json"}) as r:
+        async with state["s"].post(
+            url + "/generate", data=body, headers={"Content-Type": "application/json"}
+        ) as r:
             while await r.content.readany():
                 pass
         yield n  # counted, not parsed
@@ -155,8 +183,9 @@ def reference(url: str, checkout: Path):
     import importlib.util
 
     pkg = checkout / "language" / "gpt-oss-120b" / "backends"
-    spec = importlib.util.spec_from_file_location("mlc_reference_backends", pkg / "__init__.py",
-                                                  submodule_search_locations=[str(pkg)])
+    spec = importlib.util.spec_from_file_location(
+        "mlc_reference_backends", pkg / "__init__.py", submodule_search_locations=[str(pkg)]
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules["mlc_reference_backends"] = mod
     spec.loader.exec_module(mod)
@@ -171,8 +200,9 @@ def reference(url: str, checkout: Path):
             backend.cleanup()
 
     async def stream(n: int):
-        async for chunk in backend.generate_stream(input_ids=PROMPT, max_tokens=n, temperature=1.0,
-                                                   top_k=-1, top_p=1.0):
+        async for chunk in backend.generate_stream(
+            input_ids=PROMPT, max_tokens=n, temperature=1.0, top_k=-1, top_p=1.0
+        ):
             if chunk.get("error"):
                 raise RuntimeError(chunk["error"])
             if chunk["delta_token_ids"]:
@@ -225,19 +255,54 @@ async def run_client(args: argparse.Namespace) -> dict:
 
 def client_cmd(args: argparse.Namespace, url: str, impl: str, phase: str, mode: str) -> list[str]:
     burst = phase == "burst"
-    return ["taskset", "-c", str(args.client_core), sys.executable, __file__, "--role", "client",
-            "--impl", impl, "--url", url, "--phase", phase, "--mode", mode,
-            "--tokens", str(args.tokens if burst else args.paced_tokens),
-            "--concurrency", str(args.concurrency if burst else args.paced_streams),
-            "--seconds", str(args.seconds if burst else args.paced_seconds),
-            "--paced-interval-ms", str(args.paced_interval_ms), "--checkout", str(args.reference_checkout or "")]
+    return [
+        "taskset",
+        "-c",
+        str(args.client_core),
+        sys.executable,
+        __file__,
+        "--role",
+        "client",
+        "--impl",
+        impl,
+        "--url",
+        url,
+        "--phase",
+        phase,
+        "--mode",
+        mode,
+        "--tokens",
+        str(args.tokens if burst else args.paced_tokens),
+        "--concurrency",
+        str(args.concurrency if burst else args.paced_streams),
+        "--seconds",
+        str(args.seconds if burst else args.paced_seconds),
+        "--paced-interval-ms",
+        str(args.paced_interval_ms),
+        "--checkout",
+        str(args.reference_checkout or ""),
+    ]
 
 
 def drive(args: argparse.Namespace) -> None:
     server = subprocess.Popen(
-        ["taskset", "-c", str(args.server_core), sys.executable, __file__, "--role", "server",
-         "--paced-interval-ms", str(args.paced_interval_ms), "--stream-interval", str(args.stream_interval)],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        [
+            "taskset",
+            "-c",
+            str(args.server_core),
+            sys.executable,
+            __file__,
+            "--role",
+            "server",
+            "--paced-interval-ms",
+            str(args.paced_interval_ms),
+            "--stream-interval",
+            str(args.stream_interval),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         line = server.stdout.readline()
         if not line.startswith("PORT "):
@@ -249,8 +314,13 @@ def drive(args: argparse.Namespace) -> None:
             for impl in impls:
                 res = {}
                 for phase in ("burst", "paced") if impl != "raw" else ("burst",):
-                    proc = subprocess.run(client_cmd(args, url, impl, phase, mode), capture_output=True,
-                                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                    proc = subprocess.run(
+                        client_cmd(args, url, impl, phase, mode),
+                        capture_output=True,
+                        text=True,
+                        cwd=ROOT,
+                        env={**os.environ, "PYTHONPATH": str(ROOT)},
+                    )
                     if proc.returncode:
                         raise SystemExit(f"{impl} {phase} {mode} failed:\n{proc.stderr[-3000:]}")
                     res[phase] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -263,30 +333,44 @@ def drive(args: argparse.Namespace) -> None:
 
 
 def report(args: argparse.Namespace, rows: list) -> None:
-    print(f"\nsglang client streaming, {args.tokens} tokens/request, stream_interval {args.stream_interval}, "
-          f"client on core {args.client_core}, server on core {args.server_core}")
-    print(f"paced: {args.paced_streams} streams x 1 chunk/{args.paced_interval_ms:g} ms, "
-          f"{args.paced_tokens} tokens/request\n")
+    print(
+        f"\nsglang client streaming, {args.tokens} tokens/request, stream_interval {args.stream_interval}, "
+        f"client on core {args.client_core}, server on core {args.server_core}"
+    )
+    print(
+        f"paced: {args.paced_streams} streams x 1 chunk/{args.paced_interval_ms:g} ms, "
+        f"{args.paced_tokens} tokens/request\n"
+    )
     # tokens per client CPU-second = what one fully used core sustains; it is robust to other load on
     # the machine, unlike wall tokens/s, which is also shown (with the share of a core the client got).
-    print("| output ids | client | tokens / client CPU-s | wall tokens/s | client CPU | bad requests "
-          "| paced p50 added | paced p99 added |")
+    print(
+        "| output ids | client | tokens / client CPU-s | wall tokens/s | client CPU | bad requests "
+        "| paced p50 added | paced p99 added |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     by = {}
-    names = {"raw": "aiohttp read, no parsing (floor)", "ours": "ours (backends/sglang.py)",
-             "reference": "MLCommons reference"}
+    names = {
+        "raw": "aiohttp read, no parsing (floor)",
+        "ours": "ours (backends/sglang.py)",
+        "reference": "MLCommons reference",
+    }
     for mode, impl, res in rows:
         b, p = res["burst"], res.get("paced")
         per_cpu = b["tokens_per_s"] / b["cpu_util"]
         by[(mode, impl)] = per_cpu
         paced = f"{p['p50_ms']:.2f} ms | {p['p99_ms']:.2f} ms" if p else "- | -"
         bad = b["bad"] + (p["bad"] if p else 0)
-        print(f"| {mode} | {names[impl]} | {per_cpu:,.0f} | {b['tokens_per_s']:,.0f} | {100 * b['cpu_util']:.0f}% | "
-              f"{bad} | {paced} |")
+        print(
+            f"| {mode} | {names[impl]} | {per_cpu:,.0f} | {b['tokens_per_s']:,.0f} |"
+            f" {100 * b['cpu_util']:.0f}% | "
+            f"{bad} | {paced} |"
+        )
     for mode in args.modes.split(","):
         if (mode, "reference") in by:
-            print(f"\n{mode}: ours / reference = {by[(mode, 'ours')] / by[(mode, 'reference')]:.1f}x "
-                  "tokens per client CPU-second")
+            print(
+                f"\n{mode}: ours / reference = {by[(mode, 'ours')] / by[(mode, 'reference')]:.1f}x "
+                "tokens per client CPU-second"
+            )
 
 
 def main() -> None:
@@ -312,7 +396,10 @@ def main() -> None:
     ap.add_argument("--checkout", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.reference_checkout and not (args.reference_checkout / "language/gpt-oss-120b/backends").is_dir():
-        ap.error(f"{args.reference_checkout} has no language/gpt-oss-120b/backends: not an mlcommons/inference checkout")
+        ap.error(
+            f"{args.reference_checkout} has no language/gpt-oss-120b/backends: not an"
+            f" mlcommons/inference checkout"
+        )
     if args.role == "server":
         serve(0, args.paced_interval_ms, args.stream_interval)
     elif args.role == "client":

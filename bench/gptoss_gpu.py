@@ -50,15 +50,29 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
     from gptoss.sampling import SamplingParams
 
     rows: list[dict] = []
-    cfg = EngineConfig(model_path=Path(args.model_path), device="cuda", max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                       kernels=args.kernels, cuda_graphs=not args.eager)
+    cfg = EngineConfig(
+        model_path=Path(args.model_path),
+        device="cuda",
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        kernels=args.kernels,
+        cuda_graphs=not args.eager,
+    )
     t = time.perf_counter()
     eng = LLMEngine(cfg)
     init = time.perf_counter() - t
     eng.generate([[1, 2, 3]], SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True))
-    emit(rows, out, {"engine": "gptoss", "what": "startup", "engine_init_s": round(init, 1),
-                     "first_token_s": round(time.perf_counter() - T_PROCESS, 1)})
+    emit(
+        rows,
+        out,
+        {
+            "engine": "gptoss",
+            "what": "startup",
+            "engine_init_s": round(init, 1),
+            "first_token_s": round(time.perf_counter() - T_PROCESS, 1),
+        },
+    )
     runner = eng.runner.kernel_runner
 
     def greedy(n: int) -> SamplingParams:
@@ -79,10 +93,19 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
             dt = time.perf_counter() - t
             best = dt if best is None else min(best, dt)
         host = runner.host_times[1:] if runner is not None else []
-        emit(rows, out, {"engine": "gptoss", "what": "batch1_decode", "input_len": lin,
-                         "output_len": len(outs[0]), "wall_s_best_of_3": round(best, 3),
-                         "tok_s_incl_prefill": round(len(outs[0]) / best, 1),
-                         "host_ms_per_step": round(1000 * sum(host) / max(1, len(host)), 3)})
+        emit(
+            rows,
+            out,
+            {
+                "engine": "gptoss",
+                "what": "batch1_decode",
+                "input_len": lin,
+                "output_len": len(outs[0]),
+                "wall_s_best_of_3": round(best, 3),
+                "tok_s_incl_prefill": round(len(outs[0]) / best, 1),
+                "host_ms_per_step": round(1000 * sum(host) / max(1, len(host)), 3),
+            },
+        )
     for spec in args.throughput:
         n, lin, lout = (int(x) for x in spec.split("x"))
         prompts = rand_prompts(n, lin, seed=lin * 7 + n)
@@ -94,10 +117,21 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
         dt = time.perf_counter() - t
         n_out = sum(map(len, outs))
         host = runner.host_times if runner is not None else []
-        emit(rows, out, {"engine": "gptoss", "what": "offline_throughput", "num_prompts": n,
-                         "input_len": lin, "output_len": lout, "wall_s": round(dt, 2),
-                         "output_tok_s": round(n_out / dt, 1), "steps": len(host),
-                         "host_ms_per_step": round(1000 * sum(host) / max(1, len(host)), 3)})
+        emit(
+            rows,
+            out,
+            {
+                "engine": "gptoss",
+                "what": "offline_throughput",
+                "num_prompts": n,
+                "input_len": lin,
+                "output_len": lout,
+                "wall_s": round(dt, 2),
+                "output_tok_s": round(n_out / dt, 1),
+                "steps": len(host),
+                "host_ms_per_step": round(1000 * sum(host) / max(1, len(host)), 3),
+            },
+        )
     return rows
 
 
@@ -117,8 +151,16 @@ def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
     sp = SamplingParams(max_new_tokens=32, temperature=0, ignore_eos=True)
     got = {}
     for kernels in ("triton", "torch"):
-        eng = LLMEngine(EngineConfig(model_path=Path(args.model_path), device="cuda", max_num_seqs=64,
-                                     max_model_len=4096, kv_cache_tokens=64 * 4096 // 4, kernels=kernels))
+        eng = LLMEngine(
+            EngineConfig(
+                model_path=Path(args.model_path),
+                device="cuda",
+                max_num_seqs=64,
+                max_model_len=4096,
+                kv_cache_tokens=64 * 4096 // 4,
+                kernels=kernels,
+            )
+        )
         got[kernels] = eng.generate(prompts, sp)
         if kernels == "triton":
             got["alone"] = [eng.generate([p], sp)[0] for p in prompts]
@@ -129,19 +171,34 @@ def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
     def rate(a: list[list[int]], b: list[list[int]]) -> float:
         """Share of tokens equal up to the first divergence of each continuation (then all differ)."""
         same = 0
-        for x, y in zip(a, b):
-            k = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
+        for x, y in zip(a, b, strict=False):
+            k = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), len(x))
             same += k
         return same / sum(map(len, a))
 
-    emit(rows, out, {"engine": "gptoss", "what": "greedy_agreement", "triton_vs_torch": round(rate(got["triton"], got["torch"]), 4),
-                     "batch_invariance": round(rate(got["alone"], got["triton"]), 4),
-                     "exact_sequences": sum(x == y for x, y in zip(got["triton"], got["torch"]))})
+    emit(
+        rows,
+        out,
+        {
+            "engine": "gptoss",
+            "what": "greedy_agreement",
+            "triton_vs_torch": round(rate(got["triton"], got["torch"]), 4),
+            "batch_invariance": round(rate(got["alone"], got["triton"]), 4),
+            "exact_sequences": sum(x == y for x, y in zip(got["triton"], got["torch"], strict=False)),
+        },
+    )
     return rows
 
 
 def run_vllm(args: argparse.Namespace, out: Path | None) -> list[dict]:
-    cmd = [sys.executable, args.vllm_script, "--model", args.model_path, "--max-model-len", str(args.max_model_len)]
+    cmd = [
+        sys.executable,
+        args.vllm_script,
+        "--model",
+        args.model_path,
+        "--max-model-len",
+        str(args.max_model_len),
+    ]
     for d in args.decode:
         cmd += ["--decode", d]
     for t in args.throughput:
@@ -160,8 +217,12 @@ def run_vllm(args: argparse.Namespace, out: Path | None) -> list[dict]:
             r["engine"] = "vllm"
             if r["what"] == "engine_init":
                 first_token = time.perf_counter() - t0
-                r = {"engine": "vllm", "what": "startup", "engine_init_s": r["seconds"],
-                     "first_token_s": round(first_token, 1)}
+                r = {
+                    "engine": "vllm",
+                    "what": "startup",
+                    "engine_init_s": r["seconds"],
+                    "first_token_s": round(first_token, 1),
+                }
             emit(rows, out, r)
     proc.wait()
     if proc.returncode:
@@ -178,8 +239,11 @@ def table(rows: list[dict]) -> None:
         return r["what"]
 
     def value(r: dict) -> float | None:
-        return {"startup": r.get("first_token_s"), "batch1_decode": r.get("tok_s_incl_prefill"),
-                "offline_throughput": r.get("output_tok_s")}.get(r["what"])
+        return {
+            "startup": r.get("first_token_s"),
+            "batch1_decode": r.get("tok_s_incl_prefill"),
+            "offline_throughput": r.get("output_tok_s"),
+        }.get(r["what"])
 
     by: dict[str, dict[str, dict]] = {}
     for r in rows:
@@ -188,7 +252,10 @@ def table(rows: list[dict]) -> None:
     for k, e in by.items():
         ours, theirs = e.get("gptoss"), e.get("vllm")
         if k == "greedy_agreement" and ours:
-            print(f"{k:34} triton=torch {ours['triton_vs_torch']:.1%}, alone=batched {ours['batch_invariance']:.1%}")
+            print(
+                f"{k:34} triton=torch {ours['triton_vs_torch']:.1%}, alone=batched"
+                f" {ours['batch_invariance']:.1%}"
+            )
             continue
         a = value(ours) if ours else None
         b = value(theirs) if theirs else None
@@ -197,7 +264,10 @@ def table(rows: list[dict]) -> None:
             ratio = f"{(b / a if k == 'startup' else a / b):.2f}x"
         note = f"host {ours['host_ms_per_step']} ms/step" if ours and "host_ms_per_step" in ours else ""
         unit = "s" if k == "startup" else "tok/s"
-        print(f"{k:34} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {ratio:>7}  {unit} {note}")
+        print(
+            f"{k:34} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {ratio:>7}"
+            f"  {unit} {note}"
+        )
 
 
 def main() -> None:

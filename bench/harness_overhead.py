@@ -133,7 +133,8 @@ def sweep(kind: str, levels: list[float], duration_s: float, repeats: int, datas
         )
         results.append(level)
         print(
-            f"  {kind:4s} {qps:>9,.0f} QPS: {'VALID' if level.valid else 'INVALID':7s} completed {level.completed_qps:>9,.0f}/s "
+            f"  {kind:4s} {qps:>9,.0f} QPS: {'VALID' if level.valid else 'INVALID':7s} completed"
+            f" {level.completed_qps:>9,.0f}/s "
             f"p99 {level.p99_ms:8.2f} ms ({level.wall_s:.1f} s)",
             file=sys.stderr,
             flush=True,
@@ -165,22 +166,28 @@ def main() -> int:
     for r in bare:
         rows.setdefault(r.qps, [None, None])[1] = r
     print(
-        "\n| target QPS | ours: result | completed/s | p50 ms | p99 ms | TTFT p99 ms | bare: result | completed/s | p99 ms |"
+        "\n| target QPS | ours: result | completed/s | p50 ms | p99 ms | TTFT p99 ms | bare: result"
+        " | completed/s | p99 ms |"
     )
     print("|---:|---|---:|---:|---:|---:|---|---:|---:|")
     for qps, (o, b) in sorted(rows.items()):
-        cell = lambda r: (
-            (
-                f"{'VALID' if r.valid else 'INVALID'}{' (keeps up)' if r.keeps_up else ''}",
-                f"{r.completed_qps:,.0f}",
+
+        def cell(r):
+            return (
+                (
+                    f"{'VALID' if r.valid else 'INVALID'}{' (keeps up)' if r.keeps_up else ''}",
+                    f"{r.completed_qps:,.0f}",
+                )
+                if r
+                else ("-", "-")
             )
-            if r
-            else ("-", "-")
-        )
+
         oc, bc = cell(o), cell(b)
         print(
-            f"| {qps:,.0f} | {oc[0]} | {oc[1]} | {o.p50_ms if o else float('nan'):.2f} | {o.p99_ms if o else float('nan'):.2f} "
-            f"| {o.ttft_p99_ms if o else float('nan'):.2f} | {bc[0]} | {bc[1]} | {b.p99_ms if b else float('nan'):.2f} |"
+            f"| {qps:,.0f} | {oc[0]} | {oc[1]} | {o.p50_ms if o else float('nan'):.2f} |"
+            f" {o.p99_ms if o else float('nan'):.2f} "
+            f"| {o.ttft_p99_ms if o else float('nan'):.2f} | {bc[0]} | {bc[1]} |"
+            f" {b.p99_ms if b else float('nan'):.2f} |"
         )
     ov, bv, ok, bk = best(ours, False), best(bare, False), best(ours, True), best(bare, True)
     print(
@@ -194,7 +201,8 @@ def main() -> int:
     if same:
         o, b = max(same, key=lambda ob: ob[0].qps)
         print(
-            f"added p99 latency at {o.qps:,.0f} QPS: {o.p99_ms - b.p99_ms:+.2f} ms (ours {o.p99_ms:.2f}, bare {b.p99_ms:.2f})"
+            f"added p99 latency at {o.qps:,.0f} QPS: {o.p99_ms - b.p99_ms:+.2f}"
+            f" ms (ours {o.p99_ms:.2f}, bare {b.p99_ms:.2f})"
         )
     return 0
 

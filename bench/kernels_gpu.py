@@ -45,8 +45,11 @@ def main() -> None:
         peer, name = (r.get("vllm_us"), "vllm") if r.get("vllm_us") else (r.get("torch_us"), "torch")
         ours = r.get("ours_us")
         ratio = peer / ours if peer and ours else None
-        print(f"{r['kernel']:14} {r['case']:30} {fmt(ours, '9.1f')} {fmt(peer, '9.1f')} {name if peer else '-':>6} "
-              f"{fmt(ratio, '6.2f')} {fmt(r.get('hbm_frac'), '5.0%')}")
+        print(
+            f"{r['kernel']:14} {r['case']:30} {fmt(ours, '9.1f')} {fmt(peer, '9.1f')}"
+            f" {name if peer else '-':>6} "
+            f"{fmt(ratio, '6.2f')} {fmt(r.get('hbm_frac'), '5.0%')}"
+        )
 
 
 if __name__ == "__main__":

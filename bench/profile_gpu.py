@@ -57,8 +57,10 @@ def profile(eng: LLMEngine, batch: int, steps: int) -> None:
             p[0] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
             p[1] += 1
     total = sum(v[0] for v in per.values()) / steps
-    print(f"\nbatch {batch}: {wall:.3f} ms/step wall, {host:.3f} ms host, kernels {total / 1000:.3f} ms "
-          f"({batch / wall * 1000:.0f} tok/s)")
+    print(
+        f"\nbatch {batch}: {wall:.3f} ms/step wall, {host:.3f} ms host, kernels {total / 1000:.3f} ms "
+        f"({batch / wall * 1000:.0f} tok/s)"
+    )
     print(f"  {'kernel':60} {'us/step':>9} {'calls':>6} {'share':>6}")
     for name, (us, n) in sorted(per.items(), key=lambda kv: -kv[1][0])[:14]:
         print(f"  {name:60} {us / steps:9.1f} {n / steps:6.1f} {us / steps / total:6.1%}")
@@ -76,23 +78,43 @@ def diag(path: Path) -> None:
     logits: dict[str, list[torch.Tensor]] = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         ref = GptOss.from_checkpoint(path, "cuda", dtype)
-        logits[name] = [ref.compute_logits(ref(torch.tensor(p, device="cuda"), torch.arange(64, device="cuda"),
-                                                DenseAttention())).float() for p in prompts]
+        logits[name] = [
+            ref.compute_logits(
+                ref(torch.tensor(p, device="cuda"), torch.arange(64, device="cuda"), DenseAttention())
+            ).float()
+            for p in prompts
+        ]
         del ref
         gc.collect()
         torch.cuda.empty_cache()
-    eng = LLMEngine(EngineConfig(model_path=path, device="cuda", max_num_seqs=4, kv_cache_tokens=4096,
-                                 max_model_len=1024, kernels="triton", cuda_graphs=False))
+    eng = LLMEngine(
+        EngineConfig(
+            model_path=path,
+            device="cuda",
+            max_num_seqs=4,
+            kv_cache_tokens=4096,
+            max_model_len=1024,
+            kernels="triton",
+            cuda_graphs=False,
+        )
+    )
     km = eng.runner.kernel_runner.model
     i32 = dict(dtype=torch.int32, device="cuda")
     out = []
     for p in prompts:
-        meta = StepMeta(query_start=torch.tensor([0, 64], **i32), context_lens=torch.zeros(1, **i32),
-                        full_table=torch.zeros(1, 64, **i32), ring_table=torch.zeros(1, km.ring_len, **i32),
-                        full_slots=torch.full((64,), -1, dtype=torch.int64, device="cuda"),
-                        ring_slots=torch.full((64,), -1, dtype=torch.int64, device="cuda"),
-                        max_query_len=64, num_decode=0)
-        out.append(km.logits(km.forward(torch.tensor(p, device="cuda"), torch.arange(64, device="cuda"), meta)))
+        meta = StepMeta(
+            query_start=torch.tensor([0, 64], **i32),
+            context_lens=torch.zeros(1, **i32),
+            full_table=torch.zeros(1, 64, **i32),
+            ring_table=torch.zeros(1, km.ring_len, **i32),
+            full_slots=torch.full((64,), -1, dtype=torch.int64, device="cuda"),
+            ring_slots=torch.full((64,), -1, dtype=torch.int64, device="cuda"),
+            max_query_len=64,
+            num_decode=0,
+        )
+        out.append(
+            km.logits(km.forward(torch.tensor(p, device="cuda"), torch.arange(64, device="cuda"), meta))
+        )
     logits["triton"] = out
 
     def err(a: str) -> tuple[float, float]:
@@ -101,14 +123,21 @@ def diag(path: Path) -> None:
 
     for name in ("bf16", "triton"):
         e, agree = err(name)
-        print(f"diag: {name:6} vs torch fp32: rel L2 {e:.3e}, top-1 agreement {agree:.1%} over {4 * 64} positions")
+        print(
+            f"diag: {name:6} vs torch fp32: rel L2 {e:.3e}, top-1 agreement {agree:.1%} over"
+            f" {4 * 64} positions"
+        )
     x, y = torch.cat(logits["triton"]), torch.cat(logits["bf16"])
-    print(f"diag: triton vs torch bf16: rel L2 {float((x - y).norm() / y.norm()):.3e}, "
-          f"top-1 {float((x.argmax(-1) == y.argmax(-1)).float().mean()):.1%}")
+    print(
+        f"diag: triton vs torch bf16: rel L2 {float((x - y).norm() / y.norm()):.3e}, "
+        f"top-1 {float((x.argmax(-1) == y.argmax(-1)).float().mean()):.1%}"
+    )
     top2 = torch.cat(logits["fp32"]).topk(2, -1).values
     gap = (top2[:, 0] - top2[:, 1]) / torch.cat(logits["fp32"]).std(-1)
-    print(f"diag: fp32 top-1 margin in logit std units: median {gap.median():.3f}, "
-          f"10th pct {gap.quantile(0.1):.3f}")
+    print(
+        f"diag: fp32 top-1 margin in logit std units: median {gap.median():.3f}, "
+        f"10th pct {gap.quantile(0.1):.3f}"
+    )
 
 
 def main() -> None:
@@ -122,8 +151,16 @@ def main() -> None:
     if args.diag:
         diag(args.model_path)
     t = time.perf_counter()
-    eng = LLMEngine(EngineConfig(model_path=args.model_path, device="cuda", max_num_seqs=256,
-                                 max_model_len=4096, kernels="triton", cuda_graphs=not args.eager))
+    eng = LLMEngine(
+        EngineConfig(
+            model_path=args.model_path,
+            device="cuda",
+            max_num_seqs=256,
+            max_model_len=4096,
+            kernels="triton",
+            cuda_graphs=not args.eager,
+        )
+    )
     print(f"engine up in {time.perf_counter() - t:.1f} s")
     for b in args.batch or [1, 64]:
         profile(eng, b, args.steps)

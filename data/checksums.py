@@ -51,7 +51,10 @@ def check(path: Path, table: dict, *, record: bool = False) -> tuple[bool, str]:
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
         return False, f"{path}: cannot read dataset: {e}"
     if not set(PROMPT_COLUMNS) & set(columns):
-        return False, f"{path}: no 'tok_input' column (nor the older 'input_tokens'): not an MLCommons dataset"
+        return (
+            False,
+            f"{path}: no 'tok_input' column (nor the older 'input_tokens'): not an MLCommons dataset",
+        )
     if rows != entry["rows"]:
         return False, f"{path}: {rows} rows, expected {entry['rows']}"
     digest = sha256(path)
@@ -61,7 +64,8 @@ def check(path: Path, table: dict, *, record: bool = False) -> tuple[bool, str]:
             return True, f"{path}: OK ({rows} rows); pinned sha256 {digest}"
         return (
             True,
-            f"{path}: OK ({rows} rows); sha256 {digest} is NOT PINNED yet: verify the source, then rerun with --record",
+            f"{path}: OK ({rows} rows); sha256 {digest} is NOT PINNED yet: verify the source, then rerun "
+            "with --record",
         )
     if digest != entry["sha256"]:
         return False, f"{path}: sha256 {digest} does not match the pinned {entry['sha256']}"

@@ -57,9 +57,13 @@ def evaluate_run(
         samples.append(sample)
     # The generated code must not read the expected outputs, nor the answers in the dataset.
     secrets = tuple(str(p) for p in (lcb_tests, dataset, accuracy_log) if p is not None)
-    grade_livecodebench(samples, lcb_jobs, lcb_tests, workers, lcb_timeout_s, isolation, secrets, quiet)
+    used = grade_livecodebench(
+        samples, lcb_jobs, lcb_tests, workers, lcb_timeout_s, isolation, secrets, quiet
+    )
 
     result = summarize(samples, rows, entries)
+    # "fallback": generated code ran without namespaces and could read the host's files.
+    result["sandbox_isolation"] = used
     result["inputs"] = {
         "accuracy_log": str(accuracy_log),
         "dataset": str(dataset),
@@ -114,13 +118,14 @@ def grade_entry(entry: LogEntry, row: ReferenceRow) -> tuple[SampleResult, str |
     return sample, None
 
 
-def grade_livecodebench(samples, jobs, lcb_tests, workers, timeout_s, isolation, hide, quiet) -> None:
+def grade_livecodebench(samples, jobs, lcb_tests, workers, timeout_s, isolation, hide, quiet) -> str | None:
+    """Run the extracted programs; returns the sandbox isolation used (None: no program ran)."""
     if not jobs:
-        return
+        return None
     if lcb_tests is None:
         for i in jobs:
             samples[i].detail = "not graded: no --lcb-tests file"
-        return
+        return None
     from evaluation.lcb_tests import load_lcb_tests
     from evaluation.livecodebench import grade_many
     from evaluation.sandbox import Limits, Sandbox
@@ -144,6 +149,7 @@ def grade_livecodebench(samples, jobs, lcb_tests, workers, timeout_s, isolation,
             else f"{verdict.status} on test {verdict.failed_case + 1}/{len(runnable[i][1].tests)}: "
             f"{verdict.detail}"
         )
+    return sandbox.isolation
 
 
 class progress:

@@ -31,6 +31,11 @@ def print_report(result: dict, console: Console | None = None) -> None:
     )
     for problem in result["problems"]:
         console.print(f"[bold red]problem:[/] {problem}")
+    if result.get("sandbox_isolation") == "fallback":
+        console.print(
+            "[bold yellow]sandbox: fallback[/] (no Linux namespaces here): generated code ran behind rlimits "
+            "and Python audit hooks only, and could read the host's files"
+        )
     score = result["exact_match"]
     if score is None:
         console.print("exact_match: not computed")

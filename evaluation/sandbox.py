@@ -12,7 +12,6 @@ import secrets
 import selectors
 import shutil
 import signal
-import site
 import subprocess
 import sys
 import tempfile
@@ -26,11 +25,9 @@ ISOLATIONS = ("namespaces", "userns", "fallback")
 # an RLIMIT_NPROC budget or may signal each other.
 UID_RANGE = (1_000_000_000, 2_000_000_000)
 GRACE_S = 5.0  # the parent's backstop beyond the supervisor's own wall-clock limit
-# Covered with an empty tmpfs inside the sandbox (the interpreter and the case directory are bound
-# back): other users' and helpers' files, sockets, and anything the caller adds, such as the
-# expected outputs of the tests.
-HIDDEN_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/home", "/root", "/run", "/mnt", "/srv", "/media")
-# /dev itself is rebuilt with only null, zero, full, random and urandom (no GPUs, no disks).
+# With namespaces the program's whole filesystem is interpreter_view() (read-only), its working
+# directory, a /dev with only null, zero, full, random and urandom, and a /proc of its own pid
+# namespace. Nothing else of the host exists there: no other project's files, no site-packages.
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +81,7 @@ class Sandbox:
     limits: Limits = field(default_factory=Limits)
     isolation: str = "auto"
     base_dir: Path | None = None
-    hide: tuple[str, ...] = ()  # more files or directories (their whole directory) it must not see
+    hide: tuple[str, ...] = ()  # files the program must not see, e.g. the expected outputs
 
     def __post_init__(self) -> None:
         if self.isolation == "auto":
@@ -93,6 +90,12 @@ class Sandbox:
             raise ValueError(
                 f"isolation must be auto or one of {', '.join(ISOLATIONS)}, got {self.isolation!r}"
             )
+        if self.isolation != "fallback":  # everything outside the view is invisible anyway
+            for path in self.hide:
+                if inside_view(path):
+                    raise ValueError(
+                        f"cannot hide {path} from generated code: it is among the interpreter's files"
+                    )
 
     def run(
         self, code: str, *, stdin: bytes = b"", fn_name: str | None = None, args: list | None = None
@@ -108,17 +111,18 @@ class Sandbox:
     def _run(
         self, case_dir: Path, code: str, stdin: bytes, fn_name: str | None, args: list | None
     ) -> RunResult:
-        os.chmod(case_dir, 0o711)  # the throwaway uid must reach work/ below, nothing else here
+        os.chmod(case_dir, 0o711)  # fallback: the throwaway uid must reach work/ below, nothing else here
         workdir = case_dir / "work"
         workdir.mkdir(mode=0o700)
+        (case_dir / "root").mkdir(mode=0o700)  # namespaces: where the sandbox's own root is built
         status_r, status_w = os.pipe()
         job = {
             "isolation": self.isolation,
             "uid": throwaway_uid(self.isolation),
             "workdir": str(workdir),
-            "hide": hidden_dirs(self.hide),
+            "root": str(case_dir / "root"),
+            "view": interpreter_view() if self.isolation != "fallback" else None,
             "status_fd": status_w,
-            "site_dirs": list(site_dirs()),
             "kind": "stdin" if fn_name is None else "functional",
             "code": code,
             "fn_name": fn_name,
@@ -230,27 +234,21 @@ def interpret(
     return result(Status.SANDBOX_ERROR, f"unknown status {status}")
 
 
-def hidden_dirs(extra: tuple[str, ...]) -> list[str]:
-    dirs = [*HIDDEN_DIRS]
-    for p in map(os.path.realpath, extra):
-        d = p if os.path.isdir(p) else os.path.dirname(p)
-        if d != "/":  # covering / would leave nothing to run with
-            dirs.append(d)
-    return dirs
-
-
 def throwaway_uid(isolation: str) -> int | None:
     """A fresh uid for the program when we are root. Without a mount namespace it must be able to
     read the interpreter; if it cannot (pyenv under /root), the program stays root without any
-    capability instead, behind the fallback's audit hooks."""
-    if os.geteuid() != 0 or (isolation == "fallback" and not interpreter_readable_by_others()):
+    capability instead, behind the fallback's audit hooks. A user namespace maps only our own uid,
+    so there the program is its root, with every capability dropped."""
+    if os.geteuid() != 0 or isolation == "userns":
+        return None
+    if isolation == "fallback" and not interpreter_readable_by_others():
         return None
     return UID_RANGE[0] + secrets.randbelow(UID_RANGE[1] - UID_RANGE[0])
 
 
 @functools.cache
 def interpreter_readable_by_others() -> bool:
-    return readable_by_others(sys.path + site_dirs())
+    return readable_by_others(stdlib_path())
 
 
 def readable_by_others(paths: list[str]) -> bool:
@@ -264,11 +262,97 @@ def readable_by_others(paths: list[str]) -> bool:
 
 
 @functools.cache
-def site_dirs() -> list[str]:
-    dirs = [*site.getsitepackages()]
-    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
-        dirs.append(site.getusersitepackages())
-    return [d for d in dirs if os.path.isdir(d)]
+def stdlib_path() -> list[str]:
+    """sys.path of `python -I -S`, the sandbox's interpreter: the standard library and lib-dynload."""
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", "import json, sys; print(json.dumps(sys.path))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [p for p in json.loads(out) if p and os.path.isdir(p)]
+
+
+@functools.cache
+def interpreter_view() -> dict:
+    """What a sandboxed program sees of the host, read-only: {"dirs", "files", "links"}.
+
+    The standard library; the interpreter binary (so sys.executable still starts); the shared
+    libraries of both (from ldd), with ld.so.cache to find them; and every symlink on the way to
+    each (a venv's bin/python, /lib -> usr/lib), recreated as it is.
+    """
+    dirs, files, links = set(), set(), {}
+
+    def add(path: str, into: set) -> None:
+        hops, real = resolve_links(path)
+        links.update(hops)
+        into.add(real)
+
+    for d in stdlib_path():
+        add(d, dirs)
+    add(sys.executable, files)
+    binaries = [os.path.realpath(sys.executable)]
+    for d in dirs:
+        binaries += sorted(str(p) for p in Path(d).glob("lib-dynload/*.so"))
+    for lib in shared_libraries(binaries):
+        add(lib, files)
+    if os.path.isfile("/etc/ld.so.cache"):
+        add("/etc/ld.so.cache", files)
+    # Outermost directories only; files and links inside a bound directory come with it.
+    dirs = {d for d in dirs if not any(o != d and _inside(d, o) for o in dirs)}
+    files = {f for f in files if not any(_inside(f, d) for d in dirs)}
+    links = {k: v for k, v in links.items() if not any(_inside(k, d) for d in dirs)}
+    return {"dirs": sorted(dirs), "files": sorted(files), "links": sorted(links.items())}
+
+
+def inside_view(path: str) -> bool:
+    view = interpreter_view()
+    real = os.path.realpath(path)
+    return any(_inside(real, d) for d in view["dirs"]) or real in view["files"]
+
+
+def _inside(p: str, d: str) -> bool:
+    return p == d or p.startswith(d.rstrip("/") + "/")
+
+
+def resolve_links(path: str) -> tuple[dict[str, str], str]:
+    """Every symlink met on the way to `path` ({link: target}), and the real path it ends at."""
+    hops: dict[str, str] = {}
+    path = os.path.abspath(path)
+    for _ in range(64):
+        parts = path.split("/")
+        for i in range(2, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            if os.path.islink(prefix):
+                target = os.readlink(prefix)
+                hops[prefix] = target
+                path = os.path.normpath(os.path.join(os.path.dirname(prefix), target, *parts[i:]))
+                break
+        else:
+            return hops, path
+    raise OSError(f"too many levels of symbolic links in {path}")
+
+
+def shared_libraries(binaries: list[str]) -> list[str]:
+    """The shared libraries the binaries load (their paths as the loader finds them), by ldd."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        raise RuntimeError(
+            "ldd is not installed: the sandbox cannot tell which libraries the interpreter needs"
+        )
+    out = subprocess.run([ldd, *binaries], capture_output=True, text=True, check=False).stdout
+    libs = set()
+    for line in out.splitlines():
+        words = line.split()
+        if "=>" in words and len(words) > words.index("=>") + 1:
+            path = words[words.index("=>") + 1]  # "libc.so.6 => /lib/.../libc.so.6 (0x...)"
+        elif words and words[0].startswith("/") and not words[0].endswith(":"):
+            path = words[0]  # the loader: "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        else:
+            continue
+        if path.startswith("/") and os.path.isfile(path):
+            libs.add(path)
+    return sorted(libs)
 
 
 _detected: str | None = None
@@ -288,7 +372,7 @@ def detect_isolation() -> str:
             _detected = "fallback"
             print(
                 "sandbox: namespaces are not available here; generated code runs with rlimits, "
-                "a throwaway uid when root, and Python audit hooks only",
+                "a throwaway uid when root, and Python audit hooks only, and can read the host's files",
                 file=sys.stderr,
             )
     return _detected

@@ -6,9 +6,12 @@ project it loads only sandbox_program.py, by path. Three processes, so that the 
 controls its supervisor:
 
   A (this script) loads the interpreter state, unshares the namespaces and forks B.
-  B is pid 1 of the new pid namespace. It makes every mount read-only, mounts a private tmpfs as
-    the working directory and a fresh /proc, forks C, enforces the wall-clock limit and writes C's
-    fate to the status pipe. When B exits, the kernel kills everything left in the namespace.
+  B is pid 1 of the new pid namespace. It builds a new root: an empty tmpfs holding read-only binds
+    of only the interpreter's files (job["view"]: its binary, shared libraries and standard
+    library), a minimal /dev, a fresh /proc and a private tmpfs as the working directory, and
+    pivots into it, so no other file of the host exists for the program. It forks C, enforces the
+    wall-clock limit and writes C's fate to the status pipe. When B exits, the kernel kills
+    everything left in the namespace.
   C sets the rlimits, becomes a throwaway uid (or drops every capability inside a user namespace),
     closes the status pipe and runs the program.
 
@@ -21,8 +24,8 @@ import ctypes
 import importlib.util
 import json
 import os
+import platform
 import signal
-import site
 import sys
 
 
@@ -45,6 +48,9 @@ MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 0x400, 0x800, 0x200000,
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR, ENOSYS = -100, 0x8000, 0x1, 442, 38
+MNT_DETACH = 2
+# pivot_root has no libc wrapper; its number differs between architectures.
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -63,10 +69,8 @@ def main() -> None:
         job = json.load(f)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     try:
-        # Everything the program may import from the interpreter is loaded here, before the
-        # filesystem is locked down: site dirs (with their .pth files) and the prelude modules.
-        for d in job["site_dirs"]:
-            site.addsitedir(d)
+        # The prelude modules are loaded before the filesystem is locked down; the rest of the
+        # standard library stays importable from the read-only view. -S: no site-packages.
         exec(program.PRELUDE, {})
         isolation = job["isolation"]
         if isolation != "fallback":
@@ -145,68 +149,64 @@ def reap_uid(uid: int) -> None:
 
 
 def build_filesystem(job: dict) -> None:
+    """A new root holding only job["view"], /dev, /proc and the working directory; then pivot into it."""
+    os.umask(0o022)
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted below may propagate to the host
-    # The interpreter's prefixes hold the shared libraries its extension modules load lazily.
-    interpreter = [*sys.path, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
-    keep = sorted({p for p in interpreter if p and os.path.isdir(p)}) + [os.path.dirname(job["workdir"])]
-    hide = set(job["hide"])
-    if job["uid"] is not None:  # the throwaway uid must still reach the interpreter (pyenv under /root)
-        hide |= {blocked for p in keep if (blocked := untraversable_ancestor(p))}
-    mask(hide, keep)
-    minimal_dev()
-    make_readonly()
+    root = job["root"]
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    view = job["view"]
+    for d in view["dirs"]:
+        os.makedirs(root + d, mode=0o755, exist_ok=True)
+        mount(d, root + d, None, MS_BIND | MS_REC)
+    for f in view["files"]:
+        os.makedirs(os.path.dirname(root + f), mode=0o755, exist_ok=True)
+        open(root + f, "w").close()
+        mount(f, root + f, None, MS_BIND)
+    for link, target in view["links"]:
+        os.makedirs(os.path.dirname(root + link), mode=0o755, exist_ok=True)
+        os.symlink(target, root + link)
+    minimal_dev(root + "/dev")
+    for d in (job["workdir"], "/proc"):
+        os.makedirs(root + d, mode=0o755, exist_ok=True)
+    make_readonly(root)
     owner = 0 if job["uid"] is None else job["uid"]
     mount(
         "tmpfs",
-        job["workdir"],
+        root + job["workdir"],
         "tmpfs",
         MS_NOSUID | MS_NODEV,
         f"size={job['limits']['tmpfs_bytes']},mode=0700,uid={owner},gid={owner}",
     )
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    pivot_root(root)
+
+
+def pivot_root(root: str) -> None:
+    """Make `root` the filesystem root and drop the host's tree (not just hide it, as chroot would)."""
+    number = SYS_PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise SetupError(f"pivot_root: unknown syscall number on {platform.machine()}")
+    os.chdir(root)
+    # pivot_root(".", "."): the old root ends up stacked on the new one, and is detached at once.
+    check(libc.syscall(number, b".", b"."), f"pivot_root into {root}")
+    check(libc.umount2(b".", MNT_DETACH), "detach the host's root")
+    os.chdir("/")
 
 
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
 
-def minimal_dev() -> None:
-    """A /dev with only the harmless devices: GPUs (/dev/nvidia*, world-writable) and disks vanish."""
-    fds = [(name, os.open(f"/dev/{name}", os.O_PATH)) for name in DEVICES if os.path.exists(f"/dev/{name}")]
-    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
-    for name, fd in fds:
-        open(f"/dev/{name}", "w").close()
-        mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND)
-        os.close(fd)
+def minimal_dev(dev: str) -> None:
+    """A /dev with only the harmless devices: GPUs (/dev/nvidia*, world-writable) and disks are absent."""
+    os.makedirs(dev, mode=0o755, exist_ok=True)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            open(f"{dev}/{name}", "w").close()
+            mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
     for i, name in enumerate(("stdin", "stdout", "stderr")):
-        os.symlink(f"/proc/self/fd/{i}", f"/dev/{name}")
-    os.symlink("/proc/self/fd", "/dev/fd")
-
-
-def untraversable_ancestor(path: str) -> str | None:
-    parts = path.split("/")[1:]
-    for i in range(1, len(parts) + 1):
-        ancestor = "/" + "/".join(parts[:i])
-        if os.stat(ancestor).st_mode & 0o001 == 0:
-            return ancestor
-    return None
-
-
-def mask(hide: set[str], keep: list[str]) -> None:
-    """Cover each hidden directory (other users' files, the expected outputs) with an empty tmpfs
-    and bind back only the kept paths inside it: the interpreter and our case directory."""
-
-    def inside(p: str, d: str) -> bool:
-        return p == d or p.startswith(d.rstrip("/") + "/")
-
-    dirs = sorted(d for d in hide if os.path.isdir(d) and d not in keep)
-    dirs = [d for d in dirs if not any(o != d and inside(d, o) for o in dirs)]  # outermost only
-    for d in dirs:
-        inner = [(k, os.open(k, os.O_PATH)) for k in keep if inside(k, d)]
-        mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-        for path, fd in inner:
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-            os.close(fd)
+        os.symlink(f"/proc/self/fd/{i}", f"{dev}/{name}")
+    os.symlink("/proc/self/fd", f"{dev}/fd")
 
 
 class MountAttr(ctypes.Structure):
@@ -218,15 +218,16 @@ class MountAttr(ctypes.Structure):
     ]
 
 
-def make_readonly() -> None:
+def make_readonly(root: str) -> None:
+    """Every mount at or below `root` read-only."""
     attr = MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
     ret = libc.syscall(
-        SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)
+        SYS_MOUNT_SETATTR, AT_FDCWD, root.encode(), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)
     )
     if ret == 0:
         return
     if ctypes.get_errno() != ENOSYS:
-        check(ret, "mount_setattr(/, read-only, recursive)")
+        check(ret, f"mount_setattr({root}, read-only, recursive)")
     # Kernel < 5.12: remount each mount read-only, keeping the flags a user namespace may not drop.
     keep = {
         "nosuid": MS_NOSUID,
@@ -240,10 +241,13 @@ def make_readonly() -> None:
     with open("/proc/self/mountinfo") as f:
         rows = [line.split() for line in f]
     for row in rows:
+        point = row[4].encode().decode("unicode_escape")  # mountinfo writes blanks as \040
+        if point != root and not point.startswith(root + "/"):
+            continue
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY
         for opt in row[5].split(","):
             flags |= keep.get(opt, 0)
-        mount(None, row[4].encode().decode("unicode_escape"), None, flags)  # mountinfo writes blanks as \040
+        mount(None, point, None, flags)
 
 
 if __name__ == "__main__":

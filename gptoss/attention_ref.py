@@ -1,4 +1,4 @@
-"""Dense reference attention with per-head sinks, and an AttentionFn for one sequence over a plain KV cache."""
+"""Dense reference attention with per-head sinks; an AttentionFn for one sequence over a plain KV cache."""
 
 from __future__ import annotations
 
@@ -6,8 +6,16 @@ import torch
 from torch import Tensor
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, window: int | None, scale: float,
-              q_pos: Tensor, k_pos: Tensor) -> Tensor:
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sinks: Tensor,
+    window: int | None,
+    scale: float,
+    q_pos: Tensor,
+    k_pos: Tensor,
+) -> Tensor:
     """Causal (optionally sliding-window) attention of queries over keys of ONE sequence.
 
     q [T, Hq, D]; k, v [S, Hkv, D]; sinks [Hq]; q_pos [T], k_pos [S] absolute positions.
@@ -48,12 +56,13 @@ class DenseAttention:
         """Number of cached positions (those of layer 0)."""
         return 0 if 0 not in self.k else self.k[0].shape[0]
 
-    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor,
-                 window: int | None, scale: float) -> Tensor:
+    def __call__(
+        self, layer: int, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, window: int | None, scale: float
+    ) -> Tensor:
         if layer in self.k:
             k = torch.cat((self.k[layer], k))
             v = torch.cat((self.v[layer], v))
         self.k[layer], self.v[layer] = k, v
         S, T = k.shape[0], q.shape[0]
         k_pos = torch.arange(S, device=q.device)
-        return attention(q, k, v, sinks, window, scale, k_pos[S - T:], k_pos)
+        return attention(q, k, v, sinks, window, scale, k_pos[S - T :], k_pos)

@@ -43,8 +43,9 @@ class BlockPool:
 
 
 class BlockManager:
-    def __init__(self, num_full_blocks: int, block_size: int, window: int | None,
-                 num_ring_blocks: int | None = None) -> None:
+    def __init__(
+        self, num_full_blocks: int, block_size: int, window: int | None, num_ring_blocks: int | None = None
+    ) -> None:
         """`window` None means the model has no sliding layers and rings are not kept.
 
         The ring pool defaults to the size of the full pool: a sequence never holds more ring

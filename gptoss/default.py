@@ -54,8 +54,11 @@ def default_checkpoint() -> Path:
         reason = damage(target)
         if reason is None:
             return target
-        log.warning("the cached default checkpoint %s is damaged (%s); deleting it and writing it again",
-                    target, reason)
+        log.warning(
+            "the cached default checkpoint %s is damaged (%s); deleting it and writing it again",
+            target,
+            reason,
+        )
         shutil.rmtree(target)
     from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
 
@@ -63,7 +66,9 @@ def default_checkpoint() -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     except OSError as e:
-        raise OSError(f"cannot write the default checkpoint under {target.parent} ($MLPERF_DATA_DIR): {e}") from e
+        raise OSError(
+            f"cannot write the default checkpoint under {target.parent} ($MLPERF_DATA_DIR): {e}"
+        ) from e
     try:
         write_checkpoint(preset_config("tiny"), tmp, seed=0)
         try:

@@ -32,26 +32,42 @@ class EngineConfig:
     python -m gptoss.serve, so a knob is declared once, here."""
 
     model_path: Path | None = None  # set before the engine starts (--model-path is a flag of its own)
-    device: str | None = field(default=None, metadata=_flag(
-        "cpu, cuda or cuda:N", default_help="cuda when torch sees a GPU, else cpu"))
+    device: str | None = field(
+        default=None,
+        metadata=_flag("cpu, cuda or cuda:N", default_help="cuda when torch sees a GPU, else cpu"),
+    )
     dtype: str = field(default="bfloat16", metadata=_flag("activations and KV cache", choices=DTYPES))
     max_num_seqs: int = field(default=256, metadata=_flag("most running requests"))
-    max_num_batched_tokens: int = field(default=8192, metadata=_flag(
-        "tokens per engine step; longer prompts prefill in chunks"))
-    max_model_len: int | None = field(default=None, metadata=_flag(
-        "prompt + output limit", default_help="the checkpoint's, capped by the KV cache"))
-    kv_cache_tokens: int | None = field(default=None, metadata=_flag(
-        "KV cache size in tokens", default_help="sized from free memory"))
+    max_num_batched_tokens: int = field(
+        default=8192, metadata=_flag("tokens per engine step; longer prompts prefill in chunks")
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata=_flag("prompt + output limit", default_help="the checkpoint's, capped by the KV cache"),
+    )
+    kv_cache_tokens: int | None = field(
+        default=None, metadata=_flag("KV cache size in tokens", default_help="sized from free memory")
+    )
     block_size: int = 16
     seed: int = field(default=0, metadata=_flag("seeds the sampling of requests that carry no seed"))
-    kernels: str | None = field(default=None, metadata=_flag(
-        "torch: the reference model; triton: our fused kernels", choices=("torch", "triton"),
-        default_help="triton on CUDA, torch on CPU"))
-    cuda_graphs: bool = field(default=True, metadata=_flag(
-        "replay CUDA graphs for decode steps (triton kernels on CUDA)"))
-    decode_steps: int = field(default=8, metadata=_flag(
-        "decode steps run back to back on the GPU when no waiting request could join "
-        "(CUDA graphs only; 1: a host round trip every step)"))
+    kernels: str | None = field(
+        default=None,
+        metadata=_flag(
+            "torch: the reference model; triton: our fused kernels",
+            choices=("torch", "triton"),
+            default_help="triton on CUDA, torch on CPU",
+        ),
+    )
+    cuda_graphs: bool = field(
+        default=True, metadata=_flag("replay CUDA graphs for decode steps (triton kernels on CUDA)")
+    )
+    decode_steps: int = field(
+        default=8,
+        metadata=_flag(
+            "decode steps run back to back on the GPU when no waiting request could join "
+            "(CUDA graphs only; 1: a host round trip every step)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -99,8 +115,9 @@ class LLMEngine:
         self.runner = ModelRunner(config)
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.vocab_size
-        bm = BlockManager(self.runner.num_full_blocks, config.block_size, self.runner.window,
-                          self.runner.num_ring_blocks)
+        bm = BlockManager(
+            self.runner.num_full_blocks, config.block_size, self.runner.window, self.runner.num_ring_blocks
+        )
         watermark = max(1, self.runner.num_full_blocks // 100)
         self.scheduler = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, watermark)
         self.seqs: dict = {}  # request_id -> Sequence, until it finishes
@@ -110,8 +127,10 @@ class LLMEngine:
         if not prompt:
             raise ValueError("prompt is empty: at least one token id is needed")
         if len(prompt) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens but max_model_len is {self.max_model_len}: "
-                             f"at most {self.max_model_len - 1} prompt tokens leave room for one output token")
+            raise ValueError(
+                f"prompt has {len(prompt)} tokens but max_model_len is {self.max_model_len}: "
+                f"at most {self.max_model_len - 1} prompt tokens leave room for one output token"
+            )
         lo, hi = min(prompt), max(prompt)
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi
@@ -144,7 +163,9 @@ class LLMEngine:
         k = self._lookahead(batch)
         if k > 1:
             out = []
-            for seq, n in self.scheduler.postprocess_multi(batch, self.runner.kernel_runner.run_multi(batch, k)):
+            for seq, n in self.scheduler.postprocess_multi(
+                batch, self.runner.kernel_runner.run_multi(batch, k)
+            ):
                 out.append((seq.request_id, Delta(seq.token_ids[-n:], seq.finish_reason, seq.stop_token_id)))
                 if seq.finish_reason is not None:
                     del self.seqs[seq.request_id]
@@ -169,8 +190,11 @@ class LLMEngine:
         sch = self.scheduler
         if sch.waiting and len(sch.running) < sch.max_num_seqs:
             return 1
-        k = min(k, max(s.max_tokens - s.num_tokens for s in batch.seqs),
-                min(self.max_model_len - s.num_computed for s in batch.seqs))
+        k = min(
+            k,
+            max(s.max_tokens - s.num_tokens for s in batch.seqs),
+            min(self.max_model_len - s.num_computed for s in batch.seqs),
+        )
         return k if k > 1 and sch.extend_decode(batch, k) else 1
 
     def fail_all(self) -> list[str]:
@@ -180,12 +204,14 @@ class LLMEngine:
         self.seqs.clear()
         return ids
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[list[int]]:
         """Run prompts to completion (offline use and tests); output ids in prompt order."""
         params = params if isinstance(params, list) else [params] * len(prompts)
         base = next(self._ids)
         ids = [f"gen-{base}-{i}" for i in range(len(prompts))]
-        for rid, prompt, p in zip(ids, prompts, params):
+        for rid, prompt, p in zip(ids, prompts, params, strict=True):
             self.add(rid, prompt, p)
         outputs: dict[str, list[int]] = {rid: [] for rid in ids}
         while self.has_work():
@@ -239,15 +265,21 @@ class AsyncEngine:
         if core is None:
             return {}
         r = core.runner
-        return {"device": core.config.device, "max_model_len": core.max_model_len, "kv_cache_tokens": r.kv_cache_tokens,
-                "kv_ring_blocks": r.num_ring_blocks, "block_size": self.config.block_size,
-                "max_num_seqs": self.config.max_num_seqs,
-                "max_num_batched_tokens": self.config.max_num_batched_tokens,
-                "dtype": self.config.dtype, "dense_moe": r.dense_moe, "kernels": r.kernels,
-                "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else []}
+        return {
+            "device": core.config.device,
+            "max_model_len": core.max_model_len,
+            "kv_cache_tokens": r.kv_cache_tokens,
+            "kv_ring_blocks": r.num_ring_blocks,
+            "block_size": self.config.block_size,
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
+            "dtype": self.config.dtype,
+            "dense_moe": r.dense_moe,
+            "kernels": r.kernels,
+            "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else [],
+        }
 
-    def generate(self, prompt: list[int], params: SamplingParams,
-                 request_id: str | None = None) -> _Stream:
+    def generate(self, prompt: list[int], params: SamplingParams, request_id: str | None = None) -> _Stream:
         """Queue a request; iterate the result for its Deltas. Bad input raises here, at once."""
         core = self._core
         if core is None or self._thread is None or self._stopping:

@@ -86,15 +86,30 @@ class KernelModel:
             a, m = block.attn, block.mlp
             pool = "full" if a.window is None else "ring"
             ex = m.experts
-            self.layers.append(_Layer(
-                ln1=block.input_norm,
-                wqkv=torch.cat([a.q_proj_weight, a.k_proj_weight, a.v_proj_weight]).contiguous(),
-                bqkv=torch.cat([a.q_proj_bias, a.k_proj_bias, a.v_proj_bias]).contiguous(),
-                sinks=a.sinks.float().contiguous(), wo=a.o_proj_weight, bo=a.o_proj_bias,
-                ln2=block.post_attention_norm, router_w=m.router_weight, router_b=m.router_bias,
-                moe=prepare_moe_weights(ex.gate_up_blocks, ex.gate_up_scales, ex.gate_up_bias,
-                                        ex.down_blocks, ex.down_scales, ex.down_bias),
-                window=a.window, pool=pool, index=counts[pool]))
+            self.layers.append(
+                _Layer(
+                    ln1=block.input_norm,
+                    wqkv=torch.cat([a.q_proj_weight, a.k_proj_weight, a.v_proj_weight]).contiguous(),
+                    bqkv=torch.cat([a.q_proj_bias, a.k_proj_bias, a.v_proj_bias]).contiguous(),
+                    sinks=a.sinks.float().contiguous(),
+                    wo=a.o_proj_weight,
+                    bo=a.o_proj_bias,
+                    ln2=block.post_attention_norm,
+                    router_w=m.router_weight,
+                    router_b=m.router_bias,
+                    moe=prepare_moe_weights(
+                        ex.gate_up_blocks,
+                        ex.gate_up_scales,
+                        ex.gate_up_bias,
+                        ex.down_blocks,
+                        ex.down_scales,
+                        ex.down_bias,
+                    ),
+                    window=a.window,
+                    pool=pool,
+                    index=counts[pool],
+                )
+            )
             counts[pool] += 1
             # The reference layout of the experts is not needed any more: free it layer by layer,
             # so a repacked copy never doubles the experts' memory (120b: 60 GB).
@@ -128,8 +143,17 @@ class KernelModel:
         out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps)
         return out
 
-    def _attention(self, q: Tensor, k: Tensor, v: Tensor, kc: Tensor, vc: Tensor, table: Tensor,
-                   meta: StepMeta, lay: _Layer) -> Tensor:
+    def _attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        kc: Tensor,
+        vc: Tensor,
+        table: Tensor,
+        meta: StepMeta,
+        lay: _Layer,
+    ) -> Tensor:
         """Decodes and prefill chunks in separate launches when a step mixes them: the decode launch
         splits long contexts over programs, the chunk launch tiles queries."""
         ring_len = self.ring_len if lay.pool == "ring" else None
@@ -137,9 +161,23 @@ class KernelModel:
         parts = [(0, n, 1), (n, s, meta.max_query_len)] if 0 < n < s else [(0, s, meta.max_query_len)]
         out = torch.empty_like(q)
         for a, b, max_q in parts:
-            paged_attention(q, k, v, kc, vc, table[a:b], meta.query_start[a:b + 1], meta.context_lens[a:b],
-                            lay.sinks, self.scale, lay.window, ring_len, max_q, out=out,
-                            max_context_hint=self.max_positions)
+            paged_attention(
+                q,
+                k,
+                v,
+                kc,
+                vc,
+                table[a:b],
+                meta.query_start[a : b + 1],
+                meta.context_lens[a:b],
+                lay.sinks,
+                self.scale,
+                lay.window,
+                ring_len,
+                max_q,
+                out=out,
+                max_context_hint=self.max_positions,
+            )
         return out
 
     def logits(self, hidden: Tensor) -> Tensor:

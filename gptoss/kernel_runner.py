@@ -24,8 +24,34 @@ from gptoss.model import GptOss
 from gptoss.scheduler import Batch
 from gptoss.sequence import Sequence, Status
 
-GRAPH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
-               448, 512, 640, 768, 896, 1024)
+GRAPH_SIZES = (
+    1,
+    2,
+    4,
+    8,
+    12,
+    16,
+    24,
+    32,
+    48,
+    64,
+    80,
+    96,
+    112,
+    128,
+    160,
+    192,
+    224,
+    256,
+    320,
+    384,
+    448,
+    512,
+    640,
+    768,
+    896,
+    1024,
+)
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads engine-seeded requests over the 64-bit seed space
 
 
@@ -61,8 +87,16 @@ def _greedy(logits: Tensor) -> Tensor:
 
 
 class KernelRunner:
-    def __init__(self, model: GptOss, caches: dict[str, Tensor], block_size: int, max_model_len: int,
-                 max_num_seqs: int, engine_seed: int, cuda_graphs: bool) -> None:
+    def __init__(
+        self,
+        model: GptOss,
+        caches: dict[str, Tensor],
+        block_size: int,
+        max_model_len: int,
+        max_num_seqs: int,
+        engine_seed: int,
+        cuda_graphs: bool,
+    ) -> None:
         cfg = model.cfg
         self.device = model.embed.device
         self.bs = block_size
@@ -123,7 +157,10 @@ class KernelRunner:
                 ring_v.append(rb[c])
             r.full_synced, r.ring_synced = len(fb), len(rb)
             out.append(r.index)
-        for tab, rr, cc, vv in ((self.full_tab, upd_r, upd_c, upd_v), (self.ring_tab, ring_r, ring_c, ring_v)):
+        for tab, rr, cc, vv in (
+            (self.full_tab, upd_r, upd_c, upd_v),
+            (self.ring_tab, ring_r, ring_c, ring_v),
+        ):
             if rr:
                 idx = torch.tensor([rr, cc, vv], dtype=torch.int64).to(self.device, non_blocking=True)
                 tab[idx[0], idx[1]] = idx[2].to(torch.int32)
@@ -154,8 +191,8 @@ class KernelRunner:
         else:
             hidden = self._eager(seqs, starts, lens, rows)
             ends = np.cumsum(lens)
-            sample_rows = [int(e) - 1 for e, want in zip(ends, batch.sample) if want]
-        picked = [s for s, want in zip(seqs, batch.sample) if want]
+            sample_rows = [int(e) - 1 for e, want in zip(ends, batch.sample, strict=False) if want]
+        picked = [s for s, want in zip(seqs, batch.sample, strict=False) if want]
         if not picked:
             self.host_times.append(time.perf_counter() - t0)
             return []
@@ -192,9 +229,13 @@ class KernelRunner:
 
     def can_multi_step(self, batch: Batch) -> bool:
         """A pure decode batch that a captured graph covers and whose sampling needs no filtering."""
-        return (all(n == 1 for n in batch.num_new) and self._graph_for(len(batch.seqs)) is not None
-                and not any(not s.params.greedy and (s.params.top_k > 0 or s.params.top_p < 1.0)
-                            for s in batch.seqs))
+        return (
+            all(n == 1 for n in batch.num_new)
+            and self._graph_for(len(batch.seqs)) is not None
+            and not any(
+                not s.params.greedy and (s.params.top_k > 0 or s.params.top_p < 1.0) for s in batch.seqs
+            )
+        )
 
     @torch.inference_mode()
     def run_multi(self, batch: Batch, k: int) -> list[list[int]]:
@@ -219,8 +260,11 @@ class KernelRunner:
             if j:
                 hidden = g.replay()[:n]
             logits = self.model.logits(hidden)
-            ids = _greedy(logits) if greedy else sample(logits, temp, top_k, top_p, seeds, pos + 1,
-                                                        filtered=False)
+            ids = (
+                _greedy(logits)
+                if greedy
+                else sample(logits, temp, top_k, top_p, seeds, pos + 1, filtered=False)
+            )
             out[j] = ids
             if j + 1 == k:
                 break
@@ -241,22 +285,29 @@ class KernelRunner:
         pos: list[int] = []
         full: list[int] = []
         ring: list[int] = []
-        for s, a, n in zip(seqs, starts, lens):
-            ids += s.token_ids[a:a + n]
+        for s, a, n in zip(seqs, starts, lens, strict=False):
+            ids += s.token_ids[a : a + n]
             pos += range(a, a + n)
             f, r = self._slots(s, a, n)
             full += f
             ring += r
         dev = self.device
         tok = torch.tensor([ids, pos, full, ring], dtype=torch.int64).to(dev, non_blocking=True)
-        qs = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32).to(dev, non_blocking=True)
+        qs = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32).to(
+            dev, non_blocking=True
+        )
         seq_t = torch.tensor([starts, rows], dtype=torch.int32).to(dev, non_blocking=True)
         row_idx = seq_t[1].long()
-        meta = StepMeta(query_start=qs, context_lens=seq_t[0],
-                        full_table=self.full_tab.index_select(0, row_idx),
-                        ring_table=self.ring_tab.index_select(0, row_idx),
-                        full_slots=tok[2], ring_slots=tok[3], max_query_len=max(lens),
-                        num_decode=next((i for i, n in enumerate(lens) if n != 1), len(lens)))
+        meta = StepMeta(
+            query_start=qs,
+            context_lens=seq_t[0],
+            full_table=self.full_tab.index_select(0, row_idx),
+            ring_table=self.ring_tab.index_select(0, row_idx),
+            full_slots=tok[2],
+            ring_slots=tok[3],
+            max_query_len=max(lens),
+            num_decode=next((i for i, n in enumerate(lens) if n != 1), len(lens)),
+        )
         return self.model.forward(tok[0], tok[1], meta)
 
     # ---- CUDA graphs ------------------------------------------------------------------------
@@ -297,17 +348,23 @@ class KernelRunner:
 
     def _graph_forward(self, b: int) -> Tensor:
         ids, pos, full, ring, rows = self.g_in[:, :b]
-        meta = StepMeta(query_start=self.g_qs[:b + 1], context_lens=pos.to(torch.int32),
-                        full_table=self.full_tab.index_select(0, rows),
-                        ring_table=self.ring_tab.index_select(0, rows),
-                        full_slots=full, ring_slots=ring, max_query_len=1, num_decode=b)
+        meta = StepMeta(
+            query_start=self.g_qs[: b + 1],
+            context_lens=pos.to(torch.int32),
+            full_table=self.full_tab.index_select(0, rows),
+            ring_table=self.ring_tab.index_select(0, rows),
+            full_slots=full,
+            ring_slots=ring,
+            max_query_len=1,
+            num_decode=b,
+        )
         return self.model.forward(ids, pos, meta)
 
     def _replay(self, g: _Graph, seqs: list[Sequence], starts: list[int], rows: list[int]) -> Tensor:
         n, b = len(seqs), g.size
         h = self.g_host.numpy()
         bs, rl = self.bs, self.ring_len
-        for j, (s, p) in enumerate(zip(seqs, starts)):
+        for j, (s, p) in enumerate(zip(seqs, starts, strict=False)):
             h[0, j] = s.token_ids[p]
             h[1, j] = p
             h[2, j] = s.full_blocks[p // bs] * bs + p % bs

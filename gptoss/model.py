@@ -27,11 +27,16 @@ def _under(w: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
 
 
 class AttentionFn(Protocol):
-    def __call__(self, layer: int, q: Tensor,  # [T, Hq, D], rope applied
-                 k: Tensor, v: Tensor,  # [T, Hkv, D], rope applied to k
-                 sinks: Tensor,  # [Hq] float32
-                 window: int | None,  # sliding_window for sliding layers, None for full
-                 scale: float) -> Tensor: ...  # [T, Hq, D]
+    def __call__(
+        self,
+        layer: int,
+        q: Tensor,  # [T, Hq, D], rope applied
+        k: Tensor,
+        v: Tensor,  # [T, Hkv, D], rope applied to k
+        sinks: Tensor,  # [Hq] float32
+        window: int | None,  # sliding_window for sliding layers, None for full
+        scale: float,
+    ) -> Tensor: ...  # [T, Hq, D]
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -51,8 +56,11 @@ class Rope(nn.Module):
 
         def correction_dim(rotations: float) -> float:
             # The dimension whose wavelength fits `rotations` times into the original context.
-            return d * math.log(y.original_max_position_embeddings / (rotations * 2 * math.pi)) / (
-                2 * math.log(base))
+            return (
+                d
+                * math.log(y.original_max_position_embeddings / (rotations * 2 * math.pi))
+                / (2 * math.log(base))
+            )
 
         low, high = correction_dim(y.beta_fast), correction_dim(y.beta_slow)
         if y.truncate:
@@ -84,8 +92,12 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, Tensor]):
         super().__init__()
         self.layer, self.window = layer, cfg.window(layer)
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
+        self.n_heads, self.n_kv, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
+        self.scale = cfg.head_dim**-0.5
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             self.register_buffer(f"{name}_weight", w[f"{name}.weight"])  # [out, in]
             self.register_buffer(f"{name}_bias", w[f"{name}.bias"])  # [out]
@@ -178,7 +190,7 @@ class Block(nn.Module):
 
 
 class GptOss(nn.Module):
-    """model(input_ids [T], positions [T], attn) -> hidden [T, H]; compute_logits(hidden) -> [N, V] float32."""
+    """model(input_ids [T], positions [T], attn) -> hidden [T, H]; compute_logits(hidden) -> [N, V] fp32."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], dtype: torch.dtype):
         super().__init__()
@@ -192,8 +204,9 @@ class GptOss(nn.Module):
         self.rope = Rope(cfg).to(self.embed.device)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu",
-                        dtype: torch.dtype = torch.bfloat16) -> GptOss:
+    def from_checkpoint(
+        cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
+    ) -> GptOss:
         cfg, weights = load(path, device, dtype)
         return cls(cfg, weights, dtype).eval()
 

@@ -46,8 +46,10 @@ class ModelRunner:
         self.vocab_size = mc.vocab_size
         self.num_kv_heads = mc.num_key_value_heads
         if config.max_model_len is not None and config.max_model_len > mc.max_position_embeddings:
-            raise ValueError(f"max_model_len {config.max_model_len} exceeds the checkpoint's "
-                             f"max_position_embeddings {mc.max_position_embeddings}")
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds the checkpoint's "
+                f"max_position_embeddings {mc.max_position_embeddings}"
+            )
         max_model_len = config.max_model_len or mc.max_position_embeddings
 
         windows = [mc.window(i) for i in range(mc.num_hidden_layers)]
@@ -73,8 +75,10 @@ class ModelRunner:
         capacity = self.num_full_blocks * bs
         if capacity < max_model_len:
             if config.max_model_len is not None:
-                raise ValueError(f"the KV cache holds {capacity} tokens, fewer than max_model_len "
-                                 f"{config.max_model_len}: raise --kv-cache-tokens or lower --max-model-len")
+                raise ValueError(
+                    f"the KV cache holds {capacity} tokens, fewer than max_model_len "
+                    f"{config.max_model_len}: raise --kv-cache-tokens or lower --max-model-len"
+                )
             max_model_len = capacity  # nothing longer could ever run
         self.max_model_len = max_model_len
         self.kv_cache_tokens = capacity
@@ -82,16 +86,32 @@ class ModelRunner:
         # is no faster than float32 and its output must then be converted, so it runs in float32
         # (exact: bf16 widens losslessly) on a weight prepacked for oneDNN, ~20% faster than
         # F.linear at decode batch sizes.
-        self._lm_head = _cpu_lm_head(self.model.lm_head, config.max_num_seqs) \
-            if self.device.type == "cpu" else None
-        self.attn = PagedAttention(windows, self.num_full_blocks, self.num_ring_blocks, bs,
-                                   mc.num_key_value_heads, mc.head_dim, self.dtype, self.device)
+        self._lm_head = (
+            _cpu_lm_head(self.model.lm_head, config.max_num_seqs) if self.device.type == "cpu" else None
+        )
+        self.attn = PagedAttention(
+            windows,
+            self.num_full_blocks,
+            self.num_ring_blocks,
+            bs,
+            mc.num_key_value_heads,
+            mc.head_dim,
+            self.dtype,
+            self.device,
+        )
         self.kernel_runner = None
         if self.kernels == "triton":
             from gptoss.kernel_runner import KernelRunner
 
-            self.kernel_runner = KernelRunner(self.model, self.attn.cache, bs, max_model_len,
-                                              config.max_num_seqs, config.seed, config.cuda_graphs)
+            self.kernel_runner = KernelRunner(
+                self.model,
+                self.attn.cache,
+                bs,
+                max_model_len,
+                config.max_num_seqs,
+                config.seed,
+                config.cuda_graphs,
+            )
 
     def _kv_budget(self) -> int:
         if self.device.type == "cuda":
@@ -108,11 +128,21 @@ class ModelRunner:
             return self.kernel_runner.run(batch)
         seqs, lens = batch.seqs, batch.num_new
         starts = [s.num_computed for s in seqs]
-        ids = list(itertools.chain.from_iterable(
-            s.token_ids[a:a + n] for s, a, n in zip(seqs, starts, lens)))
-        ctx = StepContext.build(starts, lens, [s.full_blocks for s in seqs],
-                                [s.ring_blocks for s in seqs], self.block_size, self.window,
-                                self.num_kv_heads, self.device)
+        ids = list(
+            itertools.chain.from_iterable(
+                s.token_ids[a : a + n] for s, a, n in zip(seqs, starts, lens, strict=True)
+            )
+        )
+        ctx = StepContext.build(
+            starts,
+            lens,
+            [s.full_blocks for s in seqs],
+            [s.ring_blocks for s in seqs],
+            self.block_size,
+            self.window,
+            self.num_kv_heads,
+            self.device,
+        )
         input_ids = torch.tensor(ids, dtype=torch.int64).to(self.device, non_blocking=True)
         self.attn.ctx = ctx
         try:
@@ -120,10 +150,10 @@ class ModelRunner:
         finally:
             self.attn.ctx = None
         ends = list(itertools.accumulate(lens))
-        rows = [e - 1 for e, s in zip(ends, batch.sample) if s]
+        rows = [e - 1 for e, s in zip(ends, batch.sample, strict=True) if s]
         if not rows:
             return []
-        picked = [s for s, want in zip(seqs, batch.sample) if want]
+        picked = [s for s, want in zip(seqs, batch.sample, strict=True) if want]
         logits = self._logits(hidden[torch.tensor(rows, device=self.device)])  # [N, V] float32
         return sample(logits, picked)
 

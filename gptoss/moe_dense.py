@@ -41,7 +41,7 @@ class DenseMoE(nn.Module):
         on_cpu = moe.router_weight.device.type == "cpu"
         wdtype = torch.float32 if on_cpu else self.dtype  # the GEMMs' dtype (see module doc)
         num_experts, hidden = moe.router_weight.shape
-        gate_up, down = zip(*(ex.weights(e) for e in range(num_experts)))  # [H, 2I], [I, H] each
+        gate_up, down = zip(*(ex.weights(e) for e in range(num_experts)), strict=True)  # [H, 2I], [I, H] each
         self.gate_up = torch.stack(gate_up).to(wdtype)  # [E, H, 2I]
         # [H, E * 2I]: column block e is expert e's gate_up, so one matmul serves all experts.
         self.gate_up_all = self.gate_up.transpose(0, 1).reshape(hidden, -1).contiguous()
@@ -84,7 +84,7 @@ class DenseMoE(nn.Module):
         ys, a = [], 0
         for e, c in enumerate(counts):
             if c:
-                hid = self._round(torch.addmm(self.gate_up_bias[e], xs[a:a + c], self.gate_up[e]))
+                hid = self._round(torch.addmm(self.gate_up_bias[e], xs[a : a + c], self.gate_up[e]))
                 act = self._round(swiglu(hid, self.alpha, self.limit))
                 ys.append(self._round(torch.addmm(self.down_bias[e], act, self.down[e])))  # [c, H]
                 a += c

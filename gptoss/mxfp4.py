@@ -11,8 +11,22 @@ SCALE_BIAS = 127  # e8m0: value 2^(s - 127)
 
 # e2m1 code -> value: bit 3 is the sign, bits 0-2 index the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 E2M1_VALUES: tuple[float, ...] = (
-    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-    -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    6.0,
+    -0.0,
+    -0.5,
+    -1.0,
+    -1.5,
+    -2.0,
+    -3.0,
+    -4.0,
+    -6.0,
 )
 E2M1_MAX = 6.0
 
@@ -52,7 +66,8 @@ def dequantize(blocks: Tensor, scales: Tensor, dtype: torch.dtype = torch.bfloat
     if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != BYTES_PER_BLOCK:
         raise ValueError(
             f"mxfp4 blocks {tuple(blocks.shape)} do not match scales {tuple(scales.shape)}: "
-            f"expected blocks [..., G, {BYTES_PER_BLOCK}] and scales [..., G]")
+            f"expected blocks [..., G, {BYTES_PER_BLOCK}] and scales [..., G]"
+        )
     values = unpack(blocks)  # [..., G, 32]
     exponent = scales.to(torch.int32) - SCALE_BIAS  # [..., G]
     values = torch.ldexp(values, exponent.unsqueeze(-1))

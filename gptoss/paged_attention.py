@@ -59,9 +59,16 @@ class StepContext:
     ring_rows: Tensor | None  # [T' * Hkv] their ring cache rows
 
     @staticmethod
-    def build(starts: list[int], lens: list[int], full_tables: list[list[int]],
-              ring_tables: list[list[int]], block_size: int, window: int | None, num_kv_heads: int,
-              device: torch.device) -> StepContext:
+    def build(
+        starts: list[int],
+        lens: list[int],
+        full_tables: list[list[int]],
+        ring_tables: list[list[int]],
+        block_size: int,
+        window: int | None,
+        num_kv_heads: int,
+        device: torch.device,
+    ) -> StepContext:
         """Index tensors for sequences feeding positions [starts[i], starts[i] + lens[i]).
 
         Sequences with lens == 1 must come first; they form the decode group.
@@ -106,8 +113,9 @@ class StepContext:
             full = _chunk_index(*_full_context(s, full_t[a:b], bs), rows_of, s, q, None)
             ring = None
             if ring_t is not None:
-                ring = _chunk_index(*_ring_context(s, ring_t[a:b], bs, window, ring_len), rows_of,
-                                    s, q, window)
+                ring = _chunk_index(
+                    *_ring_context(s, ring_t[a:b], bs, window, ring_len), rows_of, s, q, window
+                )
             g = Group(int(row_start[a]), sum(qs), b - a, q, full, ring)
             if any(n != q for n in qs):
                 j = torch.arange(q)
@@ -140,9 +148,9 @@ def _prefill_spans(starts: list[int], lens: list[int], first: int) -> list[tuple
     a = first
     for i in range(first + 1, len(lens) + 1):
         if i < len(lens):
-            q = max(lens[a:i + 1])
-            padded, real = (i + 1 - a) * q, sum(lens[a:i + 1])
-            keys = (i + 1 - a) * (max(starts[a:i + 1]) + q)
+            q = max(lens[a : i + 1])
+            padded, real = (i + 1 - a) * q, sum(lens[a : i + 1])
+            keys = (i + 1 - a) * (max(starts[a : i + 1]) + q)
             if 4 * padded <= 5 * real and keys <= MAX_GROUP_KEYS:
                 continue
         spans.append((a, i))
@@ -164,8 +172,7 @@ def _full_context(ends: Tensor, table: Tensor, bs: int) -> tuple[Tensor, Tensor]
     return kpos, table.gather(1, p // bs) * bs + p % bs
 
 
-def _ring_context(ends: Tensor, table: Tensor, bs: int, window: int,
-                  ring_len: int) -> tuple[Tensor, Tensor]:
+def _ring_context(ends: Tensor, table: Tensor, bs: int, window: int, ring_len: int) -> tuple[Tensor, Tensor]:
     """Context = up to `window` positions before `ends`, right-aligned → (kpos, slots) as above."""
     width = int(ends.clamp(max=window).max())
     kpos = ends[:, None] - width + torch.arange(width)
@@ -180,8 +187,9 @@ def _decode_index(kpos: Tensor, slots: Tensor, rows_of) -> KVIndex:
     return KVIndex(_rows(slots, rows_of), bias[:, None, None], kpos.shape[1])
 
 
-def _chunk_index(kpos: Tensor, slots: Tensor, rows_of, starts: Tensor, qlen: int,
-                 window: int | None) -> KVIndex:
+def _chunk_index(
+    kpos: Tensor, slots: Tensor, rows_of, starts: Tensor, qlen: int, window: int | None
+) -> KVIndex:
     """Chunks of Q queries at [start, start + Q) over their L context keys, then their own Q
     keys: bias [B, Q, L + Q]. Padded queries see keys like real ones (no all -inf rows);
     padded keys sit after every real query, so causality hides them."""
@@ -198,9 +206,17 @@ def _chunk_index(kpos: Tensor, slots: Tensor, rows_of, starts: Tensor, qlen: int
 class PagedAttention:
     """The AttentionFn the model calls; owns the KV caches of every layer."""
 
-    def __init__(self, layer_windows: list[int | None], num_full_blocks: int, num_ring_blocks: int,
-                 block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        layer_windows: list[int | None],
+        num_full_blocks: int,
+        num_ring_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         windows = {w for w in layer_windows if w is not None}
         if len(windows) > 1:
             raise ValueError(f"one sliding window size is supported, got {sorted(windows)}")
@@ -219,25 +235,32 @@ class PagedAttention:
             rows = blocks * block_size * num_kv_heads
             return torch.zeros(layers, 2, rows, head_dim, dtype=dtype, device=device)
 
-        self.cache = {"full": alloc(counts["full"], num_full_blocks),
-                      "ring": alloc(counts["ring"], num_ring_blocks)}
+        self.cache = {
+            "full": alloc(counts["full"], num_full_blocks),
+            "ring": alloc(counts["ring"], num_ring_blocks),
+        }
         self.ctx: StepContext | None = None
 
-    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor,
-                 window: int | None, scale: float) -> Tensor:
+    def __call__(
+        self, layer: int, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, window: int | None, scale: float
+    ) -> Tensor:
         ctx = self.ctx
         assert ctx is not None, "PagedAttention called outside a step"
         if window != self.layer_windows[layer]:
-            raise ValueError(f"layer {layer} attends with window {window}, cache built for "
-                             f"{self.layer_windows[layer]}")
+            raise ValueError(
+                f"layer {layer} attends with window {window}, cache built for {self.layer_windows[layer]}"
+            )
         kind, idx = self.where[layer]
         kc, vc = self.cache[kind][idx]  # [rows, D] each
         d = kc.shape[-1]
         k, v = k.to(kc.dtype), v.to(vc.dtype)
         ix_of = (lambda g: g.full) if kind == "full" else (lambda g: g.ring)
         # Prefill chunks read their context before this step's writes can land on a ring slot.
-        early = {i: (kc.index_select(0, ix_of(g).rows), vc.index_select(0, ix_of(g).rows))
-                 for i, g in enumerate(ctx.groups) if g.qlen > 1}
+        early = {
+            i: (kc.index_select(0, ix_of(g).rows), vc.index_select(0, ix_of(g).rows))
+            for i, g in enumerate(ctx.groups)
+            if g.qlen > 1
+        }
         if kind == "full":
             kc.index_copy_(0, ctx.full_rows, k.reshape(-1, d))
             vc.index_copy_(0, ctx.full_rows, v.reshape(-1, d))
@@ -282,8 +305,18 @@ def _decode(q: Tensor, kx: Tensor, vx: Tensor, ix: KVIndex, sinks: Tensor, scale
     return torch.matmul(p.to(vv.dtype), vv).view(b, hq, d)  # [B, Hkv, G, D]
 
 
-def _prefill(q: Tensor, k: Tensor, v: Tensor, ck: Tensor, cv: Tensor, ix: KVIndex, sinks: Tensor,
-             scale: float, b: int, qlen: int) -> Tensor:
+def _prefill(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ck: Tensor,
+    cv: Tensor,
+    ix: KVIndex,
+    sinks: Tensor,
+    scale: float,
+    b: int,
+    qlen: int,
+) -> Tensor:
     """B chunks: q [B*Q, Hq, D], k/v [B*Q, Hkv, D]; context ck/cv [B*Hkv*L, D] → [B*Q, Hq, D]."""
     hq, d = q.shape[1:]
     hkv = k.shape[1]
@@ -298,10 +331,10 @@ def _prefill(q: Tensor, k: Tensor, v: Tensor, ck: Tensor, cv: Tensor, ix: KVInde
     step = max(1, MAX_SCORE_ELEMS // (b * hq * keys))
     outs = []
     for a in range(0, qlen, step):  # query slices bound the [B, Hq, Q, K] scores
-        qs = qq[:, :, :, a:a + step]
+        qs = qq[:, :, :, a : a + step]
         n = qs.shape[3]
         scores = torch.bmm(qs.reshape(b * hkv, g * n, d), kt).float().mul_(scale)
-        scores = scores.view(b, hkv, g, n, keys) + ix.bias[:, None, None, a:a + step]
+        scores = scores.view(b, hkv, g, n, keys) + ix.bias[:, None, None, a : a + step]
         p = _softmax_with_sink(scores, sink).to(vv.dtype)
         outs.append(torch.bmm(p.view(b * hkv, g * n, keys), vv).view(b, hkv, g, n, d))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, 3)  # [B, Hkv, G, Q, D]

@@ -41,7 +41,7 @@ def argmax(x: Tensor, block: int = 256) -> Tensor:
     best = bmax.gather(1, j[:, None]).squeeze(1)  # [B]
     idx = j * block + head[torch.arange(b, device=x.device), j].argmax(-1)
     if n * block < v:  # the tail wins only when strictly larger: ties keep the first index
-        tail = x[:, n * block:]
+        tail = x[:, n * block :]
         tmax, targ = tail.max(-1)
         idx = torch.where(tmax > best, n * block + targ, idx)
         best = torch.maximum(best, tmax)

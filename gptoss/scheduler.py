@@ -34,8 +34,13 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 watermark_blocks: int = 0) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        watermark_blocks: int = 0,
+    ) -> None:
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -88,7 +93,9 @@ class Scheduler:
         order = sorted(range(len(batch.seqs)), key=lambda j: batch.num_new[j] != 1)
         batch.seqs = [batch.seqs[j] for j in order]
         batch.num_new = [batch.num_new[j] for j in order]
-        batch.sample = [s.num_computed + n == s.num_tokens for s, n in zip(batch.seqs, batch.num_new)]
+        batch.sample = [
+            s.num_computed + n == s.num_tokens for s, n in zip(batch.seqs, batch.num_new, strict=True)
+        ]
         return batch
 
     def _grow(self, seq: Sequence, n: int, batch: Batch) -> bool:
@@ -98,8 +105,10 @@ class Scheduler:
             batch.preempted.append(victim)
             if victim is seq:
                 if not self.running:  # alone and still too big: waiting would spin forever
-                    raise RuntimeError(f"the KV cache ({self.bm.max_tokens_per_seq()} tokens) cannot "
-                                       f"hold {seq.num_computed + n} positions of {seq!r}")
+                    raise RuntimeError(
+                        f"the KV cache ({self.bm.max_tokens_per_seq()} tokens) cannot "
+                        f"hold {seq.num_computed + n} positions of {seq!r}"
+                    )
                 return False
         self.bm.allocate(seq, seq.num_computed + n)
         batch.seqs.append(seq)
@@ -113,8 +122,10 @@ class Scheduler:
             reserve = self.watermark_blocks if self.running else 0
             if not self.bm.can_allocate(seq, n, reserve):
                 if not self.running:  # the whole cache is free and still too small
-                    raise RuntimeError(f"the KV cache ({self.bm.max_tokens_per_seq()} tokens) cannot "
-                                       f"hold {n} positions of {seq!r}")
+                    raise RuntimeError(
+                        f"the KV cache ({self.bm.max_tokens_per_seq()} tokens) cannot "
+                        f"hold {n} positions of {seq!r}"
+                    )
                 break
             self.waiting.popleft()
             self.bm.allocate(seq, n)
@@ -148,7 +159,7 @@ class Scheduler:
         were computed past its end and are dropped. Returns (seq, ids taken) for every seq."""
         out: list[tuple[Sequence, int]] = []
         finished = False
-        for seq, ids in zip(batch.seqs, tokens):
+        for seq, ids in zip(batch.seqs, tokens, strict=False):
             taken = 0
             for t in ids:
                 seq.num_computed += 1
@@ -173,7 +184,7 @@ class Scheduler:
         out: list[Sequence] = []
         it = iter(sampled)
         finished = False
-        for seq, n, sample in zip(batch.seqs, batch.num_new, batch.sample):
+        for seq, n, sample in zip(batch.seqs, batch.num_new, batch.sample, strict=True):
             seq.num_computed += n
             if not sample:
                 continue

@@ -23,13 +23,32 @@ class Sequence:
     """
 
     __slots__ = (
-        "seq_id", "request_id", "params", "token_ids", "num_prompt_tokens", "max_tokens",
-        "num_computed", "status", "finish_reason", "stop_token_id", "full_blocks", "ring_blocks",
-        "rng", "num_preemptions", "stop_ids",
+        "seq_id",
+        "request_id",
+        "params",
+        "token_ids",
+        "num_prompt_tokens",
+        "max_tokens",
+        "num_computed",
+        "status",
+        "finish_reason",
+        "stop_token_id",
+        "full_blocks",
+        "ring_blocks",
+        "rng",
+        "num_preemptions",
+        "stop_ids",
     )
 
-    def __init__(self, seq_id: int, request_id: str, prompt: list[int], params: SamplingParams,
-                 max_model_len: int, engine_seed: int = 0) -> None:
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        max_model_len: int,
+        engine_seed: int = 0,
+    ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
         self.params = params
@@ -54,8 +73,10 @@ class Sequence:
         return len(self.token_ids)
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id!r}, {self.status.name}, len={len(self.token_ids)}, "
-                f"computed={self.num_computed}, prompt={self.num_prompt_tokens})")
+        return (
+            f"Sequence({self.request_id!r}, {self.status.name}, len={len(self.token_ids)}, "
+            f"computed={self.num_computed}, prompt={self.num_prompt_tokens})"
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -67,7 +88,7 @@ class Sequence:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:

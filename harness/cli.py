@@ -23,13 +23,6 @@ from harness.generation import DEFAULT_GENERATION_CONFIG, GenerationConfigError,
 
 ENV_BACKEND = "MLPERF_BACKEND"
 
-# The embedded default (no --input-file) is a smoke run of seconds, not LoadGen's official 600 s.
-# Offline: every bundled row once, which is VALID. Server: two passes over the rows at 2 QPS; a
-# VALID Server run needs ~500 queries under the latency limits (early stopping), which a CPU
-# does not sustain, so this one reports INVALID and says how many more queries it would need.
-EMBEDDED_OFFLINE = {"min_duration": 0.0}  # + min_query_count = every bundled row
-EMBEDDED_SERVER = {"min_duration": 0.0, "min_query_count": 48, "target_qps": 2.0}
-
 EPILOG = f"""\
 Settings apply in this order, each overriding the one before: the mlperf.conf built into the
 LoadGen wheel (or --mlperf-conf), --user-conf, then --target-qps/--min-duration/--min-query-count.
@@ -150,8 +143,10 @@ def _checked(parse: Any, name: str) -> Any:
     return _named(run, name)
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type, title: str, description: str | None = None) -> None:
-    """Turn the flag fields of the dataclass `cls` into a group of flags (unset ones keep the field default)."""
+def add_options(
+    parser: argparse.ArgumentParser, cls: type, title: str, description: str | None = None
+) -> None:
+    """The flag fields of the dataclass `cls` as a group of flags (an unset one keeps the field default)."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(title, description)
     for f in option_fields(cls):
@@ -167,7 +162,9 @@ def add_options(parser: argparse.ArgumentParser, cls: type, title: str, descript
             if "choices" in f.metadata:
                 kw["choices"] = f.metadata["choices"]
             else:
-                kw["metavar"] = f.metadata.get("metavar") or flag_of(f).removeprefix("--").replace("-", "_").upper()
+                kw["metavar"] = (
+                    f.metadata.get("metavar") or flag_of(f).removeprefix("--").replace("-", "_").upper()
+                )
             if f.metadata.get("repeat"):
                 kw["action"], kw["default"] = "append", None
         group.add_argument(flag_of(f), **kw)
@@ -234,7 +231,9 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
         add_help=False,
         allow_abbrev=False,  # a prefix of one backend's flag must not silently mean another's
     )
-    p.add_argument("-h", "--help", action=_FullHelp, help="show the core flags and every backend's, then exit")
+    p.add_argument(
+        "-h", "--help", action=_FullHelp, help="show the core flags and every backend's, then exit"
+    )
     p.add_argument(
         "--backend",
         default=None,
@@ -281,7 +280,8 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--num-workers",
         type=_int,
-        help="accepted for compatibility with the MLCommons reference and ignored: the SUT runs every query on one asyncio loop",
+        help="accepted for compatibility with the MLCommons reference and ignored: the SUT runs every query "
+        "on one asyncio loop",
     )
     p.add_argument(
         "--max-concurrency",
@@ -291,7 +291,8 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         type=_non_negative,
-        help="per-query limit in seconds: a longer query is completed with the tokens it has and counted as failed (default: none)",
+        help="per-query limit in seconds: a longer query is completed with the tokens it has and counted as "
+        "failed (default: none)",
     )
     p.add_argument(
         "--model-path",
@@ -323,7 +324,8 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
         "--interrupt-grace",
         type=_non_negative,
         default=10.0,
-        help="after Ctrl-C, seconds LoadGen may take to finish its logs before we exit without them (default: 10)",
+        help="after Ctrl-C, seconds LoadGen may take to finish its logs before we exit without them "
+        "(default: 10)",
     )
     if backend is not None:
         add_options(p, backends.backend_class(backend).Options, *_backend_group(backend))
@@ -405,25 +407,16 @@ def _rows(path: Path) -> int:
 def _embedded_default(ns: argparse.Namespace) -> tuple[Path, dict[str, float | int], list[str]]:
     """No --input-file: the bundled sample, plus short LoadGen settings for flags left unset
     (unless a user.conf says what the user wants)."""
+    from harness.smoke import smoke_notes, smoke_settings
+
     path = _bundled_sample()
     rows = _rows(path)
     notes = [f"no --input-file: using the bundled synthetic dataset {path} ({rows} rows)"]
     if ns.user_conf is not None:
         return path, {}, notes
-    short = (
-        dict(EMBEDDED_OFFLINE, min_query_count=rows) if ns.scenario == "offline" else dict(EMBEDDED_SERVER)
-    )
-    short = {k: v for k, v in short.items() if getattr(ns, k) is None}
+    short = {k: v for k, v in smoke_settings(ns.scenario, rows).items() if getattr(ns, k, None) is None}
     if short:
-        settings = ", ".join(f"{k}={v:g}" for k, v in short.items())
-        notes.append(
-            f"embedded default: short LoadGen settings {settings} (a smoke test, not a valid submission setting)"
-        )
-        if ns.scenario != "offline":
-            notes.append(
-                "a VALID Server run needs ~500 queries within the TTFT/TPOT limits (LoadGen's early "
-                "stopping): give --min-query-count 500 and a --target-qps the backend sustains"
-            )
+        notes += smoke_notes(ns.scenario, short)
     return path, short, notes
 
 
@@ -473,6 +466,7 @@ def config_from_args(
             target_qps=flag("target_qps"),
             min_duration_s=flag("min_duration"),
             min_query_count=flag("min_query_count"),
+            latency_percentile=short.get("latency_percentile"),
             max_samples=ns.max_samples,
             compliance=ns.compliance,
             interrupt_grace_s=ns.interrupt_grace,
@@ -503,6 +497,7 @@ def parse_config(argv: list[str]) -> RunConfig:
 
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from backends.base import BackendError
     from harness.dataset import DatasetError
@@ -521,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         backends.BackendNotInstalled,
         BackendError,  # the backend could not start (server unreachable, bad checkpoint ...)
     ) as e:
-        console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         return EXIT_USAGE
     except KeyboardInterrupt:  # outside LoadGen's test (model loading, evaluation): nothing to complete
         console.print("[bold red]interrupted[/]")

@@ -49,6 +49,7 @@ class RunConfig:
     target_qps: float | None = None
     min_duration_s: float | None = None
     min_query_count: int | None = None
+    latency_percentile: float | None = None  # Server: LoadGen's target percentile (the smoke run's p90)
     max_samples: int | None = None  # use only the first N dataset rows
     compliance: str | None = None  # "TEST07" | "TEST09"
     interrupt_grace_s: float = 10.0  # after Ctrl-C, how long LoadGen may take to finish its logs
@@ -72,6 +73,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.latency_percentile is not None and not 0 < self.latency_percentile < 1:
+            raise ValueError(f"latency_percentile must be in (0, 1), got {self.latency_percentile}")
         if self.target_qps == 0:
             raise ValueError("target_qps must be > 0")
 

@@ -151,7 +151,8 @@ def load_dataset(
         for i, (n, p) in enumerate(zip(df["tok_input_len"], prompts, strict=True)):
             if _is_missing(n) or int(n) != len(p):
                 raise DatasetError(
-                    f"{path.name}: row {i}, column 'tok_input_len' is {n!r} but '{column}' has {len(p)} tokens"
+                    f"{path.name}: row {i}, column 'tok_input_len' is {n!r} but '{column}' has {len(p)} "
+                    "tokens"
                 )
     output_lens = None
     if OUTPUT_LEN_COLUMN in df.columns:
@@ -191,12 +192,14 @@ def check_model_limits(dataset: Dataset, *, max_model_len: int, vocab_size: int)
         where = f"{dataset.path.name}: row {i}, column '{dataset.prompt_column}'"
         if len(p) >= max_model_len:
             raise DatasetError(
-                f"{where}: the prompt has {len(p)} tokens, longer than the model's context of {max_model_len} tokens"
+                f"{where}: the prompt has {len(p)} tokens, longer than the model's context of "
+                f"{max_model_len} tokens"
             )
         if vocab_size < VOCAB_SIZE and int(p.max()) >= vocab_size:
             pos = int(np.argmax(p >= vocab_size))
             raise DatasetError(
-                f"{where}: token id {int(p[pos])} at position {pos} is >= the model's vocabulary size {vocab_size}"
+                f"{where}: token id {int(p[pos])} at position {pos} is >= the model's vocabulary size "
+                f"{vocab_size}"
             )
 
 

@@ -48,7 +48,8 @@ def load_sampling(path: Path | None, *, accuracy: bool, max_new_tokens: int | No
     unknown = sorted(set(values) - _KEYS)
     if unknown:
         raise GenerationConfigError(
-            f"generation config {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_KEYS))}"
+            f"generation config {path}: unknown key(s) {', '.join(unknown)}; known: "
+            f"{', '.join(sorted(_KEYS))}"
         )
     for key, value in values.items():
         if key == "seed" and value is None:

@@ -93,7 +93,8 @@ def _check_output_dir(cfg: RunConfig) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise RunError(
-            f"--output-dir {cfg.output_dir}: {existing} is a file, not a directory; choose another --output-dir"
+            f"--output-dir {cfg.output_dir}: {existing} is a file, not a directory; choose another "
+            "--output-dir"
         )
     try:
         with tempfile.TemporaryFile(dir=existing):  # the real test of writable (root, read-only mounts)

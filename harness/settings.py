@@ -28,6 +28,9 @@ _MLPERF_CONF_ONLY: dict[str, tuple[str, float]] = {
 }
 
 
+_U64_MAX = 2**64 - 1  # LoadGen's counters and durations
+
+
 class SettingsError(ValueError):
     pass
 
@@ -56,6 +59,13 @@ def parse_conf(path: Path) -> dict[str, str]:
             raise SettingsError(
                 f"{path}:{line_nr}: value {value!r} of {words[0]} is not an integer or a float"
             )
+        if not _is_finite(value):
+            # LoadGen's strtod takes inf, nan and 1e400; an infinite target_qps crashes it.
+            raise SettingsError(f"{path}:{line_nr}: value {value!r} of {words[0]} is not a finite number")
+        if value.startswith("-"):
+            # No LoadGen key takes a negative value; its strtoull turns min_duration = -1 into
+            # 584 million years.
+            raise SettingsError(f"{path}:{line_nr}: value {value!r} of {words[0]} is negative")
         kv[words[0]] = value
     return kv
 
@@ -71,6 +81,14 @@ def _is_number(s: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _is_finite(s: str) -> bool:
+    try:
+        int(s, 0)
+        return True
+    except ValueError:
+        return math.isfinite(float(s))
 
 
 def _lookup(kv: dict[str, str], model: str, scenario: str, key: str) -> str | None:
@@ -116,15 +134,39 @@ def build_test_settings(cfg: RunConfig, n_samples: int) -> lg.TestSettings:
         else:
             ts.server_target_qps = cfg.target_qps
     if cfg.min_duration_s is not None:
+        if not math.isfinite(cfg.min_duration_s) or cfg.min_duration_s * 1000 > _U64_MAX:
+            raise SettingsError(f"--min-duration {cfg.min_duration_s:g} is not a usable number of seconds")
         ts.min_duration_ms = math.ceil(cfg.min_duration_s * 1000)
     if cfg.min_query_count is not None:
+        if cfg.min_query_count > _U64_MAX:
+            raise SettingsError(f"--min-query-count {cfg.min_query_count} is more than LoadGen can count")
         ts.min_query_count = cfg.min_query_count
+    if cfg.latency_percentile is not None:
+        ts.server_target_latency_percentile = cfg.latency_percentile
+    _check_rates(ts, scenario)
     # A dataset smaller than the official one: say so in the logs instead of letting LoadGen
     # report 6396 performance samples while it loads fewer.
     if ts.performance_sample_count_override == 0 or ts.performance_sample_count_override > n_samples:
         ts.performance_sample_count_override = n_samples
     ts.accuracy_sample_count_override = min(ts.accuracy_sample_count_override, n_samples)
     return ts
+
+
+def _check_rates(ts: lg.TestSettings, scenario: str) -> None:
+    """What the confs and flags produced, where LoadGen would crash or never end instead of refusing."""
+    qps, name = (
+        (ts.offline_expected_qps, "Offline") if scenario == "Offline" else (ts.server_target_qps, "Server")
+    )
+    if not (math.isfinite(qps) and qps > 0):
+        raise SettingsError(
+            f"the {name} target_qps is {qps:g}: it must be a positive number (--target-qps, or target_qps in "
+            "a conf)"
+        )
+    percentile = ts.server_target_latency_percentile
+    if scenario == "Server" and not 0 < percentile < 1:
+        raise SettingsError(
+            f"target_latency_percentile is {percentile * 100:g}: it must lie between 0 and 100 (exclusive)"
+        )
 
 
 def build_log_settings(log_dir: Path) -> lg.LogSettings:

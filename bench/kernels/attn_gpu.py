@@ -30,7 +30,7 @@ from gptoss.kernels.attention import paged_attention, write_kv  # noqa: E402
 
 HQ, HKV, D, BS, WINDOW = 64, 8, 64, 16, 128
 RING = triton.cdiv(WINDOW, BS)
-SCALE = D ** -0.5
+SCALE = D**-0.5
 PEAK_BYTES_PER_S = 3.0e12  # H100 SXM HBM3, achievable
 BF16 = torch.bfloat16
 
@@ -66,25 +66,54 @@ def _rand(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, device="cuda", dtype=BF16)
 
 
-def _row(kernel: str, case: str, ours: float, peer: float | None, nbytes: int | None,
-         flops: float | None) -> dict:
-    return {"kernel": kernel, "case": case, "ours_us": round(ours, 2),
-            "vllm_us": None if peer is None else round(peer, 2),
-            "ratio": None if not peer else round(ours / peer, 3),
-            "hbm_frac": None if nbytes is None else round(nbytes / (ours * 1e-6) / PEAK_BYTES_PER_S, 3),
-            "tflops": None if flops is None else round(flops / (ours * 1e-6) / 1e12, 1)}
+def _row(
+    kernel: str, case: str, ours: float, peer: float | None, nbytes: int | None, flops: float | None
+) -> dict:
+    return {
+        "kernel": kernel,
+        "case": case,
+        "ours_us": round(ours, 2),
+        "vllm_us": None if peer is None else round(peer, 2),
+        "ratio": None if not peer else round(ours / peer, 3),
+        "hbm_frac": None if nbytes is None else round(nbytes / (ours * 1e-6) / PEAK_BYTES_PER_S, 3),
+        "tflops": None if flops is None else round(flops / (ours * 1e-6) / 1e12, 1),
+    }
 
 
 SINK_DTYPE: list[torch.dtype] = []  # the s_aux dtype FA3 took in _fa3_sink_probe
 
 
-def _fa3_call(fa: Callable, q, kc, vc, table, qs, seqused, max_q: int, max_k: int, sinks,
-              sliding: bool, out: torch.Tensor) -> Callable[[], object]:
+def _fa3_call(
+    fa: Callable,
+    q,
+    kc,
+    vc,
+    table,
+    qs,
+    seqused,
+    max_q: int,
+    max_k: int,
+    sinks,
+    sliding: bool,
+    out: torch.Tensor,
+) -> Callable[[], object]:
     s_aux = sinks.to(SINK_DTYPE[0] if SINK_DTYPE else torch.float32)
-    return lambda: fa(q=q, k=kc, v=vc, out=out, cu_seqlens_q=qs, max_seqlen_q=max_q, seqused_k=seqused,
-                      max_seqlen_k=max_k, softmax_scale=SCALE, causal=True,
-                      window_size=(WINDOW - 1, 0) if sliding else (-1, -1), block_table=table,
-                      fa_version=3, s_aux=s_aux)
+    return lambda: fa(
+        q=q,
+        k=kc,
+        v=vc,
+        out=out,
+        cu_seqlens_q=qs,
+        max_seqlen_q=max_q,
+        seqused_k=seqused,
+        max_seqlen_k=max_k,
+        softmax_scale=SCALE,
+        causal=True,
+        window_size=(WINDOW - 1, 0) if sliding else (-1, -1),
+        block_table=table,
+        fa_version=3,
+        s_aux=s_aux,
+    )
 
 
 def _fa3_sink_probe(fa: Callable) -> Callable | None:
@@ -95,16 +124,29 @@ def _fa3_sink_probe(fa: Callable) -> Callable | None:
     for dtype in (torch.float32, BF16):
         SINK_DTYPE[:] = [dtype]
         try:
-            _fa3_call(fa, q, kc, kc, one.view(1, 1) * 0, qs, one, 1, 1, torch.zeros(HQ, device="cuda"),
-                      False, torch.empty_like(q))()
+            _fa3_call(
+                fa,
+                q,
+                kc,
+                kc,
+                one.view(1, 1) * 0,
+                qs,
+                one,
+                1,
+                1,
+                torch.zeros(HQ, device="cuda"),
+                False,
+                torch.empty_like(q),
+            )()
             return fa
         except Exception as e:  # noqa: BLE001 - reported; the next dtype or no peer
             print(f"FA3 with {dtype} sinks failed: {type(e).__name__}: {e}", file=sys.stderr)
     return None
 
 
-def _check(what: str, ours: Callable[[], torch.Tensor], peer: Callable[[], object] | None,
-           peer_out: torch.Tensor) -> None:
+def _check(
+    what: str, ours: Callable[[], torch.Tensor], peer: Callable[[], object] | None, peer_out: torch.Tensor
+) -> None:
     if peer is None:
         return
     try:
@@ -114,8 +156,10 @@ def _check(what: str, ours: Callable[[], torch.Tensor], peer: Callable[[], objec
         return
     a, b = ours().double(), peer_out.double()
     rows = (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-30)  # [T, Hq]
-    print(f"check {what}: ours vs FA3 rel error {float((a - b).norm() / b.norm()):.2e}, "
-          f"max row {float(rows.max()):.2e}")
+    print(
+        f"check {what}: ours vs FA3 rel error {float((a - b).norm() / b.norm()):.2e}, "
+        f"max row {float(rows.max()):.2e}"
+    )
 
 
 def decode_case(b: int, ctx: int, sliding: bool, fa: Callable | None, check: bool = False) -> dict:
@@ -131,7 +175,7 @@ def decode_case(b: int, ctx: int, sliding: bool, fa: Callable | None, check: boo
     out, peer_out = torch.empty_like(q), torch.empty_like(q)
     if sliding:  # our ring holds the same last R*bs context positions as FA3's table
         rtable = torch.randperm(b * RING, device="cuda").view(b, RING).int()
-        rk, rv = torch.zeros_like(kc[:b * RING]), torch.zeros_like(vc[:b * RING])
+        rk, rv = torch.zeros_like(kc[: b * RING]), torch.zeros_like(vc[: b * RING])
         p = torch.arange(max(0, ctx - RING * BS), ctx, device="cuda")
         src, dst = table[:, p // BS].long(), rtable[:, p // BS % RING].long()  # [B, P]
         rk[dst, p % BS], rv[dst, p % BS] = kc[src, p % BS], vc[src, p % BS]
@@ -144,8 +188,11 @@ def decode_case(b: int, ctx: int, sliding: bool, fa: Callable | None, check: boo
     def ours() -> torch.Tensor:
         return paged_attention(q, kn, vn, *args, 1, out=out, max_context_hint=ctx)
 
-    peer = None if fa is None else _fa3_call(fa, q, kc, vc, table, qs, ctx_t + 1, 1, ctx + 1, sinks,
-                                             sliding, peer_out)
+    peer = (
+        None
+        if fa is None
+        else _fa3_call(fa, q, kc, vc, table, qs, ctx_t + 1, 1, ctx + 1, sinks, sliding, peer_out)
+    )
     case = f"B={b} ctx={ctx} {'sliding' if sliding else 'full'}"
     if check:
         _check(f"decode {case}", ours, peer, peer_out)
@@ -168,11 +215,24 @@ def prefill_case(t: int, sliding: bool, fa: Callable | None, check: bool = False
     ring = (table[:, :RING], RING) if sliding else (table, None)
 
     def ours() -> torch.Tensor:
-        return paged_attention(q, kn, vn, kc, vc, ring[0], qs, ctx_t, sinks, SCALE,
-                               WINDOW if sliding else None, ring[1], t, out=out)
+        return paged_attention(
+            q,
+            kn,
+            vn,
+            kc,
+            vc,
+            ring[0],
+            qs,
+            ctx_t,
+            sinks,
+            SCALE,
+            WINDOW if sliding else None,
+            ring[1],
+            t,
+            out=out,
+        )
 
-    peer = None if fa is None else _fa3_call(fa, q, kc, vc, table, qs, qs[1:], t, t, sinks, sliding,
-                                             peer_out)
+    peer = None if fa is None else _fa3_call(fa, q, kc, vc, table, qs, qs[1:], t, t, sinks, sliding, peer_out)
     case = f"T={t} {'sliding' if sliding else 'full'}"
     if check:
         _check(f"prefill {case}", ours, peer, peer_out)
@@ -204,9 +264,9 @@ def main() -> None:
     run(rows)
     cols = ["kernel", "case", "ours_us", "vllm_us", "ratio", "hbm_frac", "tflops"]
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=False)))
     for r in rows:
-        print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)))
+        print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=False)))
 
 
 if __name__ == "__main__":

@@ -60,15 +60,21 @@ def _peer_us(fn: Callable[[], object] | None, what: str) -> float | None:
         return None
 
 
-def _row(kernel: str, case: str, ours: float, vllm: float | None, torch_us: float | None,
-         nbytes: int) -> dict:
+def _row(
+    kernel: str, case: str, ours: float, vllm: float | None, torch_us: float | None, nbytes: int
+) -> dict:
     peer, peer_us = ("vllm", vllm) if vllm is not None else ("torch", torch_us)
     peak = _peak()
-    return {"kernel": kernel, "case": case, "ours_us": round(ours, 2),
-            "vllm_us": None if vllm is None else round(vllm, 2),
-            "torch_us": None if torch_us is None else round(torch_us, 2), "peer": peer,
-            "ratio": None if not peer_us else round(ours / peer_us, 3),
-            "hbm_frac": None if peak is None else round(nbytes / (ours * 1e-6) / peak, 3)}
+    return {
+        "kernel": kernel,
+        "case": case,
+        "ours_us": round(ours, 2),
+        "vllm_us": None if vllm is None else round(vllm, 2),
+        "torch_us": None if torch_us is None else round(torch_us, 2),
+        "peer": peer,
+        "ratio": None if not peer_us else round(ours / peer_us, 3),
+        "hbm_frac": None if peak is None else round(nbytes / (ours * 1e-6) / peak, 3),
+    }
 
 
 def _torch_add_norm(x, res, w):
@@ -82,10 +88,15 @@ def rmsnorm_case(T: int, vops) -> dict:
     ours = _us(partial(fused_add_rms_norm, x, res, w, 1e-5))
     vl = None
     if vops is not None:  # vLLM's op is in place, with a bf16 weight
-        vl = _peer_us(partial(vops.fused_add_rms_norm, x.clone(), res.clone(), w.bfloat16(), 1e-5),
-                      "rmsnorm")
-    return _row("rmsnorm", f"T={T} H={H} bf16 +residual", ours, vl, _us(partial(_torch_add_norm, x, res, w)),
-                4 * T * H * 2 + 4 * H)
+        vl = _peer_us(partial(vops.fused_add_rms_norm, x.clone(), res.clone(), w.bfloat16(), 1e-5), "rmsnorm")
+    return _row(
+        "rmsnorm",
+        f"T={T} H={H} bf16 +residual",
+        ours,
+        vl,
+        _us(partial(_torch_add_norm, x, res, w)),
+        4 * T * H * 2 + 4 * H,
+    )
 
 
 def rope_case(T: int, vops) -> dict:
@@ -101,7 +112,7 @@ def rope_case(T: int, vops) -> dict:
     def torch_fn():
         q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=1)
         cs = cos_sin[positions]  # [T, D]
-        cos, sin = cs[:, : D // 2], cs[:, D // 2:]
+        cos, sin = cs[:, : D // 2], cs[:, D // 2 :]
         q, k = apply_rope(q.view(T, HQ, D), cos, sin), apply_rope(k.view(T, HKV, D), cos, sin)
         k_cache.view(-1, HKV, D)[slots] = k
         v_cache.view(-1, HKV, D)[slots] = v.view(T, HKV, D)
@@ -114,8 +125,9 @@ def rope_case(T: int, vops) -> dict:
         def vllm_fn():  # in place on views of qkv, then the cache write: two launches
             q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=1)
             vops.rotary_embedding(positions, q, k, D, cs_bf16, True)
-            vops.reshape_and_cache_flash(k.view(T, HKV, D), v.view(T, HKV, D), k_cache, v_cache,
-                                         slots, "auto", one, one)
+            vops.reshape_and_cache_flash(
+                k.view(T, HKV, D), v.view(T, HKV, D), k_cache, v_cache, slots, "auto", one, one
+            )
 
         vl = _peer_us(vllm_fn, "rope")
     ours = _us(partial(rope_qkv, qkv, positions, cos_sin, HQ, HKV, D, k_cache, v_cache, slots))
@@ -142,9 +154,11 @@ def sample_cases(B: int) -> list[dict]:
     top_k = torch.full((B,), 50, dtype=torch.int32, device="cuda")
     top_p = torch.full((B,), 0.9, device="cuda")
     filt = _us(partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True))
-    return [_row("sample", f"B={B} greedy", greedy, None, _us(partial(torch.argmax, logits, -1)), nbytes),
-            _row("sample", f"B={B} T=1", drawn, _us(vllm_style), _us(torch_multinomial), nbytes),
-            _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, None, nbytes)]
+    return [
+        _row("sample", f"B={B} greedy", greedy, None, _us(partial(torch.argmax, logits, -1)), nbytes),
+        _row("sample", f"B={B} T=1", drawn, _us(vllm_style), _us(torch_multinomial), nbytes),
+        _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, None, nbytes),
+    ]
 
 
 def run(rows: list) -> None:
@@ -165,9 +179,9 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}")
     cols = ["kernel", "case", "ours_us", "vllm_us", "torch_us", "peer", "ratio", "hbm_frac"]
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=False)))
     for r in rows:
-        print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)))
+        print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=False)))
 
 
 if __name__ == "__main__":

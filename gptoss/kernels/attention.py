@@ -35,12 +35,43 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _tile(acc, m, l, q, qpos, s_idx, h, j, ps, pe, ctx, q0, window, ring_len, qk_scale,
-          kc_ptr, vc_ptr, kn_ptr, vn_ptr, table_ptr,
-          stride_nt, stride_nh, stride_cb, stride_cs, stride_ch, stride_tb,
-          D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr,
-          RING: tl.constexpr, WINDOWED: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr,
-          UPCAST: tl.constexpr):
+def _tile(
+    acc,
+    m,
+    l,
+    q,
+    qpos,
+    s_idx,
+    h,
+    j,
+    ps,
+    pe,
+    ctx,
+    q0,
+    window,
+    ring_len,
+    qk_scale,
+    kc_ptr,
+    vc_ptr,
+    kn_ptr,
+    vn_ptr,
+    table_ptr,
+    stride_nt,
+    stride_nh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_tb,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FROM_CACHE: tl.constexpr,
+    RING: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    MASKED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """One online-softmax step over keys [ps + j*BLOCK_N, +BLOCK_N) (log2 domain, float32)."""
     kp = ps + j * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] key positions
     d = tl.arange(0, D)
@@ -85,12 +116,43 @@ def _tile(acc, m, l, q, qpos, s_idx, h, j, ps, pe, ctx, q0, window, ring_len, qk
 
 
 @triton.jit
-def _phase(acc, m, l, q, qpos, q_first, q_last, s_idx, h, ps, pe, ctx, q0, window, ring_len,
-           qk_scale, kc_ptr, vc_ptr, kn_ptr, vn_ptr, table_ptr,
-           stride_nt, stride_nh, stride_cb, stride_cs, stride_ch, stride_tb,
-           D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr,
-           RING: tl.constexpr, WINDOWED: tl.constexpr, PRECISION: tl.constexpr,
-           UPCAST: tl.constexpr):
+def _phase(
+    acc,
+    m,
+    l,
+    q,
+    qpos,
+    q_first,
+    q_last,
+    s_idx,
+    h,
+    ps,
+    pe,
+    ctx,
+    q0,
+    window,
+    ring_len,
+    qk_scale,
+    kc_ptr,
+    vc_ptr,
+    kn_ptr,
+    vn_ptr,
+    table_ptr,
+    stride_nt,
+    stride_nh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_tb,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FROM_CACHE: tl.constexpr,
+    RING: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """Keys [ps, pe) in tiles from ps: masked tiles at the window's lower edge, unmasked tiles
     every row sees whole, masked tiles at the causal edge and the range's end."""
     span = tl.maximum(pe - ps, 0)
@@ -102,31 +164,164 @@ def _phase(acc, m, l, q, qpos, q_first, q_last, s_idx, h, ps, pe, ctx, q0, windo
     n_lead = tl.minimum(n_tot, (tl.maximum(lo_all - ps, 0) + BLOCK_N - 1) // BLOCK_N)
     n_mid = tl.maximum(tl.maximum(hi_all - ps, 0) // BLOCK_N - n_lead, 0)
     for j in range(0, n_lead):
-        acc, m, l = _tile(acc, m, l, q, qpos, s_idx, h, j, ps, pe, ctx, q0, window, ring_len,
-                          qk_scale, kc_ptr, vc_ptr, kn_ptr, vn_ptr, table_ptr, stride_nt,
-                          stride_nh, stride_cb, stride_cs, stride_ch, stride_tb, D, BS, BLOCK_N,
-                          FROM_CACHE, RING, WINDOWED, True, PRECISION, UPCAST)
+        acc, m, l = _tile(
+            acc,
+            m,
+            l,
+            q,
+            qpos,
+            s_idx,
+            h,
+            j,
+            ps,
+            pe,
+            ctx,
+            q0,
+            window,
+            ring_len,
+            qk_scale,
+            kc_ptr,
+            vc_ptr,
+            kn_ptr,
+            vn_ptr,
+            table_ptr,
+            stride_nt,
+            stride_nh,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_tb,
+            D,
+            BS,
+            BLOCK_N,
+            FROM_CACHE,
+            RING,
+            WINDOWED,
+            True,
+            PRECISION,
+            UPCAST,
+        )
     for j in range(n_lead, n_lead + n_mid):
-        acc, m, l = _tile(acc, m, l, q, qpos, s_idx, h, j, ps, pe, ctx, q0, window, ring_len,
-                          qk_scale, kc_ptr, vc_ptr, kn_ptr, vn_ptr, table_ptr, stride_nt,
-                          stride_nh, stride_cb, stride_cs, stride_ch, stride_tb, D, BS, BLOCK_N,
-                          FROM_CACHE, RING, WINDOWED, False, PRECISION, UPCAST)
+        acc, m, l = _tile(
+            acc,
+            m,
+            l,
+            q,
+            qpos,
+            s_idx,
+            h,
+            j,
+            ps,
+            pe,
+            ctx,
+            q0,
+            window,
+            ring_len,
+            qk_scale,
+            kc_ptr,
+            vc_ptr,
+            kn_ptr,
+            vn_ptr,
+            table_ptr,
+            stride_nt,
+            stride_nh,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_tb,
+            D,
+            BS,
+            BLOCK_N,
+            FROM_CACHE,
+            RING,
+            WINDOWED,
+            False,
+            PRECISION,
+            UPCAST,
+        )
     for j in range(n_lead + n_mid, n_tot):
-        acc, m, l = _tile(acc, m, l, q, qpos, s_idx, h, j, ps, pe, ctx, q0, window, ring_len,
-                          qk_scale, kc_ptr, vc_ptr, kn_ptr, vn_ptr, table_ptr, stride_nt,
-                          stride_nh, stride_cb, stride_cs, stride_ch, stride_tb, D, BS, BLOCK_N,
-                          FROM_CACHE, RING, WINDOWED, True, PRECISION, UPCAST)
+        acc, m, l = _tile(
+            acc,
+            m,
+            l,
+            q,
+            qpos,
+            s_idx,
+            h,
+            j,
+            ps,
+            pe,
+            ctx,
+            q0,
+            window,
+            ring_len,
+            qk_scale,
+            kc_ptr,
+            vc_ptr,
+            kn_ptr,
+            vn_ptr,
+            table_ptr,
+            stride_nt,
+            stride_nh,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_tb,
+            D,
+            BS,
+            BLOCK_N,
+            FROM_CACHE,
+            RING,
+            WINDOWED,
+            True,
+            PRECISION,
+            UPCAST,
+        )
     return acc, m, l
 
 
 @triton.jit
-def _attn_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, table_ptr, qstart_ptr, ctx_ptr, sink_ptr,
-                 out_ptr, pm_ptr, pl_ptr, pacc_ptr, qk_scale, window, ring_len, num_splits, hq,
-                 stride_qt, stride_qh, stride_nt, stride_nh, stride_cb, stride_cs, stride_ch,
-                 stride_tb, stride_ot, stride_oh,
-                 G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-                 D: tl.constexpr, BS: tl.constexpr, RING: tl.constexpr, WINDOWED: tl.constexpr,
-                 SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _attn_kernel(
+    q_ptr,
+    kn_ptr,
+    vn_ptr,
+    kc_ptr,
+    vc_ptr,
+    table_ptr,
+    qstart_ptr,
+    ctx_ptr,
+    sink_ptr,
+    out_ptr,
+    pm_ptr,
+    pl_ptr,
+    pacc_ptr,
+    qk_scale,
+    window,
+    ring_len,
+    num_splits,
+    hq,
+    stride_qt,
+    stride_qh,
+    stride_nt,
+    stride_nh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_tb,
+    stride_ot,
+    stride_oh,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    RING: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads."""
     BM: tl.constexpr = BLOCK_Q * G_PAD
     pid0 = tl.program_id(0)
@@ -151,8 +346,11 @@ def _attn_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, table_ptr, qstart_ptr, c
     q_first = ctx + t0
     q_last = ctx + tl.minimum(t0 + BLOCK_Q, q_len) - 1
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
     lo = 0
     if WINDOWED:
         lo = tl.maximum(q_first - window + 1, 0)  # keys below are outside every row's window
@@ -165,14 +363,80 @@ def _attn_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, table_ptr, qstart_ptr, c
     l = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
     # Context keys (positions < ctx) come from the cache, this step's keys from k_new/v_new.
-    acc, m, l = _phase(acc, m, l, q, qpos, q_first, q_last, s_idx, h, lo, tl.minimum(hi, ctx), ctx,
-                       q0, window, ring_len, qk_scale, kc_ptr, vc_ptr, kn_ptr, vn_ptr, table_ptr,
-                       stride_nt, stride_nh, stride_cb, stride_cs, stride_ch, stride_tb, D, BS,
-                       BLOCK_N, True, RING, WINDOWED, PRECISION, UPCAST)
-    acc, m, l = _phase(acc, m, l, q, qpos, q_first, q_last, s_idx, h, tl.maximum(lo, ctx), hi, ctx,
-                       q0, window, ring_len, qk_scale, kc_ptr, vc_ptr, kn_ptr, vn_ptr, table_ptr,
-                       stride_nt, stride_nh, stride_cb, stride_cs, stride_ch, stride_tb, D, BS,
-                       BLOCK_N, False, RING, WINDOWED, PRECISION, UPCAST)
+    acc, m, l = _phase(
+        acc,
+        m,
+        l,
+        q,
+        qpos,
+        q_first,
+        q_last,
+        s_idx,
+        h,
+        lo,
+        tl.minimum(hi, ctx),
+        ctx,
+        q0,
+        window,
+        ring_len,
+        qk_scale,
+        kc_ptr,
+        vc_ptr,
+        kn_ptr,
+        vn_ptr,
+        table_ptr,
+        stride_nt,
+        stride_nh,
+        stride_cb,
+        stride_cs,
+        stride_ch,
+        stride_tb,
+        D,
+        BS,
+        BLOCK_N,
+        True,
+        RING,
+        WINDOWED,
+        PRECISION,
+        UPCAST,
+    )
+    acc, m, l = _phase(
+        acc,
+        m,
+        l,
+        q,
+        qpos,
+        q_first,
+        q_last,
+        s_idx,
+        h,
+        tl.maximum(lo, ctx),
+        hi,
+        ctx,
+        q0,
+        window,
+        ring_len,
+        qk_scale,
+        kc_ptr,
+        vc_ptr,
+        kn_ptr,
+        vn_ptr,
+        table_ptr,
+        stride_nt,
+        stride_nh,
+        stride_cb,
+        stride_cs,
+        stride_ch,
+        stride_tb,
+        D,
+        BS,
+        BLOCK_N,
+        False,
+        RING,
+        WINDOWED,
+        PRECISION,
+        UPCAST,
+    )
     if SPLIT:
         part = (s_idx * hq + head) * num_splits + split  # [BM]
         tl.store(pm_ptr + part, m, mask=row_ok)
@@ -185,14 +449,30 @@ def _attn_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, table_ptr, qstart_ptr, c
         alpha = tl.exp2(m - m_f)
         den = l * alpha + tl.exp2(sink - m_f)
         o = acc * (alpha / tl.where(den == 0.0, 1.0, den))[:, None]
-        tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(
+            out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
 
 
 @triton.jit
-def _reduce_kernel(qstart_ptr, sink_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr, num_splits, hq,
-                   stride_ot, stride_oh,
-                   G: tl.constexpr, G_PAD: tl.constexpr, NS_PAD: tl.constexpr, D: tl.constexpr):
+def _reduce_kernel(
+    qstart_ptr,
+    sink_ptr,
+    out_ptr,
+    pm_ptr,
+    pl_ptr,
+    pacc_ptr,
+    num_splits,
+    hq,
+    stride_ot,
+    stride_oh,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    NS_PAD: tl.constexpr,
+    D: tl.constexpr,
+):
     """Program (sequence, KV head): merges the split partials of the group's heads with the sink."""
     s_idx = tl.program_id(0)
     h = tl.program_id(1)
@@ -218,14 +498,30 @@ def _reduce_kernel(qstart_ptr, sink_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr, num_
         a_i = tl.load(pacc_ptr + (base + i)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
         acc += a_i * tl.exp2(m_i - m_f)[:, None]
     o = acc / tl.where(den == 0.0, 1.0, den)[:, None]
-    tl.store(out_ptr + q0.to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    tl.store(
+        out_ptr + q0.to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=ok[:, None],
+    )
 
 
 @triton.jit
-def _write_kv_kernel(kn_ptr, vn_ptr, kc_ptr, vc_ptr, slot_ptr, stride_nt, stride_nh,
-                     stride_cb, stride_cs, stride_ch,
-                     HKV: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+def _write_kv_kernel(
+    kn_ptr,
+    vn_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    stride_nt,
+    stride_nh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    HKV: tl.constexpr,
+    H_PAD: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+):
     """Program t: copies token t's [Hkv, D] K and V into its cache slot, unless the slot is -1."""
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
@@ -254,10 +550,23 @@ def decode_splits(num_seqs: int, num_kv_heads: int, max_keys: int, num_sms: int 
     return max(1, min(want, triton.cdiv(max_keys, MIN_SPLIT_KEYS), MAX_SPLITS))
 
 
-def paged_attention(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor,
-                    block_table: Tensor, query_start: Tensor, context_lens: Tensor, sinks: Tensor,
-                    scale: float, window: int | None, ring_len: int | None, max_query_len: int,
-                    out: Tensor | None = None, max_context_hint: int | None = None) -> Tensor:
+def paged_attention(
+    q: Tensor,
+    k_new: Tensor,
+    v_new: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    query_start: Tensor,
+    context_lens: Tensor,
+    sinks: Tensor,
+    scale: float,
+    window: int | None,
+    ring_len: int | None,
+    max_query_len: int,
+    out: Tensor | None = None,
+    max_context_hint: int | None = None,
+) -> Tensor:
     """Causal attention of S sequences' new tokens over their cached context and themselves.
 
     q [T, Hq, D]; k_new, v_new [T, Hkv, D] (not yet in the cache); k_cache, v_cache
@@ -288,8 +597,9 @@ def paged_attention(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_
     hkv = k_new.shape[1]
     nb, bs, hkv_c, d_c = k_cache.shape
     if hq % hkv or hkv != hkv_c or d != d_c or v_cache.shape != k_cache.shape:
-        raise ValueError(f"shapes disagree: q {tuple(q.shape)}, k_new {tuple(k_new.shape)}, "
-                         f"cache {tuple(k_cache.shape)}")
+        raise ValueError(
+            f"shapes disagree: q {tuple(q.shape)}, k_new {tuple(k_new.shape)}, cache {tuple(k_cache.shape)}"
+        )
     if d & (d - 1) or bs & (bs - 1):
         raise ValueError(f"head_dim {d} and block_size {bs} must be powers of two")
     if not q.dtype == k_new.dtype == v_new.dtype == k_cache.dtype == v_cache.dtype:
@@ -311,8 +621,16 @@ def paged_attention(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     qk_scale = scale * LOG2E
     win = window or 0
-    common = dict(G=g, G_PAD=g_pad, D=d, BS=bs, RING=ring_len is not None,
-                  WINDOWED=window is not None, PRECISION=precision, UPCAST=INTERPRETED)
+    common = dict(
+        G=g,
+        G_PAD=g_pad,
+        D=d,
+        BS=bs,
+        RING=ring_len is not None,
+        WINDOWED=window is not None,
+        PRECISION=precision,
+        UPCAST=INTERPRETED,
+    )
     if max_query_len == 1:
         block_n, warps, stages = DECODE_CFG
         block_q = max(1, 16 // g_pad)
@@ -333,37 +651,93 @@ def paged_attention(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_
         pm = pl = pacc = out  # unused
     grid = (triton.cdiv(max_query_len, block_q) * splits, num_seqs, hkv)
     _attn_kernel[grid](
-        q, k_new, v_new, k_cache, v_cache, block_table, query_start, context_lens, sinks,
-        out, pm, pl, pacc, qk_scale, win, ring_len or 1, splits, hq,
-        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        out.stride(0), out.stride(1),
-        BLOCK_Q=block_q, BLOCK_N=block_n, SPLIT=splits > 1, num_warps=warps, num_stages=stages,
-        **common)
+        q,
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        block_table,
+        query_start,
+        context_lens,
+        sinks,
+        out,
+        pm,
+        pl,
+        pacc,
+        qk_scale,
+        win,
+        ring_len or 1,
+        splits,
+        hq,
+        q.stride(0),
+        q.stride(1),
+        k_new.stride(0),
+        k_new.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_table.stride(0),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_Q=block_q,
+        BLOCK_N=block_n,
+        SPLIT=splits > 1,
+        num_warps=warps,
+        num_stages=stages,
+        **common,
+    )
     if splits > 1:
         _reduce_kernel[(num_seqs, hkv)](
-            query_start, sinks, out, pm, pl, pacc, splits, hq, out.stride(0), out.stride(1),
-            G=g, G_PAD=g_pad, NS_PAD=triton.next_power_of_2(splits), D=d, num_warps=2)
+            query_start,
+            sinks,
+            out,
+            pm,
+            pl,
+            pacc,
+            splits,
+            hq,
+            out.stride(0),
+            out.stride(1),
+            G=g,
+            G_PAD=g_pad,
+            NS_PAD=triton.next_power_of_2(splits),
+            D=d,
+            num_warps=2,
+        )
     return out
 
 
-def write_kv(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor,
-             slot_mapping: Tensor) -> None:
+def write_kv(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Store token t's K/V [Hkv, D] at flat slot slot_mapping[t] (block * bs + offset) of the
     caches [num_blocks, bs, Hkv, D]; -1 skips the token, with no host sync. Moves
     4 x T x Hkv x D x itemsize bytes (read K, V; write K, V)."""
     t, hkv, d = k_new.shape
     bs = k_cache.shape[1]
     if slot_mapping.shape != (t,) or k_cache.shape[2:] != (hkv, d) or v_cache.shape != k_cache.shape:
-        raise ValueError(f"shapes disagree: k_new {tuple(k_new.shape)}, cache "
-                         f"{tuple(k_cache.shape)}, slots {tuple(slot_mapping.shape)}")
+        raise ValueError(
+            f"shapes disagree: k_new {tuple(k_new.shape)}, cache "
+            f"{tuple(k_cache.shape)}, slots {tuple(slot_mapping.shape)}"
+        )
     if k_new.stride() != v_new.stride() or k_cache.stride() != v_cache.stride():
         raise ValueError("k and v tensors must have the same strides")
     if k_new.stride(-1) != 1 or k_cache.stride(-1) != 1 or d & (d - 1) or bs & (bs - 1):
         raise ValueError("contiguous last dims and power-of-two head_dim and block_size needed")
     if t == 0:
         return
-    _write_kv_kernel[(t,)](k_new, v_new, k_cache, v_cache, slot_mapping,
-                           k_new.stride(0), k_new.stride(1),
-                           k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                           HKV=hkv, H_PAD=triton.next_power_of_2(hkv), D=d, BS=bs, num_warps=1)
+    _write_kv_kernel[(t,)](
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k_new.stride(0),
+        k_new.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        HKV=hkv,
+        H_PAD=triton.next_power_of_2(hkv),
+        D=d,
+        BS=bs,
+        num_warps=1,
+    )

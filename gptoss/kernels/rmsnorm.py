@@ -22,10 +22,21 @@ from gptoss.kernels.rounding import round_to
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, r_ptr,
-                    stride_x, stride_res, stride_out, stride_r,
-                    H, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    r_ptr,
+    stride_x,
+    stride_res,
+    stride_out,
+    stride_r,
+    H,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -44,30 +55,46 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, r_ptr,
     tl.store(out_ptr + row * stride_out + cols, round_to(y, out_ptr.dtype.element_ty), mask=mask)
 
 
-def fused_add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,
-                       eps: float) -> tuple[Tensor, Tensor]:
+def fused_add_rms_norm(
+    x: Tensor, residual: Tensor | None, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
     """x [T, H], residual [T, H] | None, weight [H] float32 -> (out [T, H], r [T, H]).
 
     With a residual, r = residual + x (a new tensor) and out = rms_norm(r); without, r is x itself.
     """
     if x.dim() != 2 or x.stride(-1) != 1:
-        raise ValueError(f"x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} "
-                         f"strides {x.stride()}")
+        raise ValueError(
+            f"x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} strides {x.stride()}"
+        )
     T, H = x.shape
     if weight.shape != (H,) or not weight.is_contiguous():
         raise ValueError(f"weight must be a contiguous [{H}], got {tuple(weight.shape)}")
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
-                                 or residual.stride(-1) != 1):
-        raise ValueError(f"residual must match x ({tuple(x.shape)}, {x.dtype}), got "
-                         f"{tuple(residual.shape)}, {residual.dtype}")
+    if residual is not None and (
+        residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"residual must match x ({tuple(x.shape)}, {x.dtype}), got "
+            f"{tuple(residual.shape)}, {residual.dtype}"
+        )
     out = torch.empty_like(x)  # [T, H]
     r = torch.empty_like(x) if residual is not None else x  # [T, H]
     if T == 0:
         return out, r
     block = triton.next_power_of_2(H)
     _rmsnorm_kernel[(T,)](
-        x, residual if residual is not None else x, weight, out, r,
-        x.stride(0), (residual if residual is not None else x).stride(0), out.stride(0), r.stride(0),
-        H, eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
-        num_warps=min(16, max(1, block // 256)))
+        x,
+        residual if residual is not None else x,
+        weight,
+        out,
+        r,
+        x.stride(0),
+        (residual if residual is not None else x).stride(0),
+        out.stride(0),
+        r.stride(0),
+        H,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
+        num_warps=min(16, max(1, block // 256)),
+    )
     return out, r

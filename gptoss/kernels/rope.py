@@ -34,8 +34,18 @@ def build_cos_sin(rope: Rope, max_pos: int) -> Tensor:
 
 
 @triton.jit
-def _rotate(x_ptr, row_off, out_ptr, out_row, cos, sin, heads, D: tl.constexpr,
-            HEADS: tl.constexpr, HALF: tl.constexpr):
+def _rotate(
+    x_ptr,
+    row_off,
+    out_ptr,
+    out_row,
+    cos,
+    sin,
+    heads,
+    D: tl.constexpr,
+    HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+):
     """Load `heads` heads of D at x_ptr + row_off, rotate them, store at out_ptr + out_row; return them."""
     h = tl.arange(0, HEADS)[:, None]  # [HEADS, 1]
     j = tl.arange(0, HALF)[None, :]  # [1, HALF]
@@ -51,13 +61,32 @@ def _rotate(x_ptr, row_off, out_ptr, out_row, cos, sin, heads, D: tl.constexpr,
 
 
 @triton.jit
-def _rope_qkv_kernel(qkv_ptr, pos_ptr, cs_ptr, q_ptr, k_ptr, v_ptr,
-                     kc_ptr, vc_ptr, slot_ptr,
-                     stride_qkv, block_size,
-                     kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2,
-                     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                     HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr, HALF: tl.constexpr,
-                     WRITE_CACHE: tl.constexpr):
+def _rope_qkv_kernel(
+    qkv_ptr,
+    pos_ptr,
+    cs_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    stride_qkv,
+    block_size,
+    kc_s0,
+    kc_s1,
+    kc_s2,
+    vc_s0,
+    vc_s1,
+    vc_s2,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    HQ_PAD: tl.constexpr,
+    HKV_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    WRITE_CACHE: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     j = tl.arange(0, HALF)[None, :]  # [1, HALF]
@@ -66,8 +95,7 @@ def _rope_qkv_kernel(qkv_ptr, pos_ptr, cs_ptr, q_ptr, k_ptr, v_ptr,
     sin = tl.load(cs_ptr + pos * D + D // 2 + j, mask=jm, other=0.0)
     row = t * stride_qkv
     _rotate(qkv_ptr, row, q_ptr, t * HQ * D, cos, sin, HQ, D, HQ_PAD, HALF)
-    k1, k2, off, mask = _rotate(qkv_ptr, row + HQ * D, k_ptr, t * HKV * D, cos, sin, HKV, D,
-                                HKV_PAD, HALF)
+    k1, k2, off, mask = _rotate(qkv_ptr, row + HQ * D, k_ptr, t * HKV * D, cos, sin, HKV, D, HKV_PAD, HALF)
     # v is a plain copy; loaded as the same two halves so the cache write shares the offsets.
     v1 = tl.load(qkv_ptr + row + (HQ + HKV) * D + off, mask=mask, other=0.0)
     v2 = tl.load(qkv_ptr + row + (HQ + HKV) * D + off + D // 2, mask=mask, other=0.0)
@@ -87,9 +115,17 @@ def _rope_qkv_kernel(qkv_ptr, pos_ptr, cs_ptr, q_ptr, k_ptr, v_ptr,
         tl.store(vc + D // 2, v2.to(vc_ptr.dtype.element_ty), mask=cmask)
 
 
-def rope_qkv(qkv: Tensor, positions: Tensor, cos_sin: Tensor, num_q_heads: int, num_kv_heads: int,
-             head_dim: int, k_cache: Tensor | None = None, v_cache: Tensor | None = None,
-             slot_mapping: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def rope_qkv(
+    qkv: Tensor,
+    positions: Tensor,
+    cos_sin: Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    k_cache: Tensor | None = None,
+    v_cache: Tensor | None = None,
+    slot_mapping: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """qkv [T, (Hq+2Hkv)*D], positions [T] int, cos_sin [P, D] float32 -> q [T,Hq,D], k, v [T,Hkv,D].
 
     With k_cache, v_cache [num_blocks, block_size, Hkv, D] and slot_mapping [T] int (flat slot
@@ -98,15 +134,22 @@ def rope_qkv(qkv: Tensor, positions: Tensor, cos_sin: Tensor, num_q_heads: int, 
     """
     hq, hkv, d = num_q_heads, num_kv_heads, head_dim
     if qkv.dim() != 2 or qkv.shape[1] != (hq + 2 * hkv) * d or qkv.stride(1) != 1:
-        raise ValueError(f"qkv must be [T, {(hq + 2 * hkv) * d}] with a contiguous last dim, got "
-                         f"{tuple(qkv.shape)} strides {qkv.stride()}")
+        raise ValueError(
+            f"qkv must be [T, {(hq + 2 * hkv) * d}] with a contiguous last dim, got "
+            f"{tuple(qkv.shape)} strides {qkv.stride()}"
+        )
     T = qkv.shape[0]
     if positions.shape != (T,):
         raise ValueError(f"positions must be [{T}], got {tuple(positions.shape)}")
-    if cos_sin.dim() != 2 or cos_sin.shape[1] != d or cos_sin.dtype != torch.float32 \
-            or not cos_sin.is_contiguous():
-        raise ValueError(f"cos_sin must be a contiguous float32 [P, {d}], got "
-                         f"{tuple(cos_sin.shape)} {cos_sin.dtype}")
+    if (
+        cos_sin.dim() != 2
+        or cos_sin.shape[1] != d
+        or cos_sin.dtype != torch.float32
+        or not cos_sin.is_contiguous()
+    ):
+        raise ValueError(
+            f"cos_sin must be a contiguous float32 [P, {d}], got {tuple(cos_sin.shape)} {cos_sin.dtype}"
+        )
     if d % 2:
         raise ValueError(f"head_dim must be even, got {d}")
     caches = (k_cache, v_cache, slot_mapping)
@@ -116,8 +159,10 @@ def rope_qkv(qkv: Tensor, positions: Tensor, cos_sin: Tensor, num_q_heads: int, 
     if write:
         for c in (k_cache, v_cache):
             if c.dim() != 4 or c.shape[2:] != (hkv, d) or c.stride(3) != 1:
-                raise ValueError(f"caches must be [blocks, block_size, {hkv}, {d}] with a "
-                                 f"contiguous last dim, got {tuple(c.shape)}")
+                raise ValueError(
+                    f"caches must be [blocks, block_size, {hkv}, {d}] with a "
+                    f"contiguous last dim, got {tuple(c.shape)}"
+                )
         if v_cache.shape[:2] != k_cache.shape[:2]:
             raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
         if slot_mapping.shape != (T,):
@@ -129,12 +174,29 @@ def rope_qkv(qkv: Tensor, positions: Tensor, cos_sin: Tensor, num_q_heads: int, 
         return q, k, v
     # Without a cache the cache pointers are placeholders the kernel never touches.
     kc, vc, slots = (k_cache, v_cache, slot_mapping) if write else (k, v, positions)
-    cache_args = ((k_cache.shape[1], *k_cache.stride()[:3], *v_cache.stride()[:3]) if write
-                  else (1,) + (0,) * 6)
+    cache_args = (
+        (k_cache.shape[1], *k_cache.stride()[:3], *v_cache.stride()[:3]) if write else (1,) + (0,) * 6
+    )
     half = triton.next_power_of_2(d // 2)
     _rope_qkv_kernel[(T,)](
-        qkv, positions, cos_sin, q, k, v, kc, vc, slots, qkv.stride(0), *cache_args,
-        HQ=hq, HKV=hkv, D=d, HQ_PAD=triton.next_power_of_2(hq),
-        HKV_PAD=triton.next_power_of_2(hkv), HALF=half, WRITE_CACHE=write,
-        num_warps=4 if hq * d <= 4096 else 8)
+        qkv,
+        positions,
+        cos_sin,
+        q,
+        k,
+        v,
+        kc,
+        vc,
+        slots,
+        qkv.stride(0),
+        *cache_args,
+        HQ=hq,
+        HKV=hkv,
+        D=d,
+        HQ_PAD=triton.next_power_of_2(hq),
+        HKV_PAD=triton.next_power_of_2(hkv),
+        HALF=half,
+        WRITE_CACHE=write,
+        num_warps=4 if hq * d <= 4096 else 8,
+    )
     return q, k, v

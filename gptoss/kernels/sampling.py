@@ -68,10 +68,23 @@ def _gumbel(idx, k0, k1):
 
 
 @triton.jit
-def _sample_chunk_kernel(logits_ptr, stride_row, temp_ptr, seed_ptr, off_ptr,
-                         pval_ptr, pidx_ptr, out_ptr, B, V, n_chunks,
-                         ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                         SINGLE: tl.constexpr):
+def _sample_chunk_kernel(
+    logits_ptr,
+    stride_row,
+    temp_ptr,
+    seed_ptr,
+    off_ptr,
+    pval_ptr,
+    pidx_ptr,
+    out_ptr,
+    B,
+    V,
+    n_chunks,
+    ROWS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SINGLE: tl.constexpr,
+):
     """A [ROWS, CHUNK] tile in [ROWS, BLOCK] steps -> each row's (max z, first index) of the chunk.
 
     SINGLE (the chunk is the whole row): write the id (or -1 on NaN) to out_ptr, skipping pass 2.
@@ -95,8 +108,11 @@ def _sample_chunk_kernel(logits_ptr, stride_row, temp_ptr, seed_ptr, off_ptr,
     nan = tl.zeros([ROWS, BLOCK], tl.int32)
     for s in range(start, tl.minimum(start + CHUNK, V), BLOCK):  # the last chunk stops at V
         idx = s + lanes  # [1, BLOCK]
-        x = tl.load(logits_ptr + rows[:, None] * stride_row + idx, mask=rmask[:, None] & (idx < V),
-                    other=float("-inf"))  # [R, BLOCK]
+        x = tl.load(
+            logits_ptr + rows[:, None] * stride_row + idx,
+            mask=rmask[:, None] & (idx < V),
+            other=float("-inf"),
+        )  # [R, BLOCK]
         nan |= (x != x).to(tl.int32)  # noqa: PLR0124 (NaN test)
         z = x
         if any_sampled:  # a uniform branch: all-greedy batches skip the hash and the logs
@@ -117,8 +133,7 @@ def _sample_chunk_kernel(logits_ptr, stride_row, temp_ptr, seed_ptr, off_ptr,
 
 
 @triton.jit
-def _sample_reduce_kernel(pval_ptr, pidx_ptr, out_ptr, B, n_chunks,
-                          ROWS: tl.constexpr, CHUNKS: tl.constexpr):
+def _sample_reduce_kernel(pval_ptr, pidx_ptr, out_ptr, B, n_chunks, ROWS: tl.constexpr, CHUNKS: tl.constexpr):
     """Each row's chunk winners -> the largest z, first index on ties; -1 if a chunk saw NaN."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R]
     rmask = rows < B
@@ -156,13 +171,29 @@ def gumbel_argmax(logits: Tensor, temperature: Tensor, seeds: Tensor, offsets: T
     pval = out if single else torch.empty(B, n_chunks, dtype=torch.float32, device=logits.device)
     pidx = out if single else torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
     _sample_chunk_kernel[grid](
-        logits, logits.stride(0), temperature, seeds, offsets, pval, pidx, out, B, V, n_chunks,
-        ROWS=rows, CHUNK=chunk, BLOCK=block, SINGLE=single, num_warps=4)
+        logits,
+        logits.stride(0),
+        temperature,
+        seeds,
+        offsets,
+        pval,
+        pidx,
+        out,
+        B,
+        V,
+        n_chunks,
+        ROWS=rows,
+        CHUNK=chunk,
+        BLOCK=block,
+        SINGLE=single,
+        num_warps=4,
+    )
     if not single:
         chunks = triton.next_power_of_2(n_chunks)
         rows = max(1, 256 // chunks)
-        _sample_reduce_kernel[(triton.cdiv(B, rows),)](pval, pidx, out, B, n_chunks, ROWS=rows,
-                                                       CHUNKS=chunks, num_warps=1)
+        _sample_reduce_kernel[(triton.cdiv(B, rows),)](
+            pval, pidx, out, B, n_chunks, ROWS=rows, CHUNKS=chunks, num_warps=1
+        )
     return out
 
 
@@ -191,25 +222,41 @@ def mask_top_k_top_p(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: 
     return logits.masked_fill(drop & ~torch.isnan(logits), float("-inf"))
 
 
-def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seeds: Tensor,
-           offsets: Tensor, *, filtered: bool) -> Tensor:
+def sample(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seeds: Tensor,
+    offsets: Tensor,
+    *,
+    filtered: bool,
+) -> Tensor:
     """logits [B, V] float32; temperature, top_p [B] f32; top_k [B] int; seeds, offsets [B] int64.
 
     Returns ids [B] int64. temperature 0 = greedy (first index of the maximum); top_k 0 = off.
     `filtered` says (host-side, from the request params) whether any row has top_k > 0 or
-    top_p < 1; when False those columns are ignored. A row with a NaN logit yields -1. No host sync: safe in a CUDA graph.
+    top_p < 1; when False those columns are ignored. A row with a NaN logit yields -1. No host sync:
+    safe in a CUDA graph.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be float32 [B, V] with a contiguous last dim, got "
-                         f"{logits.dtype} {tuple(logits.shape)} strides {logits.stride()}")
+        raise ValueError(
+            f"logits must be float32 [B, V] with a contiguous last dim, got "
+            f"{logits.dtype} {tuple(logits.shape)} strides {logits.stride()}"
+        )
     B = logits.shape[0]
-    for name, x, dtypes in (("temperature", temperature, (torch.float32,)),
-                            ("top_k", top_k, (torch.int32, torch.int64)),
-                            ("top_p", top_p, (torch.float32,)),
-                            ("seeds", seeds, (torch.int64,)), ("offsets", offsets, (torch.int64,))):
+    for name, x, dtypes in (
+        ("temperature", temperature, (torch.float32,)),
+        ("top_k", top_k, (torch.int32, torch.int64)),
+        ("top_p", top_p, (torch.float32,)),
+        ("seeds", seeds, (torch.int64,)),
+        ("offsets", offsets, (torch.int64,)),
+    ):
         if x.shape != (B,) or x.dtype not in dtypes or x.device != logits.device:
-            raise ValueError(f"{name} must be [{B}] {dtypes} on {logits.device}, got "
-                             f"{tuple(x.shape)} {x.dtype} on {x.device}")
+            raise ValueError(
+                f"{name} must be [{B}] {dtypes} on {logits.device}, got "
+                f"{tuple(x.shape)} {x.dtype} on {x.device}"
+            )
     if filtered:
         logits = mask_top_k_top_p(logits, temperature, top_k, top_p)
     return gumbel_argmax(logits, temperature.contiguous(), seeds.contiguous(), offsets.contiguous())

@@ -84,9 +84,17 @@ def token_ids(v: Any, name: str, vocab: int) -> list[int]:
 def _neutral(d: dict, keys: dict[str, Any], where: str) -> None:
     """Known parameters the engine does not implement are accepted only at their no-op value."""
     for key, neutral in keys.items():
-        if key in d and d[key] is not None and d[key] != neutral and not (neutral is None and d[key] in ([], {}, "")):
-            raise ApiError(400, f"{where} '{key}'={d[key]!r} is not supported by this server "
-                                f"(only {neutral!r}); it would change the output")
+        if (
+            key in d
+            and d[key] is not None
+            and d[key] != neutral
+            and not (neutral is None and d[key] in ([], {}, ""))
+        ):
+            raise ApiError(
+                400,
+                f"{where} '{key}'={d[key]!r} is not supported by this server "
+                f"(only {neutral!r}); it would change the output",
+            )
 
 
 def _check_length(prompt: list[int], max_new: int, lim: Limits) -> None:
@@ -94,33 +102,82 @@ def _check_length(prompt: list[int], max_new: int, lim: Limits) -> None:
         raise ApiError(400, "the prompt is empty: send at least one token id")
     total = len(prompt) + max_new
     if total > lim.max_model_len:
-        raise ApiError(400, f"Requested token count exceeds the model's maximum context length of "
-                            f"{lim.max_model_len} tokens: {len(prompt)} prompt tokens + {max_new} new tokens = "
-                            f"{total}. Shorten the prompt or lower the maximum number of new tokens.")
+        raise ApiError(
+            400,
+            f"Requested token count exceeds the model's maximum context length of "
+            f"{lim.max_model_len} tokens: {len(prompt)} prompt tokens + {max_new} new tokens = "
+            f"{total}. Shorten the prompt or lower the maximum number of new tokens.",
+        )
 
 
-def _params(max_new: int, temperature: float, top_p: float, top_k: int, ignore_eos: bool,
-            stop_ids: list[int] | None, seed: int | None) -> SamplingParams:
+def _params(
+    max_new: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    ignore_eos: bool,
+    stop_ids: list[int] | None,
+    seed: int | None,
+) -> SamplingParams:
     # As SGLang and vLLM: stop_token_ids add to the model's stop tokens; ignore_eos drops the latter.
     stop = list(dict.fromkeys(([] if ignore_eos else list(STOP_TOKEN_IDS)) + (stop_ids or [])))
     try:
-        return SamplingParams(max_new_tokens=max_new, temperature=temperature, top_p=top_p, top_k=top_k,
-                              ignore_eos=not stop, seed=seed, stop_token_ids=tuple(stop))
+        return SamplingParams(
+            max_new_tokens=max_new,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            ignore_eos=not stop,
+            seed=seed,
+            stop_token_ids=tuple(stop),
+        )
     except ValueError as e:
         raise ApiError(400, str(e)) from None
 
 
 # ----------------------------------------------------------------------------- SGLang /generate
 
-_GEN_KEYS = {"input_ids", "sampling_params", "stream", "rid", "log_metrics", "return_logprob",
-             "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "text"}
-_SP_SUPPORTED = {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "stop_token_ids",
-                 "sampling_seed", "stream_interval", "skip_special_tokens", "spaces_between_special_tokens",
-                 "no_stop_trim"}
-_SP_NEUTRAL = {"min_p": 0.0, "min_new_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-               "repetition_penalty": 1.0, "n": 1, "stop": None, "json_schema": None, "regex": None,
-               "ebnf": None, "structural_tag": None, "logit_bias": None, "custom_params": None,
-               "stop_regex": None}
+_GEN_KEYS = {
+    "input_ids",
+    "sampling_params",
+    "stream",
+    "rid",
+    "log_metrics",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "text",
+}
+_SP_SUPPORTED = {
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "ignore_eos",
+    "stop_token_ids",
+    "sampling_seed",
+    "stream_interval",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+}
+_SP_NEUTRAL = {
+    "min_p": 0.0,
+    "min_new_tokens": 0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "n": 1,
+    "stop": None,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "logit_bias": None,
+    "custom_params": None,
+    "stop_regex": None,
+}
 
 
 def parse_generate(body: Any, lim: Limits) -> Request:
@@ -136,7 +193,9 @@ def parse_generate(body: Any, lim: Limits) -> Request:
     if "input_ids" not in body:
         raise ApiError(400, "input_ids is required")
     if body["input_ids"] and isinstance(body["input_ids"][0], list):
-        raise ApiError(400, "batched input_ids (a list of lists) are not supported: send one request per prompt")
+        raise ApiError(
+            400, "batched input_ids (a list of lists) are not supported: send one request per prompt"
+        )
     prompt = token_ids(body["input_ids"], "input_ids", lim.vocab_size)
     sp = body.get("sampling_params") or {}
     if not isinstance(sp, dict):
@@ -162,10 +221,15 @@ def parse_generate(body: Any, lim: Limits) -> Request:
     _check_length(prompt, max_new, lim)
     return Request(
         prompt=prompt,
-        params=_params(max_new, _num(sp.get("temperature", 1.0), "temperature"), _num(sp.get("top_p", 1.0), "top_p"),
-                       max(top_k, 0), sp.get("ignore_eos", False),
-                       None if stop_ids is None else token_ids(stop_ids, "stop_token_ids", 1 << 31),
-                       None if seed is None else _int(seed, "sampling_seed")),
+        params=_params(
+            max_new,
+            _num(sp.get("temperature", 1.0), "temperature"),
+            _num(sp.get("top_p", 1.0), "top_p"),
+            max(top_k, 0),
+            sp.get("ignore_eos", False),
+            None if stop_ids is None else token_ids(stop_ids, "stop_token_ids", 1 << 31),
+            None if seed is None else _int(seed, "sampling_seed"),
+        ),
         stream=stream,
         rid=rid or uuid.uuid4().hex,
         stream_interval=lim.stream_interval if interval is None else _int(interval, "stream_interval", 1),
@@ -184,8 +248,13 @@ def finish_reason(reason: str | None, stop_id: int | None, n: int, message: str 
 
 
 def meta_info(req: Request, n: int, reason: dict | None, started: float) -> dict[str, Any]:
-    meta = {"id": req.rid, "finish_reason": reason, "prompt_tokens": len(req.prompt), "completion_tokens": n,
-            "cached_tokens": 0}
+    meta = {
+        "id": req.rid,
+        "finish_reason": reason,
+        "prompt_tokens": len(req.prompt),
+        "completion_tokens": n,
+        "cached_tokens": 0,
+    }
     if reason is not None:
         meta["e2e_latency"] = time.monotonic() - started
     return meta
@@ -193,14 +262,53 @@ def meta_info(req: Request, n: int, reason: dict | None, started: float) -> dict
 
 # ----------------------------------------------------------------------------- OpenAI /v1/completions
 
-_CMPL_KEYS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options",
-              "seed", "stop", "stop_token_ids", "ignore_eos", "return_token_ids", "skip_special_tokens",
-              "spaces_between_special_tokens", "include_stop_str_in_output", "user", "add_special_tokens",
-              "request_id", "echo", "logprobs", "suffix", "best_of", "min_p", "min_tokens", "presence_penalty",
-              "frequency_penalty", "repetition_penalty", "logit_bias", "truncate_prompt_tokens"}
-_CMPL_NEUTRAL = {"n": 1, "echo": False, "logprobs": None, "suffix": None, "best_of": 1, "min_p": 0.0,
-                 "min_tokens": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-                 "logit_bias": None, "truncate_prompt_tokens": None}
+_CMPL_KEYS = {
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "stream",
+    "stream_options",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "return_token_ids",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+    "user",
+    "add_special_tokens",
+    "request_id",
+    "echo",
+    "logprobs",
+    "suffix",
+    "best_of",
+    "min_p",
+    "min_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "truncate_prompt_tokens",
+}
+_CMPL_NEUTRAL = {
+    "n": 1,
+    "echo": False,
+    "logprobs": None,
+    "suffix": None,
+    "best_of": 1,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": None,
+    "truncate_prompt_tokens": None,
+}
 
 
 def parse_completion(body: Any, lim: Limits, model: str, encode) -> Request:
@@ -212,8 +320,9 @@ def parse_completion(body: Any, lim: Limits, model: str, encode) -> Request:
         raise ApiError(400, f"unknown request field(s): {', '.join(unknown)}")
     _neutral(body, _CMPL_NEUTRAL, "parameter")
     if body.get("model") not in (None, model):
-        raise ApiError(404, f"The model `{body['model']}` does not exist; this server serves `{model}`",
-                       "NotFoundError")
+        raise ApiError(
+            404, f"The model `{body['model']}` does not exist; this server serves `{model}`", "NotFoundError"
+        )
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
         prompt = prompt[0]  # a batch of one
@@ -241,11 +350,15 @@ def parse_completion(body: Any, lim: Limits, model: str, encode) -> Request:
     top_p = body.get("top_p")
     return Request(
         prompt=prompt,
-        params=_params(max_new, 1.0 if temp is None else _num(temp, "temperature"),
-                       1.0 if top_p is None else _num(top_p, "top_p"), max(top_k, 0),
-                       _bool(body.get("ignore_eos", False), "ignore_eos"),
-                       None if stop_ids is None else token_ids(stop_ids, "stop_token_ids", 1 << 31),
-                       None if seed is None else _int(seed, "seed")),
+        params=_params(
+            max_new,
+            1.0 if temp is None else _num(temp, "temperature"),
+            1.0 if top_p is None else _num(top_p, "top_p"),
+            max(top_k, 0),
+            _bool(body.get("ignore_eos", False), "ignore_eos"),
+            None if stop_ids is None else token_ids(stop_ids, "stop_token_ids", 1 << 31),
+            None if seed is None else _int(seed, "seed"),
+        ),
         stream=stream,
         rid=f"cmpl-{uuid.uuid4().hex}",
         api="completions",
@@ -258,10 +371,16 @@ def parse_completion(body: Any, lim: Limits, model: str, encode) -> Request:
     )
 
 
-def completion_choice(req: Request, text: str, ids: list[int], reason: str | None, stop_reason: Any,
-                      first: bool) -> dict[str, Any]:
-    c: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
-                         "stop_reason": stop_reason}
+def completion_choice(
+    req: Request, text: str, ids: list[int], reason: str | None, stop_reason: Any, first: bool
+) -> dict[str, Any]:
+    c: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": reason,
+        "stop_reason": stop_reason,
+    }
     if req.return_token_ids:
         c["token_ids"] = ids
         if first:
@@ -269,9 +388,16 @@ def completion_choice(req: Request, text: str, ids: list[int], reason: str | Non
     return c
 
 
-def completion(req: Request, model: str, created: int, choices: list[dict], usage: int | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": req.rid, "object": "text_completion", "created": created, "model": model,
-                           "choices": choices}
+def completion(
+    req: Request, model: str, created: int, choices: list[dict], usage: int | None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": req.rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
     if usage is not None:
         p = len(req.prompt)
         out["usage"] = {"prompt_tokens": p, "completion_tokens": usage, "total_tokens": p + usage}

@@ -44,8 +44,9 @@ class Server:
         self.args = args
         self.model_path = model_path
         self.model = args.served_model_name or model_path.name
-        self.limits = Limits(vocab_size=vocab_size, max_model_len=engine.max_model_len,
-                             stream_interval=args.stream_interval)
+        self.limits = Limits(
+            vocab_size=vocab_size, max_model_len=engine.max_model_len, stream_interval=args.stream_interval
+        )
         self.incremental = args.incremental_streaming_output
         self.max_in_flight = args.engine.max_num_seqs + args.max_queued_requests
         self.running: set[str] = set()  # request ids with a handler
@@ -64,9 +65,12 @@ class Server:
         if self.draining:
             raise ApiError(503, "the server is shutting down", "ServiceUnavailableError")
         if self.in_flight >= self.max_in_flight:
-            raise ApiError(503, f"the server is busy: {self.in_flight} requests in flight (limit "
-                                f"--max-num-seqs + --max-queued-requests = {self.max_in_flight}); retry later",
-                           "ServiceUnavailableError")
+            raise ApiError(
+                503,
+                f"the server is busy: {self.in_flight} requests in flight (limit "
+                f"--max-num-seqs + --max-queued-requests = {self.max_in_flight}); retry later",
+                "ServiceUnavailableError",
+            )
         if rid in self.running:
             raise ApiError(400, f"request id {rid!r} is already in flight")
         self.running.add(rid)
@@ -103,7 +107,9 @@ async def _body(request: web.Request) -> Any:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as e:
-        raise ApiError(413, f"request body too large: {e.text}; limit --max-request-bytes", "RequestTooLarge") from None
+        raise ApiError(
+            413, f"request body too large: {e.text}; limit --max-request-bytes", "RequestTooLarge"
+        ) from None
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -149,8 +155,11 @@ class Reply:
 
 async def _steps(server: Server, req: Request, gen) -> AsyncIterator[Step]:
     """The engine's deltas as Steps; for completions also text, ending early on a stop string."""
-    text = TextStream(server.tokenizer, req.stop, req.skip_special_tokens, req.include_stop_str) \
-        if req.api == "completions" else None
+    text = (
+        TextStream(server.tokenizer, req.stop, req.skip_special_tokens, req.include_stop_str)
+        if req.api == "completions"
+        else None
+    )
     ids: list[int] = []
     async with aclosing(gen):
         async for d in gen:
@@ -159,7 +168,9 @@ async def _steps(server: Server, req: Request, gen) -> AsyncIterator[Step]:
             if text is not None and text.stopped is not None:  # leaving the loop aborts the rest
                 yield Step(d.token_ids, piece, "stop", text.stopped)
                 return
-            yield Step(d.token_ids, piece, d.finish_reason, d.stop_token_id if d.finish_reason == "stop" else None)
+            yield Step(
+                d.token_ids, piece, d.finish_reason, d.stop_token_id if d.finish_reason == "stop" else None
+            )
 
 
 class Api(Protocol):
@@ -182,7 +193,7 @@ class Generate:
     def chunk(self, server: Server, req: Request, reply: Reply, step: Step) -> dict | None:
         if step.finish is None and len(reply.ids) - reply.sent < req.stream_interval:
             return None
-        out = reply.ids[reply.sent:] if server.incremental else reply.ids
+        out = reply.ids[reply.sent :] if server.incremental else reply.ids
         reply.sent = len(reply.ids)
         reason = self._finish(server, step, len(reply.ids))
         return {"output_ids": out, "meta_info": meta_info(req, len(reply.ids), reason, reply.started)}
@@ -221,7 +232,9 @@ class Completions:
         return [completion(req, server.model, reply.created, [], len(reply.ids))] if req.include_usage else []
 
 
-async def _handle(request: web.Request, parse: Callable[[Server, Any], Request], api: Api) -> web.StreamResponse:
+async def _handle(
+    request: web.Request, parse: Callable[[Server, Any], Request], api: Api
+) -> web.StreamResponse:
     server = request.app[STATE]
     try:
         req = parse(server, await _body(request))
@@ -248,8 +261,9 @@ async def _handle(request: web.Request, parse: Callable[[Server, Any], Request],
         server.release(req.rid)
 
 
-async def _stream(request: web.Request, server: Server, req: Request, steps: AsyncIterator[Step],
-                  api: Api) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, server: Server, req: Request, steps: AsyncIterator[Step], api: Api
+) -> web.StreamResponse:
     """SSE: a chunk per step (as the API renders it), its tail, then [DONE]; an engine failure
     mid-stream is an error event before [DONE]. A client that went away makes write() raise."""
     reply = Reply()
@@ -278,8 +292,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await _handle(request, lambda s, body: parse_completion(body, s.limits, s.model, s.tokenizer.encode),
-                         COMPLETIONS)
+    return await _handle(
+        request, lambda s, body: parse_completion(body, s.limits, s.model, s.tokenizer.encode), COMPLETIONS
+    )
 
 
 GENERATE, COMPLETIONS = Generate(), Completions()
@@ -295,9 +310,21 @@ async def health(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     s = request.app[STATE]
-    return _json({"object": "list", "data": [{"id": s.model, "object": "model", "created": s.created,
-                                              "owned_by": "gptoss", "root": str(s.model_path),
-                                              "max_model_len": s.limits.max_model_len}]})
+    return _json(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": s.model,
+                    "object": "model",
+                    "created": s.created,
+                    "owned_by": "gptoss",
+                    "root": str(s.model_path),
+                    "max_model_len": s.limits.max_model_len,
+                }
+            ],
+        }
+    )
 
 
 async def model_info(request: web.Request) -> web.Response:
@@ -315,7 +342,9 @@ async def tokenize(request: web.Request) -> web.Response:
     except ApiError as e:
         return _error(e)
     ids = s.tokenizer.encode(prompt)
-    return _json({"count": len(ids), "max_model_len": s.limits.max_model_len, "tokens": ids, "token_strs": None})
+    return _json(
+        {"count": len(ids), "max_model_len": s.limits.max_model_len, "tokens": ids, "token_strs": None}
+    )
 
 
 async def detokenize(request: web.Request) -> web.Response:

@@ -52,29 +52,61 @@ def _engine_flags(group: argparse._ArgumentGroup) -> list[dataclasses.Field]:
     for f in flags:
         kind = int if int in (hints[f.name], *typing.get_args(hints[f.name])) else str
         shown = f.metadata.get("default_help", f.default)
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=f.default,
-                           choices=f.metadata.get("choices"), help=f"{f.metadata['help']} (default: {shown})")
+        group.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=kind,
+            default=f.default,
+            choices=f.metadata.get("choices"),
+            help=f"{f.metadata['help']} (default: {shown})",
+        )
     return flags
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m gptoss.serve", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-path", type=Path, default=None,
-                    help="checkpoint directory (default: the tiny random checkpoint, made once and cached)")
-    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    ap.add_argument("--port", type=int, default=30000, help="port (default 30000, SGLang's; 0 picks a free one)")
-    ap.add_argument("--served-model-name", default=None, help="`model` of the OpenAI API (default: the directory name)")
-    ap.add_argument("--incremental-streaming-output", action="store_true",
-                    help="/generate chunks carry only new ids (default: all ids so far, as SGLang)")
+    ap = argparse.ArgumentParser(
+        prog="python -m gptoss.serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model-path",
+        type=Path,
+        default=None,
+        help="checkpoint directory (default: the tiny random checkpoint, made once and cached)",
+    )
+    ap.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    ap.add_argument(
+        "--port", type=int, default=30000, help="port (default 30000, SGLang's; 0 picks a free one)"
+    )
+    ap.add_argument(
+        "--served-model-name", default=None, help="`model` of the OpenAI API (default: the directory name)"
+    )
+    ap.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="/generate chunks carry only new ids (default: all ids so far, as SGLang)",
+    )
     ap.add_argument("--stream-interval", type=int, default=1, help="tokens per /generate chunk (default 1)")
     engine_flags = _engine_flags(ap.add_argument_group("engine"))
     lim = ap.add_argument_group("limits")
-    lim.add_argument("--max-queued-requests", type=int, default=1024,
-                     help="requests accepted beyond --max-num-seqs before answering 503 (default 1024)")
-    lim.add_argument("--max-request-bytes", type=int, default=16 << 20, help="413 above this (default 16 MiB)")
-    lim.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
-                     help="seconds running requests get to finish after SIGTERM before they are aborted (default 30)")
+    lim.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=1024,
+        help="requests accepted beyond --max-num-seqs before answering 503 (default 1024)",
+    )
+    lim.add_argument(
+        "--max-request-bytes", type=int, default=16 << 20, help="413 above this (default 16 MiB)"
+    )
+    lim.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        default=30.0,
+        help="seconds running requests get to finish after SIGTERM before they are aborted (default 30)",
+    )
     args = ap.parse_args(argv)
     for name in ("stream_interval", "max_queued_requests", "max_request_bytes"):
         if getattr(args, name) < 1:
@@ -82,7 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0 <= args.port < 65536:
         ap.error(f"--port must be in [0, 65535], got {args.port}")
     try:
-        args.engine = EngineConfig(model_path=args.model_path, **{f.name: getattr(args, f.name) for f in engine_flags})
+        args.engine = EngineConfig(
+            model_path=args.model_path, **{f.name: getattr(args, f.name) for f in engine_flags}
+        )
     except ValueError as e:
         message = str(e)
         for f in engine_flags:
@@ -108,14 +142,18 @@ async def serve(args: argparse.Namespace) -> None:
     async with AsyncEngine(dataclasses.replace(config, model_path=model_path)) as engine:
         server = Server(engine, args, model_path, engine.vocab_size)
         # handler_cancellation: a client that goes away cancels its handler, which aborts its request.
-        runner = web.AppRunner(build_app(server), handler_cancellation=True, access_log=None,
-                               shutdown_timeout=CLOSE_TIMEOUT_S)
+        runner = web.AppRunner(
+            build_app(server), handler_cancellation=True, access_log=None, shutdown_timeout=CLOSE_TIMEOUT_S
+        )
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
         host, port = site._server.sockets[0].getsockname()[:2]
-        print(f"gptoss.serve: listening on http://{host}:{port} (model {server.model}, "
-              f"max_model_len {engine.max_model_len})", flush=True)
+        print(
+            f"gptoss.serve: listening on http://{host}:{port} (model {server.model}, "
+            f"max_model_len {engine.max_model_len})",
+            flush=True,
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -147,8 +185,9 @@ async def drain(server: Server, timeout: float) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
+    )
     import uvloop
 
     uvloop.run(serve(args))

@@ -35,8 +35,14 @@ class Tokenizer:
         return self._enc.decode(ids) if ids else ""
 
     def info(self, max_model_len: int) -> dict:
-        return {"tokenizer_class": self.name, "eos_token": self.eos_token, "bos_token": self.bos_token,
-                "pad_token": self.pad_token, "model_max_length": max_model_len, "chat_template": None}
+        return {
+            "tokenizer_class": self.name,
+            "eos_token": self.eos_token,
+            "bos_token": self.bos_token,
+            "pad_token": self.pad_token,
+            "model_max_length": max_model_len,
+            "chat_template": None,
+        }
 
 
 class TextStream:
@@ -62,7 +68,7 @@ class TextStream:
             at = text.find(s, max(0, self.sent - len(s) + 1))
             if at >= 0:
                 self.stopped = s
-                text = text[:at + len(s)] if self.include_stop else text[:at]
+                text = text[: at + len(s)] if self.include_stop else text[:at]
                 final = True
                 break
         end = len(text)
@@ -71,6 +77,6 @@ class TextStream:
                 end = len(text.rstrip("\ufffd"))
             hold = max((len(s) - 1 for s in self.stop), default=0)
             end = max(self.sent, min(end, len(text) - hold))
-        piece = text[self.sent:end]
+        piece = text[self.sent : end]
         self.sent = max(self.sent, end)
         return piece

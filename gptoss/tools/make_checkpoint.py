@@ -64,8 +64,7 @@ def random_tensor(name: str, spec: TensorSpec, cfg: ModelConfig, seed: int, devi
     if name.endswith("_scales"):
         fan_in = cfg.hidden_size if "gate_up_proj" in name else cfg.intermediate_size
         lo = _scale_lo(fan_in)
-        return torch.randint(lo, lo + _SCALE_SPAN, spec.shape, generator=g, device=device,
-                             dtype=torch.uint8)
+        return torch.randint(lo, lo + _SCALE_SPAN, spec.shape, generator=g, device=device, dtype=torch.uint8)
 
     def normal(std: float, mean: float = 0.0) -> Tensor:
         x = torch.randn(spec.shape, generator=g, device=device, dtype=torch.float32)
@@ -93,8 +92,9 @@ def _dense_experts(name: str, cfg: ModelConfig, seed: int, device: str) -> Tenso
     blocks = random_tensor(name + "_blocks", specs[name + "_blocks"], packed_cfg, seed, device)
     scales = random_tensor(name + "_scales", specs[name + "_scales"], packed_cfg, seed, device)
     # One expert at a time: the 120b gate_up of a layer would be 8.5 GB in float32 at once.
-    dense = [mxfp4.dequantize(blocks[e], scales[e], torch.bfloat16).t()
-             for e in range(cfg.num_local_experts)]  # [in, out] each
+    dense = [
+        mxfp4.dequantize(blocks[e], scales[e], torch.bfloat16).t() for e in range(cfg.num_local_experts)
+    ]  # [in, out] each
     return torch.stack(dense)
 
 
@@ -122,8 +122,15 @@ def spec_nbytes(spec: TensorSpec) -> int:
     return math.prod(spec.shape) * (1 if spec.packed else 2)
 
 
-def write_checkpoint(cfg: ModelConfig, out: str | Path, *, seed: int = 0, device: str = "cpu",
-                     layers_per_shard: int | None = None, log=None) -> Path:
+def write_checkpoint(
+    cfg: ModelConfig,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    device: str = "cpu",
+    layers_per_shard: int | None = None,
+    log=None,
+) -> Path:
     """Generate and write the checkpoint of `cfg` into `out` (created; must not hold one already)."""
     out = Path(out)
     if (out / "config.json").exists():
@@ -156,9 +163,11 @@ def write_checkpoint(cfg: ModelConfig, out: str | Path, *, seed: int = 0, device
     # config.json last: its presence marks a complete checkpoint.
     (out / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2) + "\n")
     if log:
-        log(f"wrote {len(weight_map)} tensors, {total / 1e9:.3f} GB in {len(files)} file(s), "
+        log(
+            f"wrote {len(weight_map)} tensors, {total / 1e9:.3f} GB in {len(files)} file(s), "
             f"{cfg.num_hidden_layers} layers x {cfg.num_local_experts} experts, to {out} "
-            f"in {time.perf_counter() - t0:.1f} s")
+            f"in {time.perf_counter() - t0:.1f} s"
+        )
     return out
 
 
@@ -170,13 +179,16 @@ def preset_config(preset: str, layers: int | None = None, bf16_experts: bool = F
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gptoss.tools.make_checkpoint", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m gptoss.tools.make_checkpoint", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--preset", choices=sorted(PRESETS), required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=None, help="default: the preset's")
-    ap.add_argument("--bf16-experts", action="store_true",
-                    help="store experts as bf16 tensors (no quantization_config)")
+    ap.add_argument(
+        "--bf16-experts", action="store_true", help="store experts as bf16 tensors (no quantization_config)"
+    )
     ap.add_argument("--device", default="cpu", help="where tensors are generated: cpu or cuda")
     ap.add_argument("--layers-per-shard", type=int, default=None)
     ap.add_argument("--dry-run", action="store_true", help="print the shard plan, write nothing")
@@ -194,8 +206,14 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(spec_nbytes(s) for specs in plan for s in specs.values())
         print(f"total: {sum(map(len, plan))} tensors, {total:,} bytes")
         return 0
-    write_checkpoint(cfg, args.out, seed=args.seed, device=args.device, layers_per_shard=per_shard,
-                     log=lambda msg: print(msg, flush=True))
+    write_checkpoint(
+        cfg,
+        args.out,
+        seed=args.seed,
+        device=args.device,
+        layers_per_shard=per_shard,
+        log=lambda msg: print(msg, flush=True),
+    )
     return 0
 
 

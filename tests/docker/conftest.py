@@ -3,7 +3,8 @@
 from pathlib import Path
 
 import pytest
-from docker_fakes import FakeDocker
+
+from tests.docker.docker_fakes import FakeDocker
 
 
 @pytest.fixture

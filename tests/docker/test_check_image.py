@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from docker_fakes import REPO
+
+from tests.docker.docker_fakes import REPO
 
 SCRIPT = REPO / "docker" / "check_image.py"
 spec = importlib.util.spec_from_file_location("check_image", SCRIPT)

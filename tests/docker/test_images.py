@@ -9,8 +9,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from docker_fakes import REPO
 from packaging.specifiers import SpecifierSet
+
+from tests.docker.docker_fakes import REPO
 
 BACKENDS = ("gptoss", "vllm", "sglang")
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())

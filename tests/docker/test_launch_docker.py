@@ -10,7 +10,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from docker_fakes import NO_ENGINE, REPO, FakeDocker, tools_without_docker
+
+from tests.docker.docker_fakes import NO_ENGINE, REPO, FakeDocker, tools_without_docker
 
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 UID_GID = f"{os.getuid()}:{os.getgid()}"

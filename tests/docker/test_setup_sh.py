@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from docker_fakes import REPO
+
+from tests.docker.docker_fakes import REPO
 
 FAKE_PYTHON = f"""#!{sys.executable}
 import json, os, shutil, sys

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from evalkit import run_loadgen, write_log
 
 from evaluation.accuracy_log import AccuracyLogError, decode_tokens, encode_tokens, load_accuracy_log
+from tests.evaluation.evalkit import run_loadgen, write_log
 
 
 def test_hex_is_upper_case_little_endian_int32_and_round_trips():

@@ -4,9 +4,9 @@ fail on constructed logs and write what the submission checker reads."""
 import json
 
 import pytest
-from evalkit import harmony, run_loadgen, write_dataset, write_log
 
 from evaluation.compliance import read_audit_config, verify, write_audit_config
+from tests.evaluation.evalkit import harmony, run_loadgen, write_dataset, write_log
 
 # The settings of mlcommons/inference compliance/TEST07|TEST09/gpt-oss-120b/audit.config.
 OFFICIAL = {

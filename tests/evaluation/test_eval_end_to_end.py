@@ -9,11 +9,19 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from evalkit import SUM, TWO_SUM, harmony, run_loadgen, write_dataset, write_lcb_tests, write_log
 
 import evaluation
 from evaluation.accuracy_log import AccuracyLogError
 from evaluation.reference import DatasetError
+from tests.evaluation.evalkit import (
+    SUM,
+    TWO_SUM,
+    harmony,
+    run_loadgen,
+    write_dataset,
+    write_lcb_tests,
+    write_log,
+)
 
 REPO = Path(evaluation.__file__).parents[1]
 SUM_CODE = "a, b = map(int, input().split())\nprint(a + b)"
@@ -292,3 +300,17 @@ def test_generated_code_cannot_read_the_expected_outputs(inputs):
     result = evaluate(log, dataset, tests, tmp_path)
     assert result["exact_match"] == 0.0
     assert "FileNotFoundError" in result["samples"][0]["detail"]
+
+
+def test_result_records_the_sandbox_and_a_fallback_run_says_it_could_read_the_host(inputs, capsys):
+    tmp_path, _, tests = inputs
+    dataset = write_dataset(tmp_path / "d.parquet", [("livecodebench_v6", "abc001_a")])
+    log = write_log(tmp_path / "log.json", [harmony(code("print(sum(map(int, input().split())))"))])
+    result = evaluation.evaluate_run(
+        log, dataset, tmp_path / "r.json", lcb_tests=tests, lcb_timeout_s=2.0, isolation="fallback"
+    )
+    assert result["sandbox_isolation"] == "fallback"
+    assert "sandbox: fallback (no Linux namespaces here)" in capsys.readouterr().out
+    from evaluation.sandbox import detect_isolation
+
+    assert evaluate(log, dataset, tests, tmp_path)["sandbox_isolation"] == detect_isolation()

@@ -1,7 +1,6 @@
 """Answer extraction on hand-written gpt-oss outputs: right, wrong and malformed."""
 
 import pytest
-from evalkit import harmony
 
 from evaluation.graders import (
     GroundTruthError,
@@ -13,6 +12,7 @@ from evaluation.graders import (
     grade_gpqa,
 )
 from evaluation.harmony import Output, final_channel, tokenize
+from tests.evaluation.evalkit import harmony
 
 
 def out(final, analysis="Let me think.", end="<|return|>"):

@@ -6,13 +6,13 @@ import pickle
 import zlib
 
 import pytest
-from evalkit import SUM, TWO_SUM, write_dataset, write_lcb_tests
 
 from evaluation.lcb_tests import LcbTestsError, Problem, load_lcb_tests
 from evaluation.lcb_tests import TestCase as Case
 from evaluation.lcb_tests import main as convert
 from evaluation.livecodebench import grade_many, grade_program, stdout_matches
 from evaluation.sandbox import Limits, Sandbox
+from tests.evaluation.evalkit import SUM, TWO_SUM, write_dataset, write_lcb_tests
 
 
 @pytest.fixture(scope="module")

@@ -44,11 +44,13 @@ def test_streams_equal_the_synchronous_engine(tiny_checkpoint):
 
     async def main():
         async with AsyncEngine(config(tiny_checkpoint)) as engine:
-            results = await asyncio.gather(*(collect(engine.generate(p, sp)) for p, sp in zip(prompts, params)))
+            results = await asyncio.gather(
+                *(collect(engine.generate(p, sp)) for p, sp in zip(prompts, params, strict=True))
+            )
             assert blocks_all_free(engine)
             return results
 
-    for deltas, want in zip(run(main()), expected):
+    for deltas, want in zip(run(main()), expected, strict=True):
         assert [t for d in deltas for t in d.token_ids] == want
         assert all(d.token_ids for d in deltas) and all(d.finish_reason is None for d in deltas[:-1])
         assert (deltas[-1].finish_reason, deltas[-1].stop_token_id) == ("length", None)
@@ -113,7 +115,9 @@ def test_a_failed_step_fails_every_request_in_it_and_the_engine_goes_on(tiny_che
                 assert str(err) == "engine step failed: RuntimeError: injected fault"
                 assert isinstance(err.__cause__, RuntimeError)
             assert blocks_all_free(engine)
-            after = await collect(engine.generate(prompt(7), SamplingParams(max_new_tokens=3, temperature=0.0)))
+            after = await collect(
+                engine.generate(prompt(7), SamplingParams(max_new_tokens=3, temperature=0.0))
+            )
             assert sum(len(d.token_ids) for d in after) == 3
 
     run(main())
@@ -139,8 +143,9 @@ def test_shutdown_fails_requests_still_in_flight(tiny_checkpoint):
     async def main():
         engine = AsyncEngine(config(tiny_checkpoint))
         async with engine:
-            stream = engine.generate(prompt(30), SamplingParams(max_new_tokens=5000, temperature=0.0,
-                                                                ignore_eos=True))
+            stream = engine.generate(
+                prompt(30), SamplingParams(max_new_tokens=5000, temperature=0.0, ignore_eos=True)
+            )
             await anext(stream)
         with pytest.raises(EngineError, match="shut down with this request in flight"):
             await collect(stream)

@@ -36,7 +36,7 @@ def reference_greedy(model, prompt, n):
     for _ in range(n):
         hidden = model(torch.tensor(ids), torch.arange(len(ids)), DenseAttention())
         ids.append(int(model.compute_logits(hidden[-1:]).argmax(-1)))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def alone(engine, prompt, params):
@@ -47,7 +47,7 @@ def test_paged_greedy_equals_reference_full_forward(engine, ref_fp32):
     # 1 token; chunked prefill (300 > 128 budget); decode crossing the 128 window (120 + 12).
     prompts = prompts_of([1, 17, 120, 300])
     outs = engine.generate(prompts, GREEDY)
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(prompts, outs, strict=True):
         assert out == reference_greedy(ref_fp32, prompt, GREEDY.max_new_tokens)
     assert engine.scheduler.bm.full.num_free == engine.scheduler.bm.full.num_blocks
 
@@ -55,11 +55,13 @@ def test_paged_greedy_equals_reference_full_forward(engine, ref_fp32):
 def test_batch_outputs_equal_each_request_alone(engine):
     lengths = [3, 130, 64, 250, 127, 9, 200, 40, 1, 90]  # > max_num_seqs: some wait for a slot
     prompts = prompts_of(lengths, seed=1)
-    params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
-              for n in (20, 5, 70, 3, 10, 40, 8, 16, 30, 2)]  # 64 + 70 crosses 128 while decoding
+    params = [
+        SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+        for n in (20, 5, 70, 3, 10, 40, 8, 16, 30, 2)
+    ]  # 64 + 70 crosses 128 while decoding
     batched = engine.generate(prompts, params)
     assert [len(o) for o in batched] == [p.max_new_tokens for p in params]
-    for prompt, p, out in zip(prompts, params, batched):
+    for prompt, p, out in zip(prompts, params, batched, strict=True):
         assert out == alone(engine, prompt, p)
 
 

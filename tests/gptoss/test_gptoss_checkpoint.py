@@ -17,7 +17,10 @@ MICRO = replace(PRESETS["tiny"], vocab_size=256).with_layers(1)
 
 def test_tiny_loads_with_experts_packed(tiny_checkpoint: Path):
     assert sorted(p.name for p in tiny_checkpoint.iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors"]
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
     cfg, w = load(tiny_checkpoint, dtype=torch.bfloat16)
     assert cfg == PRESETS["tiny"]
     assert len(w) == 3 + 19 * cfg.num_hidden_layers
@@ -43,8 +46,9 @@ def test_same_seed_gives_the_same_tensors_whatever_the_sharding(tmp_path: Path, 
     assert files == [f"model-0000{i}-of-00004.safetensors" for i in range(5)]
     assert index["weight_map"]["lm_head.weight"] == "model-00000-of-00004.safetensors"
     assert index["weight_map"]["model.layers.2.mlp.router.bias"] == "model-00003-of-00004.safetensors"
-    assert index["metadata"]["total_size"] == (tiny_checkpoint / "model.safetensors").stat().st_size - \
-        _header_bytes(tiny_checkpoint / "model.safetensors")
+    assert index["metadata"]["total_size"] == (
+        tiny_checkpoint / "model.safetensors"
+    ).stat().st_size - _header_bytes(tiny_checkpoint / "model.safetensors")
     _, a = load(tiny_checkpoint, dtype=torch.float32)
     _, b = load(sharded, dtype=torch.float32)
     assert a.keys() == b.keys()
@@ -82,8 +86,19 @@ def test_seed_changes_every_tensor(tmp_path: Path):
 def _release_bytes(layers: int, experts: int) -> int:
     # Worked out by hand from the release's shapes: bf16 everything but the MXFP4 experts.
     V, H, I, Hq, Hkv, D = 201088, 2880, 2880, 64, 8, 64
-    bf16 = (2 * H + Hq * D * H + Hq * D + 2 * (Hkv * D * H + Hkv * D) + H * Hq * D + H + Hq
-            + experts * H + experts + experts * 2 * I + experts * H)
+    bf16 = (
+        2 * H
+        + Hq * D * H
+        + Hq * D
+        + 2 * (Hkv * D * H + Hkv * D)
+        + H * Hq * D
+        + H
+        + Hq
+        + experts * H
+        + experts
+        + experts * 2 * I
+        + experts * H
+    )
     u8 = experts * (2 * I * H // 32 * 17 + H * I // 32 * 17)  # 16 block bytes + 1 scale per 32
     return 2 * (2 * V * H + H) + layers * (2 * bf16 + u8)
 
@@ -101,7 +116,9 @@ def test_dry_run_plans_the_release_sizes(preset, tensors, layers, experts, tmp_p
 
 def test_cli_writes_a_checkpoint_that_loads(tmp_path: Path, capsys):
     out = tmp_path / "one-layer"
-    assert main(["--preset", "tiny", "--layers", "1", "--bf16-experts", "--seed", "3", "--out", str(out)]) == 0
+    assert (
+        main(["--preset", "tiny", "--layers", "1", "--bf16-experts", "--seed", "3", "--out", str(out)]) == 0
+    )
     assert "wrote 20 tensors" in capsys.readouterr().out
     cfg, w = load(out)
     assert cfg == replace(PRESETS["tiny"].with_layers(1), quant_method=None)
@@ -111,6 +128,7 @@ def test_cli_writes_a_checkpoint_that_loads(tmp_path: Path, capsys):
 
 
 # ---- errors -----------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def micro(tmp_path: Path) -> Path:
@@ -138,14 +156,21 @@ def test_several_missing_tensors_are_counted(micro: Path):
     def drop(t):
         for k in [k for k in t if "self_attn" in k]:
             del t[k]
+
     _rewrite(micro, drop)
-    assert _error(micro) == f"checkpoint {micro}: missing tensor 'model.layers.0.self_attn.q_proj.weight' (and 8 more)"
+    assert (
+        _error(micro)
+        == f"checkpoint {micro}: missing tensor 'model.layers.0.self_attn.q_proj.weight' (and 8 more)"
+    )
 
 
 def test_wrong_shape_is_reported(micro: Path):
-    _rewrite(micro, lambda t: t.update({"model.layers.0.self_attn.sinks": torch.zeros(8, dtype=torch.bfloat16)}))
-    assert _error(micro) == (f"checkpoint {micro}: tensor 'model.layers.0.self_attn.sinks' "
-                             "has shape (8,), expected (4,)")
+    _rewrite(
+        micro, lambda t: t.update({"model.layers.0.self_attn.sinks": torch.zeros(8, dtype=torch.bfloat16)})
+    )
+    assert _error(micro) == (
+        f"checkpoint {micro}: tensor 'model.layers.0.self_attn.sinks' has shape (8,), expected (4,)"
+    )
 
 
 def test_float_where_mxfp4_blocks_belong_is_refused(micro: Path):
@@ -163,33 +188,45 @@ def test_unknown_quant_method_is_refused(micro: Path):
     cfg = json.loads((micro / "config.json").read_text())
     cfg["quantization_config"]["quant_method"] = "fp8"
     (micro / "config.json").write_text(json.dumps(cfg))
-    assert _error(micro) == (f"checkpoint {micro}: config.json: unknown quant method 'fp8'; "
-                             "supported: 'mxfp4', or no quantization_config (bf16 experts)")
+    assert _error(micro) == (
+        f"checkpoint {micro}: config.json: unknown quant method 'fp8'; "
+        "supported: 'mxfp4', or no quantization_config (bf16 experts)"
+    )
 
 
 def test_mxfp4_tensors_under_a_bf16_config_are_refused(micro: Path):
     cfg = json.loads((micro / "config.json").read_text())
     del cfg["quantization_config"]
     (micro / "config.json").write_text(json.dumps(cfg))
-    assert _error(micro) == f"checkpoint {micro}: missing tensor 'model.layers.0.mlp.experts.gate_up_proj' (and 1 more)"
+    assert (
+        _error(micro)
+        == f"checkpoint {micro}: missing tensor 'model.layers.0.mlp.experts.gate_up_proj' (and 1 more)"
+    )
 
 
 def test_only_safetensors_are_read(micro: Path):
     (micro / "model.safetensors").rename(micro / "pytorch_model.bin")
-    assert _error(micro) == (f"checkpoint {micro}: no model.safetensors.index.json or model.safetensors "
-                             "(only safetensors checkpoints are supported)")
+    assert _error(micro) == (
+        f"checkpoint {micro}: no model.safetensors.index.json or model.safetensors "
+        "(only safetensors checkpoints are supported)"
+    )
 
 
 def test_missing_shard_is_named(tmp_path: Path):
     out = write_checkpoint(MICRO, tmp_path / "sharded", layers_per_shard=1)
     (out / "model-00001-of-00001.safetensors").unlink()
-    assert _error(out) == (f"checkpoint {out}: shard model-00001-of-00001.safetensors listed in "
-                           "model.safetensors.index.json is missing")
+    assert _error(out) == (
+        f"checkpoint {out}: shard model-00001-of-00001.safetensors listed in "
+        "model.safetensors.index.json is missing"
+    )
 
 
 def test_missing_config_is_reported(tmp_path: Path):
     tmp_path.joinpath("empty").mkdir()
-    assert _error(tmp_path / "empty") == f"checkpoint {tmp_path / 'empty'}: no config.json at {tmp_path / 'empty' / 'config.json'}"
+    assert (
+        _error(tmp_path / "empty")
+        == f"checkpoint {tmp_path / 'empty'}: no config.json at {tmp_path / 'empty' / 'config.json'}"
+    )
 
 
 def test_specs_cover_every_written_tensor(micro: Path):

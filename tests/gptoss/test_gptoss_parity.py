@@ -1,5 +1,6 @@
 """The reference model against transformers' GptOssForCausalLM, and against itself (cache, batching)."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,8 @@ def test_bf16_experts_checkpoint_is_the_same_model(tiny_bf16_checkpoint, ref_fp3
 def test_transformers_reads_the_bf16_experts_checkpoint_like_ours(tiny_bf16_checkpoint, ref_fp32):
     transformers = pytest.importorskip("transformers")
     hf = transformers.GptOssForCausalLM.from_pretrained(
-        tiny_bf16_checkpoint, dtype=torch.float32, experts_implementation="eager").eval()
+        tiny_bf16_checkpoint, dtype=torch.float32, experts_implementation="eager"
+    ).eval()
     ids = prompt(17, seed=5)
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
@@ -95,7 +97,7 @@ class _PerSequence:
 
     def __init__(self, lengths: list[int]):
         bounds = torch.tensor([0, *lengths]).cumsum(0).tolist()
-        self.slices = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+        self.slices = [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
     def __call__(self, layer, q, k, v, sinks, window, scale):
         outs = []
@@ -148,14 +150,19 @@ def test_only_the_selected_experts_are_decoded(ref_fp32, monkeypatch):
 
 
 def test_experts_stay_packed_in_memory(ref_fp32, tiny_checkpoint):
-    float_expert_buffers = {name for name, b in ref_fp32.named_buffers()
-                            if ".experts." in name and b.dtype != torch.uint8}
-    assert float_expert_buffers == {f"layers.{i}.mlp.experts.{b}" for i in range(4)
-                                    for b in ("gate_up_bias", "down_bias")}
+    float_expert_buffers = {
+        name for name, b in ref_fp32.named_buffers() if ".experts." in name and b.dtype != torch.uint8
+    }
+    assert float_expert_buffers == {
+        f"layers.{i}.mlp.experts.{b}" for i in range(4) for b in ("gate_up_bias", "down_bias")
+    }
     # The whole bf16 model is the checkpoint's bytes, plus norms and sinks widened to float32.
     model = GptOss.from_checkpoint(tiny_checkpoint, dtype=torch.bfloat16)
     held = sum(b.numel() * b.element_size() for b in model.buffers() if b is not model.rope.inv_freq)
-    widened = sum(b.numel() * 2 for name, b in model.named_buffers() if b.dtype == torch.float32
-                  and not name.startswith("rope"))
+    widened = sum(
+        b.numel() * 2
+        for name, b in model.named_buffers()
+        if b.dtype == torch.float32 and not name.startswith("rope")
+    )
     on_disk = (tiny_checkpoint / "model.safetensors").stat().st_size
     assert on_disk - 20_000 < held - widened <= on_disk  # the header is a few KB

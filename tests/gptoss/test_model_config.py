@@ -30,14 +30,21 @@ RELEASED_20B = {
     "pad_token_id": 199999,
     "quantization_config": {
         "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head",
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
         ],
         "quant_method": "mxfp4",
     },
     "rms_norm_eps": 1e-05,
     "rope_scaling": {
-        "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
-        "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
     },
     "rope_theta": 150000,
     "router_aux_loss_coef": 0.9,
@@ -100,23 +107,38 @@ def test_with_layers_keeps_the_alternation():
     assert cfg.num_hidden_layers == 3 and cfg.layer_types == (SLIDING, FULL, SLIDING)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"model_type": "llama"}, "config.json: model_type is 'llama', expected 'gpt_oss'"),
-    ({"quantization_config": {"quant_method": "fp8"}},
-     "config.json: unknown quant method 'fp8'; supported: 'mxfp4', or no quantization_config (bf16 experts)"),
-    ({"tie_word_embeddings": True},
-     "config.json: tie_word_embeddings must be false for gpt-oss (untied lm_head)"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-     "config.json: rope_scaling must be yarn, got {'rope_type': 'linear', 'factor': 2.0}"),
-    ({"layer_types": ["sliding_attention"] * 3}, "config.json: layer_types has 3 entries for 24 layers"),
-    ({"layer_types": ["chunked_attention"] * 24},
-     "config.json: unknown layer_types ['chunked_attention']; expected 'sliding_attention' or 'full_attention'"),
-    ({"num_key_value_heads": 7},
-     "config.json: num_attention_heads (64) must be a multiple of num_key_value_heads (7)"),
-    ({"hidden_size": 2890}, "config.json: hidden_size (2890) must be a multiple of 32 for MXFP4 experts"),
-    ({"num_experts_per_tok": 40}, "config.json: num_experts_per_tok (40) exceeds num_local_experts (32)"),
-    ({"head_dim": 0}, "config.json: head_dim must be a positive integer, got 0"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model_type": "llama"}, "config.json: model_type is 'llama', expected 'gpt_oss'"),
+        (
+            {"quantization_config": {"quant_method": "fp8"}},
+            "config.json: unknown quant method 'fp8'; supported: 'mxfp4', or no quantization_config (bf16 "
+            "experts)",
+        ),
+        (
+            {"tie_word_embeddings": True},
+            "config.json: tie_word_embeddings must be false for gpt-oss (untied lm_head)",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+            "config.json: rope_scaling must be yarn, got {'rope_type': 'linear', 'factor': 2.0}",
+        ),
+        ({"layer_types": ["sliding_attention"] * 3}, "config.json: layer_types has 3 entries for 24 layers"),
+        (
+            {"layer_types": ["chunked_attention"] * 24},
+            "config.json: unknown layer_types ['chunked_attention']; expected 'sliding_attention' or "
+            "'full_attention'",
+        ),
+        (
+            {"num_key_value_heads": 7},
+            "config.json: num_attention_heads (64) must be a multiple of num_key_value_heads (7)",
+        ),
+        ({"hidden_size": 2890}, "config.json: hidden_size (2890) must be a multiple of 32 for MXFP4 experts"),
+        ({"num_experts_per_tok": 40}, "config.json: num_experts_per_tok (40) exceeds num_local_experts (32)"),
+        ({"head_dim": 0}, "config.json: head_dim must be a positive integer, got 0"),
+    ],
+)
 def test_bad_configs_are_refused(change, message):
     with pytest.raises(ValueError) as e:
         ModelConfig.from_hf(RELEASED_20B | change)

@@ -40,8 +40,10 @@ def test_dequantize_is_exact_in_bf16_and_fp32():
     g = torch.Generator().manual_seed(1)
     blocks = torch.randint(0, 256, (64, 2, 16), generator=g, dtype=torch.uint8)
     scales = torch.randint(100, 140, (64, 2), generator=g, dtype=torch.uint8)
-    assert torch.equal(mxfp4.dequantize(blocks, scales, torch.bfloat16).float(),
-                       mxfp4.dequantize(blocks, scales, torch.float32))
+    assert torch.equal(
+        mxfp4.dequantize(blocks, scales, torch.bfloat16).float(),
+        mxfp4.dequantize(blocks, scales, torch.float32),
+    )
 
 
 def test_quantize_round_trips_mxfp4_values_bit_exactly():
@@ -68,7 +70,9 @@ def test_quantize_error_is_within_half_a_step():
     blocks, scales = mxfp4.quantize(x)
     assert blocks.shape == (200, 2, 16) and scales.shape == (200, 2)
     y = mxfp4.dequantize(blocks, scales, torch.float32)
-    step = torch.ldexp(torch.ones(scales.shape), scales.int() - 127).repeat_interleave(32, dim=-1)  # [200, 64]
+    step = torch.ldexp(torch.ones(scales.shape), scales.int() - 127).repeat_interleave(
+        32, dim=-1
+    )  # [200, 64]
     # e2m1 steps are at most 2 units (4 -> 6), so rounding is off by at most 1 unit of the scale;
     # and the scale is the smallest that fits the block, so it never clips.
     assert ((y - x).abs() <= step).all()

@@ -7,9 +7,9 @@ import torch
 
 from gptoss.block_manager import BlockManager, cdiv
 from gptoss.paged_attention import StepContext
+from gptoss.sampling import SamplingParams
 from gptoss.scheduler import Scheduler
 from gptoss.sequence import Sequence, Status
-from gptoss.sampling import SamplingParams
 
 STOP = (200002, 200012, 199999)
 
@@ -38,27 +38,35 @@ class KVShadow:
         rows = ix.rows.view(-1, L)[b].tolist() if L else []
         lo = 0 if kind == "full" else max(0, end - self.window)
         pos = range(L) if kind == "full" else range(end - L, end)
-        got = [self.pool[kind][r] for r, p in zip(rows, pos) if lo <= p < end]
+        got = [self.pool[kind][r] for r, p in zip(rows, pos, strict=True) if lo <= p < end]
         assert got == [(seq.seq_id, p) for p in range(lo, end)], (kind, seq, end)
 
     def check_and_write(self, batch):
         seqs, starts = batch.seqs, [s.num_computed for s in batch.seqs]
-        ctx = StepContext.build(starts, batch.num_new, [s.full_blocks for s in seqs],
-                                [s.ring_blocks for s in seqs], self.bs, self.window, 1, torch.device("cpu"))
+        ctx = StepContext.build(
+            starts,
+            batch.num_new,
+            [s.full_blocks for s in seqs],
+            [s.ring_blocks for s in seqs],
+            self.bs,
+            self.window,
+            1,
+            torch.device("cpu"),
+        )
         num_decode = batch.num_new.count(1)
         i = num_decode
-        for g in ctx.groups[1 if num_decode else 0:]:  # prefill groups, in step order
-            assert g.start == sum(batch.num_new[:i]) and g.num_tokens == sum(batch.num_new[i:i + g.batch])
+        for g in ctx.groups[1 if num_decode else 0 :]:  # prefill groups, in step order
+            assert g.start == sum(batch.num_new[:i]) and g.num_tokens == sum(batch.num_new[i : i + g.batch])
             for b in range(g.batch):
                 for kind, ix in (("full", g.full), ("ring", g.ring)):
                     self.expect(seqs[i + b], kind, ix, b, starts[i + b])
             i += g.batch
         assert i == len(seqs)
         positions = ctx.positions.tolist()
-        owner = [s.seq_id for s, n in zip(seqs, batch.num_new) for _ in range(n)]
+        owner = [s.seq_id for s, n in zip(seqs, batch.num_new, strict=True) for _ in range(n)]
         for r, row in enumerate(ctx.full_rows.tolist()):
             self.pool["full"][row] = (owner[r], positions[r])
-        for r, row in zip(ctx.ring_src.tolist(), ctx.ring_rows.tolist()):
+        for r, row in zip(ctx.ring_src.tolist(), ctx.ring_rows.tolist(), strict=True):
             self.pool["ring"][row] = (owner[r], positions[r])
         for g in ctx.groups[: 1 if num_decode else 0]:
             for b in range(g.batch):
@@ -80,8 +88,9 @@ def test_random_load_keeps_invariants_and_leaks_nothing(shadow_kv):
         for _ in range(rng.randint(0, 3)):  # arrivals while others run
             if pending:
                 i = pending.pop(0)
-                seq = make_seq(i, rng.randint(1, 300), rng.randint(1, 200), max_model_len,
-                               ignore_eos=rng.random() < 0.5)
+                seq = make_seq(
+                    i, rng.randint(1, 300), rng.randint(1, 200), max_model_len, ignore_eos=rng.random() < 0.5
+                )
                 seqs.append(seq)
                 sched.add(seq)
         if rng.random() < 0.05 and len(sched):  # abort a random unfinished request
@@ -94,15 +103,16 @@ def test_random_load_keeps_invariants_and_leaks_nothing(shadow_kv):
         preemptions += len(batch.preempted)
         assert batch.num_tokens <= 256 and len(sched.running) <= 12
         assert [n == 1 for n in batch.num_new] == sorted([n == 1 for n in batch.num_new], reverse=True)
-        for seq, n in zip(batch.seqs, batch.num_new):
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             assert seq.status is Status.RUNNING and 1 <= n <= seq.num_tokens - seq.num_computed
             assert len(seq.full_blocks) == cdiv(seq.num_computed + n, bs)
             assert len(seq.ring_blocks) == min(cdiv(seq.num_computed + n, bs), window // bs)
         bm.check_invariants(sched.running)
         if shadow:
             shadow.check_and_write(batch)
-        sampled = [rng.choice(STOP) if rng.random() < 0.01 else rng.randrange(1000)
-                   for _ in range(sum(batch.sample))]
+        sampled = [
+            rng.choice(STOP) if rng.random() < 0.01 else rng.randrange(1000) for _ in range(sum(batch.sample))
+        ]
         sched.postprocess(batch, sampled)
         bm.check_invariants(sched.running)
 
@@ -117,8 +127,11 @@ def test_random_load_keeps_invariants_and_leaks_nothing(shadow_kv):
             assert not seq.params.ignore_eos and out[-1] in STOP and out[-1] == seq.stop_token_id
             assert not any(t in STOP for t in out[:-1])
         elif seq.finish_reason == "length":
-            assert len(seq) == seq.max_tokens == min(seq.num_prompt_tokens + seq.params.max_new_tokens,
-                                                     max_model_len)
+            assert (
+                len(seq)
+                == seq.max_tokens
+                == min(seq.num_prompt_tokens + seq.params.max_new_tokens, max_model_len)
+            )
             assert seq.params.ignore_eos or not any(t in STOP for t in out)
     assert len(seqs) == num_requests and all(reasons.values()), reasons
 

@@ -22,19 +22,47 @@ def expected_tokens(prompt: list[int], params: SamplingParams) -> list[int]:
 @dataclass(frozen=True, slots=True)
 class FakeOptions:
     delay_s: float = field(default=0.0, metadata={"help": "sleep before each chunk", "flag": "--fake-delay"})
-    chunk: int = field(default=3, metadata={"help": "tokens per chunk after the first (always 1 token)",
-                                            "flag": "--fake-chunk"})
-    fail_every: int = field(default=0, metadata={"help": "every Nth request raises after its first chunk",
-                                                 "flag": "--fake-fail-every"})
-    stall_every: int = field(default=0, metadata={"help": "every Nth request hangs after its first chunk",
-                                                  "flag": "--fake-stall-every"})
-    fail_at: int = field(default=1, metadata={  # 0: before any token
-        "help": "the chunk index at which failures and stalls happen", "flag": "--fake-fail-at"})
-    stubborn_s: float = field(default=0.0, metadata={  # > 0: a stall ignores cancellation this long, then ends
-        "help": "seconds a stall ignores cancellation", "flag": "--fake-stubborn"})
-    fail_start: bool = field(default=False, metadata={  # as a server that is not up would
-        "help": "__aenter__ raises BackendError", "flag": "--fake-fail-start"})
+    chunk: int = field(
+        default=3,
+        metadata={"help": "tokens per chunk after the first (always 1 token)", "flag": "--fake-chunk"},
+    )
+    fail_every: int = field(
+        default=0,
+        metadata={"help": "every Nth request raises after its first chunk", "flag": "--fake-fail-every"},
+    )
+    stall_every: int = field(
+        default=0,
+        metadata={"help": "every Nth request hangs after its first chunk", "flag": "--fake-stall-every"},
+    )
+    fail_at: int = field(
+        default=1,
+        metadata={  # 0: before any token
+            "help": "the chunk index at which failures and stalls happen",
+            "flag": "--fake-fail-at",
+        },
+    )
+    stubborn_s: float = field(
+        default=0.0,
+        metadata={  # > 0: a stall ignores cancellation this long, then ends
+            "help": "seconds a stall ignores cancellation",
+            "flag": "--fake-stubborn",
+        },
+    )
+    fail_start: bool = field(
+        default=False,
+        metadata={  # as a server that is not up would
+            "help": "__aenter__ raises BackendError",
+            "flag": "--fake-fail-start",
+        },
+    )
     max_model_len: int | None = field(default=None, metadata={"help": "the context the backend reports"})
+    mark_file: str | None = field(
+        default=None,
+        metadata={  # lets a test in another process wait for streaming
+            "help": "a line is appended here when a request yielded its first chunk",
+            "flag": "--fake-mark-file",
+        },
+    )
 
 
 class InjectedFailure(RuntimeError):
@@ -96,6 +124,9 @@ class FakeBackend:
                         continue  # a misbehaving backend: swallows the cancel, keeps streaming
             sent.extend(chunk)
             yield chunk
+            if k == 0 and self.opts.mark_file:  # lets a test in another process wait for streaming
+                with open(self.opts.mark_file, "a") as f:
+                    f.write(f"{call}\n")
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "options": self.opts}

@@ -134,10 +134,40 @@ def test_embedded_default_uses_the_bundled_data_and_short_settings(fake_backend,
     assert (cfg.min_duration_s, cfg.min_query_count, cfg.target_qps) == (0.0, 24, None)
     assert any("not a valid submission setting" in n for n in cfg.notes)
     srv = _config(["--backend", "fake", "--scenario", "server", "--target-qps", 3])
-    assert (srv.min_duration_s, srv.min_query_count, srv.target_qps) == (0.0, 48, 3.0)  # flags win
-    assert any("a VALID Server run needs ~500 queries" in n for n in srv.notes)
+    assert (srv.min_duration_s, srv.min_query_count, srv.target_qps) == (0.0, 120, 3.0)  # flags win
+    assert srv.latency_percentile == 0.9
+    assert any("judged at p90 instead of p99" in n for n in srv.notes)
+    inter = _config(["--backend", "fake", "--scenario", "interactive"])
+    assert (inter.min_query_count, inter.target_qps, inter.latency_percentile) == (48, 1.0, 0.9)
+    assert any("usually ends INVALID (exit 3) on a busy one" in n for n in inter.notes)
     real = _config(["--backend", "fake", "--input-file", "x.parquet"])
     assert (real.min_duration_s, real.min_query_count, real.target_qps) == (None, None, None)
+    assert real.latency_percentile is None
+    own = _config(["--backend", "fake", "--scenario", "server", "--user-conf", "user.conf"])
+    assert (own.min_query_count, own.target_qps, own.latency_percentile) == (
+        None,
+        None,
+        None,
+    )  # the conf says
+
+
+def test_embedded_server_smoke_run_is_judged_at_p90(fake_backend, tmp_path):
+    """The smoke settings reach LoadGen, and the summary reports the percentile LoadGen judged."""
+    from tests.harness.runkit import run_cli, run_json
+
+    code = run_cli(
+        ["--backend", "fake", "--scenario", "server", "--target-qps", 200, "--output-dir", tmp_path]
+    )
+    record = run_json(tmp_path / "server" / "performance")
+    assert code == (0 if record["result"]["validity"] == "VALID" else 3)
+    assert record["loadgen_settings"]["server_target_latency_percentile"] == pytest.approx(0.9)
+    assert record["loadgen_settings"]["min_query_count"] == 120
+    result = record["result"]
+    assert result["target_percentile"] == pytest.approx(0.9)
+    assert (
+        0 < result["tpot_target_ns"] <= result["tpot_p99_ns"]
+        and 0 < result["ttft_target_ns"] <= result["ttft_p99_ns"]
+    )
 
 
 def test_generation_config_defaults_and_modes(tmp_path):
@@ -172,7 +202,7 @@ def test_bad_generation_configs(tmp_path, content, message):
 
 
 def test_missing_named_conf_exits_2_with_the_message(fake_backend, tmp_path, capsys):
-    from tests.harness.conftest import run_cli
+    from tests.harness.runkit import run_cli
 
     assert (
         run_cli(["--backend", "fake", "--user-conf", tmp_path / "user.conf", "--output-dir", tmp_path]) == 2
@@ -181,7 +211,7 @@ def test_missing_named_conf_exits_2_with_the_message(fake_backend, tmp_path, cap
 
 
 def test_run_json_records_command_settings_backend_and_versions(fake_backend, tmp_path):
-    from tests.harness.conftest import run_cli, run_json
+    from tests.harness.runkit import run_cli, run_json
 
     assert run_cli(["--backend", "fake", "--output-dir", tmp_path, "--fake-delay", 0]) == 0
     record = run_json(tmp_path / "offline" / "performance")
@@ -210,7 +240,8 @@ def test_run_json_records_command_settings_backend_and_versions(fake_backend, tm
         ),
         (
             ["--backend", "sglang", "--no-stream", "--seed", "3"],
-            "--seed has no effect with --backend sglang; remove it or choose the backend it belongs to (gptoss)",
+            "--seed has no effect with --backend sglang; remove it or choose the backend it belongs to "
+            "(gptoss)",
         ),
         (
             ["--backend", "openai", "--max-num-seqs", "8"],
@@ -226,11 +257,12 @@ def test_a_flag_of_another_backend_is_refused_not_ignored(argv, message, capsys,
     assert message in err and err.startswith("error: ") and err.count("\n") == 1
 
 
-
 def test_a_flag_means_what_its_backend_says(monkeypatch):
     from gptoss.engine import EngineConfig
 
-    vllm_cfg = _config(["--backend", "vllm", "--max-num-seqs", "8", "--dtype", "auto"], monkeypatch=monkeypatch)
+    vllm_cfg = _config(
+        ["--backend", "vllm", "--max-num-seqs", "8", "--dtype", "auto"], monkeypatch=monkeypatch
+    )
     assert vllm_cfg.backend_options.engine_args == {"max_num_seqs": 8, "dtype": "auto"}  # only what was set
     gptoss_cfg = _config(["--backend", "gptoss", "--max-num-seqs", "8", "--device", "cpu", "--seed", "5"])
     # EngineConfig is the gptoss options, built whole; the model path is the runner's to fill in
@@ -273,11 +305,26 @@ def test_help_shows_each_backends_own_flags_and_defaults(capsys):
         (["--backend", "sglang", "--ready-timeout", "Infinity"], "expected a finite number, got 'Infinity'"),
         (["--backend", "sglang", "--first-token-timeout", "inf"], "expected a finite number, got 'inf'"),
         (["--backend", "sglang", "--retries", "-1"], "--retries must be >= 0, got -1"),
-        (["--backend", "sglang", "--server-url", "not-a-url"], "--server-url 'not-a-url' is not an http(s) URL"),
-        (["--backend", "openai", "--server-url", "http://:80"], "--server-url 'http://:80' is not an http(s) URL"),
-        (["--backend", "openai", "--server-url", "http://h:99999"], "--server-url 'http://h:99999': Port out of range"),
-        (["--backend", "openai", "--server-url", "ftp://h:1"], "is not an http(s) URL; give http://HOST:PORT"),
-        (["--backend", "nope"], "--backend='nope' is not a backend; choose one of gptoss, vllm, sglang, openai"),
+        (
+            ["--backend", "sglang", "--server-url", "not-a-url"],
+            "--server-url 'not-a-url' is not an http(s) URL",
+        ),
+        (
+            ["--backend", "openai", "--server-url", "http://:80"],
+            "--server-url 'http://:80' is not an http(s) URL",
+        ),
+        (
+            ["--backend", "openai", "--server-url", "http://h:99999"],
+            "--server-url 'http://h:99999': Port out of range",
+        ),
+        (
+            ["--backend", "openai", "--server-url", "ftp://h:1"],
+            "is not an http(s) URL; give http://HOST:PORT",
+        ),
+        (
+            ["--backend", "nope"],
+            "--backend='nope' is not a backend; choose one of gptoss, vllm, sglang, openai",
+        ),
         (["--max-num"], "unrecognized arguments: --max-num"),  # no abbreviations: a prefix is not a flag
     ],
 )

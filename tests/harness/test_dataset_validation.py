@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.dataset import DatasetError, check_model_limits, load_dataset
-from tests.harness.conftest import run_cli
+from tests.harness.runkit import run_cli
 
 GOOD = [[200006, 17360, 200008], [200006, 1, 2, 3]]
 
@@ -37,7 +37,8 @@ def _error(path, **kw) -> str:
         ([[1, 2], [3, -4]], "d.pkl: row 1, column 'tok_input': token id -4 at position 1 is negative"),
         (
             [[1, 201088], [3]],
-            "d.pkl: row 0, column 'tok_input': token id 201088 at position 1 is >= the vocabulary size 201088",
+            "d.pkl: row 0, column 'tok_input': token id 201088 at position 1 is >= the vocabulary size "
+            "201088",
         ),
         (
             [[1, 2.5], [3]],
@@ -70,7 +71,8 @@ def test_missing_prompt_column(tmp_path):
     path = tmp_path / "d.parquet"
     pd.DataFrame({"text": ["hi"], "dataset": ["aime25"]}).to_parquet(path)
     assert _error(path) == (
-        f"dataset {path} has no 'tok_input' column (nor the older 'input_tokens'); its columns are: text, dataset"
+        f"dataset {path} has no 'tok_input' column (nor the older 'input_tokens'); its columns are: text, "
+        "dataset"
     )
 
 
@@ -145,12 +147,14 @@ def test_prompt_longer_than_the_context_and_a_smaller_vocabulary(tmp_path):
         check_model_limits(ds, max_model_len=4, vocab_size=201088)
     assert (
         str(e.value)
-        == "d.parquet: row 1, column 'tok_input': the prompt has 4 tokens, longer than the model's context of 4 tokens"
+        == "d.parquet: row 1, column 'tok_input': the prompt has 4 tokens, longer than the model's context "
+        "of 4 tokens"
     )
     with pytest.raises(DatasetError) as e:
         check_model_limits(ds, max_model_len=100, vocab_size=200000)
     assert str(e.value) == (
-        "d.parquet: row 0, column 'tok_input': token id 200006 at position 0 is >= the model's vocabulary size 200000"
+        "d.parquet: row 0, column 'tok_input': token id 200006 at position 0 is >= the model's vocabulary "
+        "size 200000"
     )
     check_model_limits(ds, max_model_len=5, vocab_size=201088)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.runner import EXIT_COMPLIANCE
-from tests.harness.conftest import accuracy_entries, run_cli, run_json
+from tests.harness.runkit import accuracy_entries, run_cli, run_json
 
 
 @pytest.fixture
@@ -24,7 +24,11 @@ def evaluation(monkeypatch):
 
     def evaluate_run(accuracy_log: Path, dataset: Path, output_json: Path) -> dict:
         calls.append(("evaluate_run", accuracy_log, dataset, output_json))
-        result = {"exact_match": 0.0, "entries": len(json.loads(accuracy_log.read_text())), "passed": pkg.passes}
+        result = {
+            "exact_match": 0.0,
+            "entries": len(json.loads(accuracy_log.read_text())),
+            "passed": pkg.passes,
+        }
         output_json.write_text(json.dumps(result))
         return result
 

@@ -9,7 +9,7 @@ import pytest
 
 from harness.dataset import load_dataset
 from harness.runner import EXIT_FAILED_QUERIES
-from tests.harness.conftest import accuracy_entries, run_cli, run_json
+from tests.harness.runkit import accuracy_entries, run_cli, run_json
 
 
 @pytest.mark.timeout(60)
@@ -17,7 +17,7 @@ from tests.harness.conftest import accuracy_entries, run_cli, run_json
 def test_raising_and_stalling_backend_ends_with_every_query_logged(
     fake_backend, synth_parquet, tmp_path, capsys, scenario
 ):
-    t0 = time.monotonic()
+    # A stall is for ever: were it not timed out, the test's own 60 s time-out would end it.
     code = run_cli(
         [
             "--backend",
@@ -39,8 +39,6 @@ def test_raising_and_stalling_backend_ends_with_every_query_logged(
             7,
         ]
     )
-    elapsed = time.monotonic() - t0
-    assert elapsed < 20, f"the run took {elapsed:.1f} s: a stalled query was not timed out"
     assert code == EXIT_FAILED_QUERIES
     log_dir = tmp_path / scenario / "accuracy"
     ds = load_dataset(synth_parquet)
@@ -129,8 +127,9 @@ def test_failures_make_a_valid_performance_run_exit_non_zero(fake_backend, synth
 
 @pytest.mark.timeout(60)
 def test_a_backend_that_ignores_cancellation_cannot_hold_a_query(fake_backend, synth_parquet, tmp_path):
-    # Every 4th request swallows the cancel and goes on streaming 4 s later; the SUT completes it
-    # at the timeout anyway, and the late tokens never reach LoadGen.
+    # Every 4th request swallows the cancel and goes on streaming 40 s later; the SUT completes it
+    # at the timeout anyway, and the late tokens never reach LoadGen. Had the run waited for the
+    # backend it would take those 40 s; a run that does not wait takes a few.
     t0 = time.monotonic()
     code = run_cli(
         [
@@ -146,10 +145,10 @@ def test_a_backend_that_ignores_cancellation_cannot_hold_a_query(fake_backend, s
             "--fake-stall-every",
             4,
             "--fake-stubborn",
-            4,
+            40,
         ]
     )
-    assert time.monotonic() - t0 < 3.5
+    assert time.monotonic() - t0 < 20
     assert code == EXIT_FAILED_QUERIES
     entries = accuracy_entries(tmp_path / "offline" / "accuracy")
     assert sorted(e["qsl_idx"] for e in entries) == list(range(16))
@@ -178,6 +177,6 @@ def test_a_backend_that_is_not_installed_names_the_setup_call(fake_backend, monk
     )
     assert run_cli(["--backend", "fake", "--output-dir", tmp_path]) == 2
     assert (
-        "error: backend 'fake' needs no_such_module_xyz, which is not installed: run `./setup.sh --backend fake`"
-        in capsys.readouterr().out
+        "error: backend 'fake' needs no_such_module_xyz, which is not installed: run `./setup.sh --backend "
+        "fake`" in capsys.readouterr().out
     )

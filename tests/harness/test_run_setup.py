@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.conftest import run_cli, run_json
+from tests.harness.runkit import run_cli, run_json
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_RUN = ROOT / "tests" / "harness" / "fake_run.py"
@@ -19,8 +19,15 @@ FAKE_RUN = ROOT / "tests" / "harness" / "fake_run.py"
 
 def fake_run(args: list, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "MLPERF_BACKEND"}
-    return subprocess.run([sys.executable, str(FAKE_RUN), "--backend", "fake", *map(str, args)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, str(FAKE_RUN), "--backend", "fake", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def error_lines(done: subprocess.CompletedProcess) -> list[str]:
@@ -33,7 +40,10 @@ def error_lines(done: subprocess.CompletedProcess) -> list[str]:
         (["--target-qps", "inf"], "error: argument --target-qps: expected a finite number, got 'inf'"),
         (["--target-qps", "1e400"], "error: argument --target-qps: expected a finite number, got '1e400'"),
         (["--min-duration", "nan"], "error: argument --min-duration: expected a finite number, got 'nan'"),
-        (["--server-url", "not-a-url"], "error: --server-url 'not-a-url' is not an http(s) URL; give http://HOST:PORT"),
+        (
+            ["--server-url", "not-a-url"],
+            "error: --server-url 'not-a-url' is not an http(s) URL; give http://HOST:PORT",
+        ),
         (["--fake-delay", "inf"], "error: argument --fake-delay: expected a finite number, got 'inf'"),
     ],
 )
@@ -71,7 +81,8 @@ def test_a_second_run_deletes_the_files_of_the_first_and_says_which(fake_backend
     out = capsys.readouterr().out
     assert (
         f"note: {log_dir} held a previous run's files; deleted them: mlperf_log_summary.txt, "
-        "mlperf_log_detail.txt, mlperf_log_accuracy.json, mlperf_log_trace.json, run.json, accuracy.json" in out
+        "mlperf_log_detail.txt, mlperf_log_accuracy.json, mlperf_log_trace.json, run.json, accuracy.json"
+        in out
     )
     assert not (log_dir / "accuracy.json").exists() and (log_dir / "my_notes.txt").read_text() == "mine"
     record = run_json(log_dir)
@@ -84,7 +95,9 @@ def test_prompts_longer_than_the_backends_context_fail_before_loadgen(tmp_path):
     done = fake_run(["--max-model-len", 150, "--output-dir", tmp_path])
     assert done.returncode == 2 and "Traceback" not in done.stderr
     (line,) = error_lines(done)
-    assert "longer than the model's context of 150 tokens" in line and line.startswith("error: sample.parquet: row ")
+    assert "longer than the model's context of 150 tokens" in line and line.startswith(
+        "error: sample.parquet: row "
+    )
     log_dir = tmp_path / "offline" / "performance"
     assert not (log_dir / "mlperf_log_summary.txt").exists()  # LoadGen never started
     assert run_json(log_dir)["status"] == "error"

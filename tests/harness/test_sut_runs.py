@@ -7,7 +7,7 @@ import pytest
 from harness.dataset import load_dataset
 from harness.generation import load_sampling
 from harness.runner import sample_params
-from tests.harness.conftest import accuracy_entries, detail_values, run_cli, run_json, summary_field
+from tests.harness.runkit import accuracy_entries, detail_values, run_cli, run_json, summary_field
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,7 +48,8 @@ def test_accuracy_log_holds_exactly_the_backend_tokens(fake_backend, synth_parqu
             200,
         ]
     )
-    # The fake's tokens answer nothing: every query succeeds and accuracy FAILs (exit 1, as python -m evaluation).
+    # The fake's tokens answer nothing: every query succeeds and accuracy FAILs (exit 1, as
+    # python -m evaluation).
     assert code == 1
     log_dir = tmp_path / scenario / "accuracy"
     assert run_json(log_dir)["failures"]["count"] == 0 and run_json(log_dir)["evaluation"]["passed"] is False
@@ -102,7 +103,18 @@ def test_offline_performance_is_valid_and_token_counts_agree(fake_backend, synth
     assert record["loadgen_settings"]["min_query_count"] == 64
 
 
-def test_server_performance_is_valid_and_token_counts_agree(fake_backend, synth_no_lens, tmp_path):
+@pytest.fixture
+def generous_limits(tmp_path):
+    """Latency limits no pace of an instant backend comes near: VALID then says every query completed,
+    whatever the machine's speed (speed is for bench/)."""
+    conf = tmp_path / "user.conf"
+    conf.write_text("gpt-oss-120b.Server.ttft_latency = 60000\ngpt-oss-120b.Server.tpot_latency = 10000\n")
+    return conf
+
+
+def test_server_performance_is_valid_and_token_counts_agree(
+    fake_backend, synth_no_lens, tmp_path, generous_limits
+):
     # Early stopping needs several hundred queries; an instant backend at 600 QPS takes ~1 s.
     code = run_cli(
         [
@@ -114,6 +126,8 @@ def test_server_performance_is_valid_and_token_counts_agree(fake_backend, synth_
             synth_no_lens,
             "--output-dir",
             tmp_path,
+            "--user-conf",
+            generous_limits,
             "--target-qps",
             600,
             "--min-duration",
@@ -132,10 +146,15 @@ def test_server_performance_is_valid_and_token_counts_agree(fake_backend, synth_
     assert fake_backend.LAST.calls == completed
     assert record["queries"]["output_tokens"] == generated
     assert _loadgen_token_count(detail_values(log_dir), True, completed) == pytest.approx(generated, rel=1e-4)
-    assert record["result"]["ttft_limit_ns"] == 3_000_000_000
+    assert (record["result"]["ttft_limit_ns"], record["result"]["tpot_limit_ns"]) == (
+        60_000_000_000,
+        10_000_000_000,
+    )
 
 
 def test_interactive_uses_the_interactive_latency_limits(fake_backend, synth_no_lens, tmp_path):
+    # Whether 15 ms per token holds on this machine is not the question: the verdict is only
+    # checked to agree with the exit code.
     code = run_cli(
         [
             "--backend",
@@ -154,9 +173,14 @@ def test_interactive_uses_the_interactive_latency_limits(fake_backend, synth_no_
             600,
         ]
     )
-    assert code == 0
     record = run_json(tmp_path / "interactive" / "performance")
     assert record["loadgen_settings"]["scenario"] == "Server"
     assert record["loadgen_settings"]["ttft_latency"] == 2_000_000_000
     assert record["loadgen_settings"]["tpot_latency"] == 15_000_000
-    assert record["result"]["validity"] == "VALID"
+    assert (record["result"]["ttft_limit_ns"], record["result"]["tpot_limit_ns"]) == (
+        2_000_000_000,
+        15_000_000,
+    )
+    assert record["result"]["validity"] in ("VALID", "INVALID")
+    assert code == (0 if record["result"]["validity"] == "VALID" else 3)
+    assert record["failures"]["count"] == 0 and record["queries"]["completed"] >= 600

@@ -34,13 +34,14 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 TOL_ORACLE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 
 
-def make_step(ctx_lens: list[int], q_lens: list[int], hq: int, hkv: int, dtype: torch.dtype,
-              seed: int, fill: float) -> dict:
+def make_step(
+    ctx_lens: list[int], q_lens: list[int], hq: int, hkv: int, dtype: torch.dtype, seed: int, fill: float
+) -> dict:
     """Random caches of both pools holding each sequence's context, block tables with shuffled
     block ids, and this step's q / new K / new V. Slots nobody wrote hold `fill`."""
     g = torch.Generator(DEV).manual_seed(seed)
     rng = random.Random(seed)
-    total = [c + n for c, n in zip(ctx_lens, q_lens)]
+    total = [c + n for c, n in zip(ctx_lens, q_lens, strict=False)]
     full_need = [math.ceil(n / BS) for n in total]
     ring_need = [min(f, RING) for f in full_need]
     full_ids = list(range(sum(full_need) + 3))
@@ -56,15 +57,23 @@ def make_step(ctx_lens: list[int], q_lens: list[int], hq: int, hkv: int, dtype: 
         kv = torch.randn(2, c, hkv, D, generator=g, device=DEV).to(dtype)
         p = torch.arange(c, device=DEV)
         caches["full"][:, torch.tensor(full_tables[s], device=DEV)[p // BS], p % BS] = kv
-        p = p[max(0, c - RING * BS):]  # only the ring's last R*bs positions survive
+        p = p[max(0, c - RING * BS) :]  # only the ring's last R*bs positions survive
         caches["ring"][:, torch.tensor(ring_tables[s], device=DEV)[p // BS % RING], p % BS] = kv[:, p]
     t = sum(q_lens)
     sinks = torch.randn(hq, generator=g, device=DEV)
     sinks[0], sinks[1] = float("-inf"), 30.0  # a head without a sink, a head the sink dominates
-    new = {x: torch.randn(t, h, D, generator=g, device=DEV).to(dtype)
-           for x, h in (("q", hq), ("k", hkv), ("v", hkv))}
-    return dict(ctx=ctx_lens, qlen=q_lens, caches=caches, tables={"full": full_tables, "ring": ring_tables},
-                sinks=sinks, **new)
+    new = {
+        x: torch.randn(t, h, D, generator=g, device=DEV).to(dtype)
+        for x, h in (("q", hq), ("k", hkv), ("v", hkv))
+    }
+    return dict(
+        ctx=ctx_lens,
+        qlen=q_lens,
+        caches=caches,
+        tables={"full": full_tables, "ring": ring_tables},
+        sinks=sinks,
+        **new,
+    )
 
 
 def table_tensor(tables: list[list[int]]) -> torch.Tensor:
@@ -73,7 +82,7 @@ def table_tensor(tables: list[list[int]]) -> torch.Tensor:
 
 
 def pool_window(pool: str, window: int | None | str) -> int | None:
-    """"pool": the pool's own (a ring is sliding, a block table full); else as given."""
+    """ "pool": the pool's own (a ring is sliding, a block table full); else as given."""
     return (WINDOW if pool == "ring" else None) if window == "pool" else window
 
 
@@ -81,10 +90,23 @@ def run_kernel(st: dict, pool: str, window: int | None | str = "pool", **kw) -> 
     kc, vc = st["caches"][pool]
     qs = torch.tensor([0] + st["qlen"], device=DEV).cumsum(0).to(torch.int32)
     out = torch.full_like(st["q"], float("nan"))  # every real row must be written
-    got = paged_attention(st["q"], st["k"], st["v"], kc, vc, table_tensor(st["tables"][pool]), qs,
-                          torch.tensor(st["ctx"], dtype=torch.int32, device=DEV), st["sinks"], SCALE,
-                          pool_window(pool, window), RING if pool == "ring" else None, max(st["qlen"]),
-                          out=out, **kw)
+    got = paged_attention(
+        st["q"],
+        st["k"],
+        st["v"],
+        kc,
+        vc,
+        table_tensor(st["tables"][pool]),
+        qs,
+        torch.tensor(st["ctx"], dtype=torch.int32, device=DEV),
+        st["sinks"],
+        SCALE,
+        pool_window(pool, window),
+        RING if pool == "ring" else None,
+        max(st["qlen"]),
+        out=out,
+        **kw,
+    )
     assert got is out
     return out
 
@@ -97,15 +119,15 @@ def reference(st: dict, pool: str, window: int | None | str = "pool") -> torch.T
     outs, row = [], 0
     hq, hkv = st["q"].shape[1], st["k"].shape[1]
     sink = st["sinks"].double().view(1, hkv, -1, 1)
-    for s, (c, n) in enumerate(zip(st["ctx"], st["qlen"])):
+    for s, (c, n) in enumerate(zip(st["ctx"], st["qlen"], strict=False)):
         p = torch.arange(max(0, c - WINDOW + 1) if window else 0, c, device=DEV)  # older ring slots are gone
         blk = torch.tensor(st["tables"][pool][s], device=DEV)[p // BS % RING if pool == "ring" else p // BS]
-        keys = torch.cat([kc[blk, p % BS], st["k"][row:row + n]]).double()  # [K, Hkv, D]
-        vals = torch.cat([vc[blk, p % BS], st["v"][row:row + n]]).double()
+        keys = torch.cat([kc[blk, p % BS], st["k"][row : row + n]]).double()  # [K, Hkv, D]
+        vals = torch.cat([vc[blk, p % BS], st["v"][row : row + n]]).double()
         kpos = torch.cat([p, torch.arange(c, c + n, device=DEV)])
         for a in range(0, n, 1024):  # query slices bound the [n, Hkv, G, K] scores
             qpos = torch.arange(c + a, c + min(n, a + 1024), device=DEV)
-            q = st["q"][row + a:row + a + len(qpos)].double().view(len(qpos), hkv, hq // hkv, D)
+            q = st["q"][row + a : row + a + len(qpos)].double().view(len(qpos), hkv, hq // hkv, D)
             scores = torch.einsum("tkgd,skd->tkgs", q, keys) * SCALE
             dist = qpos[:, None] - kpos[None, :]  # [n, K]
             seen = (dist >= 0) & ((dist < window) if window else True)
@@ -126,8 +148,9 @@ def oracle(st: dict, pool: str) -> torch.Tensor:
     attn = PagedAttention([WINDOW, None], nfull, nring, BS, hkv, D, dtype, cpu)
     for kind in ("full", "ring"):  # zeros, not NaN, where nothing was written: the oracle pads with real rows
         attn.cache[kind][0].copy_(st["caches"][kind].nan_to_num(0.0).view(2, -1, D))
-    attn.ctx = StepContext.build(st["ctx"], st["qlen"], st["tables"]["full"], st["tables"]["ring"],
-                                 BS, WINDOW, hkv, cpu)
+    attn.ctx = StepContext.build(
+        st["ctx"], st["qlen"], st["tables"]["full"], st["tables"]["ring"], BS, WINDOW, hkv, cpu
+    )
     layer, window = (0, WINDOW) if pool == "ring" else (1, None)
     return attn(layer, *(st[x].cpu() for x in ("q", "k", "v", "sinks")), window, SCALE).to(DEV)
 
@@ -141,8 +164,12 @@ def assert_rows_close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None
 
 DECODES = [[0, 1, 15, 16, 17], [127, 128, 129, 300], [300]]
 # (context, q_len) per sequence; single-token sequences first, as the engine orders a step.
-PREFILLS = [[(0, 70)], [(1, 15), (127, 16), (129, 40), (17, 1)][::-1], [(300, 1), (16, 17), (128, 70)],
-            [(15, 2), (300, 33)]]
+PREFILLS = [
+    [(0, 70)],
+    [(1, 15), (127, 16), (129, 40), (17, 1)][::-1],
+    [(300, 1), (16, 17), (128, 70)],
+    [(15, 2), (300, 33)],
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -198,8 +225,20 @@ def test_mixed_step_as_two_launches():
     lens = torch.tensor(ctx, dtype=torch.int32, device=DEV)
     out = torch.full_like(st["q"], float("nan"))
     args = (st["sinks"], SCALE, None, None)
-    paged_attention(st["q"], st["k"], st["v"], kc, vc, table[:2], qs[:3], lens[:2], *args, 1, out=out,
-                    max_context_hint=4096)
+    paged_attention(
+        st["q"],
+        st["k"],
+        st["v"],
+        kc,
+        vc,
+        table[:2],
+        qs[:3],
+        lens[:2],
+        *args,
+        1,
+        out=out,
+        max_context_hint=4096,
+    )
     paged_attention(st["q"], st["k"], st["v"], kc, vc, table[2:], qs[2:], lens[2:], *args, 33, out=out)
     assert_rows_close(out, reference(st, "full"), TOL[torch.float32])
 
@@ -207,8 +246,9 @@ def test_mixed_step_as_two_launches():
 def test_window_over_a_block_table():
     """A sliding layer may also read a full block table (no ring): same window semantics."""
     st = make_step([1, 300, 140], [1, 20, 9], 16, 2, torch.float32, seed=2, fill=float("nan"))
-    assert_rows_close(run_kernel(st, "full", window=WINDOW), reference(st, "full", window=WINDOW),
-                      TOL[torch.float32])
+    assert_rows_close(
+        run_kernel(st, "full", window=WINDOW), reference(st, "full", window=WINDOW), TOL[torch.float32]
+    )
 
 
 def test_sliding_window_skips_keys_outside_it():
@@ -242,8 +282,16 @@ def test_rejects_mismatched_shapes():
     q = torch.zeros(1, 16, D)
     kv = torch.zeros(1, 3, D)
     cache = torch.zeros(2, BS, 2, D)
-    args = (torch.zeros(1, 1, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
-            torch.zeros(1, dtype=torch.int32), torch.zeros(16), SCALE, None, None, 1)
+    args = (
+        torch.zeros(1, 1, dtype=torch.int32),
+        torch.tensor([0, 1], dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32),
+        torch.zeros(16),
+        SCALE,
+        None,
+        None,
+        1,
+    )
     with pytest.raises(ValueError, match="shapes disagree"):
         paged_attention(q, kv, kv, cache, cache, *args)
 

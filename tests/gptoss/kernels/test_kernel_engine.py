@@ -22,8 +22,13 @@ def prompts_of(lengths, seed=0):
 
 
 def make_engine(path, kernels, **kw):
-    kw = {"dtype": "float32", "max_num_seqs": 4, "max_num_batched_tokens": 64, "kv_cache_tokens": 1024,
-          "device": DEVICE} | kw
+    kw = {
+        "dtype": "float32",
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 64,
+        "kv_cache_tokens": 1024,
+        "device": DEVICE,
+    } | kw
     return LLMEngine(EngineConfig(path, kernels=kernels, **kw))
 
 
@@ -52,10 +57,11 @@ def test_triton_sampling_is_seeded_and_batch_invariant(engines):
     prompts = prompts_of([12, 30, 7], seed=4)
     sp = [SamplingParams(max_new_tokens=6, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2, 3)]
     together = triton_eng.generate(prompts, sp)
-    alone = [triton_eng.generate([p], [s])[0] for p, s in zip(prompts, sp)]
+    alone = [triton_eng.generate([p], [s])[0] for p, s in zip(prompts, sp, strict=False)]
     assert together == alone
-    other = triton_eng.generate(prompts[:1], [SamplingParams(max_new_tokens=6, temperature=1.0, seed=9,
-                                                             ignore_eos=True)])
+    other = triton_eng.generate(
+        prompts[:1], [SamplingParams(max_new_tokens=6, temperature=1.0, seed=9, ignore_eos=True)]
+    )
     assert other[0] != together[0]
 
 
@@ -63,8 +69,10 @@ def test_multi_step_decode_equals_single_steps_and_drops_tokens_past_a_stop(engi
     multi, _ = engines  # decode_steps 8 (the default): pure decode batches run 8 steps per round trip
     single = make_engine(tiny_checkpoint, "triton", decode_steps=1)
     prompts = prompts_of([9, 20], seed=6)
-    sp = [SamplingParams(max_new_tokens=11, temperature=1.0, seed=5, ignore_eos=True),
-          SamplingParams(max_new_tokens=13, temperature=0.0, ignore_eos=True)]
+    sp = [
+        SamplingParams(max_new_tokens=11, temperature=1.0, seed=5, ignore_eos=True),
+        SamplingParams(max_new_tokens=13, temperature=0.0, ignore_eos=True),
+    ]
     want = single.generate(prompts, sp)
     assert multi.generate(prompts, sp) == want
     # A stop id met mid-window ends the request there; the ids computed after it are dropped.

@@ -29,8 +29,9 @@ INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 DEV = "cpu" if INTERPRET else "cuda"
 # The interpreter turns a runtime loop bound (a 1-element array) into an int with a NumPy deprecation.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-gpu = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(),
-                         reason="needs CUDA and TRITON_INTERPRET=0")
+gpu = pytest.mark.skipif(
+    INTERPRET or not torch.cuda.is_available(), reason="needs CUDA and TRITON_INTERPRET=0"
+)
 
 
 def assert_within_ulp(got: torch.Tensor, want: torch.Tensor, max_ulp: int, min_exact: float) -> None:
@@ -45,6 +46,7 @@ def assert_within_ulp(got: torch.Tensor, want: torch.Tensor, max_ulp: int, min_e
 
 # ---------------------------------------------------------------------------------- rounding
 
+
 @triton.jit
 def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -54,9 +56,22 @@ def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 def test_round_to_bf16_is_torchs_round_to_nearest_even() -> None:
     g = torch.Generator().manual_seed(5)
-    bits = torch.randint(-2**31, 2**31, (4096,), generator=g, dtype=torch.int64).to(torch.int32)
-    special = torch.tensor([1.0, 1.00390625, 1.01171875, -1.00390625, 3.3895314e38, 3.4028235e38,
-                            float("inf"), -float("inf"), 0.0, -0.0, 1e-40])  # ties, overflow, subnormal
+    bits = torch.randint(-(2**31), 2**31, (4096,), generator=g, dtype=torch.int64).to(torch.int32)
+    special = torch.tensor(
+        [
+            1.0,
+            1.00390625,
+            1.01171875,
+            -1.00390625,
+            3.3895314e38,
+            3.4028235e38,
+            float("inf"),
+            -float("inf"),
+            0.0,
+            -0.0,
+            1e-40,
+        ]
+    )  # ties, overflow, subnormal
     x = torch.cat((bits.view(torch.float32), special)).to(DEV)
     x = x[~torch.isnan(x)]
     y = torch.empty(x.shape, dtype=torch.bfloat16, device=DEV)
@@ -68,6 +83,7 @@ def test_round_to_bf16_is_torchs_round_to_nearest_even() -> None:
 
 
 # ----------------------------------------------------------------------------------- RMSNorm
+
 
 @pytest.mark.parametrize("H,T", [(64, 1), (64, 5), (96, 1), (96, 5), (2880, 3)])
 @pytest.mark.parametrize("with_residual", [False, True])
@@ -108,12 +124,16 @@ def test_rmsnorm_strided_rows_and_bad_weight() -> None:
 
 # -------------------------------------------------------------------------------------- RoPE
 
+
 def rope_ref(qkv: torch.Tensor, positions: torch.Tensor, rope: Rope, hq: int, hkv: int, d: int):
     T = qkv.shape[0]
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
     cos, sin = rope(positions)
-    return (apply_rope(q.reshape(T, hq, d), cos, sin), apply_rope(k.reshape(T, hkv, d), cos, sin),
-            v.reshape(T, hkv, d))
+    return (
+        apply_rope(q.reshape(T, hq, d), cos, sin),
+        apply_rope(k.reshape(T, hkv, d), cos, sin),
+        v.reshape(T, hkv, d),
+    )
 
 
 @pytest.mark.parametrize("preset", ["tiny", "20b"])
@@ -175,19 +195,35 @@ def test_rope_qkv_rejects_partial_cache_args() -> None:
     qkv = torch.randn(2, (4 + 4) * 64, device=DEV)
     cs = torch.zeros(8, 64, device=DEV)
     with pytest.raises(ValueError, match="give all of k_cache, v_cache and slot_mapping"):
-        rope_qkv(qkv, torch.zeros(2, dtype=torch.int64, device=DEV), cs, 4, 2, 64,
-                 k_cache=torch.zeros(1, 4, 2, 64, device=DEV))
+        rope_qkv(
+            qkv,
+            torch.zeros(2, dtype=torch.int64, device=DEV),
+            cs,
+            4,
+            2,
+            64,
+            k_cache=torch.zeros(1, 4, 2, 64, device=DEV),
+        )
 
 
 # ---------------------------------------------------------------------------------- Sampling
 
-def params(B: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 7,
-           offsets: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    return {"temperature": torch.full((B,), temperature, device=DEV),
-            "top_k": torch.full((B,), top_k, dtype=torch.int32, device=DEV),
-            "top_p": torch.full((B,), top_p, device=DEV),
-            "seeds": torch.full((B,), seed, dtype=torch.int64, device=DEV),
-            "offsets": torch.arange(B, device=DEV) if offsets is None else offsets.to(DEV)}
+
+def params(
+    B: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 7,
+    offsets: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    return {
+        "temperature": torch.full((B,), temperature, device=DEV),
+        "top_k": torch.full((B,), top_k, dtype=torch.int32, device=DEV),
+        "top_p": torch.full((B,), top_p, device=DEV),
+        "seeds": torch.full((B,), seed, dtype=torch.int64, device=DEV),
+        "offsets": torch.arange(B, device=DEV) if offsets is None else offsets.to(DEV),
+    }
 
 
 def test_greedy_is_argmax_first_on_ties() -> None:
@@ -217,7 +253,7 @@ def test_sampled_reproducible_and_fresh_per_offset() -> None:
     many = sample(logits.expand(40, -1), **params(40), filtered=False).tolist()
     assert len(set(many)) >= 30  # 40 draws from 1000: a repeat or two, not a constant
     other_seed = sample(logits.expand(40, -1), **params(40, seed=8), filtered=False).tolist()
-    assert sum(x == y for x, y in zip(many, other_seed)) <= 3
+    assert sum(x == y for x, y in zip(many, other_seed, strict=False)) <= 3
 
 
 def test_batch_position_and_composition_invariance() -> None:
@@ -231,8 +267,10 @@ def test_batch_position_and_composition_invariance() -> None:
     perm = torch.tensor([5, 2, 7, 0, 3, 6, 1, 4], device=DEV)
     permuted = sample(logits[perm], **{k: v[perm] for k, v in p.items()}, filtered=False)
     assert permuted.tolist() == ids[perm].tolist()
-    alone = [sample(logits[i:i + 1], **{k: v[i:i + 1] for k, v in p.items()}, filtered=False).item()
-             for i in (0, 3)]
+    alone = [
+        sample(logits[i : i + 1], **{k: v[i : i + 1] for k, v in p.items()}, filtered=False).item()
+        for i in (0, 3)
+    ]
     assert alone == [ids[0].item(), ids[3].item()]
     # A neighbour with top-k turns the filtered path on; unfiltered rows must not change.
     p["top_k"] = torch.tensor([0, 0, 0, 0, 0, 0, 5, 0], dtype=torch.int32, device=DEV)
@@ -312,6 +350,7 @@ def test_sample_checks_its_inputs() -> None:
 
 
 # ------------------------------------------------------------------------ GPU, full shapes
+
 
 @gpu
 def test_gpu_full_shapes() -> None:

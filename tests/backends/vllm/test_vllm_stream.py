@@ -9,7 +9,7 @@ import pytest
 
 from backends.base import BackendError
 from harness.config import SamplingParams
-from tests.vllm.conftest import MAX_MODEL_LEN, collect, generate, greedy_reference
+from tests.backends.vllm.vllmkit import MAX_MODEL_LEN, collect, generate, greedy_reference
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
 
@@ -112,7 +112,7 @@ def test_leaving_early_aborts_the_request(engine, loop):
 
     async def unfinished_after(coro):
         await coro
-        for _ in range(100):  # the abort reaches the engine core within a few loop turns
+        for _ in range(600):  # the abort reaches the engine core within a few loop turns
             if engine._llm.output_processor.get_num_unfinished_requests() == 0:
                 return 0
             await asyncio.sleep(0.05)

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.conftest import ENGINE_FLAGS, REPO, accuracy_tokens, generate, greedy_reference, make_dataset
+from harness.config import SamplingParams
+from tests.backends.vllm.vllmkit import (
+    ENGINE_FLAGS,
+    REPO,
+    accuracy_tokens,
+    generate,
+    greedy_reference,
+    make_dataset,
+)
 
 
 @pytest.fixture(scope="session")
@@ -28,8 +36,6 @@ def greedy_config(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def server_dataset(tmp_path_factory) -> Path:
-    # Outputs of 8-16 tokens: TPOT averages over enough steps that one slow step on a busy
-    # 2-core machine does not push a query past the 80 ms limit.
     return make_dataset(
         tmp_path_factory.mktemp("data") / "server64.parquet",
         64,
@@ -203,12 +209,31 @@ def test_offline_performance_is_valid(in_process, checkpoints, dataset, tmp_path
     assert record["queries"]["output_tokens"] >= sum(ds.output_lens)
 
 
-def test_server_performance_is_valid(in_process, checkpoints, server_dataset, tmp_path):
-    # LoadGen's own rules except one: TPOT p99 <= 250 ms instead of 80 ms. The tiny model steps in
-    # ~15 ms here, but on a shared 2-core machine a few steps in a hundred stall behind other
-    # processes, and Server early stopping fails a run over a 1% tail it cannot see past.
+def measured_capacity(engine, loop, dataset: Path) -> float:
+    """Queries per second this machine serves right now: every row at once, at its longest output."""
+    import time
+
+    from harness.dataset import load_dataset
+
+    ds = load_dataset(dataset)
+    params = SamplingParams(max_new_tokens=max(ds.output_lens), ignore_eos=True)
+    t0 = time.monotonic()
+    generate(loop, engine, [p.tolist() for p in ds.prompts], params)
+    return len(ds) / (time.monotonic() - t0)
+
+
+def test_server_performance_is_valid(in_process, engine, loop, checkpoints, server_dataset, tmp_path):
+    # Whether a machine holds MLPerf's latency limits is a question of speed, for bench/. This test
+    # asks what holds on any machine: measure the capacity here, schedule Server at a third of it,
+    # and judge latencies against limits far above what that pace gives (TTFT 60 s, TPOT 10 s), so
+    # VALID means every query streamed its first token and completed, at LoadGen's own schedule.
+    # p90 instead of p99: early stopping then needs 44 queries instead of 459.
+    qps = max(0.1, round(measured_capacity(engine, loop, server_dataset) / 3, 3))
     conf = tmp_path / "user.conf"
-    conf.write_text("gpt-oss-120b.Server.tpot_latency = 250\n")
+    conf.write_text(
+        "gpt-oss-120b.Server.ttft_latency = 60000\ngpt-oss-120b.Server.tpot_latency = 10000\n"
+        "gpt-oss-120b.Server.target_latency_percentile = 90\n"
+    )
     code = in_process(
         [
             "--scenario",
@@ -224,9 +249,9 @@ def test_server_performance_is_valid(in_process, checkpoints, server_dataset, tm
             "--min-duration",
             0,
             "--min-query-count",
-            500,
+            128,
             "--target-qps",
-            25,
+            qps,
         ]
     )
     log_dir = tmp_path / "server" / "performance"
@@ -235,6 +260,8 @@ def test_server_performance_is_valid(in_process, checkpoints, server_dataset, tm
     assert summary["Result is"] == "VALID"
     record = json.loads((log_dir / "run.json").read_text())
     assert record["failures"]["count"] == 0 and record["backend"]["output_kind"] == "DELTA"
+    assert record["queries"]["completed"] == record["queries"]["issued"] >= 128
+    assert record["loadgen_settings"]["server_target_qps"] == pytest.approx(qps)
 
 
 def test_server_accuracy_logs_vllms_tokens_and_first_tokens(

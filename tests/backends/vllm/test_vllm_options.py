@@ -10,7 +10,7 @@ import pytest
 from backends import vllm as vllm_backend
 from backends.vllm import VllmOptionError, VllmOptions, engine_kwargs
 from harness.config import SamplingParams
-from tests.vllm.conftest import REPO, parse_flags, run_config
+from tests.backends.vllm.vllmkit import REPO, parse_flags, run_config
 
 
 def test_module_and_flags_work_without_importing_vllm():

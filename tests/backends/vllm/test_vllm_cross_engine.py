@@ -13,7 +13,7 @@ import random
 import pytest
 
 from harness.config import SamplingParams
-from tests.vllm.conftest import generate, greedy_reference
+from tests.backends.vllm.vllmkit import generate, greedy_reference
 
 N_NEW = 24
 

@@ -22,8 +22,9 @@ GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
 def test_harness_sampling_params_become_the_engines_own():
     from gptoss.sampling import SamplingParams as EngineSamplingParams
 
-    p = SamplingParams(max_new_tokens=7, temperature=0.5, top_p=0.9, top_k=3, ignore_eos=True, seed=4,
-                       stop_token_ids=(1, 2))
+    p = SamplingParams(
+        max_new_tokens=7, temperature=0.5, top_p=0.9, top_k=3, ignore_eos=True, seed=4, stop_token_ids=(1, 2)
+    )
     assert backend.engine_params(p) == EngineSamplingParams(7, 0.5, 0.9, 3, True, 4, (1, 2))
     assert backend.GptossBackend.Options is EngineConfig and backend.GptossBackend.in_process
 
@@ -35,8 +36,15 @@ def test_importing_the_backend_does_not_import_torch():
 
 def run_config(path, **opts):
     opts = {"device": "cpu", "dtype": "float32", "kv_cache_tokens": 2048, "max_num_seqs": 4} | opts
-    return RunConfig(backend="gptoss", scenario="offline", input_file=None, output_dir=Path("."),
-                     sampling=GREEDY, model_path=path, backend_options=EngineConfig(**opts))
+    return RunConfig(
+        backend="gptoss",
+        scenario="offline",
+        input_file=None,
+        output_dir=Path("."),
+        sampling=GREEDY,
+        model_path=path,
+        backend_options=EngineConfig(**opts),
+    )
 
 
 def test_stream_yields_the_engines_tokens(tiny_checkpoint):
@@ -121,5 +129,7 @@ def test_a_truncated_checkpoint_is_a_backend_error_naming_the_file(tiny_checkpoi
         async with backend.create(run_config(bad)):
             pass
 
-    with pytest.raises(BackendError, match=r"model.safetensors cannot be read \(.*\); write or download it again"):
+    with pytest.raises(
+        BackendError, match=r"model.safetensors cannot be read \(.*\); write or download it again"
+    ):
         asyncio.run(main())

@@ -14,7 +14,7 @@ import pytest
 
 from backends.base import BackendError
 from harness.config import SamplingParams
-from tests.vllm.conftest import collect, run_config
+from tests.backends.vllm.vllmkit import collect, run_config
 
 pytestmark = pytest.mark.slow  # one more vLLM start (30-60 s on 2 cores)
 

