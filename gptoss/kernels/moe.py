@@ -117,14 +117,19 @@ MAX_SCALE_V2 = 128  # v2 multiplies by the bf16 2^(s - 1); 2^127 is bf16's large
 
 
 def _to_bits_layout(blocks: Tensor) -> Tensor:
-    """[..., K/2] uint8 in checkpoint order (byte b: value 2b low nibble, 2b+1 high) -> the v2 layout."""
-    words = blocks.contiguous().view(torch.int32)  # [..., K/8]; little endian: byte j = bits 8j..8j+7
-    out = torch.zeros_like(words)
-    for j, bit_from in enumerate(_BIT_FROM):  # register j <- byte j
-        for half in (0, 1):  # the low nibble (value 2j) -> bits 15:0, the high one -> 31:16
-            for i, t in enumerate(_E2M1_TO_BF16_BIT):
-                out |= ((words >> (8 * j + 4 * half + i)) & 1) << bit_from[t + 16 * half]
-    return out.view(torch.uint8).view(blocks.shape)
+    """[E, ..., K/2] uint8 in checkpoint order (byte b: value 2b low nibble, 2b+1 high) -> the v2 layout.
+
+    One expert at a time, so the temporaries stay at an expert's size (120b: 1/128 of a layer)."""
+    out = torch.empty_like(blocks)
+    for e in range(blocks.shape[0]):
+        words = blocks[e].contiguous().view(torch.int32)  # [..., K/8]; little endian: byte j = bits 8j..8j+7
+        acc = torch.zeros_like(words)
+        for j, bit_from in enumerate(_BIT_FROM):  # register j <- byte j
+            for half in (0, 1):  # the low nibble (value 2j) -> bits 15:0, the high one -> 31:16
+                for i, t in enumerate(_E2M1_TO_BF16_BIT):
+                    acc |= ((words >> (8 * j + 4 * half + i)) & 1) << bit_from[t + 16 * half]
+        out[e] = acc.view(torch.uint8).view(blocks.shape[1:])
+    return out
 
 
 @dataclass(frozen=True, slots=True)

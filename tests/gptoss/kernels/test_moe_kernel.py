@@ -42,8 +42,8 @@ from gptoss.kernels.moe import (  # noqa: E402
     route,
 )
 from gptoss.kernels.moe_routing import SINGLE_PROGRAM_MAX_TOKENS, route_and_group  # noqa: E402
-from gptoss.mxfp4 import E2M1_VALUES  # noqa: E402
 from gptoss.model import MoE  # noqa: E402
+from gptoss.mxfp4 import E2M1_VALUES  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEV = torch.device("cpu" if INTERPRET else "cuda")
