@@ -1,32 +1,45 @@
-"""GPU timings of our MXFP4 MoE (gptoss.kernels.moe) next to vLLM's triton_kernels path, 20b shapes.
+"""GPU timings of our MXFP4 MoE (gptoss.kernels.moe), its kernel variants and vLLM's, 20b shapes.
 
-    python bench/kernels/moe_gpu.py            (CUDA only; E 32, H = I = 2880, top-4, bf16)
+    python bench/kernels/moe_gpu.py [--ms 1,8,64] [--variants v1,v2] [--no-vllm]
 
-Each row: kernel "moe", case "M=<tokens>", ours_us, vllm_us (vLLM 0.26's monolithic Triton MXFP4
-expert as OAITritonMxfp4ExpertsMonolithic calls it: triton_kernel_moe_forward, i.e. triton_kernels
-routing + matmul_ogs for w13 with the fused SwiGLU (alpha 1.702, limit 7) + matmul_ogs for w2 with
-scatter and gammas; weights converted by vLLM's own TRITON-backend loader
-(convert_gpt_oss_weight_to_mxfp4_moe_kernel_format: float32 biases, _swizzle_mxfp4 into the Hopper
-MX layouts, which also pins split_k = 1) and its make_mxfp4_moe_quant_config; None when vLLM is
-missing or fails, with the reason printed), ratio =
-ours_us / vllm_us (< 1: ours is faster) and hbm_frac (M <= 16: the expert weight and scale bytes
-of the distinct experts the batch hits / ours_us / 3.0e12). Both timings include the router GEMM.
-Times are triton.testing.do_bench medians (it flushes L2 between runs), in microseconds.
+CUDA only; E 32, H = I = 2880, top-4, bf16. Prints, in this order:
+  1. bf16 subnormal checks: the v2 dequant puts the e2m1 code 0.5 on the bf16 subnormal 2^-127 and
+     multiplies it by 2^(s-1) (mul.rn.bf16x2); torch.matmul and tl.dot on subnormal inputs, that
+     multiply, and the v2 dequant against gptoss.mxfp4.dequantize bit for bit.
+  2. one table row per (M, variant): graph_us = moe_forward captured once in a CUDA graph, graph
+     replays timed (eager times at small M are mostly ~40 us of Python per Triton launch); gate_up_us
+     and down_us = each GEMM alone in its own graph (routing precomputed); eager_us; hbm = the
+     weight and scale bytes of the distinct experts the batch hits / graph_us / 3.0e12.
+Variants: v1 (checkpoint nibble order), v2 (bits layout, the default), v2-noasm (v2 with the
+portable dequant), and v2 with other tiles at decode (v2-2d, v2-bn16, v2-bn64, v2-s2) and at
+BM 32 (v2-b32-2d, v2-b32-bn16). vLLM 0.26's monolithic Triton MXFP4 expert
+(triton_kernel_moe_forward: triton_kernels routing + matmul_ogs for w13 with the fused SwiGLU and
+for w2 with scatter; weights converted by its own TRITON-backend loader) is the "vllm" variant,
+graph-captured when it allows. Times are triton.testing.do_bench medians (L2 flushed between
+runs), in microseconds. run(rows) feeds bench/kernels_gpu.py: ours_us = v2 eager, vllm_us eager.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: E402
+from gptoss.kernels import moe  # noqa: E402
+from gptoss.kernels.moe import Tiles, moe_forward, prepare_moe_weights, route  # noqa: E402
+from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
+from gptoss.mxfp4 import dequantize  # noqa: E402
 
 E, H, I, TOP_K = 32, 2880, 2880, 4
 ALPHA, LIMIT = 1.702, 7.0
@@ -36,8 +49,55 @@ PEAK_BYTES_PER_S = 3.0e12  # H100 SXM HBM3, achievable copy bandwidth
 EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # packed w13 + w2 and scales
 
 
+@dataclass(frozen=True, slots=True)
+class Variant:
+    kernels: str  # weight layout / kernel family
+    asm: bool = True
+    tiles: dict[tuple[int, bool], Tiles] | None = None  # v2 TILE_OVERRIDE entries
+    max_m: int = 1 << 30  # only timed up to this M (tile variants of one bucket)
+    min_m: int = 0
+
+
+DECODE = 64  # M <= 64: BM 16 at E 32, top-4
+VARIANTS: dict[str, Variant] = {
+    "v1": Variant("v1"),
+    "v2": Variant("v2"),
+    "v2-noasm": Variant("v2", asm=False),
+    "v2-2d": Variant("v2", tiles={(16, True): Tiles(16, 32, 256, 2, 4), (16, False): Tiles(16, 32, 256, 2, 4)},
+                     max_m=DECODE),
+    "v2-bn16": Variant("v2", tiles={(16, True): Tiles(16, 16, 512, 4, 3, 4),
+                                    (16, False): Tiles(16, 16, 512, 4, 3, 4)}, max_m=DECODE),
+    "v2-bn64": Variant("v2", tiles={(16, True): Tiles(16, 64, 512, 4, 3, 4),
+                                    (16, False): Tiles(16, 64, 512, 4, 3, 4)}, max_m=DECODE),
+    "v2-s2": Variant("v2", tiles={(16, True): Tiles(16, 32, 256, 2, 4, 2),
+                                  (16, False): Tiles(16, 32, 256, 2, 4, 2)}, max_m=DECODE),
+    "v2-b32-2d": Variant("v2", tiles={(32, True): Tiles(32, 32, 256, 2, 3), (32, False): Tiles(32, 32, 256, 2, 3)},
+                         min_m=129, max_m=256),
+    "v2-b32-wg": Variant("v2", tiles={(32, True): Tiles(32, 64, 128, 4, 3), (32, False): Tiles(32, 64, 128, 4, 3)},
+                         min_m=129, max_m=256),
+}
+
+
 def _us(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def _graph_us(fn: Callable[[], object]) -> float | None:
+    """fn captured once in a CUDA graph (after an eager warm-up that compiles), replays timed."""
+    try:
+        fn()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return _us(graph.replay)
+    except Exception as e:  # noqa: BLE001 - a peer that cannot be captured still gets its eager time
+        print(f"  graph capture failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
 
 
 def _checkpoint() -> dict[str, torch.Tensor]:
@@ -58,10 +118,42 @@ def _checkpoint() -> dict[str, torch.Tensor]:
             "down_bias": bf16(E, H, std=0.02)}
 
 
-def _ours(ck: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-    w = prepare_moe_weights(ck["gate_up_blocks"], ck["gate_up_scales"], ck["gate_up_bias"],
-                            ck["down_blocks"], ck["down_scales"], ck["down_bias"])
-    return lambda x: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, w, ALPHA, LIMIT)
+def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
+    return prepare_moe_weights(ck["gate_up_blocks"], ck["gate_up_scales"], ck["gate_up_bias"],
+                               ck["down_blocks"], ck["down_scales"], ck["down_bias"], kernels=kernels)
+
+
+@contextmanager
+def _switches(v: Variant) -> Iterator[None]:
+    """The module switches a variant needs, restored afterwards."""
+    saved = moe.USE_ASM, dict(moe.TILE_OVERRIDE)
+    moe.USE_ASM = v.asm
+    moe.TILE_OVERRIDE.clear()
+    moe.TILE_OVERRIDE.update(v.tiles or {})
+    try:
+        yield
+    finally:
+        moe.USE_ASM = saved[0]
+        moe.TILE_OVERRIDE.clear()
+        moe.TILE_OVERRIDE.update(saved[1])
+
+
+def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
+    """The whole forward and each GEMM alone (routing and act precomputed), as moe_forward runs them."""
+    t = x.shape[0]
+    r = route_and_group(F.linear(x, ck["router_w"], ck["router_b"]), TOP_K)
+    if w.layout == "bits":
+        gu_tiles = moe.choose_tiles_v2(t, TOP_K, E, I, H, gate_up=True)
+        dn_tiles = moe.choose_tiles_v2(t, TOP_K, E, H, I, gate_up=False)
+        gate_up, down = moe.gate_up_v2, moe.down_v2
+    else:
+        gu_tiles = moe.choose_tiles(t, TOP_K, E, I, H, gate_up=True)
+        dn_tiles = moe.choose_tiles(t, TOP_K, E, H, I, gate_up=False)
+        gate_up, down = moe.gate_up, moe.down
+    act = gate_up(x, r, w, ALPHA, LIMIT, gu_tiles)
+    return {"moe": lambda: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, w, ALPHA, LIMIT),
+            "gate_up": lambda: gate_up(x, r, w, ALPHA, LIMIT, gu_tiles),
+            "down": lambda: down(act, r, w, dn_tiles)}
 
 
 def _vllm(ck: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -106,17 +198,56 @@ def _vllm(ck: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]
     return forward
 
 
-def _peer_us(fn: Callable[[torch.Tensor], torch.Tensor] | None, x: torch.Tensor, m: int) -> float | None:
-    if fn is None:
-        return None
-    try:
-        return _us(lambda: fn(x))
-    except Exception as e:  # noqa: BLE001
-        print(f"M={m}: vLLM failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return None
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, c_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    a = tl.load(a_ptr + i[:, None] * N + i[None, :])
+    b = tl.load(b_ptr + i[:, None] * N + i[None, :])
+    tl.store(c_ptr + i[:, None] * N + i[None, :], tl.dot(a, b))
 
 
-def _check(ours: Callable, peer: Callable | None, ck: dict[str, torch.Tensor]) -> None:
+@triton.jit
+def _mul_kernel(a_ptr, c_ptr, f, N: tl.constexpr):
+    """c = a * f in bf16 (one mul.rn.bf16x2 a pair), f a bf16 power of two."""
+    i = tl.arange(0, N)
+    tl.store(c_ptr + i, tl.load(a_ptr + i) * f.to(tl.bfloat16))
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, out_ptr, BN: tl.constexpr, BK: tl.constexpr):
+    """out [BN, BK] = the v2 ASM dequant of words [BN, BK/2] bytes and scale words [BN, BK/128]."""
+    n = tl.arange(0, BN)[:, None]
+    w = tl.load(w_ptr + n * (BK // 2) + tl.arange(0, BK // 2)[None, :])
+    s = tl.load(s_ptr + n * (BK // 128) + tl.arange(0, BK // 128)[None, :])
+    d = tl.reshape(moe._dequant_bits(w[None, :, :], s[None, :, :], 1, BN, BK, tl.float32, True), (BN, BK))
+    tl.store(out_ptr + n * BK + tl.arange(0, BK)[None, :], d)
+
+
+def subnormal_checks() -> None:
+    """Whether bf16 subnormals survive the paths the v2 dequant relies on; printed, read before trusting v2."""
+    sub = torch.full((64, 64), 0x0040, dtype=torch.int16, device="cuda").view(torch.bfloat16)  # 2^-127
+    ones = torch.ones(64, 64, dtype=torch.bfloat16, device="cuda")
+    want = 64 * 2.0 ** -127  # each dot product: 64 subnormals
+    mm = torch.matmul(sub, ones).float()
+    c = torch.empty(64, 64, dtype=torch.float32, device="cuda")
+    _dot_kernel[(1,)](sub, ones, c, N=64)
+    prod = torch.empty(64, dtype=torch.bfloat16, device="cuda")
+    _mul_kernel[(1,)](sub[0], prod, 2.0 ** 126, N=64)
+    print(f"subnormal torch.matmul: nonzero {bool((mm != 0).all())}, exact {bool((mm == want).all())}")
+    print(f"subnormal tl.dot:       nonzero {bool((c != 0).all())}, exact {bool((c == want).all())}")
+    print(f"subnormal bf16 mul:     2^-127 * 2^126 == 0.5: {bool((prod.float() == 0.5).all())}")
+    g = torch.Generator("cuda").manual_seed(3)
+    blocks = torch.randint(0, 256, (64, 8, 16), generator=g, device="cuda", dtype=torch.uint8)
+    scales = torch.randint(100, moe.MAX_SCALE_V2 + 1, (64, 8), generator=g, device="cuda", dtype=torch.uint8)
+    out = torch.empty(64, 256, dtype=torch.float32, device="cuda")
+    _dequant_kernel[(1,)](moe._to_bits_layout(blocks.reshape(64, 128)), scales.view(torch.int32), out,
+                          BN=64, BK=256)
+    ref = dequantize(blocks, scales, torch.float32)
+    print(f"v2 PTX dequant == mxfp4.dequantize: {bool(torch.equal(out, ref))} "
+          f"(codes 0.5: {int((ref.abs() == torch.exp2(scales.float() - 128).repeat_interleave(32, 1)).sum())})")
+
+
+def _check(ours: Callable, peer: Callable | None) -> None:
     if peer is None:
         return
     x = torch.randn(CHECK_M, H, device="cuda").bfloat16()
@@ -129,37 +260,82 @@ def _check(ours: Callable, peer: Callable | None, ck: dict[str, torch.Tensor]) -
           f"(bf16 roundings differ; ~1e-2 or below is agreement)")
 
 
-def run(rows: list) -> None:
-    """Append one dict per M to rows (see the module docstring for the keys)."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("bench/kernels/moe_gpu.py needs a CUDA GPU")
+def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
+    """One dict per (M, variant); see the module docstring for the columns."""
     torch.manual_seed(0)
     ck = _checkpoint()
-    ours, peer = _ours(ck), _vllm(ck)
-    _check(ours, peer, ck)
-    for m in MS:
+    weights = {k: _weights(ck, k) for k in sorted({VARIANTS[n].kernels for n in names if n in VARIANTS})}
+    peer = _vllm(ck) if with_vllm else None
+    if peer is not None and "v2" in weights:
+        _check(lambda x: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, weights["v2"], ALPHA, LIMIT),
+               peer)
+    rows = []
+    for m in ms:
         x = torch.randn(m, H, device="cuda").bfloat16()
-        t_ours, t_peer = _us(lambda: ours(x)), _peer_us(peer, x, m)
-        frac = None
-        if m <= 16:
-            hit = route(F.linear(x, ck["router_w"], ck["router_b"]), TOP_K)[0].unique().numel()
-            frac = round(hit * EXPERT_BYTES / (t_ours * 1e-6) / PEAK_BYTES_PER_S, 3)
-        rows.append({"kernel": "moe", "case": f"M={m}", "ours_us": round(t_ours, 2),
-                     "vllm_us": None if t_peer is None else round(t_peer, 2),
-                     "ratio": None if not t_peer else round(t_ours / t_peer, 3), "hbm_frac": frac})
+        hit = route(F.linear(x, ck["router_w"], ck["router_b"]), TOP_K)[0].unique().numel()
+        for name in names:
+            if name == "vllm":
+                if peer is None:
+                    continue
+                fwd = partial(peer, x)
+                times = {"moe": _graph_us(fwd), "eager": _us(fwd)}
+            else:
+                v = VARIANTS[name]
+                if not v.min_m <= m <= v.max_m:
+                    continue
+                with _switches(v):
+                    parts = _ours_parts(ck, weights[v.kernels], x)
+                    times = {k: _graph_us(f) for k, f in parts.items()}
+                    times["eager"] = _us(parts["moe"])
+            g = times["moe"]
+            rows.append({"M": m, "variant": name, "graph_us": g, "gate_up_us": times.get("gate_up"),
+                         "down_us": times.get("down"), "eager_us": times["eager"],
+                         "hbm": None if not g else hit * EXPERT_BYTES / (g * 1e-6) / PEAK_BYTES_PER_S})
+            print(_fmt_row(rows[-1]), flush=True)
+    return rows
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _fmt_row(r: dict) -> str:
+    return (f"{r['M']:>6} {r['variant']:<12} {_fmt(r['graph_us'], '9.1f')} {_fmt(r['gate_up_us'], '9.1f')} "
+            f"{_fmt(r['down_us'], '9.1f')} {_fmt(r['eager_us'], '9.1f')} {_fmt(r['hbm'], '6.1%')}")
+
+
+def run(rows: list) -> None:
+    """For bench/kernels_gpu.py: one dict per M (kernel, case, ours_us = v2 eager, vllm_us eager,
+    ratio = ours / vllm, hbm_frac of the v2 graph replay, graph_us and vllm_graph_us)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench/kernels/moe_gpu.py needs a CUDA GPU")
+    subnormal_checks()
+    got = {(r["M"], r["variant"]): r for r in table(MS, ["v2", "vllm"], with_vllm=True)}
+    for m in MS:
+        ours, peer = got[(m, "v2")], got.get((m, "vllm"))
+        vllm_us = None if peer is None else round(peer["eager_us"], 2)
+        rows.append({"kernel": "moe", "case": f"M={m}", "ours_us": round(ours["eager_us"], 2), "vllm_us": vllm_us,
+                     "ratio": None if not vllm_us else round(ours["eager_us"] / vllm_us, 3),
+                     "hbm_frac": None if ours["hbm"] is None else round(ours["hbm"], 3),
+                     "graph_us": ours["graph_us"], "vllm_graph_us": None if peer is None else peer["graph_us"]})
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--variants", default=",".join([*VARIANTS, "vllm"]))
+    ap.add_argument("--no-vllm", action="store_true")
+    args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("moe_gpu.py needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
-    rows: list[dict] = []
-    run(rows)
-    cols = ["kernel", "case", "ours_us", "vllm_us", "ratio", "hbm_frac"]
-    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    for r in rows:
-        print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)))
+    subnormal_checks()
+    names = [n for n in args.variants.split(",") if n]
+    unknown = [n for n in names if n not in VARIANTS and n != "vllm"]
+    if unknown:
+        sys.exit(f"unknown variants {unknown}; known: {[*VARIANTS, 'vllm']}")
+    print(f"{'M':>6} {'variant':<12} {'graph us':>9} {'gate_up':>9} {'down':>9} {'eager us':>9} {'HBM':>6}")
+    table(tuple(int(m) for m in args.ms.split(",")), names, with_vllm=not args.no_vllm and "vllm" in names)
 
 
 if __name__ == "__main__":

@@ -39,12 +39,13 @@ __all__ = ["MoEWeights", "moe_forward", "prepare_moe_weights", "route"]
 
 @dataclass(frozen=True, slots=True)
 class MoEWeights:
-    w13: Tensor  # [E, 2, I, H/2] uint8: [:, 0] gate rows, [:, 1] up rows; two e2m1 a byte, low first
+    w13: Tensor  # [E, 2, I, H/2] uint8: [:, 0] gate rows, [:, 1] up rows; 8 e2m1 per 4 bytes (see layout)
     s13: Tensor  # [E, 2, I, >= H/32] uint8 e8m0 scales (rows padded to 16 bytes: aligned loads)
     b13: Tensor  # [E, 2, I] float32
     w2: Tensor  # [E, H, I/2] uint8
     s2: Tensor  # [E, H, >= I/32] uint8
     b2: Tensor  # [E, H] float32
+    layout: str = "bits"  # "bits": w13/w2 bits rearranged for the v2 kernels; "nibble": checkpoint order (v1)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -54,12 +55,18 @@ class MoEWeights:
 
 
 def prepare_moe_weights(gate_up_blocks: Tensor, gate_up_scales: Tensor, gate_up_bias: Tensor,
-                        down_blocks: Tensor, down_scales: Tensor, down_bias: Tensor) -> MoEWeights:
+                        down_blocks: Tensor, down_scales: Tensor, down_bias: Tensor,
+                        kernels: str | None = None) -> MoEWeights:
     """Checkpoint tensors (gate/up rows interleaved) -> MoEWeights; runs once at load.
 
     The even (gate) and odd (up) rows of gate_up go to separate planes, so a program owning act
     columns [n, n+BN) reads both halves of its pairs with two plain tile loads, for any BN.
+    kernels ("v1" | "v2", default the module's KERNELS) fixes the weight layout, hence the kernels
+    moe_forward runs on these weights: v2 rearranges the bits of every 4-byte word (_to_bits_layout).
     """
+    kernels = KERNELS if kernels is None else kernels
+    if kernels not in ("v1", "v2"):
+        raise ValueError(f"prepare_moe_weights: kernels must be 'v1' or 'v2', got {kernels!r}")
     e, n2, g, b = gate_up_blocks.shape
     h, i = g * 32, n2 // 2
     want = {"gate_up_blocks": (gate_up_blocks, (e, 2 * i, h // 32, 16), torch.uint8),
@@ -81,11 +88,48 @@ def prepare_moe_weights(gate_up_blocks: Tensor, gate_up_scales: Tensor, gate_up_
     def padded(s: Tensor) -> Tensor:  # the kernels never read the pad
         return F.pad(s, (0, -s.shape[-1] % 16)).contiguous()
 
+    w13 = planes(gate_up_blocks).view(e, 2, i, h // 2)
+    w2 = down_blocks.reshape(e, h, i // 2).contiguous()
+    if kernels == "v2":
+        top = max(int(gate_up_scales.max()), int(down_scales.max()))  # once at load
+        if top > MAX_SCALE_V2:
+            raise ValueError(f"prepare_moe_weights: scale byte {top} > {MAX_SCALE_V2} (weights above 12): "
+                             "the v2 kernels' bf16 scale factor 2^(s-1) would overflow; use kernels='v1'")
+        w13, w2 = _to_bits_layout(w13), _to_bits_layout(w2)
     return MoEWeights(
-        w13=planes(gate_up_blocks).view(e, 2, i, h // 2), s13=padded(planes(gate_up_scales)),
-        b13=planes(gate_up_bias.float()).view(e, 2, i),
-        w2=down_blocks.reshape(e, h, i // 2).contiguous(), s2=padded(down_scales),
-        b2=down_bias.float().contiguous())
+        w13=w13, s13=padded(planes(gate_up_scales)), b13=planes(gate_up_bias.float()).view(e, 2, i),
+        w2=w2, s2=padded(down_scales), b2=down_bias.float().contiguous(),
+        layout="bits" if kernels == "v2" else "nibble")
+
+
+# The v2 layout. The kernels turn each 4-byte word (8 values of one row, in K order) into the 4
+# bf16x2 registers the MMA takes, values (2j, 2j+1) in register j, each value as e2m1 * 2^-126:
+# sign at bit 15, the magnitude bits e1 e0 m at bits 8:6 (bf16's low exponent bits and top mantissa
+# bit; the code 0.5 lands on the subnormal 2^-127), +16 for the odd value; one bf16x2 multiply by
+# 2^(s - 1) then makes them exact. No 4 rotations of one word can place all 32 bits (checked by
+# exhaustive search), so registers 0-2 take a rotation and a mask (2 SASS ops) and register 3 the
+# bits already in place plus two shifted by 8 (3 ops): 9 ops for 8 values, ~19 from checkpoint order.
+_E2M1_TO_BF16_BIT = (6, 7, 8, 15)  # e2m1 bit i (m, e0, e1, sign) -> bf16 bit; the odd value +16
+_ROTATE = (4, 10, 14)  # register j < 3 = rotl(word, _ROTATE[j]) & 0x81C081C0
+_BIT_FROM = tuple({t: (t - r) % 32 for t in range(32)} for r in _ROTATE) + (
+    {t: t - 8 if t in (8, 24) else t for t in range(32)},)  # register 3: (w & 0x80C080C0) | ((w << 8) & 0x01000100)
+MAX_SCALE_V2 = 128  # v2 multiplies by the bf16 2^(s - 1); 2^127 is bf16's largest power of 2
+
+
+def _to_bits_layout(blocks: Tensor) -> Tensor:
+    """[E, ..., K/2] uint8 in checkpoint order (byte b: value 2b low nibble, 2b+1 high) -> the v2 layout.
+
+    One expert at a time, so the temporaries stay at an expert's size (120b: 1/128 of a layer)."""
+    out = torch.empty_like(blocks)
+    for e in range(blocks.shape[0]):
+        words = blocks[e].contiguous().view(torch.int32)  # [..., K/8]; little endian: byte j = bits 8j..8j+7
+        acc = torch.zeros_like(words)
+        for j, bit_from in enumerate(_BIT_FROM):  # register j <- byte j
+            for half in (0, 1):  # the low nibble (value 2j) -> bits 15:0, the high one -> 31:16
+                for i, t in enumerate(_E2M1_TO_BF16_BIT):
+                    acc |= ((words >> (8 * j + 4 * half + i)) & 1) << bit_from[t + 16 * half]
+        out[e] = acc.view(torch.uint8).view(blocks.shape[1:])
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +139,7 @@ class Tiles:
     bk: int  # K per step; a multiple of 32 (one scale per 32)
     warps: int
     stages: int
+    split: int = 1  # v2 only: warps splitting each BK step along K (a batched MMA, summed at the end)
 
 
 # By BM, the token rows an expert gets if routing is even (16..128). Each warp owns distinct weight
@@ -115,6 +160,30 @@ def choose_tiles(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> T
     bn = min(cfg.bn, max(16, triton.next_power_of_2(n)))
     bk = min(cfg.bk, 1 << (k.bit_length() - 1))  # <= K; K % BK != 0 takes the masked path
     return Tiles(cfg.bm, bn, bk, min(cfg.warps, bn // 16), cfg.stages)
+
+
+# v2 (weights in the bits layout), by BM as above. Decode streams the weights with 4-warp programs
+# that split each 512-K step into one 128-K slice a warp (all warps hit distinct weights, and 4x the
+# resident warps of one warp per 16 rows at T = 1: 720 programs over the 4 experts' gate/up rows).
+# A slice is >= 128 K so its scales are whole int32 words (cp.async needs >= 4 bytes a thread).
+# Past BM 32 the tiles are v1's (wgmma), with BK 128 for the scale words.
+_GATE_UP_TILES_V2 = {16: Tiles(16, 32, 512, 4, 3, 4), 32: Tiles(32, 32, 512, 4, 3, 4),
+                     64: Tiles(64, 64, 128, 4, 3), 128: Tiles(128, 128, 128, 8, 3)}
+_DOWN_TILES_V2 = {16: Tiles(16, 32, 512, 4, 3, 4), 32: Tiles(32, 32, 512, 4, 3, 4),
+                  64: Tiles(64, 128, 128, 8, 3), 128: Tiles(128, 128, 128, 8, 3)}
+TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 tiles; for benchmarks
+
+
+def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
+    """choose_tiles for the v2 kernels: BK/split >= 128 (whole scale words) and BK <= 512 (scale pad)."""
+    rows = triton.cdiv(t * top_k, e)
+    bucket = min(128, max(16, triton.next_power_of_2(rows)))
+    cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V2 if gate_up else _DOWN_TILES_V2)[bucket]
+    bn = min(cfg.bn, max(16, triton.next_power_of_2(n)))
+    split = cfg.split
+    bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))  # past K: the masked tail
+    warps = cfg.warps if split > 1 else min(cfg.warps, bn // 16)
+    return Tiles(cfg.bm, bn, bk, warps, cfg.stages, split)
 
 
 @triton.jit
@@ -269,6 +338,182 @@ def _down_kernel(a_ptr, w_ptr, s_ptr, b_ptr, y_ptr, counts_ptr, rows_ptr,
              mask=n_ok[:, None] & valid[None, :])
 
 
+# v2 dequant on CUDA: a word in the v2 layout and the bf16x2 factor (2^(s-1), 2^(s-1)) -> its 4
+# bf16x2 MMA registers (see _to_bits_layout): 9 integer ops and 4 multiplies for 8 values. The
+# outputs are written last and the factor copied first, so any register sharing is harmless.
+_BITS_TO_BF16_ASM: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 a, b, c, d, e, f;
+mov.b32 f, $5;
+shl.b32 a, $4, 4; and.b32 a, a, 0x81C081C0; mul.rn.bf16x2 a, a, f;
+shf.l.wrap.b32 b, $4, $4, 10; and.b32 b, b, 0x81C081C0; mul.rn.bf16x2 b, b, f;
+shf.l.wrap.b32 c, $4, $4, 14; and.b32 c, c, 0x81C081C0; mul.rn.bf16x2 c, c, f;
+shl.b32 d, $4, 8; and.b32 d, d, 0x01000100; and.b32 e, $4, 0x80C080C0; or.b32 d, d, e; mul.rn.bf16x2 d, d, f;
+mov.b32 $0, a; mov.b32 $1, b; mov.b32 $2, c; mov.b32 $3, d;
+}
+""")
+
+
+@triton.jit
+def _dequant_bits(w, sw, S: tl.constexpr, BN: tl.constexpr, BKS: tl.constexpr, dtype: tl.constexpr,
+                  ASM: tl.constexpr):
+    """w [S, BN, BKS/2] uint8 (v2 layout), sw [S, BN, BKS/128] int32 (4 scale bytes each) -> [S, BN, BKS].
+
+    ASM (CUDA): _BITS_TO_BF16_ASM; LLVM folds the split into bf16 halves and the regrouping into
+    no instructions (checked in the sm_90a SASS). Portable (the interpreter runs no PTX): the same
+    registers by shifts, each bf16-placed value moved to fp16's bits (e2m1 * 2^-14, converted to
+    float32 exactly) and scaled by 2^(s - 127 + 14) in float32.
+    """
+    G: tl.constexpr = BKS // 32
+    sw = sw.to(tl.uint32, bitcast=True)
+    s = tl.join(tl.join(sw & 0xFF, (sw >> 16) & 0xFF), tl.join((sw >> 8) & 0xFF, sw >> 24))
+    s = tl.reshape(s, (S, BN, G))  # [S, BN, G] group g's scale byte (little endian)
+    # The words arrive as bytes: a uint8 load is what makes Triton give each thread 8 consecutive K
+    # (one word) of the MMA operand; LLVM folds the reassembly into the 4-byte load.
+    b01, b23 = tl.split(tl.reshape(w, (S, BN, G, 4, 2, 2)))  # bytes (0, 2), (1, 3)
+    b0, b2 = tl.split(b01)
+    b1, b3 = tl.split(b23)
+    w = (b0.to(tl.uint32) | (b1.to(tl.uint32) << 8) | (b2.to(tl.uint32) << 16)
+         | (b3.to(tl.uint32) << 24))  # [S, BN, G, 4]
+    if ASM:
+        f = tl.broadcast_to((s.to(tl.uint32) * 0x800080 + 0x3F003F00)[:, :, :, None], (S, BN, G, 4))
+        r0, r1, r2, r3 = tl.inline_asm_elementwise(
+            _BITS_TO_BF16_ASM, "=r,=r,=r,=r,r,r", [w, f],
+            dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=True, pack=1)
+    else:
+        r0 = (w << 4) & 0x81C081C0
+        r1 = ((w << 10) | (w >> 22)) & 0x81C081C0
+        r2 = ((w << 14) | (w >> 18)) & 0x81C081C0
+        r3 = (w & 0x80C080C0) | ((w << 8) & 0x01000100)
+    q = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (S, BN, BKS // 2))  # word-major, register j
+    if ASM:
+        lo = (q & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        hi = (q >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        out = tl.reshape(tl.join(lo, hi), (S, BN, BKS)).to(dtype)
+    else:
+        v = tl.join(q & 0xFFFF, q >> 16)  # [S, BN, BKS/2, 2] bf16-placed bits
+        v = ((v & 0x8000) | ((v & 0x01C0) << 3)).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        scale = ((s.to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)  # [S, BN, G]
+        v = tl.reshape(v, (S, BN, G, 32)) * scale[:, :, :, None]
+        out = tl.reshape(v, (S, BN, BKS)).to(dtype)
+    return out
+
+
+@triton.jit
+def _v2_ptrs(w_base, s_base, x_base, n_ld, row_off, stride_wn, stride_sn,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+    """Tile pointers at k0 = 0 and the K offsets of their masks. SPLIT 1: weight bytes [BN, BK/2],
+    scale words [BN, BK/128], x [BK, BM]; else each of the SPLIT warps owns a K slice of BK/SPLIT, first dim."""
+    if SPLIT == 1:
+        kw = tl.arange(0, BK // 2)[None, :]
+        kx = tl.arange(0, BK)[:, None]
+        w = w_base + n_ld[:, None] * stride_wn + kw
+        s = s_base + n_ld[:, None] * stride_sn + tl.arange(0, BK // 128)[None, :]
+        x = x_base + row_off[None, :] + kx
+    else:
+        BKS: tl.constexpr = BK // SPLIT
+        sp = tl.arange(0, SPLIT)[:, None, None]
+        kw = sp * (BKS // 2) + tl.arange(0, BKS // 2)[None, None, :]
+        kx = sp * BKS + tl.arange(0, BKS)[None, :, None]
+        w = w_base + n_ld[None, :, None] * stride_wn + kw
+        s = s_base + n_ld[None, :, None] * stride_sn + sp * (BKS // 128) + tl.arange(0, BKS // 128)[None, None, :]
+        x = x_base + row_off[None, None, :] + kx
+    return w, s, x, kw, kx
+
+
+@triton.jit
+def _v2_step(acc, x, w_ptrs, s_ptrs, kw, k0, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, ASM: tl.constexpr):
+    """acc += x @ dequant(W[:, k0:k0+BK])^T as the MMA wants it: acc [BN, BM] (SPLIT 1) or [SPLIT, BN, BM]."""
+    if EVEN_K:
+        w = tl.load(w_ptrs + k0 // 2)
+    else:  # K tail: zero words decode to zeros
+        w = tl.load(w_ptrs + k0 // 2, mask=(k0 // 2 + kw) < K // 2, other=0)
+    sw = tl.load(s_ptrs + k0 // 128)  # scale rows are padded to 16 bytes: never past a row
+    if SPLIT == 1:
+        wd = tl.reshape(_dequant_bits(w[None, :, :], sw[None, :, :], 1, BN, BK, x.dtype, ASM), (BN, BK))
+        out = tl.dot(wd, x, acc, input_precision=PREC)
+    else:
+        wd = _dequant_bits(w, sw, SPLIT, BN, BK // SPLIT, x.dtype, ASM)
+        out = tl.dot(wd, x, acc, input_precision=PREC)
+    return out
+
+
+@triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
+def _gate_up_v2_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, counts_ptr, rows_ptr, T, stride_x,
+                       stride_we, stride_wp, stride_wn, stride_se, stride_sp, stride_sn, alpha, limit,
+                       N: tl.constexpr, K: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr,
+                       BE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       SPLIT: tl.constexpr, PREC: tl.constexpr, ASM: tl.constexpr):
+    """_gate_up_kernel on v2 weights (scale strides in int32 words): act = swiglu(x @ W13^T + b13)."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    e, rows, valid, n_tiles = _expert_tile(counts_ptr, rows_ptr, T, pid_m, E, BE, BM)
+    if pid_m >= n_tiles:
+        return
+    EVEN_K: tl.constexpr = K % BK == 0
+    n = pid_n * BN + tl.arange(0, BN)  # [BN] act columns = weight-row pairs
+    n_ld = n % N  # past-the-end columns reload valid rows; never stored
+    e64 = e.to(tl.int64)
+    w_g, s_g, x_t, kw, kx = _v2_ptrs(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, x_ptr, n_ld,
+                                     (rows // TOP_K).to(tl.int64) * stride_x, stride_wn, stride_sn,
+                                     BM, BN, BK, SPLIT)
+    if SPLIT == 1:
+        acc_g = tl.zeros([BN, BM], tl.float32)
+        x_ok = valid[None, :]  # rows past the tile's assignments: not read (zeros)
+    else:
+        acc_g = tl.zeros([SPLIT, BN, BM], tl.float32)
+        x_ok = valid[None, None, :]
+    acc_u = tl.zeros_like(acc_g)
+    for k0 in range(0, K, BK):
+        xt = tl.load(x_t + k0, mask=x_ok & ((k0 + kx) < K), other=0.0)
+        acc_g = _v2_step(acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM)
+        acc_u = _v2_step(acc_u, xt, w_g + stride_wp, s_g + stride_sp, kw, k0, K, BN, BK, SPLIT, EVEN_K,
+                         PREC, ASM)
+    if SPLIT > 1:  # the warps' K slices: one reduction through shared memory
+        acc_g = tl.sum(acc_g, 0)
+        acc_u = tl.sum(acc_u, 0)
+    gate = acc_g + tl.load(b_ptr + e64 * 2 * N + n_ld)[:, None]  # [BN, BM]
+    up = acc_u + tl.load(b_ptr + e64 * 2 * N + N + n_ld)[:, None]
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    act = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+    tl.store(act_ptr + rows.to(tl.int64)[None, :] * N + n[:, None], act.to(act_ptr.dtype.element_ty),
+             mask=(n < N)[:, None] & valid[None, :])
+
+
+@triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
+def _down_v2_kernel(a_ptr, w_ptr, s_ptr, b_ptr, y_ptr, counts_ptr, rows_ptr, T,
+                    stride_we, stride_wn, stride_se, stride_sn,
+                    N: tl.constexpr, K: tl.constexpr, E: tl.constexpr, BE: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                    PREC: tl.constexpr, ASM: tl.constexpr):
+    """_down_kernel on v2 weights: y = act @ W2^T + b2."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    e, rows, valid, n_tiles = _expert_tile(counts_ptr, rows_ptr, T, pid_m, E, BE, BM)
+    if pid_m >= n_tiles:
+        return
+    EVEN_K: tl.constexpr = K % BK == 0
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ld = n % N
+    e64 = e.to(tl.int64)
+    w_t, s_t, a_t, kw, kx = _v2_ptrs(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, a_ptr, n_ld,
+                                     rows.to(tl.int64) * K, stride_wn, stride_sn, BM, BN, BK, SPLIT)
+    if SPLIT == 1:
+        acc = tl.zeros([BN, BM], tl.float32)
+        a_ok = valid[None, :]
+    else:
+        acc = tl.zeros([SPLIT, BN, BM], tl.float32)
+        a_ok = valid[None, None, :]
+    for k0 in range(0, K, BK):
+        at = tl.load(a_t + k0, mask=a_ok & ((k0 + kx) < K), other=0.0)
+        acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM)
+    if SPLIT > 1:
+        acc = tl.sum(acc, 0)
+    y = acc + tl.load(b_ptr + e64 * N + n_ld)[:, None]
+    tl.store(y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None], y.to(y_ptr.dtype.element_ty),
+             mask=(n < N)[:, None] & valid[None, :])
+
+
 @triton.jit
 def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr):
     """out[t] = sum_j w[t, j] * y[t*k + j] in float32, in slot order (no atomics: deterministic)."""
@@ -321,6 +566,36 @@ def down(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
     return y
 
 
+def gate_up_v2(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, tiles: Tiles) -> Tensor:
+    """gate_up on v2 weights (layout "bits")."""
+    (t, h), k = x.shape, r.ids.shape[1]
+    e, _, i = w.shape
+    act = _empty((t * k, i), x.dtype, x.device)
+    s13 = w.s13.view(torch.int32)  # scales read as 4-byte words
+    w13 = w.w13
+    _gate_up_v2_kernel[_grid(t, k, e, i, tiles)](
+        x, w13, s13, w.b13, act, r.counts, r.rows, t, x.stride(0), *w13.stride()[:3], *s13.stride()[:3],
+        alpha, limit, N=i, K=h, TOP_K=k, E=e, BE=triton.next_power_of_2(e), BM=tiles.bm, BN=tiles.bn,
+        BK=tiles.bk, SPLIT=tiles.split, PREC=_precision(x), ASM=_use_asm(x),
+        num_warps=tiles.warps, num_stages=tiles.stages)
+    return act
+
+
+def down_v2(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
+    """down on v2 weights (layout "bits")."""
+    a, i = act.shape
+    e, h, _ = w.shape
+    t = r.ids.shape[0]
+    y = _empty((a, h), act.dtype, act.device)
+    w2, s2 = w.w2, w.s2.view(torch.int32)
+    _down_v2_kernel[_grid(t, r.ids.shape[1], e, h, tiles)](
+        act, w2, s2, w.b2, y, r.counts, r.rows, t, *w2.stride()[:2], *s2.stride()[:2],
+        N=h, K=i, E=e, BE=triton.next_power_of_2(e), BM=tiles.bm, BN=tiles.bn, BK=tiles.bk,
+        SPLIT=tiles.split, PREC=_precision(act), ASM=_use_asm(act),
+        num_warps=tiles.warps, num_stages=tiles.stages)
+    return y
+
+
 def combine(y: Tensor, weights: Tensor, dtype: torch.dtype) -> Tensor:
     """y [T*k, H], weights [T, k] -> [T, H] in dtype."""
     t, k = weights.shape
@@ -331,7 +606,9 @@ def combine(y: Tensor, weights: Tensor, dtype: torch.dtype) -> Tensor:
     return out
 
 
-USE_ASM = True  # the PTX dequant on CUDA; False falls back to the portable one everywhere
+# Switches, read at call time, so one process can A/B the paths:
+KERNELS = "v2"  # the kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2"
+USE_ASM = True  # the PTX dequant on CUDA (both paths); False falls back to the portable one everywhere
 
 
 def _use_asm(x: Tensor) -> bool:
@@ -358,6 +635,10 @@ def moe_forward(x: Tensor, router_weight: Tensor, router_bias: Tensor, top_k: in
         return torch.empty_like(x)
     logits = F.linear(x, router_weight, router_bias)  # [T, E]
     r = route_and_group(logits, top_k)
-    act = gate_up(x, r, w, alpha, limit, choose_tiles(t, top_k, e, i, h, gate_up=True))  # [T*k, I]
-    y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False))  # [T*k, H]
+    if w.layout == "bits":
+        act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True))  # [T*k, I]
+        y = down_v2(act, r, w, choose_tiles_v2(t, top_k, e, h, i, gate_up=False))  # [T*k, H]
+    else:
+        act = gate_up(x, r, w, alpha, limit, choose_tiles(t, top_k, e, i, h, gate_up=True))
+        y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False))
     return combine(y, r.weights, x.dtype)

@@ -1,7 +1,9 @@
 """MXFP4 MoE Triton kernels (gptoss.kernels.moe) against the reference gptoss.model.MoE.
 
 Without CUDA the kernels run in Triton's interpreter on CPU at small shapes; with CUDA the same
-tests run compiled, plus the 20b shape. Expert weights are uniformly random bytes (every e2m1
+tests run compiled, plus the 20b shape. Every forward test runs both kernel families: v1 (weights
+in checkpoint nibble order) and v2 (bits rearranged, kernels="v2"); the v2 dequant's PTX, which
+the interpreter cannot run, is checked by emulating its text instruction by instruction. Expert weights are uniformly random bytes (every e2m1
 code in both nibbles) with scale bytes spread like the release's (118..122 at fan-in 2880).
 Error = ||got - want|| / ||want|| over the whole output. Tolerances: float32 1e-5 (seen <= 4e-7:
 only the summation order differs); bfloat16 1.5e-2 (seen 4e-3..9e-3: the reference rounds
@@ -34,12 +36,14 @@ from gptoss.kernels.moe import (  # noqa: E402
     MoEWeights,
     Tiles,
     choose_tiles,
+    choose_tiles_v2,
     moe_forward,
     prepare_moe_weights,
     route,
 )
 from gptoss.kernels.moe_routing import SINGLE_PROGRAM_MAX_TOKENS, route_and_group  # noqa: E402
 from gptoss.model import MoE  # noqa: E402
+from gptoss.mxfp4 import E2M1_VALUES  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEV = torch.device("cpu" if INTERPRET else "cuda")
@@ -92,7 +96,13 @@ def poisoned_buffers(monkeypatch):
         shape, float("nan"), dtype=dtype, device=device))
 
 
-def make_moe(e: int, h: int, i: int, k: int, dtype: torch.dtype, seed: int = 0) -> tuple[MoE, MoEWeights]:
+@pytest.fixture(params=["v1", "v2"])
+def kernels(request) -> str:
+    return request.param
+
+
+def make_moe(e: int, h: int, i: int, k: int, dtype: torch.dtype, seed: int = 0,
+             kernels: str = "v2") -> tuple[MoE, MoEWeights]:
     g = torch.Generator(DEV).manual_seed(seed)
 
     def scale_bytes(shape: tuple[int, ...], fan_in: int) -> torch.Tensor:
@@ -114,7 +124,7 @@ def make_moe(e: int, h: int, i: int, k: int, dtype: torch.dtype, seed: int = 0) 
     ref = MoE(replace(PRESETS["tiny"], num_local_experts=e, num_experts_per_tok=k), w, dtype)
     names = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
              "down_proj_blocks", "down_proj_scales", "down_proj_bias")
-    return ref, prepare_moe_weights(*(w["experts." + n] for n in names))
+    return ref, prepare_moe_weights(*(w["experts." + n] for n in names), kernels=kernels)
 
 
 def reference(ref: MoE, x: torch.Tensor) -> torch.Tensor:
@@ -146,29 +156,30 @@ def check_against_reference(ref: MoE, w: MoEWeights, x: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 3, 17, 40])
-def test_moe_forward_matches_reference(dtype, tokens):
-    ref, w = make_moe(8, 64, 64, 4, dtype, seed=tokens)
+def test_moe_forward_matches_reference(dtype, tokens, kernels):
+    ref, w = make_moe(8, 64, 64, 4, dtype, seed=tokens, kernels=kernels)
     check_against_reference(ref, w, (torch.randn(tokens, 64, device=DEV) * 3).to(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_top1_and_shapes_that_leave_partial_k_and_n_tiles(dtype):
-    ref, w = make_moe(8, 64, 64, 1, dtype, seed=1)
+def test_top1_and_shapes_that_leave_partial_k_and_n_tiles(dtype, kernels):
+    ref, w = make_moe(8, 64, 64, 1, dtype, seed=1, kernels=kernels)
     check_against_reference(ref, w, (torch.randn(17, 64, device=DEV) * 3).to(dtype))
-    ref, w = make_moe(8, 96, 96, 4, dtype, seed=2)  # K = 96 leaves a tail for BK 64
+    ref, w = make_moe(8, 96, 96, 4, dtype, seed=2, kernels=kernels)  # K = 96: a tail for BK 64 and 128
     check_against_reference(ref, w, (torch.randn(12, 96, device=DEV) * 3).to(dtype))
 
 
-def test_many_tokens_route_with_several_programs_and_bigger_tiles():
-    ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=3)
+def test_many_tokens_route_with_several_programs_and_bigger_tiles(kernels):
+    ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=3, kernels=kernels)
     t = 100  # > SINGLE_PROGRAM_MAX_TOKENS; 50 rows per expert -> BM = 64
     assert t > SINGLE_PROGRAM_MAX_TOKENS and choose_tiles(t, 4, 8, 64, 64, gate_up=True).bm == 64
+    assert choose_tiles_v2(t, 4, 8, 64, 64, gate_up=True).bm == 64
     check_against_reference(ref, w, (torch.randn(t, 64, device=DEV) * 3).bfloat16())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_an_expert_with_every_token_and_one_with_none(dtype):
-    ref, w = make_moe(8, 64, 64, 4, dtype, seed=4)
+def test_an_expert_with_every_token_and_one_with_none(dtype, kernels):
+    ref, w = make_moe(8, 64, 64, 4, dtype, seed=4, kernels=kernels)
     ref.router_bias[0] = 50.0  # expert 0 wins every token
     ref.router_bias[5] = -50.0  # expert 5 never makes the top 4
     x = (torch.randn(40, 64, device=DEV) * 3).to(dtype)
@@ -177,8 +188,8 @@ def test_an_expert_with_every_token_and_one_with_none(dtype):
     check_against_reference(ref, w, x)
 
 
-def test_a_tie_at_the_kth_logit_takes_the_lower_expert():
-    ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=6)
+def test_a_tie_at_the_kth_logit_takes_the_lower_expert(kernels):
+    ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=6, kernels=kernels)
     ref.router_bias.copy_(torch.tensor([3.0, 2.0, 1.0, 0.5, 0.5, -1.0, -2.0, -3.0]))
     x = (torch.randn(6, 64, device=DEV) * 3).bfloat16()
     x[::2] = 0  # logits = bias: experts 3 and 4 tie for the 4th place
@@ -191,12 +202,27 @@ def test_a_tie_at_the_kth_logit_takes_the_lower_expert():
                                    Tiles(128, 32, 128, 8, 3), Tiles(64, 128, 64, 4, 3)])
 def test_every_tile_shape_gives_the_same_result(tiles):
     """The heuristic picks BM 64/128 only for big batches; force each shape on a small one."""
-    ref, w = make_moe(8, 96, 96, 4, torch.float32, seed=5)  # partial N tiles for BN 64, 128
+    ref, w = make_moe(8, 96, 96, 4, torch.float32, seed=5, kernels="v1")  # partial N tiles for BN 64, 128
     x = torch.randn(12, 96, device=DEV) * 3
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
     y = moe.down(moe.gate_up(x, r, w, ALPHA, LIMIT, tiles), r, w, tiles)
     got, want = moe.combine(y, r.weights, x.dtype), ref(x)
     assert ((got - want).norm() / want.norm()).item() <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("tiles", [Tiles(16, 16, 128, 1, 2), Tiles(16, 32, 512, 4, 3, 4),
+                                   Tiles(32, 64, 256, 2, 3, 2), Tiles(64, 64, 128, 4, 3),
+                                   Tiles(128, 128, 128, 8, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_v2_tile_shape_gives_the_same_result(tiles, dtype):
+    """v2: 2D tiles and split-K warps (3D), K = 160 (a tail for BK 128; for split 4 whole slices of
+    zeros), N = 96 (partial N tiles for BN 64, 128), forced on a small batch."""
+    ref, w = make_moe(8, 160, 96, 4, dtype, seed=7, kernels="v2")
+    x = (torch.randn(12, 160, device=DEV) * 3).to(dtype)
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    y = moe.down_v2(moe.gate_up_v2(x, r, w, ALPHA, LIMIT, tiles), r, w, tiles)
+    got, want = moe.combine(y, r.weights, x.dtype).double(), reference(ref, x).double()
+    assert ((got - want).norm() / want.norm()).item() <= TOL[dtype]
 
 
 @pytest.mark.parametrize("tokens, experts, k", [(1, 8, 4), (17, 8, 1), (40, 8, 4), (100, 32, 4)])
@@ -236,6 +262,114 @@ def test_choose_tiles_streams_decode_weights_over_every_sm():
             assert c.bk % 32 == 0 and c.bk <= k and 16 <= c.bm <= 128
 
 
+def test_choose_tiles_v2_keeps_scale_words_whole_and_warps_on_distinct_weights():
+    for t in (1, 2, 8, 16, 64, 256, 1024, 16384):
+        for n, k in ((2880, 2880), (64, 96), (96, 160)):
+            for gate_up in (True, False):
+                c = choose_tiles_v2(t, 4, 32, n, k, gate_up)
+                # a warp's K slice holds whole int32 scale words; <= 512 stays inside the 16-byte scale pad
+                assert c.bk % (128 * c.split) == 0 and c.bk <= 512 and 16 <= c.bm <= 128
+                # split-K: one warp a slice; else mma.sync needs 16 weight rows a warp, wgmma 64
+                assert c.warps == c.split if c.split > 1 else c.warps <= max(1, c.bn // 16)
+    up = choose_tiles_v2(1, 4, 32, 2880, 2880, True)
+    assert up.bm == 16 and moe._grid(1, 4, 32, 2880, up)[0] * 4 * up.warps >= 8 * 132  # >= 8 warps an SM
+
+
+def _e2m1(code: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(E2M1_VALUES, dtype=torch.float64)[code.long()]
+
+
+def test_bits_layout_is_a_permutation_the_kernel_registers_undo():
+    """Each word of the v2 layout, put through the kernel's 4 register formulas, gives back the
+    checkpoint nibbles: register j holds values 2j (bits 15:0) and 2j+1 (31:16), sign at 15, e1 e0 m at 8:6."""
+    sources = sorted(bit_from[t + 16 * h] for bit_from in moe._BIT_FROM for h in (0, 1)
+                     for t in moe._E2M1_TO_BF16_BIT)
+    assert sources == list(range(32))
+    blocks = torch.randint(0, 256, (5, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    w = moe._to_bits_layout(blocks).view(torch.int32).long() & 0xFFFFFFFF  # [5, 16]
+
+    def rotl(v: torch.Tensor, r: int) -> torch.Tensor:
+        return ((v << r) | (v >> (32 - r))) & 0xFFFFFFFF
+
+    regs = [rotl(w, r) & 0x81C081C0 for r in moe._ROTATE] + [(w & 0x80C080C0) | ((w << 8) & 0x01000100)]
+    halves = torch.stack([torch.stack([r & 0xFFFF, r >> 16], -1) for r in regs], -2)  # [5, 16, 4, 2]
+    codes = ((halves >> 15) & 1) << 3 | ((halves >> 6) & 7)
+    assert not (halves & ~0x81C0).any()  # nothing outside the sign and magnitude bits
+    want = blocks.view(5, 16, 4).long()
+    assert torch.equal(codes, torch.stack([want & 15, want >> 4], -1))
+
+
+def _run_ptx(text: str, ins: list[np.ndarray], n_out: int) -> list[np.ndarray]:
+    """Evaluate inline-asm PTX with the few instructions _BITS_TO_BF16_ASM uses, on uint32 arrays."""
+    regs: dict[str, np.ndarray] = {f"${n_out + i}": v.astype(np.uint32) for i, v in enumerate(ins)}
+
+    def val(tok: str) -> np.ndarray:
+        return regs[tok] if tok in regs else np.uint32(int(tok, 0))
+
+    def bf16x2_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(a)
+        for sh in (0, 16):  # exact products (bf16 x bf16 fits float32), rounded to nearest even
+            fa = (((a >> sh) & 0xFFFF) << 16).view(np.float32).astype(np.float64)
+            fb = (((b >> sh) & 0xFFFF) << 16).view(np.float32).astype(np.float64)
+            bits = (fa * fb).astype(np.float32).view(np.uint32).astype(np.uint64)
+            out |= (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint32) & 0xFFFF) << sh
+        return out
+
+    for stmt in text.split(";"):
+        stmt = stmt.strip().strip("{}").strip()
+        if not stmt or stmt.startswith(".reg"):
+            continue
+        op, args = stmt.split(None, 1)
+        a = [x.strip() for x in args.split(",")]
+        with np.errstate(over="ignore"):
+            if op == "mov.b32":
+                r = val(a[1]).copy()
+            elif op == "shl.b32":
+                r = val(a[1]) << np.uint32(int(a[2]))
+            elif op == "shf.l.wrap.b32":  # the top 32 bits of {hi:lo} << n
+                n = np.uint32(int(a[3]) % 32)
+                r = (val(a[2]) << n) | (val(a[1]) >> (np.uint32(32) - n)) if n else val(a[2])
+            elif op == "and.b32":
+                r = val(a[1]) & val(a[2])
+            elif op == "or.b32":
+                r = val(a[1]) | val(a[2])
+            elif op == "mul.rn.bf16x2":
+                r = bf16x2_mul(val(a[1]), val(a[2]))
+            else:
+                raise AssertionError(f"unexpected PTX {op}")
+        regs[a[0]] = np.asarray(r, dtype=np.uint32)
+    return [regs[f"${i}"] for i in range(n_out)]
+
+
+def test_v2_ptx_dequant_gives_exact_mxfp4_values():
+    """The PTX text the GPU runs, emulated: word in the v2 layout + factor -> e2m1 * 2^(s - 127), exactly."""
+    g = torch.Generator().manual_seed(1)
+    blocks = torch.randint(0, 256, (512, 4), dtype=torch.uint8, generator=g)  # 512 words of 8 values
+    scales = torch.randint(0, moe.MAX_SCALE_V2 + 1, (512,), dtype=torch.int64, generator=g)
+    scales[:3] = torch.tensor([0, 1, moe.MAX_SCALE_V2])  # the range's edges
+    words = moe._to_bits_layout(blocks).view(torch.int32).numpy().view(np.uint32)[:, 0]
+    factor = (scales.numpy() * 0x800080 + 0x3F003F00).astype(np.uint32)  # as _dequant_bits builds it
+    regs = _run_ptx(moe._BITS_TO_BF16_ASM.value, [words, factor], 4)
+    got = np.stack([np.stack([(r & 0xFFFF) << 16, r & 0xFFFF0000], -1) for r in regs], 1)  # [512, 4, 2]
+    got = torch.from_numpy(got.astype(np.uint32).view(np.float32).reshape(512, 8).astype(np.float64))
+    codes = torch.stack([blocks & 15, blocks >> 4], -1).reshape(512, 8)
+    want = _e2m1(codes) * torch.exp2(scales.double() - 127)[:, None]
+    assert torch.equal(got, want)
+
+
+def test_prepare_v2_rejects_scales_its_factor_cannot_hold():
+    blocks = torch.zeros(2, 64, 2, 16, dtype=torch.uint8)
+    scales = torch.full((2, 64, 2), 120, dtype=torch.uint8)
+    down_scales = torch.full((2, 64, 1), moe.MAX_SCALE_V2 + 1, dtype=torch.uint8)
+    args = (blocks, scales, torch.zeros(2, 64), torch.zeros(2, 64, 1, 16, dtype=torch.uint8), down_scales,
+            torch.zeros(2, 64))
+    with pytest.raises(ValueError, match="scale byte 129 > 128"):
+        prepare_moe_weights(*args, kernels="v2")
+    assert prepare_moe_weights(*args, kernels="v1").layout == "nibble"
+    with pytest.raises(ValueError, match="kernels must be 'v1' or 'v2'"):
+        prepare_moe_weights(*args, kernels="v3")
+
+
 def test_prepare_rejects_mismatched_tensors():
     _, w = make_moe(8, 64, 64, 4, torch.float32)
     assert w.shape == (8, 64, 64)
@@ -247,8 +381,10 @@ def test_prepare_rejects_mismatched_tensors():
 
 
 @gpu
+@pytest.mark.parametrize("use_asm", [True, False])
 @pytest.mark.parametrize("tokens", [1, 2, 4, 8, 16, 64, 256, 1024, 4096])
-def test_20b_shape_on_gpu(tokens):
-    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=tokens)
+def test_20b_shape_on_gpu(tokens, kernels, use_asm, monkeypatch):
+    monkeypatch.setattr(moe, "USE_ASM", use_asm)
+    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=tokens, kernels=kernels)
     err = check_against_reference(ref, w, torch.randn(tokens, 2880, device=DEV).bfloat16())
-    print(f"T={tokens}: rel error {err:.2e}")
+    print(f"{kernels} asm={use_asm} T={tokens}: rel error {err:.2e}")
