@@ -162,15 +162,18 @@ def choose_tiles(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> T
     return Tiles(cfg.bm, bn, bk, min(cfg.warps, bn // 16), cfg.stages)
 
 
-# v2 (weights in the bits layout), by BM as above. Decode streams the weights with 4-warp programs
-# that split each 512-K step into one 128-K slice a warp (all warps hit distinct weights, and 4x the
-# resident warps of one warp per 16 rows at T = 1: 720 programs over the 4 experts' gate/up rows).
+# v2 (weights in the bits layout), by BM as above. Decode and BM 32 split each 512-K step over 4
+# warps, one 128-K slice a warp, every warp on all BN rows (no weight dequantized twice, 4x the
+# resident warps of one warp per 16 rows: 1440 warps over the 4 experts' gate/up rows at T = 1).
 # A slice is >= 128 K so its scales are whole int32 words (cp.async needs >= 4 bytes a thread).
-# Past BM 32 the tiles are v1's (wgmma), with BK 128 for the scale words.
+# Past BM 32, wgmma tiles with BK 128. In the sm_90a SASS (20b shapes, bf16): 3.3 instructions a
+# weight value at decode (v1: 4.9), of which 1.66 dequant, 0.25 HMMA and ~0.45 moves of the x
+# operand between its LDS.128 and the HMMA register pairs; BM 128 gate_up 5.6 a value for 128 rows
+# (v1 at T 4096: 6.0 for 64 rows). Registers <= 255, spills only outside the K loop.
 _GATE_UP_TILES_V2 = {16: Tiles(16, 32, 512, 4, 3, 4), 32: Tiles(32, 32, 512, 4, 3, 4),
                      64: Tiles(64, 64, 128, 4, 3), 128: Tiles(128, 128, 128, 8, 3)}
 _DOWN_TILES_V2 = {16: Tiles(16, 32, 512, 4, 3, 4), 32: Tiles(32, 32, 512, 4, 3, 4),
-                  64: Tiles(64, 128, 128, 8, 3), 128: Tiles(128, 128, 128, 8, 3)}
+                  64: Tiles(64, 64, 128, 4, 3), 128: Tiles(128, 128, 128, 8, 3)}
 TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 tiles; for benchmarks
 
 
