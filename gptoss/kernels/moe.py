@@ -15,6 +15,16 @@ program computes acc^T [BN, BM] = W [BN, BK] @ x_rows^T [BK, BM]: the dequantize
 the register operand and the few token rows the narrow one, so decode (BM = 16) still feeds
 the tensor cores; the weights stay packed in HBM and are read 16 bytes at a time along K.
 
+Two kernel families, chosen by the weights' layout (prepare_moe_weights(kernels=...), default the
+module's KERNELS): v1 (_gate_up_kernel, _down_kernel) reads the checkpoint's nibble order; v2
+(_gate_up_v2_kernel, _down_v2_kernel, the default) reads the bits of every 4-byte word rearranged
+at load (_to_bits_layout) so that a rotate and a mask put two e2m1 codes at their bf16 positions,
+and one bf16x2 multiply by 2^(s - 1) finishes both: ~1.7 instructions a weight, against ~3.5 for
+v1's nibble shuffles, which bound the decode kernels (an SM must dequantize ~23 values a cycle to
+keep up with 3 TB/s). v2 also loads the scales as int32 words through the cp.async pipeline (v1's
+byte loads stall every K step) and, at decode, splits each K step over 4 warps (3D dot, summed
+once at the end) for 4x the resident warps. USE_ASM and TILE_OVERRIDE switch the rest at call time.
+
 Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4):
   gate_up  FLOPs 4*A*H*I; weight bytes d * (2I*H/2 + 2I*H/32) = d * 8.8 MB
   down     FLOPs 2*A*I*H; weight bytes d * (H*I/2 + H*I/32)   = d * 4.4 MB
