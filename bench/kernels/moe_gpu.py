@@ -2,6 +2,10 @@
 
     python bench/kernels/moe_gpu.py [--ms 1,8,64] [--variants v1,v2] [--no-vllm]
 
+Everything at once compiles ~40 kernel configurations (minutes on a fresh machine); to stay well
+inside one 10-minute call, split it, e.g. --ms 1,4,16,64 --variants v1,v2,v2-2d,v2-bn16,v2-bn64,v2-s2,vllm
+and --ms 256,1024,4096,16384 --variants v1,v2,v2-noasm,v2-b32-s2,v2-b32-wg,v2-bm64,vllm.
+
 CUDA only; E 32, H = I = 2880, top-4, bf16. Prints, in this order:
   1. bf16 subnormal checks: the v2 dequant puts the e2m1 code 0.5 on the bf16 subnormal 2^-127 and
      multiplies it by 2^(s-1) (mul.rn.bf16x2); torch.matmul and tl.dot on subnormal inputs, that
