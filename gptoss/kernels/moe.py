@@ -19,10 +19,10 @@ Two kernel families, chosen by the weights' layout (prepare_moe_weights(kernels=
 module's KERNELS): v1 (_gate_up_kernel, _down_kernel) reads the checkpoint's nibble order; v2
 (_gate_up_v2_kernel, _down_v2_kernel, the default) reads the bits of every 4-byte word rearranged
 at load (_to_bits_layout) so that a rotate and a mask put two e2m1 codes at their bf16 positions,
-and one bf16x2 multiply by 2^(s - 1) finishes both: ~1.7 instructions a weight, against ~3.5 for
+and one bf16x2 multiply by 2^(s - 1) finishes both: ~1.7 instructions a weight, against ~4 for
 v1's nibble shuffles, which bound the decode kernels (an SM must dequantize ~23 values a cycle to
 keep up with 3 TB/s). v2 also loads the scales as int32 words through the cp.async pipeline (v1's
-byte loads stall every K step) and, at decode, splits each K step over 4 warps (3D dot, summed
+byte loads are not pipelined: issued and waited for in the same K step) and, at decode, splits each K step over 4 warps (3D dot, summed
 once at the end) for 4x the resident warps. USE_ASM and TILE_OVERRIDE switch the rest at call time.
 
 Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4):
@@ -118,7 +118,7 @@ def prepare_moe_weights(gate_up_blocks: Tensor, gate_up_scales: Tensor, gate_up_
 # bit; the code 0.5 lands on the subnormal 2^-127), +16 for the odd value; one bf16x2 multiply by
 # 2^(s - 1) then makes them exact. No 4 rotations of one word can place all 32 bits (checked by
 # exhaustive search), so registers 0-2 take a rotation and a mask (2 SASS ops) and register 3 the
-# bits already in place plus two shifted by 8 (3 ops): 9 ops for 8 values, ~19 from checkpoint order.
+# bits already in place plus two shifted by 8 (3 ops): 9 ops for 8 values (v1: 18 + 4 regroupings).
 _E2M1_TO_BF16_BIT = (6, 7, 8, 15)  # e2m1 bit i (m, e0, e1, sign) -> bf16 bit; the odd value +16
 _ROTATE = (4, 10, 14)  # register j < 3 = rotl(word, _ROTATE[j]) & 0x81C081C0
 _BIT_FROM = tuple({t: (t - r) % 32 for t in range(32)} for r in _ROTATE) + (
