@@ -22,8 +22,9 @@ at load (_to_bits_layout) so that a rotate and a mask put two e2m1 codes at thei
 and one bf16x2 multiply by 2^(s - 1) finishes both: ~1.7 instructions a weight, against ~4 for
 v1's nibble shuffles, which bound the decode kernels (an SM must dequantize ~23 values a cycle to
 keep up with 3 TB/s). v2 also loads the scales as int32 words through the cp.async pipeline (v1's
-byte loads are not pipelined: issued and waited for in the same K step) and, at decode, splits each K step over 4 warps (3D dot, summed
-once at the end) for 4x the resident warps. USE_ASM and TILE_OVERRIDE switch the rest at call time.
+byte loads are not pipelined: issued and waited for in the same K step) and, at decode, splits
+each K step over 4 warps (a 3D dot, summed once at the end) for 4x the resident warps.
+USE_ASM and TILE_OVERRIDE switch the rest at call time.
 
 Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4):
   gate_up  FLOPs 4*A*H*I; weight bytes d * (2I*H/2 + 2I*H/32) = d * 8.8 MB
