@@ -2,6 +2,10 @@
 
     python bench/kernels/moe_gpu.py [--ms 1,8,64] [--variants v1,v2] [--no-vllm]
 
+Everything at once compiles ~40 kernel configurations (minutes on a fresh machine); to stay well
+inside one 10-minute call, split it, e.g. --ms 1,4,16,64 --variants v1,v2,v2-2d,v2-bn16,v2-bn64,v2-s2,vllm
+and --ms 256,1024,4096,16384 --variants v1,v2,v2-noasm,v2-b32-s2,v2-b32-wg,v2-bm64,vllm.
+
 CUDA only; E 32, H = I = 2880, top-4, bf16. Prints, in this order:
   1. bf16 subnormal checks: the v2 dequant puts the e2m1 code 0.5 on the bf16 subnormal 2^-127 and
      multiplies it by 2^(s-1) (mul.rn.bf16x2); torch.matmul and tl.dot on subnormal inputs, that
@@ -11,8 +15,8 @@ CUDA only; E 32, H = I = 2880, top-4, bf16. Prints, in this order:
      and down_us = each GEMM alone in its own graph (routing precomputed); eager_us; hbm = the
      weight and scale bytes of the distinct experts the batch hits / graph_us / 3.0e12.
 Variants: v1 (checkpoint nibble order), v2 (bits layout, the default), v2-noasm (v2 with the
-portable dequant), and v2 with other tiles at decode (v2-2d, v2-bn16, v2-bn64, v2-s2) and at
-BM 32 (v2-b32-2d, v2-b32-bn16). vLLM 0.26's monolithic Triton MXFP4 expert
+portable dequant), and v2 with other tiles at decode (v2-2d, v2-bn16, v2-bn64, v2-s2), at BM 32
+(v2-b32-s2, v2-b32-wg: M 256) and BM 64 instead of 128 in prefill (v2-bm64: M >= 1024). vLLM 0.26's monolithic Triton MXFP4 expert
 (triton_kernel_moe_forward: triton_kernels routing + matmul_ogs for w13 with the fused SwiGLU and
 for w2 with scatter; weights converted by its own TRITON-backend loader) is the "vllm" variant,
 graph-captured when it allows. Times are triton.testing.do_bench medians (L2 flushed between
@@ -71,10 +75,12 @@ VARIANTS: dict[str, Variant] = {
                                     (16, False): Tiles(16, 64, 512, 4, 3, 4)}, max_m=DECODE),
     "v2-s2": Variant("v2", tiles={(16, True): Tiles(16, 32, 256, 2, 4, 2),
                                   (16, False): Tiles(16, 32, 256, 2, 4, 2)}, max_m=DECODE),
-    "v2-b32-2d": Variant("v2", tiles={(32, True): Tiles(32, 32, 256, 2, 3), (32, False): Tiles(32, 32, 256, 2, 3)},
-                         min_m=129, max_m=256),
+    "v2-b32-s2": Variant("v2", tiles={(32, True): Tiles(32, 32, 256, 2, 3, 2),
+                                      (32, False): Tiles(32, 32, 256, 2, 3, 2)}, min_m=129, max_m=256),
     "v2-b32-wg": Variant("v2", tiles={(32, True): Tiles(32, 64, 128, 4, 3), (32, False): Tiles(32, 64, 128, 4, 3)},
                          min_m=129, max_m=256),
+    "v2-bm64": Variant("v2", tiles={(128, True): Tiles(64, 128, 128, 8, 3), (128, False): Tiles(64, 64, 128, 4, 3)},
+                       min_m=1024),
 }
 
 

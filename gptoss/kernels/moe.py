@@ -15,6 +15,17 @@ program computes acc^T [BN, BM] = W [BN, BK] @ x_rows^T [BK, BM]: the dequantize
 the register operand and the few token rows the narrow one, so decode (BM = 16) still feeds
 the tensor cores; the weights stay packed in HBM and are read 16 bytes at a time along K.
 
+Two kernel families, chosen by the weights' layout (prepare_moe_weights(kernels=...), default the
+module's KERNELS): v1 (_gate_up_kernel, _down_kernel) reads the checkpoint's nibble order; v2
+(_gate_up_v2_kernel, _down_v2_kernel, the default) reads the bits of every 4-byte word rearranged
+at load (_to_bits_layout) so that a rotate and a mask put two e2m1 codes at their bf16 positions,
+and one bf16x2 multiply by 2^(s - 1) finishes both: ~1.7 instructions a weight, against ~4 for
+v1's nibble shuffles, which bound the decode kernels (an SM must dequantize ~23 values a cycle to
+keep up with 3 TB/s). v2 also loads the scales as int32 words through the cp.async pipeline (v1's
+byte loads are not pipelined: issued and waited for in the same K step) and, at decode, splits
+each K step over 4 warps (a 3D dot, summed once at the end) for 4x the resident warps.
+USE_ASM and TILE_OVERRIDE switch the rest at call time.
+
 Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4):
   gate_up  FLOPs 4*A*H*I; weight bytes d * (2I*H/2 + 2I*H/32) = d * 8.8 MB
   down     FLOPs 2*A*I*H; weight bytes d * (H*I/2 + H*I/32)   = d * 4.4 MB
@@ -108,7 +119,7 @@ def prepare_moe_weights(gate_up_blocks: Tensor, gate_up_scales: Tensor, gate_up_
 # bit; the code 0.5 lands on the subnormal 2^-127), +16 for the odd value; one bf16x2 multiply by
 # 2^(s - 1) then makes them exact. No 4 rotations of one word can place all 32 bits (checked by
 # exhaustive search), so registers 0-2 take a rotation and a mask (2 SASS ops) and register 3 the
-# bits already in place plus two shifted by 8 (3 ops): 9 ops for 8 values, ~19 from checkpoint order.
+# bits already in place plus two shifted by 8 (3 ops): 9 ops for 8 values (v1: 18 + 4 regroupings).
 _E2M1_TO_BF16_BIT = (6, 7, 8, 15)  # e2m1 bit i (m, e0, e1, sign) -> bf16 bit; the odd value +16
 _ROTATE = (4, 10, 14)  # register j < 3 = rotl(word, _ROTATE[j]) & 0x81C081C0
 _BIT_FROM = tuple({t: (t - r) % 32 for t in range(32)} for r in _ROTATE) + (
@@ -162,15 +173,18 @@ def choose_tiles(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> T
     return Tiles(cfg.bm, bn, bk, min(cfg.warps, bn // 16), cfg.stages)
 
 
-# v2 (weights in the bits layout), by BM as above. Decode streams the weights with 4-warp programs
-# that split each 512-K step into one 128-K slice a warp (all warps hit distinct weights, and 4x the
-# resident warps of one warp per 16 rows at T = 1: 720 programs over the 4 experts' gate/up rows).
+# v2 (weights in the bits layout), by BM as above. Decode and BM 32 split each 512-K step over 4
+# warps, one 128-K slice a warp, every warp on all BN rows (no weight dequantized twice, 4x the
+# resident warps of one warp per 16 rows: 1440 warps over the 4 experts' gate/up rows at T = 1).
 # A slice is >= 128 K so its scales are whole int32 words (cp.async needs >= 4 bytes a thread).
-# Past BM 32 the tiles are v1's (wgmma), with BK 128 for the scale words.
+# Past BM 32, wgmma tiles with BK 128. In the sm_90a SASS (20b shapes, bf16): 3.3 instructions a
+# weight value at decode (v1: 4.9), of which 1.66 dequant, 0.25 HMMA and ~0.45 moves of the x
+# operand between its LDS.128 and the HMMA register pairs; BM 128 gate_up 5.6 a value for 128 rows
+# (v1 at T 4096: 6.0 for 64 rows). Registers <= 255, spills only outside the K loop.
 _GATE_UP_TILES_V2 = {16: Tiles(16, 32, 512, 4, 3, 4), 32: Tiles(32, 32, 512, 4, 3, 4),
                      64: Tiles(64, 64, 128, 4, 3), 128: Tiles(128, 128, 128, 8, 3)}
 _DOWN_TILES_V2 = {16: Tiles(16, 32, 512, 4, 3, 4), 32: Tiles(32, 32, 512, 4, 3, 4),
-                  64: Tiles(64, 128, 128, 8, 3), 128: Tiles(128, 128, 128, 8, 3)}
+                  64: Tiles(64, 64, 128, 4, 3), 128: Tiles(128, 128, 128, 8, 3)}
 TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 tiles; for benchmarks
 
 
