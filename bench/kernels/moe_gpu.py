@@ -16,7 +16,8 @@ CUDA only; E 32, H = I = 2880, top-4, bf16. Prints, in this order:
      weight and scale bytes of the distinct experts the batch hits / graph_us / 3.0e12.
 Variants: v1 (checkpoint nibble order), v2 (bits layout, the default), v2-noasm (v2 with the
 portable dequant), and v2 with other tiles at decode (v2-2d, v2-bn16, v2-bn64, v2-s2), at BM 32
-(v2-b32-s2, v2-b32-wg: M 256) and BM 64 instead of 128 in prefill (v2-bm64: M >= 1024). vLLM 0.26's monolithic Triton MXFP4 expert
+(v2-b32-s2, v2-b32-wg: M 256) and BM 64 instead of 128 in prefill (v2-bm64: M >= 1024).
+vLLM 0.26's monolithic Triton MXFP4 expert
 (triton_kernel_moe_forward: triton_kernels routing + matmul_ogs for w13 with the fused SwiGLU and
 for w2 with scatter; weights converted by its own TRITON-backend loader) is the "vllm" variant,
 graph-captured when it allows. Times are triton.testing.do_bench medians (L2 flushed between
@@ -67,20 +68,43 @@ VARIANTS: dict[str, Variant] = {
     "v1": Variant("v1"),
     "v2": Variant("v2"),
     "v2-noasm": Variant("v2", asm=False),
-    "v2-2d": Variant("v2", tiles={(16, True): Tiles(16, 32, 256, 2, 4), (16, False): Tiles(16, 32, 256, 2, 4)},
-                     max_m=DECODE),
-    "v2-bn16": Variant("v2", tiles={(16, True): Tiles(16, 16, 512, 4, 3, 4),
-                                    (16, False): Tiles(16, 16, 512, 4, 3, 4)}, max_m=DECODE),
-    "v2-bn64": Variant("v2", tiles={(16, True): Tiles(16, 64, 512, 4, 3, 4),
-                                    (16, False): Tiles(16, 64, 512, 4, 3, 4)}, max_m=DECODE),
-    "v2-s2": Variant("v2", tiles={(16, True): Tiles(16, 32, 256, 2, 4, 2),
-                                  (16, False): Tiles(16, 32, 256, 2, 4, 2)}, max_m=DECODE),
-    "v2-b32-s2": Variant("v2", tiles={(32, True): Tiles(32, 32, 256, 2, 3, 2),
-                                      (32, False): Tiles(32, 32, 256, 2, 3, 2)}, min_m=129, max_m=256),
-    "v2-b32-wg": Variant("v2", tiles={(32, True): Tiles(32, 64, 128, 4, 3), (32, False): Tiles(32, 64, 128, 4, 3)},
-                         min_m=129, max_m=256),
-    "v2-bm64": Variant("v2", tiles={(128, True): Tiles(64, 128, 128, 8, 3), (128, False): Tiles(64, 64, 128, 4, 3)},
-                       min_m=1024),
+    "v2-2d": Variant(
+        "v2",
+        tiles={(16, True): Tiles(16, 32, 256, 2, 4), (16, False): Tiles(16, 32, 256, 2, 4)},
+        max_m=DECODE,
+    ),
+    "v2-bn16": Variant(
+        "v2",
+        tiles={(16, True): Tiles(16, 16, 512, 4, 3, 4), (16, False): Tiles(16, 16, 512, 4, 3, 4)},
+        max_m=DECODE,
+    ),
+    "v2-bn64": Variant(
+        "v2",
+        tiles={(16, True): Tiles(16, 64, 512, 4, 3, 4), (16, False): Tiles(16, 64, 512, 4, 3, 4)},
+        max_m=DECODE,
+    ),
+    "v2-s2": Variant(
+        "v2",
+        tiles={(16, True): Tiles(16, 32, 256, 2, 4, 2), (16, False): Tiles(16, 32, 256, 2, 4, 2)},
+        max_m=DECODE,
+    ),
+    "v2-b32-s2": Variant(
+        "v2",
+        tiles={(32, True): Tiles(32, 32, 256, 2, 3, 2), (32, False): Tiles(32, 32, 256, 2, 3, 2)},
+        min_m=129,
+        max_m=256,
+    ),
+    "v2-b32-wg": Variant(
+        "v2",
+        tiles={(32, True): Tiles(32, 64, 128, 4, 3), (32, False): Tiles(32, 64, 128, 4, 3)},
+        min_m=129,
+        max_m=256,
+    ),
+    "v2-bm64": Variant(
+        "v2",
+        tiles={(128, True): Tiles(64, 128, 128, 8, 3), (128, False): Tiles(64, 64, 128, 4, 3)},
+        min_m=1024,
+    ),
 }
 
 
@@ -116,17 +140,28 @@ def _checkpoint() -> dict[str, torch.Tensor]:
     def bf16(*shape: int, std: float) -> torch.Tensor:
         return (torch.randn(shape, generator=g, device="cuda") * std).bfloat16()
 
-    return {"router_w": bf16(E, H, std=H ** -0.5), "router_b": bf16(E, std=0.5),
-            "gate_up_blocks": u8(E, 2 * I, H // 32, 16),
-            "gate_up_scales": u8(E, 2 * I, H // 32, lo=118, hi=123),
-            "gate_up_bias": bf16(E, 2 * I, std=0.02),
-            "down_blocks": u8(E, H, I // 32, 16), "down_scales": u8(E, H, I // 32, lo=118, hi=123),
-            "down_bias": bf16(E, H, std=0.02)}
+    return {
+        "router_w": bf16(E, H, std=H**-0.5),
+        "router_b": bf16(E, std=0.5),
+        "gate_up_blocks": u8(E, 2 * I, H // 32, 16),
+        "gate_up_scales": u8(E, 2 * I, H // 32, lo=118, hi=123),
+        "gate_up_bias": bf16(E, 2 * I, std=0.02),
+        "down_blocks": u8(E, H, I // 32, 16),
+        "down_scales": u8(E, H, I // 32, lo=118, hi=123),
+        "down_bias": bf16(E, H, std=0.02),
+    }
 
 
 def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
-    return prepare_moe_weights(ck["gate_up_blocks"], ck["gate_up_scales"], ck["gate_up_bias"],
-                               ck["down_blocks"], ck["down_scales"], ck["down_bias"], kernels=kernels)
+    return prepare_moe_weights(
+        ck["gate_up_blocks"],
+        ck["gate_up_scales"],
+        ck["gate_up_bias"],
+        ck["down_blocks"],
+        ck["down_scales"],
+        ck["down_bias"],
+        kernels=kernels,
+    )
 
 
 @contextmanager
@@ -157,9 +192,11 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
         dn_tiles = moe.choose_tiles(t, TOP_K, E, H, I, gate_up=False)
         gate_up, down = moe.gate_up, moe.down
     act = gate_up(x, r, w, ALPHA, LIMIT, gu_tiles)
-    return {"moe": lambda: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, w, ALPHA, LIMIT),
-            "gate_up": lambda: gate_up(x, r, w, ALPHA, LIMIT, gu_tiles),
-            "down": lambda: down(act, r, w, dn_tiles)}
+    return {
+        "moe": lambda: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, w, ALPHA, LIMIT),
+        "gate_up": lambda: gate_up(x, r, w, ALPHA, LIMIT, gu_tiles),
+        "down": lambda: down(act, r, w, dn_tiles),
+    }
 
 
 def _vllm(ck: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -179,27 +216,42 @@ def _vllm(ck: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]
         )
 
         # vLLM's parameters: w13 [E, 2I, H/2] (gate/up interleaved), w2 [E, H, I/2], scales as loaded.
-        params = {"w13_weight": ck["gate_up_blocks"].reshape(E, 2 * I, H // 2),
-                  "w2_weight": ck["down_blocks"].reshape(E, H, I // 2),
-                  "w13_weight_scale": ck["gate_up_scales"], "w2_weight_scale": ck["down_scales"]}
+        params = {
+            "w13_weight": ck["gate_up_blocks"].reshape(E, 2 * I, H // 2),
+            "w2_weight": ck["down_blocks"].reshape(E, H, I // 2),
+            "w13_weight_scale": ck["gate_up_scales"],
+            "w2_weight_scale": ck["down_scales"],
+        }
         layer = torch.nn.Module()  # the conversion deletes the raw parameters from the layer
         for name, t in params.items():
             setattr(layer, name, torch.nn.Parameter(t.clone(), requires_grad=False))
         backend = Mxfp4MoeBackend.TRITON
         w13, w2, w13_pc, w2_pc, b13, b2 = convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
-            backend, layer, *(params[n] for n in ("w13_weight", "w2_weight", "w13_weight_scale",
-                                                 "w2_weight_scale")),
-            w13_bias=ck["gate_up_bias"], w2_bias=ck["down_bias"])
-        quant = make_mxfp4_moe_quant_config(backend, w1_scale=w13_pc, w2_scale=w2_pc, gemm1_alpha=ALPHA,
-                                            gemm1_beta=1.0, swiglu_limit=LIMIT, w1_bias=b13, w2_bias=b2)
+            backend,
+            layer,
+            *(params[n] for n in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")),
+            w13_bias=ck["gate_up_bias"],
+            w2_bias=ck["down_bias"],
+        )
+        quant = make_mxfp4_moe_quant_config(
+            backend,
+            w1_scale=w13_pc,
+            w2_scale=w2_pc,
+            gemm1_alpha=ALPHA,
+            gemm1_beta=1.0,
+            swiglu_limit=LIMIT,
+            w1_bias=b13,
+            w2_bias=b2,
+        )
     except Exception as e:  # noqa: BLE001 - the peer is optional: report why, ours still runs
         print(f"vLLM peer unavailable: {type(e).__name__}: {e}", file=sys.stderr)
         return None
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, ck["router_w"], ck["router_b"])  # [T, E], as gpt-oss's router
-        return triton_kernel_moe_forward(x, w13, w2, logits, topk=TOP_K, renormalize=True,
-                                         quant_config=quant, global_num_experts=E)
+        return triton_kernel_moe_forward(
+            x, w13, w2, logits, topk=TOP_K, renormalize=True, quant_config=quant, global_num_experts=E
+        )
 
     return forward
 
@@ -230,15 +282,16 @@ def _dequant_kernel(w_ptr, s_ptr, out_ptr, BN: tl.constexpr, BK: tl.constexpr):
 
 
 def subnormal_checks() -> None:
-    """Whether bf16 subnormals survive the paths the v2 dequant relies on; printed, read before trusting v2."""
+    """Whether bf16 subnormals survive the paths the v2 dequant relies on (printed: read it before
+    trusting v2)."""
     sub = torch.full((64, 64), 0x0040, dtype=torch.int16, device="cuda").view(torch.bfloat16)  # 2^-127
     ones = torch.ones(64, 64, dtype=torch.bfloat16, device="cuda")
-    want = 64 * 2.0 ** -127  # each dot product: 64 subnormals
+    want = 64 * 2.0**-127  # each dot product: 64 subnormals
     mm = torch.matmul(sub, ones).float()
     c = torch.empty(64, 64, dtype=torch.float32, device="cuda")
     _dot_kernel[(1,)](sub, ones, c, N=64)
     prod = torch.empty(64, dtype=torch.bfloat16, device="cuda")
-    _mul_kernel[(1,)](sub[0], prod, 2.0 ** 126, N=64)
+    _mul_kernel[(1,)](sub[0], prod, 2.0**126, N=64)
     print(f"subnormal torch.matmul: nonzero {bool((mm != 0).all())}, exact {bool((mm == want).all())}")
     print(f"subnormal tl.dot:       nonzero {bool((c != 0).all())}, exact {bool((c == want).all())}")
     print(f"subnormal bf16 mul:     2^-127 * 2^126 == 0.5: {bool((prod.float() == 0.5).all())}")
@@ -246,11 +299,14 @@ def subnormal_checks() -> None:
     blocks = torch.randint(0, 256, (64, 8, 16), generator=g, device="cuda", dtype=torch.uint8)
     scales = torch.randint(100, moe.MAX_SCALE_V2 + 1, (64, 8), generator=g, device="cuda", dtype=torch.uint8)
     out = torch.empty(64, 256, dtype=torch.float32, device="cuda")
-    _dequant_kernel[(1,)](moe._to_bits_layout(blocks.reshape(64, 128)), scales.view(torch.int32), out,
-                          BN=64, BK=256)
+    _dequant_kernel[(1,)](
+        moe._to_bits_layout(blocks.reshape(64, 128)), scales.view(torch.int32), out, BN=64, BK=256
+    )
     ref = dequantize(blocks, scales, torch.float32)
-    print(f"v2 PTX dequant == mxfp4.dequantize: {bool(torch.equal(out, ref))} "
-          f"(codes 0.5: {int((ref.abs() == torch.exp2(scales.float() - 128).repeat_interleave(32, 1)).sum())})")
+    print(
+        f"v2 PTX dequant == mxfp4.dequantize: {bool(torch.equal(out, ref))} "
+        f"(codes 0.5: {int((ref.abs() == torch.exp2(scales.float() - 128).repeat_interleave(32, 1)).sum())})"
+    )
 
 
 def _check(ours: Callable, peer: Callable | None) -> None:
@@ -262,8 +318,10 @@ def _check(ours: Callable, peer: Callable | None) -> None:
     except Exception as e:  # noqa: BLE001
         print(f"check M={CHECK_M}: vLLM failed: {type(e).__name__}: {e}")
         return
-    print(f"check M={CHECK_M}: ours vs vLLM rel error {float((a - b).norm() / b.norm()):.2e} "
-          f"(bf16 roundings differ; ~1e-2 or below is agreement)")
+    print(
+        f"check M={CHECK_M}: ours vs vLLM rel error {float((a - b).norm() / b.norm()):.2e} "
+        f"(bf16 roundings differ; ~1e-2 or below is agreement)"
+    )
 
 
 def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
@@ -273,8 +331,9 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
     weights = {k: _weights(ck, k) for k in sorted({VARIANTS[n].kernels for n in names if n in VARIANTS})}
     peer = _vllm(ck) if with_vllm else None
     if peer is not None and "v2" in weights:
-        _check(lambda x: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, weights["v2"], ALPHA, LIMIT),
-               peer)
+        _check(
+            lambda x: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, weights["v2"], ALPHA, LIMIT), peer
+        )
     rows = []
     for m in ms:
         x = torch.randn(m, H, device="cuda").bfloat16()
@@ -294,9 +353,17 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
                     times = {k: _graph_us(f) for k, f in parts.items()}
                     times["eager"] = _us(parts["moe"])
             g = times["moe"]
-            rows.append({"M": m, "variant": name, "graph_us": g, "gate_up_us": times.get("gate_up"),
-                         "down_us": times.get("down"), "eager_us": times["eager"],
-                         "hbm": None if not g else hit * EXPERT_BYTES / (g * 1e-6) / PEAK_BYTES_PER_S})
+            rows.append(
+                {
+                    "M": m,
+                    "variant": name,
+                    "graph_us": g,
+                    "gate_up_us": times.get("gate_up"),
+                    "down_us": times.get("down"),
+                    "eager_us": times["eager"],
+                    "hbm": None if not g else hit * EXPERT_BYTES / (g * 1e-6) / PEAK_BYTES_PER_S,
+                }
+            )
             print(_fmt_row(rows[-1]), flush=True)
     return rows
 
@@ -306,8 +373,10 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def _fmt_row(r: dict) -> str:
-    return (f"{r['M']:>6} {r['variant']:<12} {_fmt(r['graph_us'], '9.1f')} {_fmt(r['gate_up_us'], '9.1f')} "
-            f"{_fmt(r['down_us'], '9.1f')} {_fmt(r['eager_us'], '9.1f')} {_fmt(r['hbm'], '6.1%')}")
+    return (
+        f"{r['M']:>6} {r['variant']:<12} {_fmt(r['graph_us'], '9.1f')} {_fmt(r['gate_up_us'], '9.1f')} "
+        f"{_fmt(r['down_us'], '9.1f')} {_fmt(r['eager_us'], '9.1f')} {_fmt(r['hbm'], '6.1%')}"
+    )
 
 
 def run(rows: list) -> None:
@@ -320,10 +389,18 @@ def run(rows: list) -> None:
     for m in MS:
         ours, peer = got[(m, "v2")], got.get((m, "vllm"))
         vllm_us = None if peer is None else round(peer["eager_us"], 2)
-        rows.append({"kernel": "moe", "case": f"M={m}", "ours_us": round(ours["eager_us"], 2), "vllm_us": vllm_us,
-                     "ratio": None if not vllm_us else round(ours["eager_us"] / vllm_us, 3),
-                     "hbm_frac": None if ours["hbm"] is None else round(ours["hbm"], 3),
-                     "graph_us": ours["graph_us"], "vllm_graph_us": None if peer is None else peer["graph_us"]})
+        rows.append(
+            {
+                "kernel": "moe",
+                "case": f"M={m}",
+                "ours_us": round(ours["eager_us"], 2),
+                "vllm_us": vllm_us,
+                "ratio": None if not vllm_us else round(ours["eager_us"] / vllm_us, 3),
+                "hbm_frac": None if ours["hbm"] is None else round(ours["hbm"], 3),
+                "graph_us": ours["graph_us"],
+                "vllm_graph_us": None if peer is None else peer["graph_us"],
+            }
+        )
 
 
 def main() -> None:

@@ -65,9 +65,15 @@ class MoEWeights:
         return e, self.w2.shape[1], i
 
 
-def prepare_moe_weights(gate_up_blocks: Tensor, gate_up_scales: Tensor, gate_up_bias: Tensor,
-                        down_blocks: Tensor, down_scales: Tensor, down_bias: Tensor,
-                        kernels: str | None = None) -> MoEWeights:
+def prepare_moe_weights(
+    gate_up_blocks: Tensor,
+    gate_up_scales: Tensor,
+    gate_up_bias: Tensor,
+    down_blocks: Tensor,
+    down_scales: Tensor,
+    down_bias: Tensor,
+    kernels: str | None = None,
+) -> MoEWeights:
     """Checkpoint tensors (gate/up rows interleaved) -> MoEWeights; runs once at load.
 
     The even (gate) and odd (up) rows of gate_up go to separate planes, so a program owning act
@@ -80,16 +86,20 @@ def prepare_moe_weights(gate_up_blocks: Tensor, gate_up_scales: Tensor, gate_up_
         raise ValueError(f"prepare_moe_weights: kernels must be 'v1' or 'v2', got {kernels!r}")
     e, n2, g, b = gate_up_blocks.shape
     h, i = g * 32, n2 // 2
-    want = {"gate_up_blocks": (gate_up_blocks, (e, 2 * i, h // 32, 16), torch.uint8),
-            "gate_up_scales": (gate_up_scales, (e, 2 * i, h // 32), torch.uint8),
-            "gate_up_bias": (gate_up_bias, (e, 2 * i), None),
-            "down_blocks": (down_blocks, (e, h, i // 32, 16), torch.uint8),
-            "down_scales": (down_scales, (e, h, i // 32), torch.uint8),
-            "down_bias": (down_bias, (e, h), None)}
+    want = {
+        "gate_up_blocks": (gate_up_blocks, (e, 2 * i, h // 32, 16), torch.uint8),
+        "gate_up_scales": (gate_up_scales, (e, 2 * i, h // 32), torch.uint8),
+        "gate_up_bias": (gate_up_bias, (e, 2 * i), None),
+        "down_blocks": (down_blocks, (e, h, i // 32, 16), torch.uint8),
+        "down_scales": (down_scales, (e, h, i // 32), torch.uint8),
+        "down_bias": (down_bias, (e, h), None),
+    }
     for name, (t, shape, dtype) in want.items():
         if tuple(t.shape) != shape or (dtype is not None and t.dtype != dtype):
-            raise ValueError(f"prepare_moe_weights: {name} is {tuple(t.shape)} {t.dtype}, expected "
-                             f"{shape}{f' {dtype}' if dtype else ''} (E={e}, H={h}, I={i})")
+            raise ValueError(
+                f"prepare_moe_weights: {name} is {tuple(t.shape)} {t.dtype}, expected "
+                f"{shape}{f' {dtype}' if dtype else ''} (E={e}, H={h}, I={i})"
+            )
     if n2 % 2 or i % 32:
         raise ValueError(f"prepare_moe_weights: intermediate size {i} must be a multiple of 32")
 
@@ -104,13 +114,20 @@ def prepare_moe_weights(gate_up_blocks: Tensor, gate_up_scales: Tensor, gate_up_
     if kernels == "v2":
         top = max(int(gate_up_scales.max()), int(down_scales.max()))  # once at load
         if top > MAX_SCALE_V2:
-            raise ValueError(f"prepare_moe_weights: scale byte {top} > {MAX_SCALE_V2} (weights above 12): "
-                             "the v2 kernels' bf16 scale factor 2^(s-1) would overflow; use kernels='v1'")
+            raise ValueError(
+                f"prepare_moe_weights: scale byte {top} > {MAX_SCALE_V2} (weights above 12): "
+                "the v2 kernels' bf16 scale factor 2^(s-1) would overflow; use kernels='v1'"
+            )
         w13, w2 = _to_bits_layout(w13), _to_bits_layout(w2)
     return MoEWeights(
-        w13=w13, s13=padded(planes(gate_up_scales)), b13=planes(gate_up_bias.float()).view(e, 2, i),
-        w2=w2, s2=padded(down_scales), b2=down_bias.float().contiguous(),
-        layout="bits" if kernels == "v2" else "nibble")
+        w13=w13,
+        s13=padded(planes(gate_up_scales)),
+        b13=planes(gate_up_bias.float()).view(e, 2, i),
+        w2=w2,
+        s2=padded(down_scales),
+        b2=down_bias.float().contiguous(),
+        layout="bits" if kernels == "v2" else "nibble",
+    )
 
 
 # The v2 layout. The kernels turn each 4-byte word (8 values of one row, in K order) into the 4
@@ -123,7 +140,8 @@ def prepare_moe_weights(gate_up_blocks: Tensor, gate_up_scales: Tensor, gate_up_
 _E2M1_TO_BF16_BIT = (6, 7, 8, 15)  # e2m1 bit i (m, e0, e1, sign) -> bf16 bit; the odd value +16
 _ROTATE = (4, 10, 14)  # register j < 3 = rotl(word, _ROTATE[j]) & 0x81C081C0
 _BIT_FROM = tuple({t: (t - r) % 32 for t in range(32)} for r in _ROTATE) + (
-    {t: t - 8 if t in (8, 24) else t for t in range(32)},)  # register 3: (w & 0x80C080C0) | ((w << 8) & 0x01000100)
+    {t: t - 8 if t in (8, 24) else t for t in range(32)},
+)  # register 3: (w & 0x80C080C0) | ((w << 8) & 0x01000100)
 MAX_SCALE_V2 = 128  # v2 multiplies by the bf16 2^(s - 1); 2^127 is bf16's largest power of 2
 
 
@@ -158,10 +176,18 @@ class Tiles:
 # twice; checked in the sm_90a SASS, as are registers (<= 230, no spills) at the 20b shapes.
 # Decode (BM 16) streams the weights: 90 N-tiles an expert, 2-warp programs, 256 K (128 B a row)
 # a step, 4 stages in flight. Past BM 32 the GEMMs are compute-bound: wgmma tiles.
-_GATE_UP_TILES = {16: Tiles(16, 32, 256, 2, 4), 32: Tiles(32, 64, 128, 4, 3),
-                  64: Tiles(64, 64, 128, 4, 3), 128: Tiles(64, 128, 64, 8, 3)}
-_DOWN_TILES = {16: Tiles(16, 32, 256, 2, 4), 32: Tiles(32, 64, 128, 4, 3),
-               64: Tiles(64, 128, 64, 8, 3), 128: Tiles(128, 128, 64, 8, 3)}
+_GATE_UP_TILES = {
+    16: Tiles(16, 32, 256, 2, 4),
+    32: Tiles(32, 64, 128, 4, 3),
+    64: Tiles(64, 64, 128, 4, 3),
+    128: Tiles(64, 128, 64, 8, 3),
+}
+_DOWN_TILES = {
+    16: Tiles(16, 32, 256, 2, 4),
+    32: Tiles(32, 64, 128, 4, 3),
+    64: Tiles(64, 128, 64, 8, 3),
+    128: Tiles(128, 128, 64, 8, 3),
+}
 
 
 def choose_tiles(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
@@ -181,10 +207,18 @@ def choose_tiles(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> T
 # weight value at decode (v1: 4.9), of which 1.66 dequant, 0.25 HMMA and ~0.45 moves of the x
 # operand between its LDS.128 and the HMMA register pairs; BM 128 gate_up 5.6 a value for 128 rows
 # (v1 at T 4096: 6.0 for 64 rows). Registers <= 255, spills only outside the K loop.
-_GATE_UP_TILES_V2 = {16: Tiles(16, 32, 512, 4, 3, 4), 32: Tiles(32, 32, 512, 4, 3, 4),
-                     64: Tiles(64, 64, 128, 4, 3), 128: Tiles(128, 128, 128, 8, 3)}
-_DOWN_TILES_V2 = {16: Tiles(16, 32, 512, 4, 3, 4), 32: Tiles(32, 32, 512, 4, 3, 4),
-                  64: Tiles(64, 64, 128, 4, 3), 128: Tiles(128, 128, 128, 8, 3)}
+_GATE_UP_TILES_V2 = {
+    16: Tiles(16, 32, 512, 4, 3, 4),
+    32: Tiles(32, 32, 512, 4, 3, 4),
+    64: Tiles(64, 64, 128, 4, 3),
+    128: Tiles(128, 128, 128, 8, 3),
+}
+_DOWN_TILES_V2 = {
+    16: Tiles(16, 32, 512, 4, 3, 4),
+    32: Tiles(32, 32, 512, 4, 3, 4),
+    64: Tiles(64, 64, 128, 4, 3),
+    128: Tiles(128, 128, 128, 8, 3),
+}
 TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 tiles; for benchmarks
 
 
@@ -252,8 +286,9 @@ def _dequant(b, s, BN: tl.constexpr, BK: tl.constexpr, dtype: tl.constexpr, ASM:
     exactly), times 2^(s - 127 + 14) in float32.
     """
     if ASM:
-        lo, hi = tl.inline_asm_elementwise(_E2M1_TO_BF16_ASM, "=r,=r,=r,=r,r", [b],
-                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        lo, hi = tl.inline_asm_elementwise(
+            _E2M1_TO_BF16_ASM, "=r,=r,=r,=r,r", [b], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
         scale = (s.to(tl.uint16) << 7).to(tl.bfloat16, bitcast=True)[:, :, None]  # [BN, BK/32, 1]
     else:
         b = b.to(tl.int32)
@@ -267,12 +302,36 @@ def _dequant(b, s, BN: tl.constexpr, BK: tl.constexpr, dtype: tl.constexpr, ASM:
 
 
 @triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
-def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, counts_ptr, rows_ptr,
-                    T, N, K, stride_x, stride_we, stride_wp, stride_wn, stride_se, stride_sp, stride_sn,
-                    alpha, limit,
-                    TOP_K: tl.constexpr, E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr,
-                    BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr,
-                    ASM: tl.constexpr):
+def _gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    act_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    N,
+    K,
+    stride_x,
+    stride_we,
+    stride_wp,
+    stride_wn,
+    stride_se,
+    stride_sp,
+    stride_sn,
+    alpha,
+    limit,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PREC: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     e, rows, valid, n_tiles = _expert_tile(counts_ptr, rows_ptr, T, pid_m, E, BE, BM)
@@ -284,8 +343,9 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, counts_ptr, rows_ptr,
     n_ld = n % N  # past-the-end columns reload valid rows; never stored
     g, j, kk = tl.arange(0, G), tl.arange(0, 16), tl.arange(0, BK)
     e64 = e.to(tl.int64)
-    w_gate = (w_ptr + e64 * stride_we + n_ld[:, None, None] * stride_wn
-              + g[None, :, None] * 16 + j[None, None, :])  # [BN, G, 16]
+    w_gate = (
+        w_ptr + e64 * stride_we + n_ld[:, None, None] * stride_wn + g[None, :, None] * 16 + j[None, None, :]
+    )  # [BN, G, 16]
     s_gate = s_ptr + e64 * stride_se + n_ld[:, None] * stride_sn + g[None, :]  # [BN, G]
     x_rows = x_ptr + (rows // TOP_K).to(tl.int64)[None, :] * stride_x + kk[:, None]  # [BK, BM]
     acc_g = tl.zeros([BN, BM], tl.float32)
@@ -311,15 +371,38 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, counts_ptr, rows_ptr,
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     act = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
-    tl.store(act_ptr + rows.to(tl.int64)[None, :] * N + n[:, None], act.to(act_ptr.dtype.element_ty),
-             mask=n_ok[:, None] & valid[None, :])
+    tl.store(
+        act_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+        act.to(act_ptr.dtype.element_ty),
+        mask=n_ok[:, None] & valid[None, :],
+    )
 
 
 @triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
-def _down_kernel(a_ptr, w_ptr, s_ptr, b_ptr, y_ptr, counts_ptr, rows_ptr,
-                 T, N, K, stride_we, stride_wn, stride_se, stride_sn,
-                 E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, ASM: tl.constexpr):
+def _down_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    N,
+    K,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PREC: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """y[a, n] = act[a] @ W2_e^T + b2_e for the rows a of tile pid_m; N = H, K = I."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     e, rows, valid, n_tiles = _expert_tile(counts_ptr, rows_ptr, T, pid_m, E, BE, BM)
@@ -331,8 +414,9 @@ def _down_kernel(a_ptr, w_ptr, s_ptr, b_ptr, y_ptr, counts_ptr, rows_ptr,
     n_ld = n % N
     g, j, kk = tl.arange(0, G), tl.arange(0, 16), tl.arange(0, BK)
     e64 = e.to(tl.int64)
-    w_rows = (w_ptr + e64 * stride_we + n_ld[:, None, None] * stride_wn
-              + g[None, :, None] * 16 + j[None, None, :])  # [BN, G, 16]
+    w_rows = (
+        w_ptr + e64 * stride_we + n_ld[:, None, None] * stride_wn + g[None, :, None] * 16 + j[None, None, :]
+    )  # [BN, G, 16]
     s_rows = s_ptr + e64 * stride_se + n_ld[:, None] * stride_sn + g[None, :]  # [BN, G]
     a_rows = a_ptr + rows.to(tl.int64)[None, :] * K + kk[:, None]  # [BK, BM]
     acc = tl.zeros([BN, BM], tl.float32)
@@ -348,8 +432,11 @@ def _down_kernel(a_ptr, w_ptr, s_ptr, b_ptr, y_ptr, counts_ptr, rows_ptr,
             sw = tl.load(s_rows + k0 // 32, mask=g_ok[None, :], other=0)
         acc = tl.dot(_dequant(bw, sw, BN, BK, at.dtype, ASM), at, acc, input_precision=PREC)
     y = acc + tl.load(b_ptr + e64 * N + n_ld)[:, None]
-    tl.store(y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None], y.to(y_ptr.dtype.element_ty),
-             mask=n_ok[:, None] & valid[None, :])
+    tl.store(
+        y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+        y.to(y_ptr.dtype.element_ty),
+        mask=n_ok[:, None] & valid[None, :],
+    )
 
 
 # v2 dequant on CUDA: a word in the v2 layout and the bf16x2 factor (2^(s-1), 2^(s-1)) -> its 4
@@ -369,8 +456,9 @@ mov.b32 $0, a; mov.b32 $1, b; mov.b32 $2, c; mov.b32 $3, d;
 
 
 @triton.jit
-def _dequant_bits(w, sw, S: tl.constexpr, BN: tl.constexpr, BKS: tl.constexpr, dtype: tl.constexpr,
-                  ASM: tl.constexpr):
+def _dequant_bits(
+    w, sw, S: tl.constexpr, BN: tl.constexpr, BKS: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr
+):
     """w [S, BN, BKS/2] uint8 (v2 layout), sw [S, BN, BKS/128] int32 (4 scale bytes each) -> [S, BN, BKS].
 
     ASM (CUDA): _BITS_TO_BF16_ASM; LLVM folds the split into bf16 halves and the regrouping into
@@ -387,13 +475,19 @@ def _dequant_bits(w, sw, S: tl.constexpr, BN: tl.constexpr, BKS: tl.constexpr, d
     b01, b23 = tl.split(tl.reshape(w, (S, BN, G, 4, 2, 2)))  # bytes (0, 2), (1, 3)
     b0, b2 = tl.split(b01)
     b1, b3 = tl.split(b23)
-    w = (b0.to(tl.uint32) | (b1.to(tl.uint32) << 8) | (b2.to(tl.uint32) << 16)
-         | (b3.to(tl.uint32) << 24))  # [S, BN, G, 4]
+    w = (
+        b0.to(tl.uint32) | (b1.to(tl.uint32) << 8) | (b2.to(tl.uint32) << 16) | (b3.to(tl.uint32) << 24)
+    )  # [S, BN, G, 4]
     if ASM:
         f = tl.broadcast_to((s.to(tl.uint32) * 0x800080 + 0x3F003F00)[:, :, :, None], (S, BN, G, 4))
         r0, r1, r2, r3 = tl.inline_asm_elementwise(
-            _BITS_TO_BF16_ASM, "=r,=r,=r,=r,r,r", [w, f],
-            dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=True, pack=1)
+            _BITS_TO_BF16_ASM,
+            "=r,=r,=r,=r,r,r",
+            [w, f],
+            dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+            is_pure=True,
+            pack=1,
+        )
     else:
         r0 = (w << 4) & 0x81C081C0
         r1 = ((w << 10) | (w >> 22)) & 0x81C081C0
@@ -414,10 +508,22 @@ def _dequant_bits(w, sw, S: tl.constexpr, BN: tl.constexpr, BKS: tl.constexpr, d
 
 
 @triton.jit
-def _v2_ptrs(w_base, s_base, x_base, n_ld, row_off, stride_wn, stride_sn,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+def _v2_ptrs(
+    w_base,
+    s_base,
+    x_base,
+    n_ld,
+    row_off,
+    stride_wn,
+    stride_sn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     """Tile pointers at k0 = 0 and the K offsets of their masks. SPLIT 1: weight bytes [BN, BK/2],
-    scale words [BN, BK/128], x [BK, BM]; else each of the SPLIT warps owns a K slice of BK/SPLIT, first dim."""
+    scale words [BN, BK/128], x [BK, BM]; else each of the SPLIT warps owns a K slice of BK/SPLIT,
+    first dim."""
     if SPLIT == 1:
         kw = tl.arange(0, BK // 2)[None, :]
         kx = tl.arange(0, BK)[:, None]
@@ -430,14 +536,32 @@ def _v2_ptrs(w_base, s_base, x_base, n_ld, row_off, stride_wn, stride_sn,
         kw = sp * (BKS // 2) + tl.arange(0, BKS // 2)[None, None, :]
         kx = sp * BKS + tl.arange(0, BKS)[None, :, None]
         w = w_base + n_ld[None, :, None] * stride_wn + kw
-        s = s_base + n_ld[None, :, None] * stride_sn + sp * (BKS // 128) + tl.arange(0, BKS // 128)[None, None, :]
+        s = (
+            s_base
+            + n_ld[None, :, None] * stride_sn
+            + sp * (BKS // 128)
+            + tl.arange(0, BKS // 128)[None, None, :]
+        )
         x = x_base + row_off[None, None, :] + kx
     return w, s, x, kw, kx
 
 
 @triton.jit
-def _v2_step(acc, x, w_ptrs, s_ptrs, kw, k0, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, ASM: tl.constexpr):
+def _v2_step(
+    acc,
+    x,
+    w_ptrs,
+    s_ptrs,
+    kw,
+    k0,
+    K: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PREC: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """acc += x @ dequant(W[:, k0:k0+BK])^T as the MMA wants it: acc [BN, BM] (SPLIT 1) or [SPLIT, BN, BM]."""
     if EVEN_K:
         w = tl.load(w_ptrs + k0 // 2)
@@ -454,11 +578,36 @@ def _v2_step(acc, x, w_ptrs, s_ptrs, kw, k0, K: tl.constexpr, BN: tl.constexpr, 
 
 
 @triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
-def _gate_up_v2_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, counts_ptr, rows_ptr, T, stride_x,
-                       stride_we, stride_wp, stride_wn, stride_se, stride_sp, stride_sn, alpha, limit,
-                       N: tl.constexpr, K: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr,
-                       BE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                       SPLIT: tl.constexpr, PREC: tl.constexpr, ASM: tl.constexpr):
+def _gate_up_v2_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    act_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_x,
+    stride_we,
+    stride_wp,
+    stride_wn,
+    stride_se,
+    stride_sp,
+    stride_sn,
+    alpha,
+    limit,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PREC: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """_gate_up_kernel on v2 weights (scale strides in int32 words): act = swiglu(x @ W13^T + b13)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     e, rows, valid, n_tiles = _expert_tile(counts_ptr, rows_ptr, T, pid_m, E, BE, BM)
@@ -468,9 +617,19 @@ def _gate_up_v2_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, counts_ptr, rows_ptr
     n = pid_n * BN + tl.arange(0, BN)  # [BN] act columns = weight-row pairs
     n_ld = n % N  # past-the-end columns reload valid rows; never stored
     e64 = e.to(tl.int64)
-    w_g, s_g, x_t, kw, kx = _v2_ptrs(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, x_ptr, n_ld,
-                                     (rows // TOP_K).to(tl.int64) * stride_x, stride_wn, stride_sn,
-                                     BM, BN, BK, SPLIT)
+    w_g, s_g, x_t, kw, kx = _v2_ptrs(
+        w_ptr + e64 * stride_we,
+        s_ptr + e64 * stride_se,
+        x_ptr,
+        n_ld,
+        (rows // TOP_K).to(tl.int64) * stride_x,
+        stride_wn,
+        stride_sn,
+        BM,
+        BN,
+        BK,
+        SPLIT,
+    )
     if SPLIT == 1:
         acc_g = tl.zeros([BN, BM], tl.float32)
         x_ok = valid[None, :]  # rows past the tile's assignments: not read (zeros)
@@ -481,8 +640,9 @@ def _gate_up_v2_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, counts_ptr, rows_ptr
     for k0 in range(0, K, BK):
         xt = tl.load(x_t + k0, mask=x_ok & ((k0 + kx) < K), other=0.0)
         acc_g = _v2_step(acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM)
-        acc_u = _v2_step(acc_u, xt, w_g + stride_wp, s_g + stride_sp, kw, k0, K, BN, BK, SPLIT, EVEN_K,
-                         PREC, ASM)
+        acc_u = _v2_step(
+            acc_u, xt, w_g + stride_wp, s_g + stride_sp, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM
+        )
     if SPLIT > 1:  # the warps' K slices: one reduction through shared memory
         acc_g = tl.sum(acc_g, 0)
         acc_u = tl.sum(acc_u, 0)
@@ -491,16 +651,38 @@ def _gate_up_v2_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, counts_ptr, rows_ptr
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     act = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
-    tl.store(act_ptr + rows.to(tl.int64)[None, :] * N + n[:, None], act.to(act_ptr.dtype.element_ty),
-             mask=(n < N)[:, None] & valid[None, :])
+    tl.store(
+        act_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+        act.to(act_ptr.dtype.element_ty),
+        mask=(n < N)[:, None] & valid[None, :],
+    )
 
 
 @triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
-def _down_v2_kernel(a_ptr, w_ptr, s_ptr, b_ptr, y_ptr, counts_ptr, rows_ptr, T,
-                    stride_we, stride_wn, stride_se, stride_sn,
-                    N: tl.constexpr, K: tl.constexpr, E: tl.constexpr, BE: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                    PREC: tl.constexpr, ASM: tl.constexpr):
+def _down_v2_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PREC: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """_down_kernel on v2 weights: y = act @ W2^T + b2."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     e, rows, valid, n_tiles = _expert_tile(counts_ptr, rows_ptr, T, pid_m, E, BE, BM)
@@ -510,8 +692,19 @@ def _down_v2_kernel(a_ptr, w_ptr, s_ptr, b_ptr, y_ptr, counts_ptr, rows_ptr, T,
     n = pid_n * BN + tl.arange(0, BN)
     n_ld = n % N
     e64 = e.to(tl.int64)
-    w_t, s_t, a_t, kw, kx = _v2_ptrs(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, a_ptr, n_ld,
-                                     rows.to(tl.int64) * K, stride_wn, stride_sn, BM, BN, BK, SPLIT)
+    w_t, s_t, a_t, kw, kx = _v2_ptrs(
+        w_ptr + e64 * stride_we,
+        s_ptr + e64 * stride_se,
+        a_ptr,
+        n_ld,
+        rows.to(tl.int64) * K,
+        stride_wn,
+        stride_sn,
+        BM,
+        BN,
+        BK,
+        SPLIT,
+    )
     if SPLIT == 1:
         acc = tl.zeros([BN, BM], tl.float32)
         a_ok = valid[None, :]
@@ -524,8 +717,11 @@ def _down_v2_kernel(a_ptr, w_ptr, s_ptr, b_ptr, y_ptr, counts_ptr, rows_ptr, T,
     if SPLIT > 1:
         acc = tl.sum(acc, 0)
     y = acc + tl.load(b_ptr + e64 * N + n_ld)[:, None]
-    tl.store(y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None], y.to(y_ptr.dtype.element_ty),
-             mask=(n < N)[:, None] & valid[None, :])
+    tl.store(
+        y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+        y.to(y_ptr.dtype.element_ty),
+        mask=(n < N)[:, None] & valid[None, :],
+    )
 
 
 @triton.jit
@@ -558,11 +754,33 @@ def gate_up(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, ti
     e, _, i = w.shape
     act = _empty((t * k, i), x.dtype, x.device)
     _gate_up_kernel[_grid(t, k, e, i, tiles)](
-        x, w.w13, w.s13, w.b13, act, r.counts, r.rows, t, i, h, x.stride(0),
-        *w.w13.stride()[:3], *w.s13.stride()[:3], alpha, limit,
-        TOP_K=k, E=e, BE=triton.next_power_of_2(e), BM=tiles.bm, BN=tiles.bn, BK=tiles.bk,
-        EVEN_K=h % tiles.bk == 0, PREC=_precision(x), ASM=_use_asm(x),
-        num_warps=tiles.warps, num_stages=tiles.stages)
+        x,
+        w.w13,
+        w.s13,
+        w.b13,
+        act,
+        r.counts,
+        r.rows,
+        t,
+        i,
+        h,
+        x.stride(0),
+        *w.w13.stride()[:3],
+        *w.s13.stride()[:3],
+        alpha,
+        limit,
+        TOP_K=k,
+        E=e,
+        BE=triton.next_power_of_2(e),
+        BM=tiles.bm,
+        BN=tiles.bn,
+        BK=tiles.bk,
+        EVEN_K=h % tiles.bk == 0,
+        PREC=_precision(x),
+        ASM=_use_asm(x),
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+    )
     return act
 
 
@@ -573,10 +791,29 @@ def down(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
     t = r.ids.shape[0]
     y = _empty((a, h), act.dtype, act.device)
     _down_kernel[_grid(t, r.ids.shape[1], e, h, tiles)](
-        act, w.w2, w.s2, w.b2, y, r.counts, r.rows, t, h, i, *w.w2.stride()[:2], *w.s2.stride()[:2],
-        E=e, BE=triton.next_power_of_2(e), BM=tiles.bm, BN=tiles.bn, BK=tiles.bk,
-        EVEN_K=i % tiles.bk == 0, PREC=_precision(act), ASM=_use_asm(act),
-        num_warps=tiles.warps, num_stages=tiles.stages)
+        act,
+        w.w2,
+        w.s2,
+        w.b2,
+        y,
+        r.counts,
+        r.rows,
+        t,
+        h,
+        i,
+        *w.w2.stride()[:2],
+        *w.s2.stride()[:2],
+        E=e,
+        BE=triton.next_power_of_2(e),
+        BM=tiles.bm,
+        BN=tiles.bn,
+        BK=tiles.bk,
+        EVEN_K=i % tiles.bk == 0,
+        PREC=_precision(act),
+        ASM=_use_asm(act),
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+    )
     return y
 
 
@@ -588,10 +825,33 @@ def gate_up_v2(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float,
     s13 = w.s13.view(torch.int32)  # scales read as 4-byte words
     w13 = w.w13
     _gate_up_v2_kernel[_grid(t, k, e, i, tiles)](
-        x, w13, s13, w.b13, act, r.counts, r.rows, t, x.stride(0), *w13.stride()[:3], *s13.stride()[:3],
-        alpha, limit, N=i, K=h, TOP_K=k, E=e, BE=triton.next_power_of_2(e), BM=tiles.bm, BN=tiles.bn,
-        BK=tiles.bk, SPLIT=tiles.split, PREC=_precision(x), ASM=_use_asm(x),
-        num_warps=tiles.warps, num_stages=tiles.stages)
+        x,
+        w13,
+        s13,
+        w.b13,
+        act,
+        r.counts,
+        r.rows,
+        t,
+        x.stride(0),
+        *w13.stride()[:3],
+        *s13.stride()[:3],
+        alpha,
+        limit,
+        N=i,
+        K=h,
+        TOP_K=k,
+        E=e,
+        BE=triton.next_power_of_2(e),
+        BM=tiles.bm,
+        BN=tiles.bn,
+        BK=tiles.bk,
+        SPLIT=tiles.split,
+        PREC=_precision(x),
+        ASM=_use_asm(x),
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+    )
     return act
 
 
@@ -603,10 +863,29 @@ def down_v2(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
     y = _empty((a, h), act.dtype, act.device)
     w2, s2 = w.w2, w.s2.view(torch.int32)
     _down_v2_kernel[_grid(t, r.ids.shape[1], e, h, tiles)](
-        act, w2, s2, w.b2, y, r.counts, r.rows, t, *w2.stride()[:2], *s2.stride()[:2],
-        N=h, K=i, E=e, BE=triton.next_power_of_2(e), BM=tiles.bm, BN=tiles.bn, BK=tiles.bk,
-        SPLIT=tiles.split, PREC=_precision(act), ASM=_use_asm(act),
-        num_warps=tiles.warps, num_stages=tiles.stages)
+        act,
+        w2,
+        s2,
+        w.b2,
+        y,
+        r.counts,
+        r.rows,
+        t,
+        *w2.stride()[:2],
+        *s2.stride()[:2],
+        N=h,
+        K=i,
+        E=e,
+        BE=triton.next_power_of_2(e),
+        BM=tiles.bm,
+        BN=tiles.bn,
+        BK=tiles.bk,
+        SPLIT=tiles.split,
+        PREC=_precision(act),
+        ASM=_use_asm(act),
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+    )
     return y
 
 
@@ -633,16 +912,27 @@ def _precision(x: Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"  # float32 inputs: no TF32 rounding
 
 
-def moe_forward(x: Tensor, router_weight: Tensor, router_bias: Tensor, top_k: int, w: MoEWeights,
-                alpha: float, limit: float) -> Tensor:
+def moe_forward(
+    x: Tensor,
+    router_weight: Tensor,
+    router_bias: Tensor,
+    top_k: int,
+    w: MoEWeights,
+    alpha: float,
+    limit: float,
+) -> Tensor:
     """x [T, H] -> [T, H] in x.dtype; gptoss.model.MoE.forward on the GPU kernels."""
     e, h, i = w.shape
     if x.dim() != 2 or x.shape[1] != h or router_weight.shape != (e, h):
-        raise ValueError(f"moe_forward: x {tuple(x.shape)}, router {tuple(router_weight.shape)} do not "
-                         f"match the experts (E={e}, H={h}, I={i})")
+        raise ValueError(
+            f"moe_forward: x {tuple(x.shape)}, router {tuple(router_weight.shape)} do not "
+            f"match the experts (E={e}, H={h}, I={i})"
+        )
     if not (x.is_cuda or triton.knobs.runtime.interpret):
-        raise RuntimeError("moe_forward runs Triton kernels: it needs CUDA tensors (or TRITON_INTERPRET=1); "
-                           "on CPU use gptoss.model.MoE")
+        raise RuntimeError(
+            "moe_forward runs Triton kernels: it needs CUDA tensors (or TRITON_INTERPRET=1); "
+            "on CPU use gptoss.model.MoE"
+        )
     x = x.contiguous()
     t = x.shape[0]
     if t == 0:

@@ -29,9 +29,21 @@ class Routing:
 
 
 @triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
-def _route_kernel(logits_ptr, ids_ptr, w_ptr, counts_ptr, rows_ptr, T, stride_t,
-                  E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
-                  BE: tl.constexpr, ZERO_COUNTS: tl.constexpr):
+def _route_kernel(
+    logits_ptr,
+    ids_ptr,
+    w_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_t,
+    E: tl.constexpr,
+    TOP_K: tl.constexpr,
+    KP: tl.constexpr,
+    BT: tl.constexpr,
+    BE: tl.constexpr,
+    ZERO_COUNTS: tl.constexpr,
+):
     t = tl.program_id(0) * BT + tl.arange(0, BT)  # [BT]
     t_ok = t < T
     ex = tl.arange(0, BE)  # [BE]
@@ -39,8 +51,9 @@ def _route_kernel(logits_ptr, ids_ptr, w_ptr, counts_ptr, rows_ptr, T, stride_t,
         tl.store(counts_ptr + ex, tl.zeros([BE], tl.int32), mask=ex < E)
         tl.debug_barrier()
     # [BT, BE]; rows past T read as zeros (finite, so their masked-out softmax stays quiet)
-    v = tl.load(logits_ptr + t[:, None] * stride_t + ex[None, :],
-                mask=t_ok[:, None] & (ex < E)[None, :], other=0.0).to(tl.float32)
+    v = tl.load(
+        logits_ptr + t[:, None] * stride_t + ex[None, :], mask=t_ok[:, None] & (ex < E)[None, :], other=0.0
+    ).to(tl.float32)
     v = tl.where((ex < E)[None, :], v, float("-inf"))
     kc = tl.arange(0, KP)  # [KP]
     top = tl.full([BT, KP], float("-inf"), tl.float32)  # [BT, KP] chosen logits, descending
@@ -75,9 +88,20 @@ def route_and_group(logits: Tensor, top_k: int) -> Routing:
     rows = torch.empty(e, t, dtype=torch.int32, device=dev)
     if t:
         _route_kernel[(triton.cdiv(t, block_t),)](
-            logits, ids, weights, counts, rows, t, logits.stride(0),
-            E=e, TOP_K=top_k, KP=triton.next_power_of_2(top_k), BT=block_t,
-            BE=triton.next_power_of_2(e), ZERO_COUNTS=single)
+            logits,
+            ids,
+            weights,
+            counts,
+            rows,
+            t,
+            logits.stride(0),
+            E=e,
+            TOP_K=top_k,
+            KP=triton.next_power_of_2(top_k),
+            BT=block_t,
+            BE=triton.next_power_of_2(e),
+            ZERO_COUNTS=single,
+        )
     elif single:
         counts.zero_()
     return Routing(ids, weights, counts, rows)

@@ -3,7 +3,8 @@
 Without CUDA the kernels run in Triton's interpreter on CPU at small shapes; with CUDA the same
 tests run compiled, plus the 20b shape. Every forward test runs both kernel families: v1 (weights
 in checkpoint nibble order) and v2 (bits rearranged, kernels="v2"); the v2 dequant's PTX, which
-the interpreter cannot run, is checked by emulating its text instruction by instruction. Expert weights are uniformly random bytes (every e2m1
+the interpreter cannot run, is checked by emulating its text instruction by instruction. Expert weights
+are uniformly random bytes (every e2m1
 code in both nibbles) with scale bytes spread like the release's (118..122 at fan-in 2880).
 Error = ||got - want|| / ||want|| over the whole output. Tolerances: float32 1e-5 (seen <= 4e-7:
 only the summation order differs); bfloat16 1.5e-2 (seen 4e-3..9e-3: the reference rounds
@@ -51,7 +52,8 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 ALPHA, LIMIT = 1.702, 7.0
 pytestmark = [  # interpreter noise: a runtime loop bound as a 1-element array; exp(-x) overflowing to inf
     pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")]
+    pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning"),
+]
 gpu = pytest.mark.skipif(INTERPRET, reason="needs CUDA (compiled kernels)")
 
 
@@ -92,8 +94,11 @@ def interpreter_like_the_gpu():
 @pytest.fixture(autouse=True)
 def poisoned_buffers(monkeypatch):
     """Every act / y / out buffer starts as NaN, so a row no kernel writes fails the comparison."""
-    monkeypatch.setattr(moe, "_empty", lambda shape, dtype, device: torch.full(
-        shape, float("nan"), dtype=dtype, device=device))
+    monkeypatch.setattr(
+        moe,
+        "_empty",
+        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device),
+    )
 
 
 @pytest.fixture(params=["v1", "v2"])
@@ -101,8 +106,9 @@ def kernels(request) -> str:
     return request.param
 
 
-def make_moe(e: int, h: int, i: int, k: int, dtype: torch.dtype, seed: int = 0,
-             kernels: str = "v2") -> tuple[MoE, MoEWeights]:
+def make_moe(
+    e: int, h: int, i: int, k: int, dtype: torch.dtype, seed: int = 0, kernels: str = "v2"
+) -> tuple[MoE, MoEWeights]:
     g = torch.Generator(DEV).manual_seed(seed)
 
     def scale_bytes(shape: tuple[int, ...], fan_in: int) -> torch.Tensor:
@@ -112,18 +118,29 @@ def make_moe(e: int, h: int, i: int, k: int, dtype: torch.dtype, seed: int = 0,
     def normal(*shape: int, std: float) -> torch.Tensor:
         return (torch.randn(shape, generator=g, device=DEV) * std).to(dtype)
 
-    w = {"router.weight": normal(e, h, std=1 / math.sqrt(h)), "router.bias": normal(e, std=0.5),
-         "experts.gate_up_proj_blocks": torch.randint(0, 256, (e, 2 * i, h // 32, 16), generator=g,
-                                                      device=DEV, dtype=torch.uint8),
-         "experts.gate_up_proj_scales": scale_bytes((e, 2 * i, h // 32), h),
-         "experts.gate_up_proj_bias": normal(e, 2 * i, std=0.02),
-         "experts.down_proj_blocks": torch.randint(0, 256, (e, h, i // 32, 16), generator=g,
-                                                   device=DEV, dtype=torch.uint8),
-         "experts.down_proj_scales": scale_bytes((e, h, i // 32), i),
-         "experts.down_proj_bias": normal(e, h, std=0.02)}
+    w = {
+        "router.weight": normal(e, h, std=1 / math.sqrt(h)),
+        "router.bias": normal(e, std=0.5),
+        "experts.gate_up_proj_blocks": torch.randint(
+            0, 256, (e, 2 * i, h // 32, 16), generator=g, device=DEV, dtype=torch.uint8
+        ),
+        "experts.gate_up_proj_scales": scale_bytes((e, 2 * i, h // 32), h),
+        "experts.gate_up_proj_bias": normal(e, 2 * i, std=0.02),
+        "experts.down_proj_blocks": torch.randint(
+            0, 256, (e, h, i // 32, 16), generator=g, device=DEV, dtype=torch.uint8
+        ),
+        "experts.down_proj_scales": scale_bytes((e, h, i // 32), i),
+        "experts.down_proj_bias": normal(e, h, std=0.02),
+    }
     ref = MoE(replace(PRESETS["tiny"], num_local_experts=e, num_experts_per_tok=k), w, dtype)
-    names = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
-             "down_proj_blocks", "down_proj_scales", "down_proj_bias")
+    names = (
+        "gate_up_proj_blocks",
+        "gate_up_proj_scales",
+        "gate_up_proj_bias",
+        "down_proj_blocks",
+        "down_proj_scales",
+        "down_proj_bias",
+    )
     return ref, prepare_moe_weights(*(w["experts." + n] for n in names), kernels=kernels)
 
 
@@ -139,8 +156,8 @@ def reference(ref: MoE, x: torch.Tensor) -> torch.Tensor:
     if ref.top_k < logits.shape[1]:
         s = logits.sort(dim=1, descending=True).values
         for t in (s[:, ref.top_k - 1] == s[:, ref.top_k]).nonzero().flatten().tolist():
-            ys = [ref.experts(e, x[t:t + 1]).float() for e in ids[t].tolist()]  # [1, H] each
-            want[t] = sum(w * y[0] for w, y in zip(weights[t].tolist(), ys)).to(x.dtype)
+            ys = [ref.experts(e, x[t : t + 1]).float() for e in ids[t].tolist()]  # [1, H] each
+            want[t] = sum(w * y[0] for w, y in zip(weights[t].tolist(), ys, strict=False)).to(x.dtype)
     return want
 
 
@@ -198,8 +215,10 @@ def test_a_tie_at_the_kth_logit_takes_the_lower_expert(kernels):
     check_against_reference(ref, w, x)
 
 
-@pytest.mark.parametrize("tiles", [Tiles(16, 16, 32, 4, 2), Tiles(32, 64, 64, 4, 3),
-                                   Tiles(128, 32, 128, 8, 3), Tiles(64, 128, 64, 4, 3)])
+@pytest.mark.parametrize(
+    "tiles",
+    [Tiles(16, 16, 32, 4, 2), Tiles(32, 64, 64, 4, 3), Tiles(128, 32, 128, 8, 3), Tiles(64, 128, 64, 4, 3)],
+)
 def test_every_tile_shape_gives_the_same_result(tiles):
     """The heuristic picks BM 64/128 only for big batches; force each shape on a small one."""
     ref, w = make_moe(8, 96, 96, 4, torch.float32, seed=5, kernels="v1")  # partial N tiles for BN 64, 128
@@ -210,9 +229,16 @@ def test_every_tile_shape_gives_the_same_result(tiles):
     assert ((got - want).norm() / want.norm()).item() <= TOL[torch.float32]
 
 
-@pytest.mark.parametrize("tiles", [Tiles(16, 16, 128, 1, 2), Tiles(16, 32, 512, 4, 3, 4),
-                                   Tiles(32, 64, 256, 2, 3, 2), Tiles(64, 64, 128, 4, 3),
-                                   Tiles(128, 128, 128, 8, 3)])
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        Tiles(16, 16, 128, 1, 2),
+        Tiles(16, 32, 512, 4, 3, 4),
+        Tiles(32, 64, 256, 2, 3, 2),
+        Tiles(64, 64, 128, 4, 3),
+        Tiles(128, 128, 128, 8, 3),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_v2_tile_shape_gives_the_same_result(tiles, dtype):
     """v2: 2D tiles and split-K warps (3D), K = 160 (a tail for BK 128; for split 4 whole slices of
@@ -236,7 +262,7 @@ def test_route_matches_topk_then_softmax(tokens, experts, k):
     r = route_and_group(logits, k)
     assert torch.equal(r.counts.long(), torch.bincount(top_ids.flatten(), minlength=experts))
     for e in range(experts):  # each expert's list holds exactly the assignments t*k + j routed to it
-        got = sorted(r.rows[e, :r.counts[e]].tolist())
+        got = sorted(r.rows[e, : r.counts[e]].tolist())
         assert got == (top_ids.flatten() == e).nonzero().flatten().tolist()
 
 
@@ -281,9 +307,11 @@ def _e2m1(code: torch.Tensor) -> torch.Tensor:
 
 def test_bits_layout_is_a_permutation_the_kernel_registers_undo():
     """Each word of the v2 layout, put through the kernel's 4 register formulas, gives back the
-    checkpoint nibbles: register j holds values 2j (bits 15:0) and 2j+1 (31:16), sign at 15, e1 e0 m at 8:6."""
-    sources = sorted(bit_from[t + 16 * h] for bit_from in moe._BIT_FROM for h in (0, 1)
-                     for t in moe._E2M1_TO_BF16_BIT)
+    checkpoint nibbles: register j holds values 2j (bits 15:0) and 2j+1 (31:16), sign at 15, e1 e0 m at
+    8:6."""
+    sources = sorted(
+        bit_from[t + 16 * h] for bit_from in moe._BIT_FROM for h in (0, 1) for t in moe._E2M1_TO_BF16_BIT
+    )
     assert sources == list(range(32))
     blocks = torch.randint(0, 256, (5, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     w = moe._to_bits_layout(blocks).view(torch.int32).long() & 0xFFFFFFFF  # [5, 16]
@@ -361,8 +389,14 @@ def test_prepare_v2_rejects_scales_its_factor_cannot_hold():
     blocks = torch.zeros(2, 64, 2, 16, dtype=torch.uint8)
     scales = torch.full((2, 64, 2), 120, dtype=torch.uint8)
     down_scales = torch.full((2, 64, 1), moe.MAX_SCALE_V2 + 1, dtype=torch.uint8)
-    args = (blocks, scales, torch.zeros(2, 64), torch.zeros(2, 64, 1, 16, dtype=torch.uint8), down_scales,
-            torch.zeros(2, 64))
+    args = (
+        blocks,
+        scales,
+        torch.zeros(2, 64),
+        torch.zeros(2, 64, 1, 16, dtype=torch.uint8),
+        down_scales,
+        torch.zeros(2, 64),
+    )
     with pytest.raises(ValueError, match="scale byte 129 > 128"):
         prepare_moe_weights(*args, kernels="v2")
     assert prepare_moe_weights(*args, kernels="v1").layout == "nibble"
@@ -376,8 +410,14 @@ def test_prepare_rejects_mismatched_tensors():
     blocks = torch.zeros(8, 128, 2, 16, dtype=torch.uint8)
     scales = torch.zeros(8, 128, 2, dtype=torch.uint8)
     with pytest.raises(ValueError, match="down_scales is \\(8, 64, 3\\)"):
-        prepare_moe_weights(blocks, scales, torch.zeros(8, 128), torch.zeros(8, 64, 2, 16, dtype=torch.uint8),
-                            torch.zeros(8, 64, 3, dtype=torch.uint8), torch.zeros(8, 64))
+        prepare_moe_weights(
+            blocks,
+            scales,
+            torch.zeros(8, 128),
+            torch.zeros(8, 64, 2, 16, dtype=torch.uint8),
+            torch.zeros(8, 64, 3, dtype=torch.uint8),
+            torch.zeros(8, 64),
+        )
 
 
 @gpu
