@@ -23,7 +23,8 @@ def create(cfg: RunSpec) -> GptossBackend:
         raise BackendError(f"gptoss backend got options of type {type(opts).__name__}, expected EngineConfig")
     if cfg.model_path is not None:
         opts = replace(opts, model_path=Path(cfg.model_path))
-    return GptossBackend(opts)
+    # Offline has no first-token timing: whole outputs, one wake-up per request (as vLLM's FINAL_ONLY).
+    return GptossBackend(opts, final_only=cfg.scenario == "offline")
 
 
 def engine_params(p: SamplingParams) -> EngineSamplingParams:
@@ -43,8 +44,9 @@ class GptossBackend:
     in_process: ClassVar[bool] = True
     Options: ClassVar[type] = EngineConfig
 
-    def __init__(self, config: EngineConfig) -> None:
-        self.config = config  # model_path None: the default checkpoint, resolved at start
+    def __init__(self, config: EngineConfig, final_only: bool = False) -> None:
+        self.config = config
+        self.final_only = final_only  # model_path None: the default checkpoint, resolved at start
         self.max_model_len: int | None = None
         self.vocab_size: int | None = None
         self._engine = None  # gptoss.engine.AsyncEngine once started
@@ -52,6 +54,7 @@ class GptossBackend:
         self._describe: dict[str, Any] = {
             "backend": self.name,
             "options": {k: v for k, v in asdict(config).items() if k != "model_path"},
+            "output": "final" if final_only else "delta",
         }
 
     @classmethod
@@ -92,7 +95,7 @@ class GptossBackend:
         if ep is None:
             ep = self._params[params] = engine_params(params)
         try:
-            deltas = self._engine.generate(prompt, ep)
+            deltas = self._engine.generate(prompt, ep, final_only=self.final_only)
         except ValueError as e:
             raise BackendError(f"gptoss refused the request: {e}") from e
         try:

@@ -279,7 +279,13 @@ class AsyncEngine:
             "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else [],
         }
 
-    def generate(self, prompt: list[int], params: SamplingParams, request_id: str | None = None) -> _Stream:
+    def generate(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        final_only: bool = False,
+    ) -> _Stream:
         """Queue a request; iterate the result for its Deltas. Bad input raises here, at once."""
         core = self._core
         if core is None or self._thread is None or self._stopping:
@@ -290,7 +296,7 @@ class AsyncEngine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in flight")
-        stream = _Stream(self, rid)
+        stream = _Stream(self, rid, final_only)
         self._streams[rid] = stream
         with self._cond:
             self._inbox.append((rid, list(prompt), params))
@@ -361,14 +367,18 @@ def _engine_error(e: BaseException) -> EngineError:
 class _Stream:
     """One request's AsyncIterator[Delta]. Deltas that queued up are merged into one."""
 
-    __slots__ = ("_engine", "request_id", "_items", "_waiter", "_closed", "__weakref__")
+    __slots__ = ("_engine", "request_id", "_items", "_waiter", "_closed", "_final_only", "__weakref__")
 
-    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
+    def __init__(self, engine: AsyncEngine, request_id: str, final_only: bool = False) -> None:
         self._engine = engine
         self.request_id = request_id
         self._items: deque[_Item] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False  # the final Delta or an error has been pushed
+        # Offline wants whole outputs: its consumer is woken once, at the end, not every step (with
+        # a thousand requests in flight, a wake-up per request per step costs the engine thread
+        # the GIL); the Deltas queue up meanwhile and are merged into one.
+        self._final_only = final_only
 
     def _push(self, item: _Item) -> None:
         if self._closed:
@@ -377,6 +387,8 @@ class _Stream:
         if isinstance(item, BaseException) or item.finish_reason is not None:
             self._closed = True
             self._engine._streams.pop(self.request_id, None)
+        if self._final_only and not self._closed:
+            return
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 

@@ -56,6 +56,25 @@ def test_streams_equal_the_synchronous_engine(tiny_checkpoint):
         assert (deltas[-1].finish_reason, deltas[-1].stop_token_id) == ("length", None)
 
 
+def test_final_only_streams_yield_one_delta_with_every_token(tiny_checkpoint):
+    prompts = [prompt(n, seed=n) for n in (5, 150, 33)]
+    params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (9, 4, 17)]
+    expected = LLMEngine(config(tiny_checkpoint)).generate(prompts, params)
+
+    async def main():
+        async with AsyncEngine(config(tiny_checkpoint)) as engine:
+            return await asyncio.gather(
+                *(
+                    collect(engine.generate(p, sp, final_only=True))
+                    for p, sp in zip(prompts, params, strict=True)
+                )
+            )
+
+    for deltas, want in zip(run(main()), expected, strict=True):
+        assert len(deltas) == 1  # woken once, at the end
+        assert (deltas[0].token_ids, deltas[0].finish_reason) == (want, "length")
+
+
 def test_abort_ends_the_stream_and_frees_its_blocks(tiny_checkpoint):
     async def main():
         async with AsyncEngine(config(tiny_checkpoint)) as engine:
