@@ -36,6 +36,8 @@ class ModelRunner:
         self.dtype = DTYPES[config.dtype]
         self.block_size = config.block_size
         self.kernels = config.kernels or ("triton" if self.device.type == "cuda" else "torch")
+        if self.kernels == "triton":
+            _check_triton(self.device)
         self.model = GptOss.from_checkpoint(config.model_path, self.device, self.dtype)
         mc = self.model.cfg
         dense = sum(dense_nbytes(block.mlp, self.dtype) for block in self.model.layers)
@@ -178,3 +180,17 @@ def _cpu_lm_head(weight: torch.Tensor, batch_hint: int):
     except (AttributeError, RuntimeError):  # a torch build without these oneDNN ops
         works = False
     return fast if works else (lambda x: F.linear(x, w))
+
+
+def _check_triton(device: torch.device) -> None:
+    """--kernels triton needs Triton, and on a CPU its interpreter (slow: meant for tests)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is None:
+        raise ValueError("--kernels triton needs the triton package (pip install triton==3.6.0)")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "--kernels triton on a CPU runs only in Triton's interpreter: set TRITON_INTERPRET=1 "
+            "(slow, for tests), or use --kernels torch"
+        )

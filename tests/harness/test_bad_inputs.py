@@ -90,6 +90,7 @@ REFUSED = ("--server-url", "{refused}")
 ROWS = [
     # ------------------------------------------------------------------ flags
     Row("flag-target-qps-text", ("--target-qps", "fast"), r"--target-qps.*'fast'"),
+    Row("flag-kernels-triton-on-cpu", ("--kernels", "triton", "--device", "cpu"), r"TRITON_INTERPRET=1"),
     Row("flag-target-qps-negative", ("--target-qps", "-5"), r"target.qps"),
     Row("flag-target-qps-zero", ("--target-qps", "0"), r"target.qps"),
     Row("flag-target-qps-nan", ("--target-qps", "nan"), r"target.qps"),
@@ -359,6 +360,7 @@ class Outcome:
 def run_mlperf(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> Outcome:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
     env.pop("MLPERF_BACKEND", None)
+    env.pop("TRITON_INTERPRET", None)  # the kernel tests' conftest sets it in this process
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(ROOT / "run_mlperf.py"), *argv],
