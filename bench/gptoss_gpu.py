@@ -190,7 +190,7 @@ def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
     return rows
 
 
-def run_vllm(args: argparse.Namespace, out: Path | None) -> list[dict]:
+def run_vllm(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], int]:
     cmd = [
         sys.executable,
         args.vllm_script,
@@ -227,7 +227,7 @@ def run_vllm(args: argparse.Namespace, out: Path | None) -> list[dict]:
     proc.wait()
     if proc.returncode:
         print(f"vllm bench exited {proc.returncode}; see vllm.log", flush=True)
-    return rows
+    return rows, proc.returncode
 
 
 def table(rows: list[dict]) -> None:
@@ -293,9 +293,13 @@ def main() -> None:
         {"gptoss": run_ours, "agreement": run_agreement}[args.child](args, args.out)
         return
     rows: list[dict] = []
+    failed: list[str] = []
     for engine in args.engine.split(","):
         if engine == "vllm":
-            rows += run_vllm(args, args.out)
+            got, rc = run_vllm(args, args.out)
+            rows += got
+            if rc:
+                failed.append(engine)
             continue
         # Each of ours in a fresh process too: the GPU memory and start-up are its own.
         cmd = [sys.executable, __file__, *sys.argv[1:], "--child", engine]
@@ -306,8 +310,12 @@ def main() -> None:
             else:
                 print(line)
         if proc.returncode:
+            failed.append(engine)
             print(f"{engine} exited {proc.returncode}", flush=True)
     table(rows)
+    if failed:  # the table holds what did run; the exit status says what did not
+        print(f"failed: {', '.join(failed)}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -31,10 +31,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     rows: list[dict] = []
+    failed: list[str] = []
     for part in args.only.split(","):
         try:
             importlib.import_module(f"kernels.{part}_gpu").run(rows)
-        except Exception:  # one broken part must not hide the others' numbers
+        except Exception:  # one broken part must not hide the others' numbers; counted below
+            failed.append(part)
             print(f"part {part} failed:\n{traceback.format_exc()}", flush=True)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -55,6 +57,10 @@ def main() -> None:
             f" {name if peer else '-':>6} "
             f"{fmt(ratio, '6.2f')} {fmt(r.get('hbm_frac'), '5.0%')}"
         )
+
+    if failed:
+        print(f"\n{len(failed)} part(s) failed: {', '.join(failed)}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":
