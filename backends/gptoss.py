@@ -1,4 +1,4 @@
-"""The gptoss backend: our own engine (gptoss.engine.AsyncEngine) in this process.
+"""The gptoss backend: our own engine (gptoss.async_engine.AsyncEngine) in this process.
 
 Its flags are gptoss.engine.EngineConfig's fields. torch is imported only when the backend
 starts, so --help works without it.
@@ -49,7 +49,7 @@ class GptossBackend:
         self.final_only = final_only  # model_path None: the default checkpoint, resolved at start
         self.max_model_len: int | None = None
         self.vocab_size: int | None = None
-        self._engine = None  # gptoss.engine.AsyncEngine once started
+        self._engine = None  # gptoss.async_engine.AsyncEngine once started
         self._params: dict[SamplingParams, EngineSamplingParams] = {}  # one conversion per distinct setting
         self._describe: dict[str, Any] = {
             "backend": self.name,
@@ -66,7 +66,7 @@ class GptossBackend:
     async def __aenter__(self) -> Self:
         import torch
 
-        from gptoss.engine import AsyncEngine
+        from gptoss.async_engine import AsyncEngine
 
         config = self.config
         if config.model_path is None:

@@ -103,7 +103,7 @@ class OursStreaming:
     """The same engine behind AsyncEngine, on an event loop thread: tokens arrive as Deltas."""
 
     def __init__(self, config) -> None:
-        from gptoss.engine import AsyncEngine
+        from gptoss.async_engine import AsyncEngine
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="bench-loop", daemon=True)

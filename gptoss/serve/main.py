@@ -129,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from gptoss.engine import AsyncEngine
+    from gptoss.async_engine import AsyncEngine
 
     config: EngineConfig = args.engine
     if config.model_path is None:

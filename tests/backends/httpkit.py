@@ -132,7 +132,8 @@ def engine_greedy(
     """The in-process engine's greedy tokens, one prompt at a time, in float32 (the oracle)."""
     import asyncio
 
-    from gptoss.engine import AsyncEngine, EngineConfig
+    from gptoss.async_engine import AsyncEngine
+    from gptoss.engine import EngineConfig
     from gptoss.sampling import SamplingParams as EngineSamplingParams
 
     params = EngineSamplingParams(max_new_tokens=max_new, temperature=0.0)

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from gptoss.engine import AsyncEngine, Delta, EngineConfig, EngineError, LLMEngine
+from gptoss.async_engine import AsyncEngine
+from gptoss.engine import Delta, EngineConfig, EngineError, LLMEngine
 from gptoss.sampling import SamplingParams
 
 LONG = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)

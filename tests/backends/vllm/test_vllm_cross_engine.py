@@ -20,7 +20,8 @@ N_NEW = 24
 
 @pytest.fixture(scope="module")
 def gptoss_engine(checkpoints, loop):
-    from gptoss.engine import AsyncEngine, EngineConfig
+    from gptoss.async_engine import AsyncEngine
+    from gptoss.engine import EngineConfig
 
     # A small step budget, so gptoss prefills the long prompts in chunks while vLLM takes them whole.
     engine = AsyncEngine(
