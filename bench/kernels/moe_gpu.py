@@ -108,6 +108,68 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
+def _sweep(name: str, bucket: int, gu: Tiles, dn: Tiles, min_m: int, max_m: int) -> None:
+    VARIANTS[name] = Variant("v2", tiles={(bucket, True): gu, (bucket, False): dn}, min_m=min_m, max_m=max_m)
+
+
+# Tile sweeps, one bucket each (bucket = rows an expert gets: 16 for M <= 64, 32 for M 128-256,
+# 64 for M 512, 128 past): "xa" puts x as the wgmma A operand and the dequantized weights in shared
+# memory as B, so the MMA of one K step runs under the next step's dequant.
+for _bn, _bk, _w, _st, _sp in [
+    (16, 512, 4, 3, 4),
+    (32, 512, 4, 4, 4),
+    (32, 1024, 8, 2, 8),
+    (64, 512, 8, 3, 4),
+    (32, 256, 4, 4, 2),
+]:
+    _t = Tiles(16, _bn, _bk, _w, _st, _sp)
+    _sweep(f"d16-{_bn}-{_bk}-w{_w}-s{_st}-k{_sp}", 16, _t, _t, 0, DECODE)
+for _t in [
+    Tiles(32, 32, 512, 4, 4, 4),
+    Tiles(32, 64, 512, 8, 3, 4),
+    Tiles(32, 64, 128, 4, 3, xa=True),
+    Tiles(32, 128, 128, 4, 3, xa=True),
+    Tiles(32, 32, 1024, 8, 2, 8),
+]:
+    _sweep(
+        f"d32-{_t.bn}-{_t.bk}-w{_t.warps}-s{_t.stages}-k{_t.split}{'-xa' if _t.xa else ''}",
+        32,
+        _t,
+        _t,
+        129,
+        256,
+    )
+for _t in [
+    Tiles(64, 64, 128, 4, 3, xa=True),
+    Tiles(64, 128, 128, 8, 3),
+    Tiles(64, 128, 128, 4, 3, xa=True),
+    Tiles(64, 32, 512, 4, 3, 4),
+]:
+    _sweep(
+        f"d64-{_t.bn}-{_t.bk}-w{_t.warps}-s{_t.stages}-k{_t.split}{'-xa' if _t.xa else ''}",
+        64,
+        _t,
+        _t,
+        257,
+        512,
+    )
+for _gu, _dn in [
+    (Tiles(128, 128, 128, 8, 3, xa=True), Tiles(128, 128, 128, 8, 3, xa=True)),
+    (Tiles(128, 128, 128, 8, 2), Tiles(128, 128, 128, 8, 2)),
+    (Tiles(128, 64, 128, 8, 3), Tiles(128, 64, 128, 8, 3)),
+    (Tiles(128, 64, 128, 8, 3, xa=True), Tiles(128, 64, 128, 8, 3, xa=True)),
+    (Tiles(128, 128, 128, 8, 3), Tiles(256, 128, 128, 8, 2)),
+]:
+    _sweep(
+        f"p128-{_gu.bm}x{_gu.bn}-{_dn.bm}x{_dn.bn}-w8-s{_gu.stages}{'-xa' if _gu.xa else ''}",
+        128,
+        _gu,
+        _dn,
+        1024,
+        1 << 30,
+    )
+
+
 def _us(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 

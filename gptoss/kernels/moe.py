@@ -169,6 +169,7 @@ class Tiles:
     warps: int
     stages: int
     split: int = 1  # v2 only: warps splitting each BK step along K (a batched MMA, summed at the end)
+    xa: bool = False  # v2, split 1: x is the MMA's A operand, the dequantized weights B (through smem)
 
 
 # By BM, the token rows an expert gets if routing is even (16..128). Each warp owns distinct weight
@@ -231,7 +232,7 @@ def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -
     split = cfg.split
     bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))  # past K: the masked tail
     warps = cfg.warps if split > 1 else min(cfg.warps, bn // 16)
-    return Tiles(cfg.bm, bn, bk, warps, cfg.stages, split)
+    return Tiles(cfg.bm, bn, bk, warps, cfg.stages, split, cfg.xa)
 
 
 @triton.jit
@@ -520,16 +521,21 @@ def _v2_ptrs(
     BN: tl.constexpr,
     BK: tl.constexpr,
     SPLIT: tl.constexpr,
+    XA: tl.constexpr,
 ):
     """Tile pointers at k0 = 0 and the K offsets of their masks. SPLIT 1: weight bytes [BN, BK/2],
-    scale words [BN, BK/128], x [BK, BM]; else each of the SPLIT warps owns a K slice of BK/SPLIT,
-    first dim."""
+    scale words [BN, BK/128], x [BK, BM] (XA: [BM, BK]); else each of the SPLIT warps owns a K slice
+    of BK/SPLIT, first dim."""
     if SPLIT == 1:
         kw = tl.arange(0, BK // 2)[None, :]
-        kx = tl.arange(0, BK)[:, None]
         w = w_base + n_ld[:, None] * stride_wn + kw
         s = s_base + n_ld[:, None] * stride_sn + tl.arange(0, BK // 128)[None, :]
-        x = x_base + row_off[None, :] + kx
+        if XA:
+            kx = tl.arange(0, BK)[None, :]
+            x = x_base + row_off[:, None] + kx
+        else:
+            kx = tl.arange(0, BK)[:, None]
+            x = x_base + row_off[None, :] + kx
     else:
         BKS: tl.constexpr = BK // SPLIT
         sp = tl.arange(0, SPLIT)[:, None, None]
@@ -561,8 +567,11 @@ def _v2_step(
     EVEN_K: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
+    XA: tl.constexpr,
 ):
-    """acc += x @ dequant(W[:, k0:k0+BK])^T as the MMA wants it: acc [BN, BM] (SPLIT 1) or [SPLIT, BN, BM]."""
+    """acc += x @ dequant(W[:, k0:k0+BK])^T as the MMA wants it: acc [BN, BM] (SPLIT 1), [BM, BN] (XA:
+    both wgmma operands in shared memory, so the MMA runs async under the next step's dequant) or
+    [SPLIT, BN, BM]."""
     if EVEN_K:
         w = tl.load(w_ptrs + k0 // 2)
     else:  # K tail: zero words decode to zeros
@@ -570,7 +579,10 @@ def _v2_step(
     sw = tl.load(s_ptrs + k0 // 128)  # scale rows are padded to 16 bytes: never past a row
     if SPLIT == 1:
         wd = tl.reshape(_dequant_bits(w[None, :, :], sw[None, :, :], 1, BN, BK, x.dtype, ASM), (BN, BK))
-        out = tl.dot(wd, x, acc, input_precision=PREC)
+        if XA:
+            out = tl.dot(x, tl.trans(wd), acc, input_precision=PREC)
+        else:
+            out = tl.dot(wd, x, acc, input_precision=PREC)
     else:
         wd = _dequant_bits(w, sw, SPLIT, BN, BK // SPLIT, x.dtype, ASM)
         out = tl.dot(wd, x, acc, input_precision=PREC)
@@ -607,6 +619,7 @@ def _gate_up_v2_kernel(
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
+    XA: tl.constexpr,
 ):
     """_gate_up_kernel on v2 weights (scale strides in int32 words): act = swiglu(x @ W13^T + b13)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -629,8 +642,12 @@ def _gate_up_v2_kernel(
         BN,
         BK,
         SPLIT,
+        XA,
     )
-    if SPLIT == 1:
+    if XA:
+        acc_g = tl.zeros([BM, BN], tl.float32)
+        x_ok = valid[:, None]
+    elif SPLIT == 1:
         acc_g = tl.zeros([BN, BM], tl.float32)
         x_ok = valid[None, :]  # rows past the tile's assignments: not read (zeros)
     else:
@@ -639,13 +656,16 @@ def _gate_up_v2_kernel(
     acc_u = tl.zeros_like(acc_g)
     for k0 in range(0, K, BK):
         xt = tl.load(x_t + k0, mask=x_ok & ((k0 + kx) < K), other=0.0)
-        acc_g = _v2_step(acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM)
+        acc_g = _v2_step(acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, XA)
         acc_u = _v2_step(
-            acc_u, xt, w_g + stride_wp, s_g + stride_sp, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM
+            acc_u, xt, w_g + stride_wp, s_g + stride_sp, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, XA
         )
     if SPLIT > 1:  # the warps' K slices: one reduction through shared memory
         acc_g = tl.sum(acc_g, 0)
         acc_u = tl.sum(acc_u, 0)
+    if XA:  # the epilogue below works on [BN, BM]
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     gate = acc_g + tl.load(b_ptr + e64 * 2 * N + n_ld)[:, None]  # [BN, BM]
     up = acc_u + tl.load(b_ptr + e64 * 2 * N + N + n_ld)[:, None]
     gate = tl.minimum(gate, limit)
@@ -682,6 +702,7 @@ def _down_v2_kernel(
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
+    XA: tl.constexpr,
 ):
     """_down_kernel on v2 weights: y = act @ W2^T + b2."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -704,8 +725,12 @@ def _down_v2_kernel(
         BN,
         BK,
         SPLIT,
+        XA,
     )
-    if SPLIT == 1:
+    if XA:
+        acc = tl.zeros([BM, BN], tl.float32)
+        a_ok = valid[:, None]
+    elif SPLIT == 1:
         acc = tl.zeros([BN, BM], tl.float32)
         a_ok = valid[None, :]
     else:
@@ -713,9 +738,11 @@ def _down_v2_kernel(
         a_ok = valid[None, None, :]
     for k0 in range(0, K, BK):
         at = tl.load(a_t + k0, mask=a_ok & ((k0 + kx) < K), other=0.0)
-        acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM)
+        acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, XA)
     if SPLIT > 1:
         acc = tl.sum(acc, 0)
+    if XA:
+        acc = tl.trans(acc)
     y = acc + tl.load(b_ptr + e64 * N + n_ld)[:, None]
     tl.store(
         y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
@@ -849,6 +876,7 @@ def gate_up_v2(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float,
         SPLIT=tiles.split,
         PREC=_precision(x),
         ASM=_use_asm(x),
+        XA=tiles.xa,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
@@ -883,6 +911,7 @@ def down_v2(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
         SPLIT=tiles.split,
         PREC=_precision(act),
         ASM=_use_asm(act),
+        XA=tiles.xa,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )

@@ -237,6 +237,8 @@ def test_every_tile_shape_gives_the_same_result(tiles):
         Tiles(32, 64, 256, 2, 3, 2),
         Tiles(64, 64, 128, 4, 3),
         Tiles(128, 128, 128, 8, 3),
+        Tiles(64, 64, 128, 4, 3, xa=True),
+        Tiles(128, 32, 128, 4, 2, xa=True),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
