@@ -153,6 +153,15 @@ for _t in [
         257,
         512,
     )
+for _b, _lo, _hi in [(32, 129, 256), (64, 257, 512), (128, 1024, 4096)]:
+    for _t in [
+        Tiles(32, 64, 128, 4, 3, xa=True),
+        Tiles(32, 64, 128, 4, 4, xa=True),
+        Tiles(32, 64, 256, 4, 3, xa=True),
+        Tiles(32, 128, 128, 4, 2, xa=True),
+        Tiles(16, 64, 128, 4, 3, xa=True),
+    ]:
+        _sweep(f"b{_b}-{_t.bm}x{_t.bn}-{_t.bk}-s{_t.stages}-xa", _b, _t, _t, _lo, _hi)
 for _gu, _dn in [
     (Tiles(128, 128, 128, 8, 3, xa=True), Tiles(128, 128, 128, 8, 3, xa=True)),
     (Tiles(128, 128, 128, 8, 2), Tiles(128, 128, 128, 8, 2)),
