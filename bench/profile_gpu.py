@@ -49,7 +49,7 @@ def profile(eng: LLMEngine, batch: int, steps: int) -> None:
         end.record()
         torch.cuda.synchronize()
     wall = start.elapsed_time(end) / steps
-    host = 1000 * sum(runner.host_times) / len(runner.host_times)
+    host = 1000 * sum(runner.host_times) / max(1, len(runner.host_times))
     per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
@@ -155,10 +155,11 @@ def main() -> None:
         EngineConfig(
             model_path=args.model_path,
             device="cuda",
-            max_num_seqs=256,
+            max_num_seqs=max(256, *(args.batch or [])),
             max_model_len=4096,
             kernels="triton",
             cuda_graphs=not args.eager,
+            decode_steps=1,  # one engine step = one decode step, so per-step figures divide cleanly
         )
     )
     print(f"engine up in {time.perf_counter() - t:.1f} s")

@@ -208,16 +208,19 @@ def choose_tiles(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> T
 # weight value at decode (v1: 4.9), of which 1.66 dequant, 0.25 HMMA and ~0.45 moves of the x
 # operand between its LDS.128 and the HMMA register pairs; BM 128 gate_up 5.6 a value for 128 rows
 # (v1 at T 4096: 6.0 for 64 rows). Registers <= 255, spills only outside the K loop.
+# Buckets 32 and 64 (M 128-512 at 20b, Offline decode) take 32-row xa tiles: measured on the H100
+# (bench/results 2026-11-22 v5) M 256 645 -> 438 us, M 512 753 -> 672 us; xa at BM 64/128 was slower.
+_XA32 = Tiles(32, 64, 128, 4, 3, xa=True)
 _GATE_UP_TILES_V2 = {
     16: Tiles(16, 32, 512, 4, 3, 4),
-    32: Tiles(32, 32, 512, 4, 3, 4),
-    64: Tiles(64, 64, 128, 4, 3),
+    32: _XA32,
+    64: _XA32,
     128: Tiles(128, 128, 128, 8, 3),
 }
 _DOWN_TILES_V2 = {
     16: Tiles(16, 32, 512, 4, 3, 4),
-    32: Tiles(32, 32, 512, 4, 3, 4),
-    64: Tiles(64, 64, 128, 4, 3),
+    32: _XA32,
+    64: _XA32,
     128: Tiles(128, 128, 128, 8, 3),
 }
 TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 tiles; for benchmarks

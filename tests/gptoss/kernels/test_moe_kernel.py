@@ -188,9 +188,10 @@ def test_top1_and_shapes_that_leave_partial_k_and_n_tiles(dtype, kernels):
 
 def test_many_tokens_route_with_several_programs_and_bigger_tiles(kernels):
     ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=3, kernels=kernels)
-    t = 100  # > SINGLE_PROGRAM_MAX_TOKENS; 50 rows per expert -> BM = 64
+    t = 100  # > SINGLE_PROGRAM_MAX_TOKENS; 50 rows per expert -> v1 BM 64, v2 two 32-row xa tiles
     assert t > SINGLE_PROGRAM_MAX_TOKENS and choose_tiles(t, 4, 8, 64, 64, gate_up=True).bm == 64
-    assert choose_tiles_v2(t, 4, 8, 64, 64, gate_up=True).bm == 64
+    v2 = choose_tiles_v2(t, 4, 8, 64, 64, gate_up=True)
+    assert (v2.bm, v2.xa) == (32, True)
     check_against_reference(ref, w, (torch.randn(t, 64, device=DEV) * 3).bfloat16())
 
 
@@ -237,7 +238,7 @@ def test_every_tile_shape_gives_the_same_result(tiles):
         Tiles(32, 64, 256, 2, 3, 2),
         Tiles(64, 64, 128, 4, 3),
         Tiles(128, 128, 128, 8, 3),
-        Tiles(64, 64, 128, 4, 3, xa=True),
+        Tiles(32, 64, 128, 4, 3, xa=True),
         Tiles(128, 32, 128, 4, 2, xa=True),
     ],
 )
