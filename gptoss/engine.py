@@ -55,6 +55,7 @@ class EngineConfig:
             "one replica per listed device, e.g. cuda:0,cuda:1 (cpu,cpu on CPU); instead of --device",
             type=_device_list,
             metavar="DEV,DEV,...",
+            default_help="--data-parallel-size times --device",
         ),
     )
     seed: int = field(default=0, metadata=_flag("seeds the sampling of requests that carry no seed"))
