@@ -99,16 +99,23 @@ class GptossBackend:
             deltas = self._engine.generate(prompt, ep, final_only=self.final_only)
         except ValueError as e:
             raise BackendError(f"gptoss refused the request: {e}") from e
+        except EngineError as e:  # e.g. every data-parallel replica has died
+            raise _backend_error(e) from e
         try:
             async for delta in deltas:
                 if delta.token_ids:
                     yield delta.token_ids
                 if delta.finish_reason == "abort":
                     raise BackendError("gptoss aborted the request")
-        except EngineError as e:  # a subclass (ReplicaDiedError) names itself in the failure report
-            raise BackendError(str(e) if type(e) is EngineError else f"{type(e).__name__}: {e}") from e
+        except EngineError as e:
+            raise _backend_error(e) from e
         finally:
             deltas.close()  # aborts the request if it is still running (consumer left early)
 
     def describe(self) -> dict[str, Any]:
         return dict(self._describe)
+
+
+def _backend_error(e: Exception) -> BackendError:
+    """A subclass of EngineError (ReplicaDiedError) names itself in the failure report."""
+    return BackendError(str(e) if type(e).__name__ == "EngineError" else f"{type(e).__name__}: {e}")

@@ -12,7 +12,6 @@ import itertools
 import threading
 import weakref
 from collections import deque
-from dataclasses import replace
 from typing import Self
 
 from gptoss.engine import Delta, EngineConfig, EngineError, LLMEngine
@@ -32,8 +31,6 @@ class AsyncEngine:
                 f"AsyncEngine runs one replica, the config asks for {config.num_replicas}: "
                 "use gptoss.dp_engine.open_engine"
             )
-        if config.devices is not None:  # one listed device: this process runs it
-            config = replace(config, device=config.devices[0], devices=None)
         self.config = config
         self.max_model_len = 0  # known once the model is loaded
         self.vocab_size = 0

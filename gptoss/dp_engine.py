@@ -156,7 +156,7 @@ class DPEngine:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
             errors = [f.exception() for f in ready if f.done() and f.exception() is not None]
             if errors:
-                more = f" ({len(errors) - 1} more replicas failed too)" if len(errors) > 1 else ""
+                more = f" ({len(errors) - 1} other replica(s) failed too)" if len(errors) > 1 else ""
                 raise ReplicaStartError(f"{errors[0]}{more}")
 
     async def __aexit__(self, *exc: object) -> None:

@@ -172,6 +172,8 @@ class LLMEngine:
 
         if config.model_path is None:
             raise ValueError("EngineConfig.model_path is not set: give the checkpoint directory")
+        if config.devices is not None:  # one listed device (gptoss.dp_engine runs several)
+            config = replace(config, device=config.devices[0], devices=None)
         if config.device is None:
             import torch
 
