@@ -84,6 +84,7 @@ class DPEngine:
         self._owner: dict[str, tuple[_Replica, int]] = {}  # rid -> (its replica, its token cost)
         self._streams: weakref.WeakValueDictionary[str, _Stream] = weakref.WeakValueDictionary()
         self._ids = itertools.count()
+        self._numbers = itertools.count()  # as one engine numbers its requests (the unseeded ones' seeds)
 
     @property
     def num_replicas(self) -> int:
@@ -221,7 +222,7 @@ class DPEngine:
         self._owner[rid] = (rep, cost)
         stream = _Stream(self, rid, final_only)
         self._streams[rid] = stream
-        rep.sends.put(("add", rid, list(prompt), params, final_only))
+        rep.sends.put(("add", rid, list(prompt), params, final_only, next(self._numbers)))
         return stream
 
     def abort(self, request_id: str) -> None:

@@ -1,8 +1,9 @@
 """One data-parallel engine replica: the child process that gptoss.dp_engine.DPEngine spawns per device.
 
-It owns one LLMEngine and talks to the parent over two one-way pipes. In: lists of commands, ("add",
-rid, prompt, params, final_only), ("abort", rid) or ("stop",). Out: first ("ready", info) or ("failed",
-"Type: message"), then one list of (rid, Delta | Failure) per engine step that produced anything.
+It owns one LLMEngine and talks to the parent over two one-way pipes. In: lists of commands,
+("add", rid, prompt, params, final_only, number), ("abort", rid) or ("stop",). Out: first ("ready",
+info) or ("failed", "Type: message"), then one list of (rid, Delta | Failure) per engine step that
+produced anything.
 
 The parent owns the replica's lifetime: SIGINT and SIGTERM (sent to the whole process group by a
 terminal or a supervisor) are ignored here, so the parent can drain and stop replicas itself; the
@@ -133,9 +134,9 @@ class _Replica:
 
     def _apply(self, command: tuple, out: list) -> None:
         if command[0] == "add":
-            _, rid, prompt, params, final_only = command
+            _, rid, prompt, params, final_only, number = command
             try:
-                self.core.add(rid, prompt, params)
+                self.core.add(rid, prompt, params, number)
             except ValueError as e:
                 out.append((rid, Failure("refused", str(e))))
                 return

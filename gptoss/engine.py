@@ -100,7 +100,7 @@ class EngineConfig:
             raise ValueError(f"data_parallel_size must be >= 1, got {n}")
         if n > 1 and self.device not in (None, "cpu", "cuda"):
             raise ValueError(
-                f"data_parallel_size {n} with device {self.device}: list the replicas' devices in devices "
+                f"data_parallel_size {n} with device {self.device}: name each replica's GPU in devices "
                 "instead (e.g. cuda:0,cuda:1)"
             )
         if devices is None:
@@ -108,7 +108,7 @@ class EngineConfig:
         if self.device is not None:
             raise ValueError("give device or devices, not both")
         if not devices or n not in (1, len(devices)):
-            raise ValueError(f"devices lists {len(devices)} devices but data_parallel_size is {n}")
+            raise ValueError(f"devices names {len(devices)} replicas but data_parallel_size is {n}")
         for d in devices:
             kind, _, index = d.partition(":")
             if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
@@ -210,13 +210,18 @@ class LLMEngine:
             "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else [],
         }
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+    def add(
+        self, request_id: str, prompt: list[int], params: SamplingParams, number: int | None = None
+    ) -> None:
+        """`number` (unique per engine) seeds a request that carries no seed; gptoss.dp_engine numbers
+        requests across its replicas, so a sampled output does not depend on which replica ran it."""
         from gptoss.sequence import Sequence
 
         self.check_prompt(prompt)
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already running")
-        seq = Sequence(next(self._ids), request_id, prompt, params, self.max_model_len, self.config.seed)
+        number = next(self._ids) if number is None else number
+        seq = Sequence(number, request_id, prompt, params, self.max_model_len, self.config.seed)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gptoss.async_engine import AsyncEngine
 from gptoss.dp_engine import DPEngine, ReplicaDiedError, ReplicaStartError, open_engine
-from gptoss.engine import EngineConfig, LLMEngine
+from gptoss.engine import Delta, EngineConfig, LLMEngine
 from gptoss.sampling import SamplingParams
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,20 +55,31 @@ def gone(pids: list[int], within: float = 10.0) -> bool:
 
 def test_two_replicas_stream_the_tokens_of_one_engine(tiny_checkpoint):
     prompts = [[(97 * i + 13 * j) % 199_000 for j in range(5 + 30 * i)] for i in range(6)]
+    # Greedy ones and unseeded sampled ones: a sampled request's seed comes from its number, which
+    # DPEngine counts across replicas as one engine counts its requests.
     params = [
-        SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (9, 4, 17, 6, 11, 3)
+        SamplingParams(max_new_tokens=n, temperature=0.0 if i % 3 else 1.0, ignore_eos=True)
+        for i, n in enumerate((9, 4, 17, 6, 11, 3))
     ]
-    want = LLMEngine(config(tiny_checkpoint, devices=("cpu",))).generate(prompts, params)
     assert isinstance(open_engine(config(tiny_checkpoint)), DPEngine)
+
+    async def first_six(engine) -> list[list[Delta]]:
+        streams = [
+            engine.generate(p, sp, final_only=i % 2 == 0)
+            for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+        ]
+        return await asyncio.gather(*(collect(s) for s in streams))
+
+    async def one_engine():
+        async with AsyncEngine(config(tiny_checkpoint, devices=("cpu",))) as engine:
+            return [[t for d in ds for t in d.token_ids] for ds in await first_six(engine)]
+
+    want = run(one_engine())
 
     async def main():
         async with open_engine(config(tiny_checkpoint)) as engine:
             assert (engine.num_replicas, engine.max_model_len, engine.vocab_size) == (2, 2048, 201088)
-            streams = [
-                engine.generate(p, sp, final_only=i % 2 == 0)
-                for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
-            ]
-            deltas = await asyncio.gather(*(collect(s) for s in streams))
+            deltas = await first_six(engine)
             assigned = [r.assigned for r in engine._replicas]
 
             # Abort after the first token, leave a second stream early: both replicas end idle.
