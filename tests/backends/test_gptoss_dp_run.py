@@ -74,7 +74,7 @@ def test_two_replicas_log_the_tokens_of_one(tiny_checkpoint, tmp_path, monkeypat
 
 
 def test_a_replica_killed_mid_run_is_counted_and_the_run_exits_1(tiny_checkpoint, tmp_path):
-    data = make_data(tmp_path / "d.parquet", 4, (150, 150), seed=6)
+    data = make_data(tmp_path / "d.parquet", 4, (400, 400), seed=6)
     out = tmp_path / "out"
     args = [*ENGINE, "--devices", "cpu,cpu", "--model-path", tiny_checkpoint, "--input-file", data,
             "--min-duration", "0", "--min-query-count", "4", "--output-dir", out]  # fmt: skip
@@ -93,8 +93,13 @@ def test_a_replica_killed_mid_run_is_counted_and_the_run_exits_1(tiny_checkpoint
         while not (run_json.exists() and json.loads(run_json.read_text())["status"] == "running"):
             assert time.monotonic() < deadline, "the run never started"
             time.sleep(0.05)
-        time.sleep(1.0)  # LoadGen has issued every query: each replica decodes two for ~150 steps
-        os.kill(pids[1], signal.SIGKILL)
+        # Replica 1 idles on a condition variable until its two queries come: CPU time it spends
+        # now is their prefill and decode (400 steps each, far from done after 0.3 s).
+        victim, start = psutil.Process(pids[1]), busy(pids[1])
+        while busy(pids[1]) < start + 0.3:
+            assert time.monotonic() < deadline, "replica 1 never got work"
+            time.sleep(0.02)
+        victim.send_signal(signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=120)  # no hang: the time limit of the whole test
     finally:
         proc.kill()
@@ -105,6 +110,12 @@ def test_a_replica_killed_mid_run_is_counted_and_the_run_exits_1(tiny_checkpoint
     assert record["failures"]["reasons"] == {reason: 2}  # its two queries; replica 0 finished its own
     assert record["queries"]["completed"] == 4 and record["failures"]["count"] == 2
     assert f"gptoss: {died}; its 2 requests in flight failed, 1 replicas go on" in stderr and gone(pids)
+
+
+def busy(pid: int) -> float:
+    """CPU seconds the process has spent."""
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def wait_ready(proc: subprocess.Popen, timeout: float) -> list[int]:
