@@ -163,3 +163,19 @@ def test_serve_fronts_two_replicas_and_stops_them(tiny_checkpoint, tmp_path):
     assert proc.returncode == 0 and "gptoss.serve: stopped" in stdout
     pids = replica_pids(stderr)
     assert len(pids) == 2 and gone(pids, within=0.0)
+
+
+def test_a_replica_that_cannot_start_is_one_error_line_and_exit_2(tiny_checkpoint, tmp_path):
+    data = make_data(tmp_path / "d.parquet", 2, (4, 4), seed=7)
+    proc = run_mlperf("--backend", "gptoss", "--devices", "cpu,cpu", "--kv-cache-tokens", "256",
+                      "--max-model-len", "1024", "--model-path", tiny_checkpoint, "--input-file", data,
+                      "--output-dir", tmp_path / "out", timeout=120)  # fmt: skip
+    text = proc.stdout + proc.stderr
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in text, text[-3000:]
+    assert re.fullmatch(
+        rf"error: gptoss engine could not start on {re.escape(str(tiny_checkpoint))}: replica [01] on cpu "
+        r"\(pid \d+\) failed to start: ValueError: the KV cache holds 256 tokens, fewer than max_model_len "
+        r"1024: raise --kv-cache-tokens or lower --max-model-len( \(1 other replica\(s\) failed too\))?",
+        errors[0],
+    ), errors[0]
