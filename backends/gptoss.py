@@ -1,4 +1,5 @@
-"""The gptoss backend: our own engine (gptoss.async_engine.AsyncEngine) in this process.
+"""The gptoss backend: our own engine, in this process (gptoss.async_engine.AsyncEngine) or, with
+--data-parallel-size N / --devices, as N replica processes (gptoss.dp_engine.DPEngine).
 
 Its flags are gptoss.engine.EngineConfig's fields. torch is imported only when the backend
 starts, so --help works without it.
@@ -49,7 +50,7 @@ class GptossBackend:
         self.final_only = final_only  # model_path None: the default checkpoint, resolved at start
         self.max_model_len: int | None = None
         self.vocab_size: int | None = None
-        self._engine = None  # gptoss.async_engine.AsyncEngine once started
+        self._engine = None  # AsyncEngine or DPEngine (gptoss.dp_engine.open_engine) once started
         self._params: dict[SamplingParams, EngineSamplingParams] = {}  # one conversion per distinct setting
         self._describe: dict[str, Any] = {
             "backend": self.name,
@@ -66,15 +67,15 @@ class GptossBackend:
     async def __aenter__(self) -> Self:
         import torch
 
-        from gptoss.async_engine import AsyncEngine
+        from gptoss.dp_engine import ReplicaStartError, open_engine
 
         config = self.config
         if config.model_path is None:
             config = replace(config, model_path=await asyncio.to_thread(self.default_model_path))
         try:
-            engine = AsyncEngine(config)
+            engine = open_engine(config)
             await engine.__aenter__()
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, ReplicaStartError) as e:
             raise BackendError(f"gptoss engine could not start on {config.model_path}: {e}") from e
         self._engine = engine
         self.max_model_len, self.vocab_size = engine.max_model_len, engine.vocab_size
@@ -98,6 +99,8 @@ class GptossBackend:
             deltas = self._engine.generate(prompt, ep, final_only=self.final_only)
         except ValueError as e:
             raise BackendError(f"gptoss refused the request: {e}") from e
+        except EngineError as e:  # e.g. every data-parallel replica has died
+            raise _backend_error(e) from e
         try:
             async for delta in deltas:
                 if delta.token_ids:
@@ -105,9 +108,14 @@ class GptossBackend:
                 if delta.finish_reason == "abort":
                     raise BackendError("gptoss aborted the request")
         except EngineError as e:
-            raise BackendError(str(e)) from e
+            raise _backend_error(e) from e
         finally:
             deltas.close()  # aborts the request if it is still running (consumer left early)
 
     def describe(self) -> dict[str, Any]:
         return dict(self._describe)
+
+
+def _backend_error(e: Exception) -> BackendError:
+    """A subclass of EngineError (ReplicaDiedError) names itself in the failure report."""
+    return BackendError(str(e) if type(e).__name__ == "EngineError" else f"{type(e).__name__}: {e}")

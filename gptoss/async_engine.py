@@ -23,7 +23,14 @@ _Item = Delta | BaseException
 class AsyncEngine:
     """Streams each request's Deltas to asyncio; the engine thread does the work."""
 
+    num_replicas = 1
+
     def __init__(self, config: EngineConfig) -> None:
+        if config.num_replicas > 1:
+            raise ValueError(
+                f"AsyncEngine runs one replica, the config asks for {config.num_replicas}: "
+                "use gptoss.dp_engine.open_engine"
+            )
         self.config = config
         self.max_model_len = 0  # known once the model is loaded
         self.vocab_size = 0
@@ -58,23 +65,7 @@ class AsyncEngine:
 
     def info(self) -> dict[str, object]:
         """The sizes the engine settled on (for run.json): limits, KV cache, MoE path."""
-        core = self._core
-        if core is None:
-            return {}
-        r = core.runner
-        return {
-            "device": core.config.device,
-            "max_model_len": core.max_model_len,
-            "kv_cache_tokens": r.kv_cache_tokens,
-            "kv_ring_blocks": r.num_ring_blocks,
-            "block_size": self.config.block_size,
-            "max_num_seqs": self.config.max_num_seqs,
-            "max_num_batched_tokens": self.config.max_num_batched_tokens,
-            "dtype": self.config.dtype,
-            "dense_moe": r.dense_moe,
-            "kernels": r.kernels,
-            "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else [],
-        }
+        return self._core.info() if self._core is not None else {}
 
     def generate(
         self,

@@ -17,6 +17,11 @@ def _flag(help: str, **more: object) -> dict[str, object]:
     return {"help": help, **more}
 
 
+def _device_list(text: str) -> tuple[str, ...]:
+    """--devices cuda:0,cuda:1 -> ("cuda:0", "cuda:1"); EngineConfig checks each one."""
+    return tuple(d.strip() for d in text.split(","))
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """The engine's settings. The fields with flag metadata are the flags of --backend gptoss and of
@@ -40,6 +45,19 @@ class EngineConfig:
         default=None, metadata=_flag("KV cache size in tokens", default_help="sized from free memory")
     )
     block_size: int = 16
+    data_parallel_size: int = field(
+        default=1,
+        metadata=_flag("engine replicas, one process per device (cuda:0 … cuda:N-1); least loaded first"),
+    )
+    devices: tuple[str, ...] | None = field(
+        default=None,
+        metadata=_flag(
+            "one replica per listed device, e.g. cuda:0,cuda:1 (cpu,cpu on CPU); instead of --device",
+            type=_device_list,
+            metavar="DEV,DEV,...",
+            default_help="--data-parallel-size times --device",
+        ),
+    )
     seed: int = field(default=0, metadata=_flag("seeds the sampling of requests that carry no seed"))
     kernels: str | None = field(
         default=None,
@@ -74,6 +92,47 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 2:
                 raise ValueError(f"{name} must be >= 2, got {value}")
+        self._check_replicas()
+
+    def _check_replicas(self) -> None:
+        n, devices = self.data_parallel_size, self.devices
+        if n < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {n}")
+        if n > 1 and self.device not in (None, "cpu", "cuda"):
+            raise ValueError(
+                f"data_parallel_size {n} with device {self.device}: name each replica's GPU in devices "
+                "instead (e.g. cuda:0,cuda:1)"
+            )
+        if devices is None:
+            return
+        if self.device is not None:
+            raise ValueError("give device or devices, not both")
+        if not devices or n not in (1, len(devices)):
+            raise ValueError(f"devices names {len(devices)} replicas but data_parallel_size is {n}")
+        for d in devices:
+            kind, _, index = d.partition(":")
+            if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+                raise ValueError(f"devices: {d!r} is not cpu, cuda or cuda:N")
+            if kind == "cuda" and not index and len(devices) > 1:
+                raise ValueError(f"devices: give each GPU's index (cuda:0,cuda:1 ...), not {d!r}")
+        gpus = [d for d in devices if d.startswith("cuda")]
+        if len(set(gpus)) < len(gpus):
+            raise ValueError(f"devices: each GPU may hold one replica, got {','.join(devices)}")
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.devices) if self.devices is not None else self.data_parallel_size
+
+    def replica_devices(self, has_cuda: bool) -> tuple[str, ...]:
+        """One device per engine replica: devices, else data_parallel_size times device (cuda becomes
+        cuda:0 … cuda:N-1); with no device, cuda when torch sees a GPU (`has_cuda`), else cpu."""
+        if self.devices is not None:
+            return self.devices
+        device = self.device or ("cuda" if has_cuda else "cpu")
+        n = self.data_parallel_size
+        if n > 1 and device == "cuda":
+            return tuple(f"cuda:{i}" for i in range(n))
+        return (device,) * n
 
 
 @dataclass(slots=True)
@@ -87,6 +146,21 @@ class EngineError(RuntimeError):
     """The engine failed while this request was in flight; __cause__ holds the original error."""
 
 
+def check_prompt(prompt: list[int], max_model_len: int, vocab_size: int) -> None:
+    """Refuse a prompt the engine cannot run, with a message that says why (ValueError)."""
+    if not prompt:
+        raise ValueError("prompt is empty: at least one token id is needed")
+    if len(prompt) >= max_model_len:
+        raise ValueError(
+            f"prompt has {len(prompt)} tokens but max_model_len is {max_model_len}: "
+            f"at most {max_model_len - 1} prompt tokens leave room for one output token"
+        )
+    lo, hi = min(prompt), max(prompt)
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"prompt holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+
+
 class LLMEngine:
     """The synchronous core: add, abort, step. Not thread-safe; AsyncEngine drives it from one thread."""
 
@@ -98,6 +172,8 @@ class LLMEngine:
 
         if config.model_path is None:
             raise ValueError("EngineConfig.model_path is not set: give the checkpoint directory")
+        if config.devices is not None:  # one listed device (gptoss.dp_engine runs several)
+            config = replace(config, device=config.devices[0], devices=None)
         if config.device is None:
             import torch
 
@@ -115,25 +191,37 @@ class LLMEngine:
         self._ids = itertools.count()
 
     def check_prompt(self, prompt: list[int]) -> None:
-        if not prompt:
-            raise ValueError("prompt is empty: at least one token id is needed")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt)} tokens but max_model_len is {self.max_model_len}: "
-                f"at most {self.max_model_len - 1} prompt tokens leave room for one output token"
-            )
-        lo, hi = min(prompt), max(prompt)
-        if lo < 0 or hi >= self.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"prompt holds token id {bad}, outside the vocabulary [0, {self.vocab_size})")
+        check_prompt(prompt, self.max_model_len, self.vocab_size)
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+    def info(self) -> dict[str, object]:
+        """The sizes the engine settled on (for run.json): limits, KV cache, MoE path."""
+        r, c = self.runner, self.config
+        return {
+            "device": c.device,
+            "max_model_len": self.max_model_len,
+            "kv_cache_tokens": r.kv_cache_tokens,
+            "kv_ring_blocks": r.num_ring_blocks,
+            "block_size": c.block_size,
+            "max_num_seqs": c.max_num_seqs,
+            "max_num_batched_tokens": c.max_num_batched_tokens,
+            "dtype": c.dtype,
+            "dense_moe": r.dense_moe,
+            "kernels": r.kernels,
+            "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else [],
+        }
+
+    def add(
+        self, request_id: str, prompt: list[int], params: SamplingParams, number: int | None = None
+    ) -> None:
+        """`number` (unique per engine) seeds a request that carries no seed; gptoss.dp_engine numbers
+        requests across its replicas, so a sampled output does not depend on which replica ran it."""
         from gptoss.sequence import Sequence
 
         self.check_prompt(prompt)
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already running")
-        seq = Sequence(next(self._ids), request_id, prompt, params, self.max_model_len, self.config.seed)
+        number = next(self._ids) if number is None else number
+        seq = Sequence(number, request_id, prompt, params, self.max_model_len, self.config.seed)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 import sys
 import types
 import typing
@@ -188,8 +189,8 @@ def options_from(ns: argparse.Namespace, cls: type, **given: Any) -> Any:
         return cls(**values)
     except ValueError as e:  # the dataclass's own check, in field names: say the flags instead
         message = str(e)
-        for f in option_fields(cls):
-            message = message.replace(f.name, flag_of(f))
+        for f in option_fields(cls):  # whole words: the field device must not rename devices
+            message = re.sub(rf"\b{f.name}\b", flag_of(f), message)
         raise OptionsError(message) from None
 
 

@@ -48,7 +48,8 @@ class Server:
             vocab_size=vocab_size, max_model_len=engine.max_model_len, stream_interval=args.stream_interval
         )
         self.incremental = args.incremental_streaming_output
-        self.max_in_flight = args.engine.max_num_seqs + args.max_queued_requests
+        # Every replica runs --max-num-seqs at once; the queue beyond them is shared.
+        self.max_in_flight = args.engine.max_num_seqs * args.engine.num_replicas + args.max_queued_requests
         self.running: set[str] = set()  # request ids with a handler
         self.idle = asyncio.Event()  # set while no request is in flight (the shutdown drain waits on it)
         self.idle.set()
@@ -68,7 +69,7 @@ class Server:
             raise ApiError(
                 503,
                 f"the server is busy: {self.in_flight} requests in flight (limit "
-                f"--max-num-seqs + --max-queued-requests = {self.max_in_flight}); retry later",
+                f"--max-num-seqs x replicas + --max-queued-requests = {self.max_in_flight}); retry later",
                 "ServiceUnavailableError",
             )
         if rid in self.running:

@@ -1,14 +1,16 @@
 """Serve the gptoss engine over HTTP: SGLang's native /generate and OpenAI's /v1/completions.
 
     python -m gptoss.serve [--model-path DIR] [--host 127.0.0.1] [--port 30000]
-                           [--incremental-streaming-output] [--stream-interval N] ...
+                           [--incremental-streaming-output] [--stream-interval N]
+                           [--data-parallel-size N | --devices cuda:0,cuda:1,...] ...
 
 Streams are SSE (`data: {json}` ... `data: [DONE]`). /generate repeats all output ids in every chunk
 unless --incremental-streaming-output, exactly as SGLang does. Binds 127.0.0.1 unless --host says
 otherwise; bodies over --max-request-bytes get 413, prompts that do not fit the context 400, and
-more than --max-num-seqs + --max-queued-requests requests at once 503. SIGTERM or SIGINT: stop
-accepting (503), let running requests finish for up to --shutdown-timeout seconds, then abort the
-rest (each stream ends with an abort event and [DONE]) and exit 0.
+more than --max-num-seqs x replicas + --max-queued-requests requests at once 503. SIGTERM or
+SIGINT: stop accepting (503), let running requests finish for up to --shutdown-timeout seconds,
+then abort the rest (each stream ends with an abort event and [DONE]) and exit 0. With several
+replicas (one process per GPU, gptoss.dp_engine) one server fronts every GPU of the node.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import asyncio
 import dataclasses
 import logging
 import math
+import re
 import signal
 import sys
 import typing
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -50,17 +54,22 @@ def _engine_flags(group: argparse._ArgumentGroup) -> list[dataclasses.Field]:
     hints = typing.get_type_hints(EngineConfig)
     flags = [f for f in dataclasses.fields(EngineConfig) if "help" in f.metadata]
     for f in flags:
-        kind = int if int in (hints[f.name], *typing.get_args(hints[f.name])) else str
         shown = f.metadata.get("default_help", f.default)
-        group.add_argument(
-            "--" + f.name.replace("_", "-"),
-            dest=f.name,
-            type=kind,
-            default=f.default,
-            choices=f.metadata.get("choices"),
-            help=f"{f.metadata['help']} (default: {shown})",
-        )
+        kw: dict[str, object] = {"dest": f.name, "default": f.default}
+        if hints[f.name] is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+            shown = "on" if f.default else "off"
+        else:
+            int_field = int in (hints[f.name], *typing.get_args(hints[f.name]))
+            kw["type"] = f.metadata.get("type") or (int if int_field else str)
+            kw["choices"] = f.metadata.get("choices")
+            kw["metavar"] = f.metadata.get("metavar")
+        group.add_argument(_flag_name(f), help=f"{f.metadata['help']} (default: {shown})", **kw)
     return flags
+
+
+def _flag_name(f: dataclasses.Field) -> str:
+    return "--" + f.name.replace("_", "-")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,8 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     except ValueError as e:
         message = str(e)
-        for f in engine_flags:
-            message = message.replace(f.name, "--" + f.name.replace("_", "-"))
+        for f in engine_flags:  # whole words: the field device must not rename devices
+            message = re.sub(rf"\b{f.name}\b", _flag_name(f), message)
         ap.error(message)
     return args
 
@@ -129,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from gptoss.async_engine import AsyncEngine
+    from gptoss.dp_engine import ReplicaStartError, open_engine
 
     config: EngineConfig = args.engine
     if config.model_path is None:
@@ -139,29 +148,38 @@ async def serve(args: argparse.Namespace) -> None:
     model_path = config.model_path.resolve()
     if not (model_path / "config.json").is_file():
         raise SystemExit(f"gptoss.serve: {model_path} is not a checkpoint directory (no config.json)")
-    async with AsyncEngine(dataclasses.replace(config, model_path=model_path)) as engine:
-        server = Server(engine, args, model_path, engine.vocab_size)
-        # handler_cancellation: a client that goes away cancels its handler, which aborts its request.
-        runner = web.AppRunner(
-            build_app(server), handler_cancellation=True, access_log=None, shutdown_timeout=CLOSE_TIMEOUT_S
-        )
-        await runner.setup()
-        site = web.TCPSite(runner, args.host, args.port)
-        await site.start()
-        host, port = site._server.sockets[0].getsockname()[:2]
-        print(
-            f"gptoss.serve: listening on http://{host}:{port} (model {server.model}, "
-            f"max_model_len {engine.max_model_len})",
-            flush=True,
-        )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await drain(server, args.shutdown_timeout)
-        await runner.cleanup()
+    try:
+        async with open_engine(dataclasses.replace(config, model_path=model_path)) as engine:
+            await _serve_engine(engine, args, model_path)
+    except ReplicaStartError as e:  # one line, as the harness says it; the replica's stderr has more
+        raise SystemExit(f"gptoss.serve: {e}") from None
     print("gptoss.serve: stopped", flush=True)
+
+
+async def _serve_engine(engine: Any, args: argparse.Namespace, model_path: Path) -> None:
+    """Listen until SIGTERM or SIGINT, then drain (the caller stops the engine)."""
+    server = Server(engine, args, model_path, engine.vocab_size)
+    # handler_cancellation: a client that goes away cancels its handler, which aborts its request.
+    runner = web.AppRunner(
+        build_app(server), handler_cancellation=True, access_log=None, shutdown_timeout=CLOSE_TIMEOUT_S
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    host, port = site._server.sockets[0].getsockname()[:2]
+    replicas = f", {engine.num_replicas} replicas" if engine.num_replicas > 1 else ""
+    print(
+        f"gptoss.serve: listening on http://{host}:{port} (model {server.model}, "
+        f"max_model_len {engine.max_model_len}{replicas})",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await drain(server, args.shutdown_timeout)
+    await runner.cleanup()
 
 
 async def drain(server: Server, timeout: float) -> None:

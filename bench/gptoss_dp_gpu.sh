@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# GPU side, on 2 GPUs (nvidia-h200-x2): `run_mlperf.py --backend gptoss` Offline through LoadGen on a
+# random gpt-oss-120b, data parallel over both GPUs (--data-parallel-size 2) against one GPU
+# (--devices cuda:0), on MLPerf-shaped synthetic data: N x (IN -> OUT), every row generating exactly
+# OUT tokens (max_output_len column, so ignore_eos), greedy. Prints one table. Needs .whl
+# (bench/vllm_gpu_prepare.sh) unless mlperf_loadgen is installed.
+#   bash bench/gptoss_dp_gpu.sh [N] [IN] [OUT] [RUNS]     defaults: 2000 1024 1278 "dp1 dp2"
+# RUNS picks the runs of this call (dp1, dp2 or both); results accumulate in $RES/results.jsonl and
+# the table shows every run there, so the two can go in two device calls when one is too short
+# (each Offline run of 2000 x 1278 tokens takes minutes). The checkpoint (CKPT, default
+# /tmp/ck120) is written once, on the GPU, and kept for the next call on the same machine.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+N=${1:-2000} IN=${2:-1024} OUTLEN=${3:-1278} RUNS=${4:-"dp1 dp2"}
+RES=${OUT:-$PWD/gptoss_dp_gpu_out}; mkdir -p "$RES"
+CKPT=${CKPT:-/tmp/ck120}; DATA=/tmp/dp_${N}x${IN}x${OUTLEN}.parquet; PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+t0=$(date +%s)
+say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+nvidia-smi -L
+[ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "needs 2 GPUs"; exit 1; }
+"$PY" -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl || exit 1
+if [ ! -f "$CKPT/config.json" ]; then
+  say "checkpoint: gpt-oss-120b, random weights, written on the GPU"
+  "$PY" -m gptoss.tools.make_checkpoint --preset 120b --device cuda --out "$CKPT" | tail -1 || exit 1
+fi
+"$PY" - "$DATA" "$N" "$IN" "$OUTLEN" <<'PY'
+import sys
+import numpy as np
+import pandas as pd
+path, n, lin, lout = sys.argv[1], *map(int, sys.argv[2:])
+ids = np.random.default_rng(0).integers(0, 199_998, size=(n, lin))
+pd.DataFrame({"tok_input": list(ids), "tok_input_len": lin, "dataset": "gpqa_diamond",
+              "max_output_len": lout}).to_parquet(path)
+PY
+echo '{"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 10240}' > /tmp/greedy.json
+
+failed=0
+for run in $RUNS; do
+  case $run in
+    dp1) devices=(--devices cuda:0) ;;
+    dp2) devices=(--data-parallel-size 2 --device cuda) ;;
+    *) echo "unknown run $run (dp1, dp2)"; exit 2 ;;
+  esac
+  say "$run: ${devices[*]}"
+  start=$(date +%s.%N)
+  "$PY" run_mlperf.py --backend gptoss "${devices[@]}" --model-path "$CKPT" --scenario offline \
+    --input-file "$DATA" --min-duration 0 --min-query-count "$N" --generation-config /tmp/greedy.json \
+    --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-model-len 4096 \
+    --output-dir "$RES/$run" > "$RES/$run.log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  grep -E "^gptoss: replica|Result is|error" "$RES/$run.log" | head -8
+  # Shutdown leaves nothing behind: no replica process, no GPU memory held.
+  left=$(pgrep -fc "multiprocessing.spawn" || true)
+  held=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)
+  "$PY" - "$RES" "$run" "$rc" "$start" "$end" "$N" "$IN" "$OUTLEN" "$left" "$held" <<'PY'
+import json, os, sys
+res, run, rc, start, end, n, lin, out, left, held = sys.argv[1:]
+path = f"{res}/{run}/offline/performance/run.json"
+r = json.load(open(path)) if os.path.exists(path) else {}
+result = r.get("result") or {}
+row = {"run": run, "exit": int(rc), "wall_s": round(float(end) - float(start), 1),
+       "devices": (r.get("backend") or {}).get("device"), "validity": result.get("validity", "error"),
+       "tok_s": result.get("tokens_per_s") or 0.0, "samples_s": result.get("samples_per_s"),
+       "failed": (r.get("failures") or {}).get("count"), "workload": f"{n} x ({lin} -> {out})",
+       "procs_left": int(left), "gpu_procs_left": int(held)}
+print("RESULT " + json.dumps(row))
+open(f"{res}/results.jsonl", "a").write(json.dumps(row) + "\n")
+PY
+  [ "$rc" -eq 0 ] || failed=1
+done
+
+"$PY" - "$RES/results.jsonl" <<'PY'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    rows[r["run"]] = r  # the latest of each
+base = rows.get("dp1", {}).get("tok_s")
+print(f"\n{'run':5} {'devices':16} {'workload':22} {'validity':9} {'out tok/s':>11} {'vs dp1':>7} "
+      f"{'wall s':>7} {'failed':>6} {'left':>5}")
+for name in ("dp1", "dp2"):
+    if (r := rows.get(name)) is None:
+        continue
+    ratio = f"{r['tok_s'] / base:.2f}x" if base and r["tok_s"] else "-"
+    print(f"{name:5} {str(r['devices']):16} {r['workload']:22} {r['validity']:9} {r['tok_s']:11,.0f} "
+          f"{ratio:>7} {r['wall_s']:7.1f} {str(r['failed']):>6} {r['procs_left'] + r['gpu_procs_left']:5}")
+PY
+say "done"
+exit $failed
