@@ -22,9 +22,17 @@ pd.DataFrame({"tok_input": list(ids), "tok_input_len": lin, "dataset": "gpqa_dia
               "max_output_len": lout}).to_parquet(path)
 PY
 echo '{"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 10240}' > /tmp/greedy.json
-python3 run_mlperf.py --backend gptoss --device cuda --model-path "$CKPT" --scenario offline --input-file "$DATA" \
-  --min-duration 0 --min-query-count "$N" --generation-config /tmp/greedy.json --max-num-seqs 1024 \
-  --max-num-batched-tokens 16384 --max-model-len 8192 --output-dir "$RES/harness" 2>&1 | tail -16
+# HARNESS_RUNS: a run per word, "inproc" (the engine thread in run_mlperf's process) and/or "process"
+# (--engine-process: the engine in its own process, sharing no GIL with LoadGen and asyncio)
+for run in ${HARNESS_RUNS:-inproc process}; do
+  extra=(); [ "$run" = process ] && extra=(--engine-process)
+  echo "== harness $run"
+  python3 run_mlperf.py --backend gptoss --device cuda --model-path "$CKPT" --scenario offline --input-file "$DATA" \
+    --min-duration 0 --min-query-count "$N" --generation-config /tmp/greedy.json --max-num-seqs 1024 \
+    --max-num-batched-tokens 16384 --max-model-len 8192 "${extra[@]}" --output-dir "$RES/harness_$run" 2>&1 | tail -12
+done
 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss --decode 128x512 --throughput "${N}x${IN}x${OUTLEN}" \
   --out "$RES" 2>&1 | grep -v Warn | tail -6
-grep -h "tokens per second\|Result is" "$RES"/harness/offline/performance/mlperf_log_summary.txt
+for run in ${HARNESS_RUNS:-inproc process}; do
+  echo "$run: $(grep -h "tokens per second\|Result is" "$RES/harness_$run"/offline/performance/mlperf_log_summary.txt | tr '\n' ' ')"
+done

@@ -45,7 +45,7 @@ class ReplicaStartError(RuntimeError):
 
 def open_engine(config: EngineConfig) -> AsyncEngine | DPEngine:
     """The engine `config` asks for: one replica in this process, or DPEngine's processes."""
-    return DPEngine(config) if config.num_replicas > 1 else AsyncEngine(config)
+    return DPEngine(config) if config.num_replicas > 1 or config.engine_process else AsyncEngine(config)
 
 
 @dataclass(eq=False, slots=True)

@@ -49,6 +49,13 @@ class EngineConfig:
         default=1,
         metadata=_flag("engine replicas, one process per device (cuda:0 … cuda:N-1); least loaded first"),
     )
+    engine_process: bool = field(
+        default=False,
+        metadata=_flag(
+            "run a single engine in its own process, as replicas run (the caller and the engine "
+            "then share no GIL)"
+        ),
+    )
     devices: tuple[str, ...] | None = field(
         default=None,
         metadata=_flag(

@@ -56,7 +56,11 @@ def test_two_replicas_log_the_tokens_of_one(tiny_checkpoint, tmp_path, monkeypat
     for k, v in ONE_THREAD.items():
         monkeypatch.setenv(k, v)
     runs = {}
-    for name, flags in [("one", ["--device", "cpu"]), ("two", ["--devices", "cpu,cpu"])]:
+    for name, flags in [
+        ("one", ["--device", "cpu"]),
+        ("two", ["--devices", "cpu,cpu"]),
+        ("own process", ["--device", "cpu", "--engine-process"]),
+    ]:
         out = tmp_path / name
         proc = run_mlperf(*ENGINE, *flags, "--model-path", tiny_checkpoint, "--input-file", data,
                           "--generation-config", greedy, "--accuracy", "--output-dir", out)  # fmt: skip
@@ -65,9 +69,10 @@ def test_two_replicas_log_the_tokens_of_one(tiny_checkpoint, tmp_path, monkeypat
         record = json.loads((out / "offline" / "accuracy" / "run.json").read_text())
         assert record["failures"]["count"] == 0 and record["queries"]["completed"] == 8
         runs[name] = (accuracy_tokens(out / "offline" / "accuracy"), record, replica_pids(proc.stderr))
-    (one, _, none), (two, record, pids) = runs["one"], runs["two"]
+    (one, _, none), (two, record, pids), (own, _, own_pid) = runs["one"], runs["two"], runs["own process"]
     assert none == [] and len(pids) == 2 and gone(pids, within=0.0)
     assert sorted(two) == list(range(8)) and two == one  # each query once, with the one engine's tokens
+    assert len(own_pid) == 1 and gone(own_pid, within=0.0) and own == one  # --engine-process: same tokens
     backend = record["backend"]
     assert backend["data_parallel_size"] == 2 and backend["device"] == "cpu,cpu"
     assert [r["pid"] for r in backend["replicas"]] == pids
