@@ -321,6 +321,12 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
         help="run a compliance test with its official audit.config, then verify it",
     )
     p.add_argument(
+        "--report",
+        action="store_true",
+        help="at the end, write plots and report.md into OUTPUT_DIR/<scenario>/<mode>/report "
+        "(as python -m harness.report does)",
+    )
+    p.add_argument(
         "--interrupt-grace",
         type=_non_negative,
         default=10.0,
@@ -470,6 +476,7 @@ def config_from_args(
             max_samples=ns.max_samples,
             compliance=ns.compliance,
             interrupt_grace_s=ns.interrupt_grace,
+            report=ns.report,
             command=tuple(argv),
             notes=tuple(notes),
         )
