@@ -339,7 +339,8 @@ def _finish(r: _Run, sut: SUT, signum: int | None) -> int:
             r.record["evaluation"] = evaluation
             accuracy_failed = evaluation is not None and not evaluation.get("passed", False)
         if r.compliance is not None:
-            passed = bool(r.compliance.verify(cfg.compliance, cfg.log_dir))
+            # TEST07 grades the outputs against the run's own dataset (the GPQA compliance file)
+            passed = bool(r.compliance.verify(cfg.compliance, cfg.log_dir, dataset=r.dataset.path))
             r.record["compliance"] = {"test": cfg.compliance, "passed": passed}
             console.print(f"{cfg.compliance}: " + ("[bold green]PASS[/]" if passed else "[bold red]FAIL[/]"))
             code = code if passed else EXIT_COMPLIANCE

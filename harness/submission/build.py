@@ -115,7 +115,7 @@ def _todo(system_json: Path, to_fill, to_check, warnings, out: Path) -> str:
         "",
         "```bash",
         f"python -m harness.submission ... --checker PATH   # or: cd PATH/tools/submission && "
-        f"python -m submission_checker.main --input {out} --version v6.0",
+        f"python -m submission_checker.main --input {out} --version v6.1",
         "```",
         "",
     ]

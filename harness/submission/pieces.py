@@ -180,6 +180,11 @@ def official_gaps(found: dict[str, ScenarioRuns]) -> list[str]:
                     f"{entry.name} performance: {s['performance_sample_count_override']} performance samples "
                     f"< {OFFICIAL_PERFORMANCE_SAMPLES} (the full perf_eval_ref dataset)"
                 )
+            queries = s.get("min_query_count", OFFICIAL_PERFORMANCE_SAMPLES)
+            if entry.scenario == "offline" and queries < OFFICIAL_PERFORMANCE_SAMPLES:
+                notes.append(
+                    f"Offline performance: min_query_count {queries} < {OFFICIAL_PERFORMANCE_SAMPLES} samples"
+                )
             pct = s.get("server_target_latency_percentile", 0.99)
             if entry.scenario != "offline" and pct != 0.99:
                 notes.append(f"{entry.name} performance: latency judged at p{pct * 100:g}, not p99")

@@ -202,6 +202,7 @@ def describe_system(
             "accelerator_interconnect",
         ):
             fields[key] = "N/A"
-    to_fill = tuple(k for k in REQUIRED_FIELDS if k in MEANINGFUL_FIELDS and fields[k] in ("", None))
+    # The checker takes a 0 (no accelerator) as empty too: a CPU system's user must decide what to say.
+    to_fill = tuple(k for k in REQUIRED_FIELDS if k in MEANINGFUL_FIELDS and fields[k] in ("", None, 0))
     to_check = ("host_processor_core_count", "host_storage_capacity", "framework", "system_type")
     return SystemDescription(fields, to_fill, to_check)
