@@ -160,6 +160,13 @@ def render(runs: list[Run], plots: list[tuple[str, str]]) -> str:
         "Latency distributions and the time series are the SUT's per-query records (queries.parquet); "
         "the numbers in the tables are LoadGen's."
     )
+    if any(r.scenario == "offline" for r in runs):
+        out += [
+            "",
+            "Offline: a backend may hand over a query's output in one piece (the gptoss engine and vLLM's "
+            "FINAL_ONLY do), so its first token arrives with its last: TTFT is then the whole latency, TPOT "
+            "near 0 and the tokens/s curve has one spike per batch of completions.",
+        ]
     if len(runs) > 1:
         out += ["", "## Runs", ""]
         for run in runs:
