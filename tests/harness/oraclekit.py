@@ -43,13 +43,15 @@ def oracle_tokens(prompt: list[int], params) -> list[int]:
 
 
 @contextmanager
-def fake_with_oracle():
-    """'--backend fake' answering GPQA right, for fixtures wider than one test."""
+def fake_with_oracle(oracle: bool = True):
+    """'--backend fake' answering GPQA right (oracle=False: the plain fake, whose tokens answer
+    nothing), for fixtures wider than one test."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(backends, "SPECS", dict(backends.SPECS))
         mp.setattr(backends, "NAMES", backends.NAMES)
         fakes.register()
-        mp.setattr(fakes, "expected_tokens", oracle_tokens)
+        if oracle:
+            mp.setattr(fakes, "expected_tokens", oracle_tokens)
         yield
 
 
@@ -58,7 +60,7 @@ FAST = ["--backend", "fake", "--fake-chunk", "512"]
 
 def run_piece(out: Path, scenario: str, mode: str, data: Path, *extra) -> int:
     """One piece of a submission: performance | accuracy | TEST07 | TEST09, into OUTPUT_DIR `out`."""
-    args = [*FAST, "--scenario", scenario, "--input-file", data, "--output-dir", out, *extra]
+    args = [*FAST, "--scenario", scenario, "--input-file", data, "--output-dir", out]
     if scenario != "offline":
         args += ["--target-qps", 1000]
     if mode == "accuracy":
@@ -69,7 +71,7 @@ def run_piece(out: Path, scenario: str, mode: str, data: Path, *extra) -> int:
         args += ["--min-duration", 0]
     else:  # p99 early stopping needs about 460 queries under the limits
         args += ["--min-duration", 0, "--min-query-count", 500]
-    return run_cli(args)
+    return run_cli([*args, *extra])  # last: a flag given twice takes the last value
 
 
 def run_submission_pieces(out: Path, data: Path, scenarios=("offline", "server")) -> Path:

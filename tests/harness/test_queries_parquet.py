@@ -16,7 +16,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.mark.parametrize("scenario", ["offline", "server"])
-def test_records_match_the_accuracy_log_with_injected_failures(fake_backend, synth_parquet, tmp_path, scenario):
+def test_records_match_the_accuracy_log_with_injected_failures(
+    fake_backend, synth_parquet, tmp_path, scenario
+):
     code = run_cli(
         [
             "--backend",
@@ -55,7 +57,9 @@ def test_records_match_the_accuracy_log_with_injected_failures(fake_backend, syn
     assert Counter(failed["error"]) == record["failures"]["reasons"]
     # calls 5, 10, 15 raise; 7 and 14 stall and are timed out after 1 s
     assert Counter(failed["error_name"]) == {"InjectedFailure": 3, "timeout": 2}
-    assert set(failed["qsl_idx"]) == {i for reason in record["failures"]["examples_qsl_idx"].values() for i in reason}
+    assert set(failed["qsl_idx"]) == {
+        i for reason in record["failures"]["examples_qsl_idx"].values() for i in reason
+    }
     ok = q[q["error"] == ""]
     assert (ok["output_tokens"] == ok["qsl_idx"].map(lambda i: len(_expected_row(synth_parquet, i)))).all()
     # times: issued <= first token <= completed; TPOT and TTFT as LoadGen defines them
@@ -83,7 +87,9 @@ def _expected_row(path, idx: int) -> list[int]:
 
 
 @pytest.mark.parametrize("scenario", ["offline", "server"])
-def test_one_row_per_query_loadgen_counted_in_performance_mode(fake_backend, synth_parquet, tmp_path, scenario):
+def test_one_row_per_query_loadgen_counted_in_performance_mode(
+    fake_backend, synth_parquet, tmp_path, scenario
+):
     code = run_cli(
         [
             "--backend",

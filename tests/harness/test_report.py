@@ -95,8 +95,12 @@ def _num(text: str) -> float:
 def _assert_numbers_equal_summary(log_dir: Path, md: str, server: bool) -> None:
     # LoadGen's summary prints rates with 2 decimals, latencies in ns; report.md ms with 2 decimals
     if server:
-        assert _num(_table_value(md, "output tokens/s")) == float(summary_field(log_dir, "Completed tokens per second"))
-        assert _num(_table_value(md, "samples/s")) == float(summary_field(log_dir, "Completed samples per second"))
+        assert _num(_table_value(md, "output tokens/s")) == float(
+            summary_field(log_dir, "Completed tokens per second")
+        )
+        assert _num(_table_value(md, "samples/s")) == float(
+            summary_field(log_dir, "Completed samples per second")
+        )
         for metric, field in (
             ("TTFT p99 (ms)", "99.00 percentile first token latency (ns)"),
             ("TPOT p99 (ms)", "99.00 percentile time to output token (ns)"),
