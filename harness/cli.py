@@ -35,7 +35,8 @@ With no --input-file the run uses a small bundled synthetic dataset and short Lo
 random-weight checkpoint made once under $MLPERF_DATA_DIR (default ~/.cache/gptoss-mlperf).
 
 OUTPUT_DIR/<scenario>/<mode>/ is the run's own: files a previous run left there (LoadGen logs,
-run.json, accuracy.json, compliance results) are deleted first, and the run says which.
+run.json, accuracy.json, queries.parquet, report/, compliance results) are deleted first, and the
+run says which.
 
 Exit codes: 0 success; 1 some queries failed, or accuracy FAIL (see the report); 2 bad flags,
 conf, dataset or setup; 3 LoadGen says INVALID; 4 compliance verification failed; 130
