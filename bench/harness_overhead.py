@@ -148,24 +148,30 @@ def run_level(kind: str, qps: float, duration_s: float, dataset, out: Path) -> L
     )
 
 
-def sweep(kind: str, levels: list[float], duration_s: float, repeats: int, dataset, out: Path) -> list[Level]:
-    results = []
+def sweep(kinds: list[str], levels: list[float], duration_s: float, repeats: int, dataset, out: Path):
+    """{kind: [Level]}. At each level the kinds take turns, repeat by repeat, so that the load other
+    processes put on a shared machine falls on all of them alike."""
+    results: dict[str, list[Level]] = {kind: [] for kind in kinds}
+    live = list(kinds)
     for qps in levels:
-        # Best of `repeats` (lowest p99): on a shared machine the other processes only add latency.
-        level = min(
-            (run_level(kind, qps, duration_s, dataset, out / f"r{r}") for r in range(repeats)),
-            key=lambda lv: lv.p99_ms,
-        )
-        results.append(level)
-        print(
-            f"  {kind:5s} {qps:>9,.0f} QPS: {'VALID' if level.valid else 'INVALID':7s} completed"
-            f" {level.completed_qps:>9,.0f}/s "
-            f"p99 {level.p99_ms:8.2f} ms ({level.wall_s:.1f} s)",
-            file=sys.stderr,
-            flush=True,
-        )
-        if not level.valid and len(results) >= 2 and not results[-2].valid:
-            break  # two INVALID levels in a row: higher QPS only takes longer to fail
+        runs: dict[str, list[Level]] = {kind: [] for kind in live}
+        for r in range(repeats):
+            for kind in live:
+                runs[kind].append(run_level(kind, qps, duration_s, dataset, out / f"r{r}"))
+        for kind in list(live):
+            # Best of `repeats` (lowest p99): on a shared machine the other processes only add latency.
+            level = min(runs[kind], key=lambda lv: lv.p99_ms)
+            results[kind].append(level)
+            print(
+                f"  {kind:5s} {qps:>9,.0f} QPS: {'VALID' if level.valid else 'INVALID':7s} completed"
+                f" {level.completed_qps:>9,.0f}/s "
+                f"p99 {level.p99_ms:8.2f} ms ({level.wall_s:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            done = results[kind]
+            if not level.valid and len(done) >= 2 and not done[-2].valid:
+                live.remove(kind)  # two INVALID levels in a row: higher QPS only takes longer to fail
     return results
 
 
@@ -190,9 +196,7 @@ def main() -> int:
         if kind not in KINDS:
             p.error(f"--kinds: unknown {kind!r}; choose from {', '.join(KINDS)}")
     with tempfile.TemporaryDirectory() as tmp:
-        results = {
-            kind: sweep(kind, levels, args.duration, args.repeats, dataset, Path(tmp)) for kind in kinds
-        }
+        results = sweep(kinds, levels, args.duration, args.repeats, dataset, Path(tmp))
     by_qps: dict[float, dict[str, Level]] = {}
     for kind, levels_run in results.items():
         for r in levels_run:
