@@ -36,7 +36,8 @@ With no --input-file the run uses a small bundled synthetic dataset and short Lo
 random-weight checkpoint made once under $MLPERF_DATA_DIR (default ~/.cache/gptoss-mlperf).
 
 OUTPUT_DIR/<scenario>/<mode>/ is the run's own: files a previous run left there (LoadGen logs,
-run.json, accuracy.json, compliance results) are deleted first, and the run says which.
+run.json, accuracy.json, queries.parquet, report/, compliance results) are deleted first, and the
+run says which.
 
 Exit codes: 0 success; 1 some queries failed, or accuracy FAIL (see the report); 2 bad flags,
 conf, dataset or setup; 3 LoadGen says INVALID; 4 compliance verification failed; 130
@@ -322,6 +323,12 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
         help="run a compliance test with its official audit.config, then verify it",
     )
     p.add_argument(
+        "--report",
+        action="store_true",
+        help="at the end, write plots and report.md into OUTPUT_DIR/<scenario>/<mode>/report "
+        "(as python -m harness.report does)",
+    )
+    p.add_argument(
         "--interrupt-grace",
         type=_non_negative,
         default=10.0,
@@ -471,6 +478,7 @@ def config_from_args(
             max_samples=ns.max_samples,
             compliance=ns.compliance,
             interrupt_grace_s=ns.interrupt_grace,
+            report=ns.report,
             command=tuple(argv),
             notes=tuple(notes),
         )

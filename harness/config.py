@@ -53,6 +53,7 @@ class RunConfig:
     max_samples: int | None = None  # use only the first N dataset rows
     compliance: str | None = None  # "TEST07" | "TEST09"
     interrupt_grace_s: float = 10.0  # after Ctrl-C, how long LoadGen may take to finish its logs
+    report: bool = False  # write the report (plots + report.md) into <log_dir>/report at the end
     command: tuple[str, ...] = ()  # the argv that built this config, recorded in run.json
     notes: tuple[str, ...] = ()  # what the CLI decided for the user (printed, recorded in run.json)
 

@@ -20,6 +20,7 @@ PACKAGES = (
     "numpy",
     "pandas",
     "pyarrow",
+    "matplotlib",
     "torch",
     "triton",
     "vllm",

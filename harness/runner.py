@@ -1,4 +1,5 @@
-"""One run, start to end: dataset, settings, backend, LoadGen, summary, evaluation, run.json."""
+"""One run, start to end: dataset, settings, backend, LoadGen, summary, evaluation, run.json,
+queries.parquet (and the report with --report)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from harness.dataset import Dataset, check_model_limits, load_dataset, model_lim
 from harness.interrupt import InterruptWatcher
 from harness.loop import LoopThread, shared_loop
 from harness.progress import Progress
+from harness.queries import FILE_NAME as QUERIES_FILE
 from harness.record import config_dict, environment, write_json
 from harness.report import print_failures, print_summary, read_detail, summarize
 from harness.settings import build_log_settings, build_test_settings, describe
@@ -79,7 +81,9 @@ OWNED_FILES = (
     "verify_accuracy.txt",
     "verify_output_len.txt",
     "accuracy_result.json",
+    QUERIES_FILE,
 )
+OWNED_DIRS = ("report",)  # --report
 OWNED_COMPLIANCE_DIRS = ("accuracy", "performance")  # evaluation.compliance.copy_logs
 
 
@@ -117,7 +121,7 @@ def _clear_previous_run(cfg: RunConfig) -> list[str]:
             if (cfg.log_dir / name).is_file():
                 (cfg.log_dir / name).unlink()
                 gone.append(name)
-        for name in OWNED_COMPLIANCE_DIRS if cfg.compliance else ():
+        for name in (*OWNED_DIRS, *(OWNED_COMPLIANCE_DIRS if cfg.compliance else ())):
             if (cfg.log_dir / name).is_dir():
                 shutil.rmtree(cfg.log_dir / name)
                 gone.append(name + "/")
@@ -274,6 +278,7 @@ def _run_loadgen(r: _Run, backend: Backend, loop: LoopThread) -> tuple[SUT, int 
         # so write our own outputs and leave without it.
         progress.close()
         print_failures(r.console, sut.failures, sut.failed_examples, sut.completed)
+        _write_queries(r, sut)
         r.save(
             status="interrupted",
             exit_code=128 + signum,
@@ -314,6 +319,7 @@ def _finish(r: _Run, sut: SUT, signum: int | None) -> int:
         log_dir=cfg.log_dir,
     )
     print_failures(console, sut.failures, sut.failed_examples, sut.completed)
+    _write_queries(r, sut)
     r.record.update(result=result.to_dict(), **_counts(sut))
 
     code = EXIT_OK
@@ -333,7 +339,8 @@ def _finish(r: _Run, sut: SUT, signum: int | None) -> int:
             r.record["evaluation"] = evaluation
             accuracy_failed = evaluation is not None and not evaluation.get("passed", False)
         if r.compliance is not None:
-            passed = bool(r.compliance.verify(cfg.compliance, cfg.log_dir))
+            # TEST07 grades the outputs against the run's own dataset (the GPQA compliance file)
+            passed = bool(r.compliance.verify(cfg.compliance, cfg.log_dir, dataset=r.dataset.path))
             r.record["compliance"] = {"test": cfg.compliance, "passed": passed}
             console.print(f"{cfg.compliance}: " + ("[bold green]PASS[/]" if passed else "[bold red]FAIL[/]"))
             code = code if passed else EXIT_COMPLIANCE
@@ -350,7 +357,21 @@ def _finish(r: _Run, sut: SUT, signum: int | None) -> int:
         exit_code=code,
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
+    if cfg.report:
+        _make_report(r)
     return code
+
+
+def _write_queries(r: _Run, sut: SUT) -> None:
+    if sut.records is not None:
+        r.record["queries_file"] = str(sut.records.write(r.cfg.log_dir))
+
+
+def _make_report(r: _Run) -> None:
+    from harness.report.build import make_report
+
+    path = make_report([r.cfg.log_dir], r.cfg.log_dir / "report")
+    r.console.print(f"report: {path}")
 
 
 def _counts(sut: SUT) -> dict[str, Any]:

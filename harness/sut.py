@@ -9,6 +9,7 @@ report the first token (FirstTokenComplete) as soon as it arrives.
 from __future__ import annotations
 
 import asyncio
+import time
 from array import array
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ import mlperf_loadgen as lg
 
 from harness.config import SamplingParams
 from harness.dataset import Dataset
+from harness.queries import QueryRecords
 
 _EXAMPLES_PER_REASON = 5
 _REASON_CHARS = 300
@@ -31,10 +33,12 @@ def failure_reason(exc: BaseException) -> str:
 class _Query:
     """One outstanding query: what it has received so far, and the task that streams it."""
 
-    __slots__ = ("idx", "sent_first", "task", "tokens")
+    __slots__ = ("idx", "sent_first", "t_first", "t_issued", "task", "tokens")
 
-    def __init__(self, idx: int) -> None:
+    def __init__(self, idx: int, t_issued: int) -> None:
         self.idx = idx
+        self.t_issued = t_issued  # monotonic ns when LoadGen issued it
+        self.t_first = 0  # monotonic ns of the first token; 0 until one comes
         self.tokens: list[int] = []
         self.sent_first = False
         self.task: asyncio.Task | None = None
@@ -59,6 +63,7 @@ class SUT:
         first_token: bool,
         loop: asyncio.AbstractEventLoop,
         timeout_s: float | None = None,
+        records: bool = True,
     ) -> None:
         self._backend = backend
         self._prompts = dataset.prompts
@@ -66,7 +71,8 @@ class SUT:
         self._first_token = first_token
         self._loop = loop
         self._timeout_s = timeout_s
-        self._inbox: deque = deque()  # QuerySamples from LoadGen threads, drained on the loop
+        # (issue time in monotonic ns, [QuerySample]) batches from LoadGen threads, drained on the loop
+        self._inbox: deque[tuple[int, list[lg.QuerySample]]] = deque()
         self._drain_pending = False
         self._queries: dict[int, _Query] = {}  # LoadGen query id -> outstanding query
         self._firsts: list[lg.QuerySampleResponse] = []
@@ -80,6 +86,8 @@ class SUT:
         self.output_tokens = 0
         self.failures: Counter[str] = Counter()
         self.failed_examples: dict[str, list[int]] = {}  # reason -> a few qsl indices
+        # One tuple per completed query (queries.parquet); None when switched off (overhead bench).
+        self.records: QueryRecords | None = QueryRecords() if records else None
         self.handle = lg.ConstructSUT(self._issue, self._flush_queries)
 
     def destroy(self) -> None:
@@ -96,7 +104,7 @@ class SUT:
     # --- LoadGen threads -------------------------------------------------------------------
 
     def _issue(self, samples: list[lg.QuerySample]) -> None:
-        self._inbox.extend(samples)
+        self._inbox.append((time.monotonic_ns(), samples))
         # One wake-up per batch of issues, not per query. The loop clears the flag before it
         # drains, so a sample added after the drain's last pop always schedules a new drain.
         if not self._drain_pending:
@@ -112,14 +120,15 @@ class SUT:
         self._drain_pending = False
         inbox, queries, create_task = self._inbox, self._queries, self._loop.create_task
         while inbox:
-            sample = inbox.popleft()
-            self.issued += 1
-            q = _Query(sample.index)
-            if self.stopping:
-                self._complete(sample.id, q, "interrupted before it was sent")
-            else:
-                queries[sample.id] = q
-                q.task = create_task(self._serve(sample.id, q))
+            t_issued, samples = inbox.popleft()
+            for sample in samples:
+                self.issued += 1
+                q = _Query(sample.index, t_issued)
+                if self.stopping:
+                    self._complete(sample.id, q, "interrupted before it was sent")
+                else:
+                    queries[sample.id] = q
+                    q.task = create_task(self._serve(sample.id, q))
 
     async def _serve(self, qid: int, q: _Query) -> None:
         reason: str | None = None
@@ -132,6 +141,7 @@ class SUT:
                     return  # completed by a timeout or an interrupt; the backend ignored the cancel
                 if not q.sent_first and chunk:
                     q.sent_first = True
+                    q.t_first = time.monotonic_ns()
                     if self._first_token:
                         self._send_first(qid, chunk[0])
                 q.tokens += chunk
@@ -190,6 +200,8 @@ class SUT:
             self._dones.append(lg.QuerySampleResponse(qid, 0, 0, 0))
         self.completed += 1
         self.output_tokens += n
+        if self.records is not None:
+            self.records.rows.append((q.idx, q.t_issued, q.t_first, time.monotonic_ns(), n, reason))
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:

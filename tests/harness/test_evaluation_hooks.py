@@ -41,8 +41,8 @@ def evaluation(monkeypatch):
         )
         return path
 
-    def verify(test: str, output_dir: Path) -> bool:
-        calls.append(("verify", test, output_dir))
+    def verify(test: str, output_dir: Path, *, dataset: Path) -> bool:
+        calls.append(("verify", test, output_dir, dataset))
         return compliance.passes
 
     pkg.evaluate_run, pkg.passes = evaluate_run, True
@@ -114,7 +114,11 @@ def test_compliance_writes_the_audit_config_loadgen_applies_and_verifies(
         == code
     )
     log_dir = tmp_path / "offline" / "TEST07"
-    assert evaluation.calls == [("write_audit_config", "TEST07", log_dir), ("verify", "TEST07", log_dir)]
+    # TEST07 grades the run's outputs: verify gets the dataset the run used
+    assert evaluation.calls == [
+        ("write_audit_config", "TEST07", log_dir),
+        ("verify", "TEST07", log_dir, synth_no_lens),
+    ]
     # a performance-mode run whose accuracy log holds every sample: LoadGen read the audit.config
     assert len(accuracy_entries(log_dir)) == 24
     assert "Found Audit Config file" in (log_dir / "mlperf_log_detail.txt").read_text()

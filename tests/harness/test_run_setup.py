@@ -76,17 +76,19 @@ def test_a_second_run_deletes_the_files_of_the_first_and_says_which(fake_backend
     first = run_json(log_dir)["started_at"], (log_dir / "mlperf_log_detail.txt").read_text()
     (log_dir / "accuracy.json").write_text("{}")  # as an earlier accuracy scoring would leave
     (log_dir / "my_notes.txt").write_text("mine")  # not ours: kept
+    (log_dir / "report").mkdir()  # as --report would leave
     capsys.readouterr()
     assert run_cli(["--backend", "fake", "--output-dir", tmp_path]) == 0
     out = capsys.readouterr().out
     assert (
         f"note: {log_dir} held a previous run's files; deleted them: mlperf_log_summary.txt, "
-        "mlperf_log_detail.txt, mlperf_log_accuracy.json, mlperf_log_trace.json, run.json, accuracy.json"
-        in out
+        "mlperf_log_detail.txt, mlperf_log_accuracy.json, mlperf_log_trace.json, run.json, accuracy.json, "
+        "queries.parquet, report/" in out
     )
     assert not (log_dir / "accuracy.json").exists() and (log_dir / "my_notes.txt").read_text() == "mine"
+    assert not (log_dir / "report").exists()
     record = run_json(log_dir)
-    assert record["cleared_previous_run"][-1] == "accuracy.json"
+    assert record["cleared_previous_run"][-2:] == ["queries.parquet", "report/"]
     assert (record["started_at"], (log_dir / "mlperf_log_detail.txt").read_text()) != first
 
 
