@@ -16,6 +16,7 @@ from torch import Tensor
 from gptoss import mxfp4
 
 PATHS = ("triton", "torch")
+_TORCH_PATH: dict[str, GptossExperts] = {}  # the experts the custom op below runs, by key
 
 
 def _blocks(w: Tensor) -> Tensor:
@@ -74,12 +75,28 @@ class GptossExperts:
                 "down_proj_bias": b2.to(dtype),
             }
             self._experts = Experts(cfg, named, dtype)  # keeps the packed bytes; decodes per call
+            self._key = f"{id(self):x}"
+            _TORCH_PATH[self._key] = self
 
     def __call__(self, x: Tensor, logits: Tensor) -> Tensor:
         if self.path == "triton":
             from gptoss.kernels.moe import moe_forward_from_logits
 
             return moe_forward_from_logits(x, logits, self.top_k, self._weights, self.alpha, self.limit)
-        from gptoss.model import mix_experts
+        return torch.ops.gptoss.vllm_moe_torch(x, logits, self._key)
 
-        return mix_experts(x, logits, self.top_k, self._experts)
+
+# vLLM on CPU calls its MoE layer inside the model torch.compile traces (on CUDA, inside an opaque
+# op of its own); the reference MoE's loop over the experts a batch uses cannot be traced, so the
+# torch path is an opaque op too.
+@torch.library.custom_op("gptoss::vllm_moe_torch", mutates_args=())
+def _torch_path(x: Tensor, logits: Tensor, key: str) -> Tensor:
+    from gptoss.model import mix_experts
+
+    experts = _TORCH_PATH[key]
+    return mix_experts(x, logits, experts.top_k, experts._experts)
+
+
+@_torch_path.register_fake
+def _(x: Tensor, logits: Tensor, key: str) -> Tensor:
+    return torch.empty_like(x)
