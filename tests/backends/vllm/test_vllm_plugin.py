@@ -82,12 +82,29 @@ def test_run_mlperf_refuses_an_untested_vllm_before_loadgen(monkeypatch, tmp_pat
     assert not vllm_plugin.registered_here()
 
 
+def test_the_fallback_to_vllms_moe_is_refused_on_cpu(tmp_path):
+    from backends import vllm as vllm_backend
+    from tests.backends.vllm.vllmkit import run_config
+
+    (tmp_path / "config.json").write_text("{}")
+    cfg = run_config(tmp_path, ["--vllm-moe", "gptoss", "--vllm-moe-max-tokens", "2"])
+    with pytest.raises(vllm_backend.VllmOptionError, match="--vllm-moe-max-tokens .* runs only on CUDA"):
+        vllm_backend.create(cfg)
+    assert not vllm_plugin.registered_here()
+
+
 def test_bad_settings_fail_clearly():
     with pytest.raises(vllm_plugin.VllmPluginError, match="GPTOSS_VLLM_MOE='triton': expected one of"):
         vllm_plugin.mode({vllm_plugin.ENV: "triton"})
     with pytest.raises(vllm_plugin.VllmPluginError, match="expected a positive token count"):
         vllm_plugin.max_tokens({vllm_plugin.MAX_TOKENS_ENV: "0"})
     assert vllm_plugin.mode({}) == "vllm" and vllm_plugin.max_tokens({}) is None
+    from backends.vllm import VllmOptions
+
+    with pytest.raises(ValueError, match="fallback_tokens applies to moe_impl gptoss only"):
+        VllmOptions(fallback_tokens=2)
+    with pytest.raises(ValueError, match="moe_impl must be one of vllm, gptoss"):
+        VllmOptions(moe_impl="triton")
 
 
 def test_vllm_plugins_allowlist_without_ours_is_refused(monkeypatch, tmp_path):
