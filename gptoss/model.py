@@ -165,14 +165,19 @@ class MoE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x [T, H] -> [T, H]: top-k experts per token, weighted by a softmax over their logits."""
         logits = F.linear(x, self.router_weight, self.router_bias)  # [T, E]
-        top_logits, top_idx = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
-        top_w = torch.softmax(top_logits.float(), dim=-1)  # [T, k]
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
-        for e in torch.unique(top_idx).tolist():  # only the experts these tokens use
-            tok, slot = torch.where(top_idx == e)  # [N], [N]
-            y = self.experts(e, x[tok])  # [N, H]
-            out.index_add_(0, tok, y.float() * top_w[tok, slot, None])
-        return out.to(x.dtype)
+        return mix_experts(x, logits, self.top_k, self.experts)
+
+
+def mix_experts(x: Tensor, logits: Tensor, top_k: int, experts: Experts) -> Tensor:
+    """x [T, H], router logits [T, E] -> [T, H]: MoE.forward after its router (vLLM's plugin enters here)."""
+    top_logits, top_idx = torch.topk(logits, top_k, dim=-1)  # [T, k]
+    top_w = torch.softmax(top_logits.float(), dim=-1)  # [T, k]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
+    for e in torch.unique(top_idx).tolist():  # only the experts these tokens use
+        tok, slot = torch.where(top_idx == e)  # [N], [N]
+        y = experts(e, x[tok])  # [N, H]
+        out.index_add_(0, tok, y.float() * top_w[tok, slot, None])
+    return out.to(x.dtype)
 
 
 class Block(nn.Module):

