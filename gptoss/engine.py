@@ -17,6 +17,16 @@ def _flag(help: str, **more: object) -> dict[str, object]:
     return {"help": help, **more}
 
 
+def split_lora_spec(spec: str) -> tuple[str, str]:
+    """--lora `NAME=PATH` or `PATH` -> (name, path); a bare PATH is named after its folder."""
+    name, sep, path = spec.partition("=")
+    if not sep:
+        path, name = spec, spec.rstrip("/").rsplit("/", 1)[-1]
+    if not name or not path:
+        raise ValueError(f"lora {spec!r}: expected NAME=PATH or PATH")
+    return name, path
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """The engine's settings. The fields with flag metadata are the flags of --backend gptoss and of
@@ -59,6 +69,17 @@ class EngineConfig:
             "(CUDA graphs only; 1: a host round trip every step)"
         ),
     )
+    lora: tuple[str, ...] = field(
+        default=(),
+        metadata=_flag(
+            "a PEFT LoRA adapter folder (q/k/v/o_proj, experts; rank <= 64), applied unmerged; "
+            "repeatable as NAME=PATH, a request picks one by name (run_mlperf: one, for every query)",
+            type=str,
+            repeat=True,
+            metavar="[NAME=]PATH",
+            default_help="none",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -74,6 +95,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 2:
                 raise ValueError(f"{name} must be >= 2, got {value}")
+        names = [split_lora_spec(s)[0] for s in self.lora]
+        if dup := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"lora: two adapters are named {dup[0]!r}; name them NAME=PATH")
 
 
 @dataclass(slots=True)
@@ -127,13 +151,24 @@ class LLMEngine:
             bad = lo if lo < 0 else hi
             raise ValueError(f"prompt holds token id {bad}, outside the vocabulary [0, {self.vocab_size})")
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+    def lora_index(self, name: str | None) -> int:
+        """The loaded adapter a request names (0: none, the base model); ValueError if unknown."""
+        if name is None:
+            return 0
+        if self.runner.lora is None:
+            raise ValueError(f"LoRA adapter {name!r} requested, but the engine has none loaded (--lora)")
+        return self.runner.lora.index(name)
+
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams, lora: str | None = None) -> None:
         from gptoss.sequence import Sequence
 
         self.check_prompt(prompt)
+        index = self.lora_index(lora)
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already running")
-        seq = Sequence(next(self._ids), request_id, prompt, params, self.max_model_len, self.config.seed)
+        seq = Sequence(
+            next(self._ids), request_id, prompt, params, self.max_model_len, self.config.seed, lora=index
+        )
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -196,14 +231,19 @@ class LLMEngine:
         return ids
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams],
+        lora: str | None | list[str | None] = None,
     ) -> list[list[int]]:
-        """Run prompts to completion (offline use and tests); output ids in prompt order."""
+        """Run prompts to completion (offline use and tests); output ids in prompt order. `lora`:
+        the adapter of every prompt, or one per prompt (None: the base model)."""
         params = params if isinstance(params, list) else [params] * len(prompts)
+        loras = lora if isinstance(lora, list) else [lora] * len(prompts)
         base = next(self._ids)
         ids = [f"gen-{base}-{i}" for i in range(len(prompts))]
-        for rid, prompt, p in zip(ids, prompts, params, strict=True):
-            self.add(rid, prompt, p)
+        for rid, prompt, p, name in zip(ids, prompts, params, loras, strict=True):
+            self.add(rid, prompt, p, name)
         outputs: dict[str, list[int]] = {rid: [] for rid in ids}
         while self.has_work():
             for rid, delta in self.step():

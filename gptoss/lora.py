@@ -28,6 +28,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from gptoss.config import ModelConfig
+from gptoss.engine import split_lora_spec
 
 MAX_RANK = 64
 CONFIG_FILE = "adapter_config.json"
@@ -67,17 +68,6 @@ class LoraAdapter:
     @property
     def rank(self) -> int:
         return max(t.rank for t in self.targets.values())
-
-
-def parse_spec(spec: str) -> tuple[str, Path]:
-    """`NAME=PATH` or `PATH` (the name is then the folder's name) -> (name, path)."""
-    name, sep, path = spec.partition("=")
-    if not sep:
-        path = spec
-        name = Path(spec.rstrip("/")).name
-    if not name or not path:
-        raise LoraError(f"--lora {spec!r}: expected NAME=PATH or PATH")
-    return name, Path(path)
 
 
 def _pattern_value(patterns: dict, key: str, default: float) -> float:
@@ -190,7 +180,11 @@ def load_adapter(
     spec: str, mc: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> LoraAdapter:
     """Read and check the adapter of `--lora spec` against the model `mc`; tensors in `dtype`."""
-    name, path = parse_spec(spec)
+    try:
+        name, where = split_lora_spec(spec)
+    except ValueError as e:
+        raise LoraError(str(e)) from None
+    path = Path(where)
     cfg = read_config(path)
     _check_targets(cfg, path, mc)
     try:

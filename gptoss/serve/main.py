@@ -52,13 +52,16 @@ def _engine_flags(group: argparse._ArgumentGroup) -> list[dataclasses.Field]:
     for f in flags:
         kind = int if int in (hints[f.name], *typing.get_args(hints[f.name])) else str
         shown = f.metadata.get("default_help", f.default)
+        repeat = bool(f.metadata.get("repeat"))  # collected into a list, then the field's tuple
+        more = {"action": "append", "metavar": f.metadata.get("metavar")} if repeat else {}
         group.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
             type=kind,
-            default=f.default,
+            default=[] if repeat else f.default,
             choices=f.metadata.get("choices"),
             help=f"{f.metadata['help']} (default: {shown})",
+            **more,
         )
     return flags
 
@@ -115,7 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--port must be in [0, 65535], got {args.port}")
     try:
         args.engine = EngineConfig(
-            model_path=args.model_path, **{f.name: getattr(args, f.name) for f in engine_flags}
+            model_path=args.model_path,
+            **{f.name: tuple(v) if isinstance(v := getattr(args, f.name), list) else v for f in engine_flags},
         )
     except ValueError as e:
         message = str(e)

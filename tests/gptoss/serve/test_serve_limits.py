@@ -39,7 +39,10 @@ class ScriptedEngine:
         self.delay = delay
         self.closed_early: list[str] = []
 
-    async def generate(self, prompt, params, request_id=None):
+    def adapters(self):
+        return {}
+
+    async def generate(self, prompt, params, request_id=None, lora=None):
         n = params.max_new_tokens
         done = False
         try:
