@@ -159,7 +159,9 @@ class LLMEngine:
             raise ValueError(f"LoRA adapter {name!r} requested, but the engine has none loaded (--lora)")
         return self.runner.lora.index(name)
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams, lora: str | None = None) -> None:
+    def add(
+        self, request_id: str, prompt: list[int], params: SamplingParams, lora: str | None = None
+    ) -> None:
         from gptoss.sequence import Sequence
 
         self.check_prompt(prompt)

@@ -103,7 +103,9 @@ def read_config(path: Path) -> dict:
         "trainable_token_indices": bool(cfg.get("trainable_token_indices")),
     }
     if bad := [k for k, on in unsupported.items() if on]:
-        raise LoraError(f"LoRA adapter {path}: {CONFIG_FILE} sets {', '.join(bad)}, which this engine does not run")
+        raise LoraError(
+            f"LoRA adapter {path}: {CONFIG_FILE} sets {', '.join(bad)}, which this engine does not run"
+        )
     r = cfg.get("r")
     if type(r) is not int or r < 1:
         raise LoraError(f"LoRA adapter {path}: {CONFIG_FILE} r must be a positive integer, got {r!r}")
@@ -196,7 +198,9 @@ def load_adapter(
     for key, t in raw.items():
         m = _KEY.match(key)
         if m is None:
-            raise LoraError(f"LoRA adapter {path}: {WEIGHTS_FILE} holds {key!r}, which is not a LoRA A/B weight")
+            raise LoraError(
+                f"LoRA adapter {path}: {WEIGHTS_FILE} holds {key!r}, which is not a LoRA A/B weight"
+            )
         pairs.setdefault(_classify(m["module"], path, mc, cfg), {})[m["ab"]] = (key, t)
     if not pairs:
         raise LoraError(f"LoRA adapter {path}: {WEIGHTS_FILE} holds no LoRA weights")

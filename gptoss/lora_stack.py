@@ -24,7 +24,9 @@ class LayerLora:
     """One layer's stacked adapters; a target no adapter adapts is absent."""
 
     attn: dict[str, tuple[Tensor, Tensor]]  # proj -> A [W, in], B [out, W]
-    experts: dict[str, tuple[Tensor, Tensor]]  # gate_up_proj: A [E, W, H], B [E, 2I, W]; down_proj: [E, W, I], [E, H, W]
+    experts: dict[
+        str, tuple[Tensor, Tensor]
+    ]  # gate_up_proj: A [E, W, H], B [E, 2I, W]; down_proj: [E, W, I], [E, H, W]
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,22 +128,30 @@ def write_adapter(
     if not 1 <= rank <= MAX_RANK:
         raise ValueError(f"--rank must be in [1, {MAX_RANK}], got {rank}")
     if not groups or set(groups) - set(TARGET_GROUPS):
-        raise ValueError(f"--targets must be a comma list of {', '.join(TARGET_GROUPS)}, got {','.join(groups)}")
+        raise ValueError(
+            f"--targets must be a comma list of {', '.join(TARGET_GROUPS)}, got {','.join(groups)}"
+        )
     model, out = Path(model), Path(out)
     cfg = load_config(model)
     alpha = 2 * rank if alpha is None else alpha
     if (out / CONFIG_FILE).exists():
         raise FileExistsError(f"{out} already holds an adapter ({CONFIG_FILE} exists)")
     out.mkdir(parents=True, exist_ok=True)
-    save_file(adapter_tensors(cfg, rank, alpha, groups, seed), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file(
+        adapter_tensors(cfg, rank, alpha, groups, seed), str(out / WEIGHTS_FILE), metadata={"format": "pt"}
+    )
     config = adapter_config(str(model.resolve()), rank, alpha, groups)
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")  # last: marks it complete
+    (out / CONFIG_FILE).write_text(
+        json.dumps(config, indent=2, sort_keys=True) + "\n"
+    )  # last: marks it complete
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gptoss.make_lora", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", type=Path, required=True, help="the gpt-oss checkpoint folder (its config.json)")
+    ap.add_argument(
+        "--model", type=Path, required=True, help="the gpt-oss checkpoint folder (its config.json)"
+    )
     ap.add_argument("--rank", type=int, required=True, help=f"LoRA rank r, 1..{MAX_RANK}")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
