@@ -85,7 +85,8 @@ def read_config(path: Path) -> dict:
         raise LoraError(f"LoRA adapter {path}: not a folder (give the folder holding {CONFIG_FILE})")
     for file in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / file).is_file():
-            other = " (only safetensors adapters are read)" if (path / "adapter_model.bin").is_file() else ""
+            bin_only = file == WEIGHTS_FILE and (path / "adapter_model.bin").is_file()
+            other = " (only safetensors adapters are read)" if bin_only else ""
             raise LoraError(f"LoRA adapter {path}: {file} is missing{other}")
     try:
         cfg = json.loads((path / CONFIG_FILE).read_text())
@@ -205,7 +206,8 @@ def load_adapter(
     if not pairs:
         raise LoraError(f"LoRA adapter {path}: {WEIGHTS_FILE} holds no LoRA weights")
     targets = {}
-    for (layer, target), ab in sorted(pairs.items()):
+    order = ATTN_TARGETS + EXPERT_TARGETS
+    for (layer, target), ab in sorted(pairs.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
         if set(ab) != {"A", "B"}:
             missing = "B" if "A" in ab else "A"
             raise LoraError(f"LoRA adapter {path}: layer {layer} {target} has no lora_{missing} weight")
@@ -238,7 +240,7 @@ def _target(
             f"model ({cfg.get('base_model_name_or_path')!r})"
         )
     if a.shape[0] != rows or b.shape[1] != rows:
-        per = f" ({E} experts x r)" if experts else ""
+        per = f" (r x {E} experts)" if experts else ""
         raise LoraError(
             f"LoRA adapter {path}: rank mismatch: {CONFIG_FILE} gives layer {layer} {target} rank {r}, so "
             f"{key_a} should have {rows} rows{per} and {key_b} {rows} columns, but they are "
