@@ -34,7 +34,7 @@ def want(tiny_checkpoint, tiny_loras) -> dict[str, list[list[int]]]:
     """PEFT's greedy tokens for each adapter, and transformers' alone for the base model."""
     out = {
         name: hf_greedy(hf_model(tiny_checkpoint, path), PROMPTS, MAX_NEW)
-        for name, path in zip("ab", tiny_loras)
+        for name, path in zip("ab", tiny_loras, strict=True)
     }
     return out | {"tiny": hf_greedy(hf_model(tiny_checkpoint), PROMPTS, MAX_NEW)}
 
