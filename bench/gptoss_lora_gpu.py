@@ -123,6 +123,13 @@ def run_ours(args: argparse.Namespace) -> None:
 
 
 def run_vllm(args: argparse.Namespace) -> None:
+    # flashinfer is not carried to the GPU machine (bench/vllm_gpu.sh); vLLM's sampler would import it.
+    for k, v in {
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }.items():
+        os.environ.setdefault(k, v)
     # vLLM first: touching torch.cuda here would keep vLLM's forked engine core off the GPU.
     import vllm
     from vllm import LLM, SamplingParams
