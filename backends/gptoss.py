@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from backends.base import BackendError, RunSpec, SamplingParams
-from gptoss.engine import EngineConfig
+from gptoss.engine import EngineConfig, split_lora_spec
 from gptoss.sampling import SamplingParams as EngineSamplingParams
 
 
@@ -24,6 +24,11 @@ def create(cfg: RunSpec) -> GptossBackend:
         raise BackendError(f"gptoss backend got options of type {type(opts).__name__}, expected EngineConfig")
     if cfg.model_path is not None:
         opts = replace(opts, model_path=Path(cfg.model_path))
+    if len(opts.lora) > 1:
+        raise BackendError(
+            f"--lora is given {len(opts.lora)} times: run_mlperf sends every query through one adapter "
+            "(python -m gptoss.serve serves several, picked per request)"
+        )
     # Offline has no first-token timing: whole outputs, one wake-up per request (as vLLM's FINAL_ONLY).
     return GptossBackend(opts, final_only=cfg.scenario == "offline")
 
@@ -52,6 +57,8 @@ class GptossBackend:
         self.vocab_size: int | None = None
         self._engine = None  # AsyncEngine or DPEngine (gptoss.dp_engine.open_engine) once started
         self._params: dict[SamplingParams, EngineSamplingParams] = {}  # one conversion per distinct setting
+        # Every query goes through the one --lora adapter, if given.
+        self._lora = split_lora_spec(config.lora[0])[0] if config.lora else None
         self._describe: dict[str, Any] = {
             "backend": self.name,
             "options": {k: v for k, v in asdict(config).items() if k != "model_path"},
@@ -96,7 +103,7 @@ class GptossBackend:
         if ep is None:
             ep = self._params[params] = engine_params(params)
         try:
-            deltas = self._engine.generate(prompt, ep, final_only=self.final_only)
+            deltas = self._engine.generate(prompt, ep, final_only=self.final_only, lora=self._lora)
         except ValueError as e:
             raise BackendError(f"gptoss refused the request: {e}") from e
         except EngineError as e:  # e.g. every data-parallel replica has died

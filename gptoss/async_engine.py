@@ -36,7 +36,7 @@ class AsyncEngine:
         self.vocab_size = 0
         self._core: LLMEngine | None = None
         self._cond = threading.Condition()
-        self._inbox: list[tuple[str, list[int], SamplingParams]] = []  # guarded by _cond
+        self._inbox: list[tuple[str, list[int], SamplingParams, str | None]] = []  # guarded by _cond
         self._aborts: list[str] = []  # guarded by _cond
         self._stopping = False
         self._fatal: BaseException | None = None
@@ -67,27 +67,35 @@ class AsyncEngine:
         """The sizes the engine settled on (for run.json): limits, KV cache, MoE path."""
         return self._core.info() if self._core is not None else {}
 
+    def adapters(self) -> dict[str, str]:
+        """The loaded LoRA adapters: name -> folder (requests name one to use it)."""
+        lora = self._core.runner.lora if self._core is not None else None
+        return {} if lora is None else {a.name: str(a.path) for a in lora.adapters}
+
     def generate(
         self,
         prompt: list[int],
         params: SamplingParams,
         request_id: str | None = None,
         final_only: bool = False,
+        lora: str | None = None,
     ) -> _Stream:
-        """Queue a request; iterate the result for its Deltas. Bad input raises here, at once."""
+        """Queue a request (through the LoRA adapter named `lora`, if given); iterate the result for its
+        Deltas. Bad input raises here, at once."""
         core = self._core
         if core is None or self._thread is None or self._stopping:
             raise RuntimeError("the engine is not running: use `async with AsyncEngine(config) as engine`")
         if self._fatal is not None:
             raise EngineError(f"the engine thread died: {self._fatal!r}") from self._fatal
         core.check_prompt(prompt)
+        core.lora_index(lora)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in flight")
         stream = _Stream(self, rid, final_only)
         self._streams[rid] = stream
         with self._cond:
-            self._inbox.append((rid, list(prompt), params))
+            self._inbox.append((rid, list(prompt), params, lora))
             self._cond.notify()
         return stream
 
@@ -112,9 +120,9 @@ class AsyncEngine:
                     inbox, self._inbox = self._inbox, []
                     aborts, self._aborts = self._aborts, []
                 out: list[tuple[str, _Item]] = []
-                for rid, prompt, params in inbox:
+                for rid, prompt, params, lora in inbox:
                     try:
-                        core.add(rid, prompt, params)
+                        core.add(rid, prompt, params, lora)
                     except ValueError as e:  # e.g. a duplicate id; generate() checked the rest
                         out.append((rid, e))
                 out += [(rid, Delta([], "abort")) for rid in aborts if core.abort(rid)]

@@ -28,7 +28,7 @@ from typing import Any, Self
 
 from gptoss.async_engine import AsyncEngine, _Stream
 from gptoss.dp_replica import Failure, replica_main
-from gptoss.engine import Delta, EngineConfig, EngineError, check_prompt
+from gptoss.engine import Delta, EngineConfig, EngineError, check_prompt, split_lora_spec
 from gptoss.sampling import SamplingParams
 
 STOP_TIMEOUT_S = 30.0  # a replica finishes its step and exits; past this it is killed
@@ -185,6 +185,10 @@ class DPEngine:
             rep.inbox.close()
             rep.outbox.close()
 
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters each replica loaded: name -> folder."""
+        return dict(split_lora_spec(spec) for spec in self.config.lora)
+
     def info(self) -> dict[str, object]:
         """Replica 0's sizes, the smallest max_model_len, and every replica's own (for run.json)."""
         if not self._replicas or not self._replicas[0].info:
@@ -205,14 +209,20 @@ class DPEngine:
         params: SamplingParams,
         request_id: str | None = None,
         final_only: bool = False,
+        lora: str | None = None,
     ) -> _Stream:
-        """Queue a request on the least-loaded live replica; iterate the result for its Deltas."""
+        """Queue a request on the least-loaded live replica; iterate the result for its Deltas.
+        `lora` names an adapter every replica loaded (--lora)."""
         if not self._running:
             raise RuntimeError("the engine is not running: use `async with open_engine(config) as engine`")
         live = [r for r in self._replicas if r.alive]
         if not live:
             raise ReplicaDiedError(f"every replica died; the first: {self._deaths[0]}")
         check_prompt(prompt, self.max_model_len, self.vocab_size)
+        if lora is not None and lora not in self.adapters():
+            raise ValueError(
+                f"LoRA adapter {lora!r} is not loaded (loaded: {sorted(self.adapters()) or 'none'})"
+            )
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._streams or rid in self._owner:
             raise ValueError(f"request id {rid!r} is already in flight")
@@ -222,7 +232,7 @@ class DPEngine:
         self._owner[rid] = (rep, cost)
         stream = _Stream(self, rid, final_only)
         self._streams[rid] = stream
-        rep.sends.put(("add", rid, list(prompt), params, final_only, next(self._numbers)))
+        rep.sends.put(("add", rid, list(prompt), params, final_only, lora, next(self._numbers)))
         return stream
 
     def abort(self, request_id: str) -> None:

@@ -134,9 +134,9 @@ class _Replica:
 
     def _apply(self, command: tuple, out: list) -> None:
         if command[0] == "add":
-            _, rid, prompt, params, final_only, number = command
+            _, rid, prompt, params, final_only, lora, number = command
             try:
-                self.core.add(rid, prompt, params, number)
+                self.core.add(rid, prompt, params, lora, number)
             except ValueError as e:
                 out.append((rid, Failure("refused", str(e))))
                 return

@@ -22,6 +22,16 @@ def _device_list(text: str) -> tuple[str, ...]:
     return tuple(d.strip() for d in text.split(","))
 
 
+def split_lora_spec(spec: str) -> tuple[str, str]:
+    """--lora `NAME=PATH` or `PATH` -> (name, path); a bare PATH is named after its folder."""
+    name, sep, path = spec.partition("=")
+    if not sep:
+        path, name = spec, spec.rstrip("/").rsplit("/", 1)[-1]
+    if not name or not path:
+        raise ValueError(f"lora {spec!r}: expected NAME=PATH or PATH")
+    return name, path
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """The engine's settings. The fields with flag metadata are the flags of --backend gptoss and of
@@ -84,6 +94,17 @@ class EngineConfig:
             "(CUDA graphs only; 1: a host round trip every step)"
         ),
     )
+    lora: tuple[str, ...] = field(
+        default=(),
+        metadata=_flag(
+            "a PEFT LoRA adapter folder (q/k/v/o_proj, experts; rank <= 64), applied unmerged; "
+            "repeatable as NAME=PATH, a request picks one by name (run_mlperf: one, for every query)",
+            type=str,
+            repeat=True,
+            metavar="[NAME=]PATH",
+            default_help="none",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -99,6 +120,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 2:
                 raise ValueError(f"{name} must be >= 2, got {value}")
+        names = [split_lora_spec(s)[0] for s in self.lora]
+        if dup := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"lora: two adapters are named {dup[0]!r}; name them NAME=PATH")
         self._check_replicas()
 
     def _check_replicas(self) -> None:
@@ -201,7 +225,7 @@ class LLMEngine:
         check_prompt(prompt, self.max_model_len, self.vocab_size)
 
     def info(self) -> dict[str, object]:
-        """The sizes the engine settled on (for run.json): limits, KV cache, MoE path."""
+        """The sizes the engine settled on (for run.json): limits, KV cache, MoE path, adapters."""
         r, c = self.runner, self.config
         return {
             "device": c.device,
@@ -215,20 +239,36 @@ class LLMEngine:
             "dense_moe": r.dense_moe,
             "kernels": r.kernels,
             "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else [],
+            "lora": {} if r.lora is None else {a.name: str(a.path) for a in r.lora.adapters},
         }
 
+    def lora_index(self, name: str | None) -> int:
+        """The loaded adapter a request names (0: none, the base model); ValueError if unknown."""
+        if name is None:
+            return 0
+        if self.runner.lora is None:
+            raise ValueError(f"LoRA adapter {name!r} requested, but the engine has none loaded (--lora)")
+        return self.runner.lora.index(name)
+
     def add(
-        self, request_id: str, prompt: list[int], params: SamplingParams, number: int | None = None
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        lora: str | None = None,
+        number: int | None = None,
     ) -> None:
-        """`number` (unique per engine) seeds a request that carries no seed; gptoss.dp_engine numbers
-        requests across its replicas, so a sampled output does not depend on which replica ran it."""
+        """`lora` names a loaded adapter (None: the base model). `number` (unique per engine) seeds a
+        request that carries no seed; gptoss.dp_engine numbers requests across its replicas, so a
+        sampled output does not depend on which replica ran it."""
         from gptoss.sequence import Sequence
 
         self.check_prompt(prompt)
+        index = self.lora_index(lora)
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already running")
         number = next(self._ids) if number is None else number
-        seq = Sequence(number, request_id, prompt, params, self.max_model_len, self.config.seed)
+        seq = Sequence(number, request_id, prompt, params, self.max_model_len, self.config.seed, lora=index)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -291,14 +331,19 @@ class LLMEngine:
         return ids
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams],
+        lora: str | None | list[str | None] = None,
     ) -> list[list[int]]:
-        """Run prompts to completion (offline use and tests); output ids in prompt order."""
+        """Run prompts to completion (offline use and tests); output ids in prompt order. `lora`:
+        the adapter of every prompt, or one per prompt (None: the base model)."""
         params = params if isinstance(params, list) else [params] * len(prompts)
+        loras = lora if isinstance(lora, list) else [lora] * len(prompts)
         base = next(self._ids)
         ids = [f"gen-{base}-{i}" for i in range(len(prompts))]
-        for rid, prompt, p in zip(ids, prompts, params, strict=True):
-            self.add(rid, prompt, p)
+        for rid, prompt, p, name in zip(ids, prompts, params, loras, strict=True):
+            self.add(rid, prompt, p, name)
         outputs: dict[str, list[int]] = {rid: [] for rid in ids}
         while self.has_work():
             for rid, delta in self.step():

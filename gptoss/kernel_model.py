@@ -4,7 +4,9 @@ The reference model (gptoss.model.GptOss) stays the oracle; this module takes it
 load time (q/k/v fused into one projection, experts prepared for the MoE kernel) and runs a step
 as a fixed sequence of launches with no host synchronisation, so a decode step can be captured
 in a CUDA graph. Per layer: add+RMSNorm, QKV GEMM, RoPE (+ KV write), paged attention with sinks,
-O GEMM, add+RMSNorm, router GEMM + MXFP4 MoE.
+O GEMM, add+RMSNorm, router GEMM + MXFP4 MoE. With LoRA adapters (gptoss.lora_stack) the QKV and O
+GEMMs each add one shrink/expand pair (x @ A^T, masked to each token's adapter, then addmm of B; the
+three QKV adapters run as one, B block-diagonal) and the MoE runs gptoss.kernels.moe_lora.
 
 KV writes: full layers and decode-only steps write the step's K/V in the RoPE kernel, before
 attention (attention reads the step's own keys from k/v, never from the cache). A prefill chunk
@@ -15,6 +17,7 @@ write after attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -22,9 +25,13 @@ from torch import Tensor
 
 from gptoss.kernels.attention import paged_attention, write_kv
 from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
+from gptoss.kernels.moe_lora import MoELora, moe_forward_lora, prepare_moe_lora
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.model import GptOss
+
+if TYPE_CHECKING:
+    from gptoss.lora_stack import LayerLora, LoraStack
 
 
 @dataclass(slots=True)
@@ -60,12 +67,40 @@ class _Layer:
     window: int | None
     pool: str  # "full" | "ring"
     index: int  # layer index inside its pool's cache
+    lora_qkv: tuple[Tensor, Tensor] | None = None  # A [3W, H], B [(Hq + 2 Hkv) D, 3W] block-diagonal
+    lora_o: tuple[Tensor, Tensor] | None = None  # A [W, Hq D], B [H, W]
+    lora_moe: MoELora | None = None
+
+
+def _attn_lora(ll: LayerLora, out_sizes: tuple[int, int, int]) -> tuple[Tensor, Tensor] | None:
+    """q/k/v adapters as one shrink (A stacked) and one expand (B block-diagonal); absent ones are 0."""
+    present = [ll.attn.get(p) for p in ("q_proj", "k_proj", "v_proj")]
+    if not any(present):
+        return None
+    ref = next(ab for ab in present if ab is not None)
+    w, h = ref[0].shape
+    a = ref[0].new_zeros(3 * w, h)
+    b = ref[0].new_zeros(sum(out_sizes), 3 * w)
+    row = 0
+    for j, (ab, n) in enumerate(zip(present, out_sizes, strict=True)):
+        if ab is not None:
+            a[j * w : (j + 1) * w] = ab[0]
+            b[row : row + n, j * w : (j + 1) * w] = ab[1]
+        row += n
+    return a, b
 
 
 class KernelModel:
     """forward(ids, positions, meta) -> hidden [T, H]; logits(hidden) -> [N, V] float32."""
 
-    def __init__(self, ref: GptOss, caches: dict[str, Tensor], block_size: int, max_positions: int) -> None:
+    def __init__(
+        self,
+        ref: GptOss,
+        caches: dict[str, Tensor],
+        block_size: int,
+        max_positions: int,
+        lora: LoraStack | None = None,
+    ) -> None:
         cfg = ref.cfg
         if cfg.quant_method != "mxfp4":
             raise ValueError("--kernels triton needs MXFP4 experts; this checkpoint stores bf16 experts")
@@ -77,13 +112,15 @@ class KernelModel:
         self.block_size = block_size
         self.ring_len = -(-cfg.sliding_window // block_size)
         self.max_positions = max_positions
+        self.lora = lora  # when set, forward takes each token's adapter index
         self.caches = caches  # pool -> [layers, 2, num_blocks, bs, Hkv, D]
         self.embed, self.norm, self.lm_head = ref.embed, ref.norm, ref.lm_head
         self.cos_sin = build_cos_sin(ref.rope, max_positions)  # [P, D] float32
         counts = {"full": 0, "ring": 0}
         self.layers: list[_Layer] = []
-        for block in ref.layers:
+        for li, block in enumerate(ref.layers):
             a, m = block.attn, block.mlp
+            ll = lora.layers[li] if lora is not None else None
             pool = "full" if a.window is None else "ring"
             ex = m.experts
             self.layers.append(
@@ -108,6 +145,9 @@ class KernelModel:
                     window=a.window,
                     pool=pool,
                     index=counts[pool],
+                    lora_qkv=None if ll is None else _attn_lora(ll, (cfg.q_size, cfg.kv_size, cfg.kv_size)),
+                    lora_o=None if ll is None else ll.attn.get("o_proj"),
+                    lora_moe=None if ll is None else prepare_moe_lora(ll.experts, lora.rank),
                 )
             )
             counts[pool] += 1
@@ -116,9 +156,16 @@ class KernelModel:
             for name in ("gate_up_blocks", "gate_up_scales", "down_blocks", "down_scales"):
                 setattr(ex, name, None)
 
-    def forward(self, input_ids: Tensor, positions: Tensor, meta: StepMeta) -> Tensor:
-        """input_ids, positions [T] int64 -> hidden [T, H] after the final norm."""
+    def forward(
+        self, input_ids: Tensor, positions: Tensor, meta: StepMeta, lora_index: Tensor | None = None
+    ) -> Tensor:
+        """input_ids, positions [T] int64 -> hidden [T, H] after the final norm. With adapters loaded,
+        lora_index [T] int64 gives each token's (0: none)."""
         x = F.embedding(input_ids, self.embed)  # [T, H]
+        mask = mask3 = None
+        if self.lora is not None:
+            mask = self.lora.mask(lora_index)  # [T, W]
+            mask3 = mask.repeat(1, 3)  # [T, 3W] for the q/k/v shrink
         residual: Tensor | None = None
         t = x.shape[0]
         for lay in self.layers:
@@ -130,6 +177,8 @@ class KernelModel:
             write_first = not ring or meta.decode_only
             h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps)
             qkv = F.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
+            if lay.lora_qkv is not None:
+                qkv.addmm_(F.linear(h, lay.lora_qkv[0]) * mask3, lay.lora_qkv[1].t())
             if write_first:
                 q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots)
             else:
@@ -138,8 +187,23 @@ class KernelModel:
             if not write_first:
                 write_kv(k, v, kc, vc, slots)
             x = F.linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
+            if lay.lora_o is not None:
+                x.addmm_(F.linear(o.view(t, -1), lay.lora_o[0]) * mask, lay.lora_o[1].t())
             h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
-            x = moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
+            if lay.lora_moe is not None:
+                x = moe_forward_lora(
+                    h,
+                    lay.router_w,
+                    lay.router_b,
+                    self.top_k,
+                    lay.moe,
+                    lay.lora_moe,
+                    lora_index,
+                    self.alpha,
+                    self.limit,
+                )
+            else:
+                x = moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
         out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps)
         return out
 

@@ -96,13 +96,15 @@ class KernelRunner:
         max_num_seqs: int,
         engine_seed: int,
         cuda_graphs: bool,
+        lora=None,  # gptoss.lora_stack.LoraStack
     ) -> None:
         cfg = model.cfg
         self.device = model.embed.device
         self.bs = block_size
         hkv, d = cfg.num_key_value_heads, cfg.head_dim
         views = {k: c.view(c.shape[0], 2, -1, block_size, hkv, d) for k, c in caches.items()}
-        self.model = KernelModel(model, views, block_size, max_model_len)
+        self.model = KernelModel(model, views, block_size, max_model_len, lora)
+        self.lora = lora is not None
         self.ring_len = self.model.ring_len
         self.engine_seed = engine_seed
         # One spare row: the padding rows of a graph batch point at it (all zeros).
@@ -118,9 +120,10 @@ class KernelRunner:
             self.graph_sizes.append(max_num_seqs)
         self.host_times: list[float] = []  # seconds of host work per step, for the bench
         bmax = self.graph_sizes[-1]
-        # Static decode inputs: rows 0 ids, 1 positions, 2 full slots, 3 ring slots, 4 table rows.
-        self.g_in = torch.zeros(5, bmax, dtype=torch.int64, device=self.device)
-        self.g_host = torch.zeros(5, bmax, dtype=torch.int64)
+        # Static decode inputs: rows 0 ids, 1 positions, 2 full slots, 3 ring slots, 4 table rows,
+        # 5 LoRA adapter index.
+        self.g_in = torch.zeros(6, bmax, dtype=torch.int64, device=self.device)
+        self.g_host = torch.zeros(6, bmax, dtype=torch.int64)
         self.g_qs = torch.arange(bmax + 1, dtype=torch.int32, device=self.device)
         if self.device.type == "cuda":
             self.g_host = self.g_host.pin_memory()
@@ -253,7 +256,7 @@ class KernelRunner:
         if not greedy:
             f, i, _ = self._sampling_params(seqs)
             temp, top_k, top_p, seeds = f[0], i[0].to(torch.int32), f[1], i[1]
-        ids_in, pos, full, ring, row_idx = self.g_in[:, :n]
+        ids_in, pos, full, ring, row_idx, _ = self.g_in[:, :n]
         out = torch.empty(k, n, dtype=torch.int64, device=self.device)
         bs, rl = self.bs, self.ring_len
         for j in range(k):
@@ -285,14 +288,16 @@ class KernelRunner:
         pos: list[int] = []
         full: list[int] = []
         ring: list[int] = []
+        adapter: list[int] = []
         for s, a, n in zip(seqs, starts, lens, strict=False):
             ids += s.token_ids[a : a + n]
+            adapter += [s.lora] * n
             pos += range(a, a + n)
             f, r = self._slots(s, a, n)
             full += f
             ring += r
         dev = self.device
-        tok = torch.tensor([ids, pos, full, ring], dtype=torch.int64).to(dev, non_blocking=True)
+        tok = torch.tensor([ids, pos, full, ring, adapter], dtype=torch.int64).to(dev, non_blocking=True)
         qs = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32).to(
             dev, non_blocking=True
         )
@@ -308,7 +313,7 @@ class KernelRunner:
             max_query_len=max(lens),
             num_decode=next((i for i, n in enumerate(lens) if n != 1), len(lens)),
         )
-        return self.model.forward(tok[0], tok[1], meta)
+        return self.model.forward(tok[0], tok[1], meta, tok[4] if self.lora else None)
 
     # ---- CUDA graphs ------------------------------------------------------------------------
 
@@ -340,14 +345,16 @@ class KernelRunner:
         torch.cuda.synchronize(dev)
 
     def _fill_padding(self, n: int, b: int) -> None:
-        """Rows [n, b) of the static inputs: token 0 at position 0, no slot, the dummy table row."""
+        """Rows [n, b) of the static inputs: token 0 at position 0, no slot, the dummy table row, no
+        adapter."""
         h = self.g_host
         h[0:2, n:b] = 0
         h[2:4, n:b] = -1
         h[4, n:b] = self.dummy_row
+        h[5, n:b] = 0
 
     def _graph_forward(self, b: int) -> Tensor:
-        ids, pos, full, ring, rows = self.g_in[:, :b]
+        ids, pos, full, ring, rows, adapter = self.g_in[:, :b]
         meta = StepMeta(
             query_start=self.g_qs[: b + 1],
             context_lens=pos.to(torch.int32),
@@ -358,7 +365,7 @@ class KernelRunner:
             max_query_len=1,
             num_decode=b,
         )
-        return self.model.forward(ids, pos, meta)
+        return self.model.forward(ids, pos, meta, adapter if self.lora else None)
 
     def _replay(self, g: _Graph, seqs: list[Sequence], starts: list[int], rows: list[int]) -> Tensor:
         n, b = len(seqs), g.size
@@ -370,6 +377,7 @@ class KernelRunner:
             h[2, j] = s.full_blocks[p // bs] * bs + p % bs
             h[3, j] = s.ring_blocks[(p // bs) % rl] * bs + p % bs if s.ring_blocks else -1
             h[4, j] = rows[j]
+            h[5, j] = s.lora
         self._fill_padding(n, b)
         self.g_in[:, :b].copy_(self.g_host[:, :b], non_blocking=True)
         return g.replay()[:n]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,9 @@ from torch import Tensor, nn
 from gptoss import mxfp4
 from gptoss.checkpoint import load
 from gptoss.config import ModelConfig
+
+if TYPE_CHECKING:
+    from gptoss.lora_stack import LoraStack, LoraStep
 
 
 def _under(w: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
@@ -103,14 +106,22 @@ class Attention(nn.Module):
             self.register_buffer(f"{name}_bias", w[f"{name}.bias"])  # [out]
         self.register_buffer("sinks", w["sinks"])  # [Hq] float32
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: AttentionFn) -> Tensor:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, attn: AttentionFn, lora: LoraStep | None = None
+    ) -> Tensor:
         T = x.shape[0]
-        q = F.linear(x, self.q_proj_weight, self.q_proj_bias).view(T, self.n_heads, self.head_dim)
-        k = F.linear(x, self.k_proj_weight, self.k_proj_bias).view(T, self.n_kv, self.head_dim)
-        v = F.linear(x, self.v_proj_weight, self.v_proj_bias).view(T, self.n_kv, self.head_dim)
+        q = self._proj("q_proj", x, lora).view(T, self.n_heads, self.head_dim)
+        k = self._proj("k_proj", x, lora).view(T, self.n_kv, self.head_dim)
+        v = self._proj("v_proj", x, lora).view(T, self.n_kv, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attn(self.layer, q, k, v, self.sinks, self.window, self.scale)  # [T, Hq, D]
-        return F.linear(o.reshape(T, -1), self.o_proj_weight, self.o_proj_bias)  # [T, H]
+        return self._proj("o_proj", o.reshape(T, -1), lora)  # [T, H]
+
+    def _proj(self, name: str, x: Tensor, lora: LoraStep | None) -> Tensor:
+        """x @ W^T + b, plus the LoRA delta (unmerged, as PEFT's lora.Linear adds it) if adapted."""
+        y = F.linear(x, getattr(self, f"{name}_weight"), getattr(self, f"{name}_bias"))
+        delta = None if lora is None else lora.linear(name, x)
+        return y if delta is None else y + delta
 
 
 def swiglu(h: Tensor, alpha: float, limit: float) -> Tensor:
@@ -147,11 +158,18 @@ class Experts(nn.Module):
         down = mxfp4.dequantize(self.down_blocks[e], self.down_scales[e], self.dtype)  # [H, I]
         return gate_up.t(), down.t()
 
-    def forward(self, e: int, x: Tensor) -> Tensor:
-        """x [N, H] (the tokens routed to expert e) -> [N, H]."""
+    def forward(self, e: int, x: Tensor, lora: LoraStep | None = None, tok: Tensor | None = None) -> Tensor:
+        """x [N, H] (the tokens tok [N] routed to expert e) -> [N, H]. LoRA deltas (gptoss.lora)
+        join before the SwiGLU and before the routing weights."""
         gate_up, down = self.weights(e)
         h = torch.addmm(self.gate_up_bias[e], x, gate_up)  # [N, 2I]
-        return torch.addmm(self.down_bias[e], swiglu(h, self.alpha, self.limit), down)  # [N, H]
+        if lora is not None and (d := lora.expert("gate_up_proj", e, x, tok)) is not None:
+            h = h + d
+        act = swiglu(h, self.alpha, self.limit)  # [N, I]
+        y = torch.addmm(self.down_bias[e], act, down)  # [N, H]
+        if lora is not None and (d := lora.expert("down_proj", e, act, tok)) is not None:
+            y = y + d
+        return y
 
 
 class MoE(nn.Module):
@@ -162,20 +180,22 @@ class MoE(nn.Module):
         self.register_buffer("router_bias", w["router.bias"])  # [E]
         self.experts = Experts(cfg, _under(w, "experts."), dtype)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, lora: LoraStep | None = None) -> Tensor:
         """x [T, H] -> [T, H]: top-k experts per token, weighted by a softmax over their logits."""
         logits = F.linear(x, self.router_weight, self.router_bias)  # [T, E]
-        return mix_experts(x, logits, self.top_k, self.experts)
+        return mix_experts(x, logits, self.top_k, self.experts, lora)
 
 
-def mix_experts(x: Tensor, logits: Tensor, top_k: int, experts: Experts) -> Tensor:
+def mix_experts(
+    x: Tensor, logits: Tensor, top_k: int, experts: Experts, lora: LoraStep | None = None
+) -> Tensor:
     """x [T, H], router logits [T, E] -> [T, H]: MoE.forward after its router (vLLM's plugin enters here)."""
     top_logits, top_idx = torch.topk(logits, top_k, dim=-1)  # [T, k]
     top_w = torch.softmax(top_logits.float(), dim=-1)  # [T, k]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
     for e in torch.unique(top_idx).tolist():  # only the experts these tokens use
         tok, slot = torch.where(top_idx == e)  # [N], [N]
-        y = experts(e, x[tok])  # [N, H]
+        y = experts(e, x[tok], lora, tok)  # [N, H]
         out.index_add_(0, tok, y.float() * top_w[tok, slot, None])
     return out.to(x.dtype)
 
@@ -189,9 +209,11 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer, _under(w, "self_attn."))
         self.mlp = MoE(cfg, _under(w, "mlp."), dtype)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: AttentionFn) -> Tensor:
-        x = x + self.attn(rms_norm(x, self.input_norm, self.eps), cos, sin, attn)
-        return x + self.mlp(rms_norm(x, self.post_attention_norm, self.eps))
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, attn: AttentionFn, lora: LoraStep | None = None
+    ) -> Tensor:
+        x = x + self.attn(rms_norm(x, self.input_norm, self.eps), cos, sin, attn, lora)
+        return x + self.mlp(rms_norm(x, self.post_attention_norm, self.eps), lora)
 
 
 class GptOss(nn.Module):
@@ -216,12 +238,21 @@ class GptOss(nn.Module):
         return cls(cfg, weights, dtype).eval()
 
     @torch.inference_mode()
-    def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionFn) -> Tensor:
-        """input_ids, positions [T] int64 -> hidden [T, H] after the final norm."""
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        attn: AttentionFn,
+        lora: LoraStack | None = None,
+        lora_index: Tensor | None = None,
+    ) -> Tensor:
+        """input_ids, positions [T] int64 -> hidden [T, H] after the final norm. With `lora`, token t
+        goes through adapter lora_index[t] (0: none)."""
         cos, sin = self.rope(positions)  # [T, D/2] each
         x = F.embedding(input_ids, self.embed)  # [T, H]
-        for block in self.layers:
-            x = block(x, cos, sin, attn)
+        mask = None if lora is None else lora.mask(lora_index)  # [T, W]
+        for i, block in enumerate(self.layers):
+            x = block(x, cos, sin, attn, None if lora is None else lora.step(i, mask))
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
     @torch.inference_mode()

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gptoss.block_manager import cdiv
+from gptoss.checkpoint import load_config
 from gptoss.model import GptOss
 from gptoss.moe_dense import DenseMoE, dense_nbytes
 from gptoss.paged_attention import PagedAttention, StepContext
@@ -38,6 +39,11 @@ class ModelRunner:
         self.kernels = config.kernels or ("triton" if self.device.type == "cuda" else "torch")
         if self.kernels == "triton":
             _check_triton(self.device)
+        self.lora = None  # gptoss.lora_stack.LoraStack of the --lora adapters
+        if config.lora:  # checked against config.json before the weights load: bad adapters fail fast
+            from gptoss.lora_stack import LoraStack
+
+            self.lora = LoraStack.load(config.lora, load_config(config.model_path), self.device, self.dtype)
         self.model = GptOss.from_checkpoint(config.model_path, self.device, self.dtype)
         mc = self.model.cfg
         dense = sum(dense_nbytes(block.mlp, self.dtype) for block in self.model.layers)
@@ -113,6 +119,7 @@ class ModelRunner:
                 config.max_num_seqs,
                 config.seed,
                 config.cuda_graphs,
+                self.lora,
             )
 
     def _kv_budget(self) -> int:
@@ -146,9 +153,15 @@ class ModelRunner:
             self.device,
         )
         input_ids = torch.tensor(ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        lora_index = None  # [T] each token's adapter, when any sequence of the batch has one
+        if self.lora is not None and any(s.lora for s in seqs):
+            per_seq = torch.tensor([s.lora for s in seqs])
+            lora_index = per_seq.repeat_interleave(torch.tensor(lens)).to(self.device, non_blocking=True)
         self.attn.ctx = ctx
         try:
-            hidden = self.model(input_ids, ctx.positions, self.attn)  # [T, H]
+            hidden = self.model(
+                input_ids, ctx.positions, self.attn, self.lora if lora_index is not None else None, lora_index
+            )  # [T, H]
         finally:
             self.attn.ctx = None
         ends = list(itertools.accumulate(lens))

@@ -15,11 +15,16 @@ only when the decoded experts are small.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gptoss.model import MoE, swiglu
+
+if TYPE_CHECKING:
+    from gptoss.lora_stack import LoraStep
 
 DENSE_MAX_TOKENS = 256  # above this, E/k times the elementwise work outweighs the op count
 
@@ -49,14 +54,14 @@ class DenseMoE(nn.Module):
         self.down = torch.stack(down).to(wdtype).contiguous()  # [E, I, H]
         self.down_bias = ex.down_bias.to(wdtype)  # [E, H]
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x [T, H] -> [T, H]; the same mixture as MoE.forward."""
+    def forward(self, x: Tensor, lora: LoraStep | None = None) -> Tensor:
+        """x [T, H] -> [T, H]; the same mixture as MoE.forward (LoRA: grouped, the deltas per expert)."""
         logits = F.linear(x, self.router_weight, self.router_bias)  # [T, E]
         top_logits, top_idx = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
         top_w = torch.softmax(top_logits.float(), dim=-1)  # [T, k]
         xw = x.to(self.gate_up.dtype)
-        if x.shape[0] > DENSE_MAX_TOKENS:
-            out = self._grouped(xw, top_idx, top_w)
+        if x.shape[0] > DENSE_MAX_TOKENS or lora is not None:
+            out = self._grouped(xw, top_idx, top_w, lora)
         else:
             out = self._dense(xw, top_idx, top_w)
         return out.to(x.dtype)
@@ -74,7 +79,7 @@ class DenseMoE(nn.Module):
         y = self._round(torch.baddbmm(self.down_bias[:, None], act.transpose(0, 1), self.down))  # [E, T, H]
         return torch.bmm(weights[:, None], y.float().transpose(0, 1)).view(t, h)  # [T, 1, E] @ [T, E, H]
 
-    def _grouped(self, x: Tensor, top_idx: Tensor, top_w: Tensor) -> Tensor:
+    def _grouped(self, x: Tensor, top_idx: Tensor, top_w: Tensor, lora: LoraStep | None = None) -> Tensor:
         t, k = top_idx.shape
         flat = top_idx.reshape(-1)  # [T*k] expert of each (token, slot)
         order = torch.argsort(flat, stable=True)  # grouped by expert
@@ -84,9 +89,17 @@ class DenseMoE(nn.Module):
         ys, a = [], 0
         for e, c in enumerate(counts):
             if c:
-                hid = self._round(torch.addmm(self.gate_up_bias[e], xs[a : a + c], self.gate_up[e]))
+                xe, te = xs[a : a + c], tok[a : a + c]
+                hid = torch.addmm(self.gate_up_bias[e], xe, self.gate_up[e])  # [c, 2I]
+                hid = self._round(self._lora(hid, lora, "gate_up_proj", e, xe, te))
                 act = self._round(swiglu(hid, self.alpha, self.limit))
-                ys.append(self._round(torch.addmm(self.down_bias[e], act, self.down[e])))  # [c, H]
+                y = torch.addmm(self.down_bias[e], act, self.down[e])  # [c, H]
+                ys.append(self._round(self._lora(y, lora, "down_proj", e, act, te)))
                 a += c
         y = torch.cat(ys).float() * top_w.reshape(-1)[order, None]  # [T*k, H]
         return torch.zeros(t, y.shape[1], dtype=torch.float32, device=x.device).index_add_(0, tok, y)
+
+    @staticmethod
+    def _lora(y: Tensor, lora: LoraStep | None, target: str, e: int, x: Tensor, tok: Tensor) -> Tensor:
+        d = None if lora is None else lora.expert(target, e, x, tok)
+        return y if d is None else y + d

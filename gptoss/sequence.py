@@ -38,6 +38,7 @@ class Sequence:
         "rng",
         "num_preemptions",
         "stop_ids",
+        "lora",
     )
 
     def __init__(
@@ -48,6 +49,7 @@ class Sequence:
         params: SamplingParams,
         max_model_len: int,
         engine_seed: int = 0,
+        lora: int = 0,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -68,6 +70,7 @@ class Sequence:
         self.rng = None if params.greedy else random.Random(seed)
         self.num_preemptions = 0
         self.stop_ids = frozenset() if params.ignore_eos else frozenset(params.stop_token_ids)
+        self.lora = lora  # the LoRA adapter's index in the engine's LoraStack; 0: none
 
     def __len__(self) -> int:
         return len(self.token_ids)

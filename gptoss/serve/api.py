@@ -32,6 +32,7 @@ class Limits:
     vocab_size: int
     max_model_len: int
     stream_interval: int = 1  # the server's default, as SGLang's --stream-interval
+    adapters: tuple[str, ...] = ()  # the --lora adapter names a request may pick
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class Request:
     rid: str
     api: str = "generate"  # "generate" | "completions"
     stream_interval: int = 1
+    lora: str | None = None  # the LoRA adapter to run through (None: the base model)
     # OpenAI extras
     stop: tuple[str, ...] = ()
     include_usage: bool = False
@@ -139,6 +141,7 @@ def _params(
 
 _GEN_KEYS = {
     "input_ids",
+    "lora_path",
     "sampling_params",
     "stream",
     "rid",
@@ -218,6 +221,10 @@ def parse_generate(body: Any, lim: Limits) -> Request:
     rid = body.get("rid")
     if rid is not None and not isinstance(rid, str):
         raise ApiError(400, "rid must be a string")
+    lora = body.get("lora_path")  # SGLang's field: the name of a loaded adapter
+    if lora is not None and lora not in lim.adapters:
+        loaded = ", ".join(lim.adapters) or "none"
+        raise ApiError(400, f"lora_path {lora!r} is not a loaded LoRA adapter (loaded: {loaded})")
     _check_length(prompt, max_new, lim)
     return Request(
         prompt=prompt,
@@ -232,6 +239,7 @@ def parse_generate(body: Any, lim: Limits) -> Request:
         ),
         stream=stream,
         rid=rid or uuid.uuid4().hex,
+        lora=lora,
         stream_interval=lim.stream_interval if interval is None else _int(interval, "stream_interval", 1),
     )
 
@@ -319,9 +327,11 @@ def parse_completion(body: Any, lim: Limits, model: str, encode) -> Request:
     if unknown:
         raise ApiError(400, f"unknown request field(s): {', '.join(unknown)}")
     _neutral(body, _CMPL_NEUTRAL, "parameter")
-    if body.get("model") not in (None, model):
+    # As vLLM: a request names the base model or a LoRA adapter (--lora NAME=PATH) as its model.
+    if body.get("model") not in (None, model, *lim.adapters):
+        served = ", ".join(f"`{m}`" for m in (model, *lim.adapters))
         raise ApiError(
-            404, f"The model `{body['model']}` does not exist; this server serves `{model}`", "NotFoundError"
+            404, f"The model `{body['model']}` does not exist; this server serves {served}", "NotFoundError"
         )
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
@@ -362,6 +372,7 @@ def parse_completion(body: Any, lim: Limits, model: str, encode) -> Request:
         stream=stream,
         rid=f"cmpl-{uuid.uuid4().hex}",
         api="completions",
+        lora=body["model"] if body.get("model") in lim.adapters else None,
         stream_interval=1,
         stop=stop,
         include_usage=_bool(opts.get("include_usage", False), "stream_options.include_usage"),
@@ -395,7 +406,7 @@ def completion(
         "id": req.rid,
         "object": "text_completion",
         "created": created,
-        "model": model,
+        "model": req.lora or model,  # the adapter's name when the request named one
         "choices": choices,
     }
     if usage is not None:

@@ -45,7 +45,10 @@ class Server:
         self.model_path = model_path
         self.model = args.served_model_name or model_path.name
         self.limits = Limits(
-            vocab_size=vocab_size, max_model_len=engine.max_model_len, stream_interval=args.stream_interval
+            vocab_size=vocab_size,
+            max_model_len=engine.max_model_len,
+            stream_interval=args.stream_interval,
+            adapters=tuple(engine.adapters()),
         )
         self.incremental = args.incremental_streaming_output
         # Every replica runs --max-num-seqs at once; the queue beyond them is shared.
@@ -244,7 +247,7 @@ async def _handle(
         return _error(e)
     try:
         try:
-            gen = server.engine.generate(req.prompt, req.params, request_id=req.rid)
+            gen = server.engine.generate(req.prompt, req.params, request_id=req.rid, lora=req.lora)
         except Exception as e:  # bad input the engine found (too long ...): a 4xx before any reply
             return _error(_engine_error(e))
         # aclosing: however the handler ends (client gone, cancelled), a running request is aborted.
@@ -310,22 +313,21 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
+    """The base model, then each LoRA adapter with the base as its parent (as vLLM lists them)."""
     s = request.app[STATE]
-    return _json(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": s.model,
-                    "object": "model",
-                    "created": s.created,
-                    "owned_by": "gptoss",
-                    "root": str(s.model_path),
-                    "max_model_len": s.limits.max_model_len,
-                }
-            ],
-        }
-    )
+    base = {
+        "id": s.model,
+        "object": "model",
+        "created": s.created,
+        "owned_by": "gptoss",
+        "root": str(s.model_path),
+        "parent": None,
+        "max_model_len": s.limits.max_model_len,
+    }
+    loras = [
+        base | {"id": name, "root": path, "parent": s.model} for name, path in s.engine.adapters().items()
+    ]
+    return _json({"object": "list", "data": [base, *loras]})
 
 
 async def model_info(request: web.Request) -> web.Response:

@@ -59,6 +59,8 @@ def _engine_flags(group: argparse._ArgumentGroup) -> list[dataclasses.Field]:
         if hints[f.name] is bool:
             kw["action"] = argparse.BooleanOptionalAction
             shown = "on" if f.default else "off"
+        elif f.metadata.get("repeat"):  # collected into a list, then the field's tuple
+            kw |= {"action": "append", "default": [], "metavar": f.metadata.get("metavar")}
         else:
             int_field = int in (hints[f.name], *typing.get_args(hints[f.name]))
             kw["type"] = f.metadata.get("type") or (int if int_field else str)
@@ -124,7 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--port must be in [0, 65535], got {args.port}")
     try:
         args.engine = EngineConfig(
-            model_path=args.model_path, **{f.name: getattr(args, f.name) for f in engine_flags}
+            model_path=args.model_path,
+            **{f.name: tuple(v) if isinstance(v := getattr(args, f.name), list) else v for f in engine_flags},
         )
     except ValueError as e:
         message = str(e)

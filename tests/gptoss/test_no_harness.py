@@ -51,12 +51,11 @@ def test_the_engine_generates_without_the_harness(tmp_path):
 def test_serve_parses_its_flags_and_data_checks_files_without_the_harness(tmp_path):
     out = _run(
         "from gptoss.serve.main import parse_args\n"
-        "print(parse_args(['--seed', '3', '--max-num-seqs', '2']).engine)\n"
+        "print(parse_args(['--seed', '3', '--max-num-seqs', '2', '--lora', 'a=/x', '--lora', '/y']).engine)\n"
         "from data.checksums import main\n"
         "print(main([sys.argv[1] + '/perf_eval_ref.parquet']))\n",
         tmp_path,
     )
     assert "EngineConfig(model_path=None, device=None, dtype='bfloat16', max_num_seqs=2" in out
-    assert "seed=3, kernels=None, cuda_graphs=True, decode_steps=8)" in out and out.rstrip().endswith(
-        "no such file\n1"
-    )
+    assert "seed=3, kernels=None, cuda_graphs=True, decode_steps=8, lora=('a=/x', '/y'))" in out
+    assert out.rstrip().endswith("no such file\n1")

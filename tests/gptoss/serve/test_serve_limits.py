@@ -39,7 +39,10 @@ class ScriptedEngine:
         self.delay = delay
         self.closed_early: list[str] = []
 
-    async def generate(self, prompt, params, request_id=None):
+    def adapters(self):
+        return {}
+
+    async def generate(self, prompt, params, request_id=None, lora=None):
         n = params.max_new_tokens
         done = False
         try:
@@ -190,7 +193,7 @@ def test_oversized_body_and_bad_json_get_4xx_with_the_error_shape():
         ),
         ({"input_ids": [[1], [2]]}, "batched input_ids (a list of lists) are not supported"),
         ({"text": "hi"}, "this server takes token ids"),
-        ({"input_ids": [1], "lora_path": "x"}, "unknown request field(s): lora_path"),
+        ({"input_ids": [1], "lora_path": "x"}, "lora_path 'x' is not a loaded LoRA adapter (loaded: none)"),
         (
             {"input_ids": [1], "sampling_params": {"max_new_tokens": True}},
             "max_new_tokens must be an integer",

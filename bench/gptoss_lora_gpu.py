@@ -1,0 +1,308 @@
+"""LoRA on the GPU: our engine with a random rank-16 adapter against itself without, and against
+vLLM 0.26.0 with the same adapter; one table at the end (issue 13).
+
+    python bench/gptoss_lora_gpu.py --model-path /tmp/ck20 --out DIR [--parts ours,vllm,mlperf]
+        [--rank 16] [--offline 1000x1024x1024] [--c16 1000x215x199] [--vllm-moe-backend auto]
+
+The adapter (gptoss.make_lora: q/k/v/o_proj and both expert parameters, bf16) is written once to
+DIR/lora-r16 (or --adapter). Parts, each engine in its own process (the whole GPU, its own start):
+  ours    gptoss Offline N x (IN -> OUT) without, then with the adapter (--offline); with the adapter
+          at concurrency 16 (max_num_seqs 16, all prompts queued: a closed loop of 16, as the seed's
+          `vllm bench serve --max-concurrency 16`; --c16); and greedy tokens of the mlperf part's
+          16 prompts (stop ids on, 32 new tokens) for the agreement row
+  vllm    vLLM LLM(enable_lora, max_lora_rank R, max_num_seqs 16).generate(the --c16 prompts,
+          lora_request) (--vllm-moe-backend: vLLM's kernel_config.moe_backend, e.g. triton_unfused,
+          the seed's path; auto lets vLLM choose: Marlin on H100 when LoRA is on)
+  mlperf  run_mlperf.py --backend vllm --lora-modules lora=ADAPTER --accuracy (--enforce-eager) on
+          16 synthetic prompts, greedy, 32 new tokens: it must run; its tokens' agreement with ours
+All runs are greedy with ignore_eos (but the agreement rows), random prompt ids. Results:
+DIR/results.jsonl (one JSON per line; --table re-prints the table from it).
+Checked in /work/vllm_src (0.26): GptOssForCausalLM.is_3d_moe_weight, so LoRAModelManager reads
+PEFT's target_parameters layout (experts.base_layer = gate_up_proj, experts = down_proj); an expert
+adapter is expected to load. If it does not, rerun with --adapter of a `--targets attn` adapter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.gptoss_gpu import emit, rand_prompts  # noqa: E402
+
+AGREE = (16, 32)  # prompts, new tokens of the agreement runs
+STOP_IDS = (200002, 200012, 199999)
+
+
+def record(engine: str, what: str, spec_: str, init: float, wall: float, toks: int, **more) -> dict:
+    r = {"engine": engine, "what": what, "lora": True, "spec": spec_, "init_s": round(init, 1)}
+    return r | {"wall_s": round(wall, 2), "output_tok_s": round(toks / wall, 1)} | more
+
+
+def spec(s: str) -> tuple[int, int, int]:
+    n, lin, lout = (int(x) for x in s.split("x"))
+    return n, lin, lout
+
+
+def agree_dataset(out: Path) -> Path:
+    """16 synthetic MLPerf-schema prompts (real Harmony text), written once."""
+    path = out / "agree16.parquet"
+    if not path.exists():
+        from data.synthetic import make
+
+        make(AGREE[0], prompt_len=(110, 140), output_len=None, seed=13).to_parquet(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- ours
+
+
+def run_ours(args: argparse.Namespace) -> None:
+    import gc
+
+    import torch
+
+    from gptoss.engine import EngineConfig, LLMEngine
+    from gptoss.sampling import SamplingParams
+    from harness.dataset import load_dataset
+
+    def engine(lora: bool, max_num_seqs: int) -> tuple[LLMEngine, float]:
+        t = time.perf_counter()
+        eng = LLMEngine(
+            EngineConfig(
+                model_path=Path(args.model_path),
+                device=args.device,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=16384,
+                max_model_len=args.max_model_len,
+                lora=(f"lora={args.adapter}",) if lora else (),
+            )
+        )
+        return eng, time.perf_counter() - t
+
+    def timed(eng: LLMEngine, prompts: list[list[int]], out_len: int, lora: str | None) -> tuple[float, int]:
+        sp = SamplingParams(max_new_tokens=out_len, temperature=0, ignore_eos=True)
+        eng.generate(
+            rand_prompts(8, 64, 123), SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True), lora
+        )
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        outs = eng.generate(prompts, sp, lora)
+        return time.perf_counter() - t, sum(map(len, outs))
+
+    n, lin, lout = spec(args.offline)
+    prompts = rand_prompts(n, lin, seed=lin * 7 + n)
+    for lora in (False, True):
+        eng, init = engine(lora, 1024)
+        wall, toks = timed(eng, prompts, lout, "lora" if lora else None)
+        emit(args.rows, args.out, record("gptoss", "offline", args.offline, init, wall, toks, lora=lora))
+        del eng
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    eng, init = engine(True, 16)
+    n, lin, lout = spec(args.c16)
+    wall, toks = timed(eng, rand_prompts(n, lin, seed=lin * 11 + n), lout, "lora")
+    emit(args.rows, args.out, record("gptoss", "c16", args.c16, init, wall, toks))
+    agree = [p.tolist() for p in load_dataset(agree_dataset(args.out)).prompts]
+    sp = SamplingParams(max_new_tokens=AGREE[1], temperature=0, stop_token_ids=STOP_IDS)
+    emit(
+        args.rows, args.out, {"engine": "gptoss", "what": "greedy", "tokens": eng.generate(agree, sp, "lora")}
+    )
+
+
+# ----------------------------------------------------------------------------- vLLM
+
+
+def run_vllm(args: argparse.Namespace) -> None:
+    # flashinfer is not carried to the GPU machine (bench/vllm_gpu.sh); vLLM's sampler would import it.
+    for k, v in {
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }.items():
+        os.environ.setdefault(k, v)
+    # vLLM first: touching torch.cuda here would keep vLLM's forked engine core off the GPU.
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    kwargs = {
+        "model": args.model_path,
+        "skip_tokenizer_init": True,
+        "max_model_len": args.max_model_len,
+        "enable_lora": True,
+        "max_lora_rank": args.rank,
+        "max_loras": 1,
+        "max_num_seqs": 16,
+    }
+    if args.vllm_moe_backend != "auto":
+        kwargs["moe_backend"] = args.vllm_moe_backend
+    t = time.perf_counter()
+    llm = LLM(**kwargs)
+    init = time.perf_counter() - t
+    lora = LoRARequest("lora", 1, str(Path(args.adapter).resolve()))
+    n, lin, lout = spec(args.c16)
+    prompts = [{"prompt_token_ids": p} for p in rand_prompts(n, lin, seed=lin * 11 + n)]
+    sp = SamplingParams(max_tokens=lout, temperature=0, ignore_eos=True, detokenize=False)
+    warm = [{"prompt_token_ids": p} for p in rand_prompts(8, 64, 123)]
+    llm.generate(
+        warm, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), lora_request=lora, use_tqdm=False
+    )
+    t = time.perf_counter()
+    outs = llm.generate(prompts, sp, lora_request=lora, use_tqdm=False)
+    wall = time.perf_counter() - t
+    toks = sum(len(o.outputs[0].token_ids) for o in outs)
+    info = {"vllm": vllm.__version__, "moe_backend": args.vllm_moe_backend}
+    emit(args.rows, args.out, record("vllm", "c16", args.c16, init, wall, toks, **info))
+
+
+def run_mlperf_vllm(args: argparse.Namespace) -> None:
+    """run_mlperf.py --backend vllm --lora-modules, accuracy mode, greedy: its logged tokens."""
+    conf = args.out / "greedy32.json"
+    conf.write_text(json.dumps({"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": AGREE[1]}))
+    outdir = args.out / "mlperf_vllm_lora"
+    cmd = [sys.executable, str(REPO / "run_mlperf.py"), "--backend", "vllm", "--scenario", "offline"]
+    cmd += ["--accuracy", "--model-path", args.model_path, "--input-file", str(agree_dataset(args.out))]
+    cmd += ["--output-dir", str(outdir), "--generation-config", str(conf), "--max-model-len", "2048"]
+    cmd += [
+        "--lora-modules",
+        f"lora={args.adapter}",
+        "--vllm-arg",
+        f"max_lora_rank={args.rank}",
+        "--enforce-eager",
+    ]
+    t = time.perf_counter()
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0")
+    )
+    (args.out / "mlperf_vllm_lora.log").write_text(proc.stdout + proc.stderr)
+    log = outdir / "offline" / "accuracy" / "mlperf_log_accuracy.json"
+    tokens = None
+    if log.exists():
+        import numpy as np
+
+        entries = json.loads(log.read_text())
+        by = {e["qsl_idx"]: np.frombuffer(bytes.fromhex(e["data"]), dtype="<i4").tolist() for e in entries}
+        tokens = [by.get(i, []) for i in range(AGREE[0])]
+    # Exit 1 is expected: random weights fail the accuracy score; 2 means vLLM refused the setup.
+    r = {"engine": "vllm", "what": "greedy", "via": "run_mlperf --lora-modules", "exit": proc.returncode}
+    emit(args.rows, args.out, r | {"wall_s": round(time.perf_counter() - t, 1), "tokens": tokens})
+    if tokens is None:
+        print("\n".join((proc.stdout + proc.stderr).splitlines()[-15:]))
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of tokens equal up to each continuation's first divergence."""
+    same = sum(
+        next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), len(x))
+        for x, y in zip(a, b, strict=True)
+    )
+    return same / max(1, sum(map(len, a)))
+
+
+def table(rows: list[dict]) -> None:
+    def get(engine: str, what: str, lora: bool | None = None) -> dict | None:
+        hits = [
+            r
+            for r in rows
+            if r["engine"] == engine and r["what"] == what and (lora is None or r.get("lora") == lora)
+        ]
+        return hits[-1] if hits else None
+
+    def tps(r: dict | None) -> str:
+        return f"{r['output_tok_s']:.0f}" if r else "-"
+
+    def ratio(a: dict | None, b: dict | None, target: float) -> str:
+        if not (a and b):
+            return "-"
+        x = a["output_tok_s"] / b["output_tok_s"]
+        return f"{x:.2f}x ({'meets' if x >= target else 'misses'} >= {target}x)"
+
+    base, lora = get("gptoss", "offline", False), get("gptoss", "offline", True)
+    ours16, vllm16 = get("gptoss", "c16"), get("vllm", "c16")
+    g_ours, g_vllm = get("gptoss", "greedy"), get("vllm", "greedy")
+    print(f"\n{'comparison':56} {'a tok/s':>9} {'b tok/s':>9}  a/b")
+    for label, a, b, target in (
+        ("ours +LoRA (a) vs ours (b), offline", lora, base, 0.8),
+        ("ours +LoRA (a) vs vLLM +LoRA (b), concurrency 16", ours16, vllm16, 1.3),
+    ):
+        label += " " + (a or b or {}).get("spec", "")
+        print(f"{label:56} {tps(a):>9} {tps(b):>9}  {ratio(a, b, target)}")
+    if vllm16:
+        v = vllm16
+        print(f"  vLLM {v.get('vllm')}, moe_backend {v.get('moe_backend')}, start {v.get('init_s')} s")
+    if g_vllm:
+        runs = "runs" if g_vllm.get("tokens") else f"FAILED (exit {g_vllm['exit']}, see mlperf_vllm_lora.log)"
+        if g_ours and g_vllm.get("tokens"):
+            rate = agreement(g_ours["tokens"], g_vllm["tokens"])
+            runs += f", greedy agreement with ours {rate:.1%} (target >= 90%)"
+        print(f"run_mlperf --backend vllm --lora-modules: {runs}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-path", default="/tmp/ck20")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--parts", default="ours,vllm,mlperf", help="comma list of ours, vllm, mlperf")
+    ap.add_argument("--adapter", default=None, help="default: OUT/lora-rR, written by gptoss.make_lora")
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--offline", default="1000x1024x1024", help="NxINxOUT")
+    ap.add_argument(
+        "--c16", default="1000x215x199", help="NxINxOUT at concurrency 16 (the seed's ShareGPT means)"
+    )
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--vllm-moe-backend", default="auto")
+    ap.add_argument("--device", default="cuda", help="ours: cuda; cpu for a smoke run on a tiny checkpoint")
+    ap.add_argument("--table", action="store_true", help="only print the table of OUT/results.jsonl")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.adapter = args.adapter or str(args.out / f"lora-r{args.rank}")
+    args.rows = []
+    if args.child:
+        {"ours": run_ours, "vllm": run_vllm, "mlperf": run_mlperf_vllm}[args.child](args)
+        return
+    results = args.out / "results.jsonl"
+    if not args.table:
+        if not (Path(args.adapter) / "adapter_config.json").exists():
+            from gptoss.tools.make_lora import write_adapter
+
+            write_adapter(args.model_path, args.adapter, args.rank, seed=0)
+            print(f"adapter: {args.adapter} (rank {args.rank})", flush=True)
+        failed = []
+        for part in args.parts.split(","):
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--child", part, "--adapter", args.adapter]
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            (args.out / f"{part}.log").write_text(proc.stdout)
+            for line in proc.stdout.splitlines():
+                if line.startswith("RESULT "):
+                    r = json.loads(line[7:])
+                    if r.get("tokens"):  # greedy tokens: results.jsonl has them
+                        r["tokens"] = f"{len(r['tokens'])} sequences"
+                    print("RESULT " + json.dumps(r), flush=True)
+            if proc.returncode:
+                failed.append(part)
+                print(
+                    f"{part} exited {proc.returncode}; the end of {part}.log:\n"
+                    + "\n".join(proc.stdout.splitlines()[-15:])
+                )
+    rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    table(rows)
+    if not args.table and failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

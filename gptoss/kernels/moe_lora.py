@@ -1,0 +1,181 @@
+"""LoRA on the MXFP4 MoE kernels: the experts stay packed, the adapters' deltas run unmerged.
+
+Per routed row a (token a // k through expert e), as gptoss.model.Experts with a LoraStep:
+
+  s13 = mask_t * (x[a // k] @ A13_e^T)      [A, W]   _shrink_kernel (grouped by expert, like the GEMMs)
+  act = swiglu(x @ W13_e^T + b13 + B13_e @ s13^T)    gptoss.kernels.moe gate_up, LORA=True: the expand
+                                                     is one more dot in its epilogue, before the SwiGLU
+  s2  = mask_t * (act[a] @ A2_e^T)          [A, W]   _shrink_kernel
+  y   = act @ W2_e^T + b2 + B2_e @ s2^T              moe down, LORA=True, before the routing weights
+
+W stacks every loaded adapter's rank columns (gptoss.lora_stack); mask_t keeps token t's adapter's
+columns, from its adapter index, inside the shrink kernel, so one launch serves a batch that mixes
+adapters and the base model, with no host sync (CUDA graphs capture it). The shrink is a small
+grouped GEMM (K = H or I, N = W <= 256); the expand costs the GEMM programs one [BN, W] @ [W, BM]
+dot, next to their K/BK dots of [BN, BK] @ [BK, BM]. The seed (vLLM's Triton fused-MoE LoRA for
+MXFP4) has the same shape: it unfuses the activation and the sum of matmul_ogs to add the deltas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from gptoss.kernels.moe import (
+    MoEWeights,
+    _empty,
+    _expert_tile,
+    _precision,
+    choose_tiles,
+    choose_tiles_v2,
+    combine,
+    down,
+    down_v2,
+    gate_up,
+    gate_up_v2,
+)
+from gptoss.kernels.moe_routing import Routing, route_and_group
+
+
+@dataclass(frozen=True, slots=True)
+class MoELora:
+    """One layer's stacked expert adapters, laid out for the kernels; a target none adapts is None."""
+
+    a13: Tensor | None  # [E, W, H]
+    b13: Tensor | None  # [E, 2, I, W]: [:, 0] gate rows, [:, 1] up rows (as MoEWeights.w13)
+    a2: Tensor | None  # [E, W, I]
+    b2: Tensor | None  # [E, H, W]
+    rank: int  # R: adapter i owns columns [(i-1) R, i R)
+
+
+def prepare_moe_lora(experts: dict[str, tuple[Tensor, Tensor]], rank: int) -> MoELora | None:
+    """gptoss.lora_stack.LayerLora.experts -> MoELora (None: no adapter adapts this layer's experts)."""
+    if not experts:
+        return None
+    a13 = b13 = a2 = b2 = None
+    if "gate_up_proj" in experts:
+        a13, b = experts["gate_up_proj"]  # [E, W, H], [E, 2I, W] with gate/up rows interleaved
+        e, n2, w = b.shape
+        b13 = b.reshape(e, n2 // 2, 2, w).transpose(1, 2).contiguous()
+        a13 = a13.contiguous()
+    if "down_proj" in experts:
+        a2, b2 = (t.contiguous() for t in experts["down_proj"])
+    return MoELora(a13, b13, a2, b2, rank)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _shrink_kernel(
+    x_ptr,
+    a_ptr,
+    idx_ptr,
+    s_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    K,
+    stride_x,
+    stride_ae,
+    TOKEN_DIV: tl.constexpr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+    W: tl.constexpr,
+    R: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """s[a] = mask(a) * (x[a // TOKEN_DIV] @ A_e^T) for the rows a of tile pid_m; mask(a) keeps the
+    columns of the adapter idx[a // TOP_K] (block (col // R) + 1; index 0, the base model: none)."""
+    pid_m = tl.program_id(0)
+    e, rows, valid, n_tiles = _expert_tile(counts_ptr, rows_ptr, T, pid_m, E, BE, BM)
+    if pid_m >= n_tiles:
+        return
+    kk = tl.arange(0, BK)
+    w = tl.arange(0, W)
+    x_rows = x_ptr + (rows // TOKEN_DIV).to(tl.int64)[:, None] * stride_x + kk[None, :]  # [BM, BK]
+    a_cols = a_ptr + e.to(tl.int64) * stride_ae + w[None, :] * K + kk[:, None]  # [BK, W]
+    acc = tl.zeros([BM, W], tl.float32)
+    for k0 in range(0, K, BK):
+        k_ok = k0 + kk < K
+        xt = tl.load(x_rows + k0, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        at = tl.load(a_cols + k0, mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(xt, at, acc, input_precision=PREC)
+    adapter = tl.load(idx_ptr + rows // TOP_K, mask=valid, other=0)  # [BM]
+    own = (w // R + 1)[None, :] == adapter[:, None]  # [BM, W]
+    acc = tl.where(own, acc, 0.0)
+    tl.store(
+        s_ptr + rows.to(tl.int64)[:, None] * W + w[None, :],
+        acc.to(s_ptr.dtype.element_ty),
+        mask=valid[:, None],
+    )
+
+
+def shrink(x: Tensor, a: Tensor, r: Routing, index: Tensor, rank: int, token_div: int) -> Tensor:
+    """Rows of x (row a // token_div for assignment a) through their expert's stacked A [E, W, K],
+    masked to their token's adapter -> s [T*k, W] in x.dtype. index [T]: each token's adapter."""
+    t, k = r.ids.shape
+    e, w, kdim = a.shape
+    s = _empty((t * k, w), x.dtype, x.device)
+    bm = 64 if w <= 64 else 32 if w <= 128 else 16  # the [BM, W] accumulator stays in registers
+    rows = t * k
+    grid = (min(rows, (rows + min(e, rows) * (bm - 1)) // bm),)
+    _shrink_kernel[grid](
+        x,
+        a,
+        index,
+        s,
+        r.counts,
+        r.rows,
+        t,
+        kdim,
+        x.stride(0),
+        a.stride(0),
+        TOKEN_DIV=token_div,
+        TOP_K=k,
+        E=e,
+        BE=triton.next_power_of_2(e),
+        BM=bm,
+        BK=64,
+        W=w,
+        R=rank,
+        PREC=_precision(x),
+        num_warps=4,
+    )
+    return s
+
+
+def moe_forward_lora(
+    x: Tensor,
+    router_weight: Tensor,
+    router_bias: Tensor,
+    top_k: int,
+    w: MoEWeights,
+    lora: MoELora,
+    index: Tensor,
+    alpha: float,
+    limit: float,
+) -> Tensor:
+    """gptoss.kernels.moe.moe_forward plus the LoRA deltas of each token's adapter (index [T]: 0 none)."""
+    e, h, i = w.shape
+    x = x.contiguous()
+    t = x.shape[0]
+    if t == 0:
+        return torch.empty_like(x)
+    r = route_and_group(F.linear(x, router_weight, router_bias), top_k)
+    lora13 = None if lora.a13 is None else (lora.b13, shrink(x, lora.a13, r, index, lora.rank, top_k))
+    if w.layout == "bits":
+        act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True), lora13)
+    else:
+        act = gate_up(x, r, w, alpha, limit, choose_tiles(t, top_k, e, i, h, gate_up=True), lora13)
+    lora2 = None if lora.a2 is None else (lora.b2, shrink(act, lora.a2, r, index, lora.rank, 1))
+    if w.layout == "bits":
+        y = down_v2(act, r, w, choose_tiles_v2(t, top_k, e, h, i, gate_up=False), lora2)
+    else:
+        y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False), lora2)
+    return combine(y, r.weights, x.dtype)
