@@ -52,12 +52,15 @@ def spec(s: str) -> tuple[int, int, int]:
 
 
 def agree_dataset(out: Path) -> Path:
-    """16 synthetic MLPerf-schema prompts (real Harmony text), written once."""
+    """16 MLPerf-schema rows of random prompt ids, written once. Random ids, not data.synthetic's
+    Harmony text: the GPU machine has no tokenizer package (openai_harmony)."""
     path = out / "agree16.parquet"
     if not path.exists():
-        from data.synthetic import make
+        import pandas as pd
 
-        make(AGREE[0], prompt_len=(110, 140), output_len=None, seed=13).to_parquet(path)
+        prompts = rand_prompts(AGREE[0], 128, seed=13)
+        frame = {"tok_input": prompts, "tok_input_len": [len(p) for p in prompts], "dataset": "gpqa_diamond"}
+        pd.DataFrame(frame).to_parquet(path)
     return path
 
 
