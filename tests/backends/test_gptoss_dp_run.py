@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tests.backends.httpkit import ROOT, accuracy_tokens, collect, make_backend, run_mlperf, start_process
+from tests.gptoss.dpkit import gone
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -31,15 +32,6 @@ def replica_pids(stderr: str) -> list[int]:
     """The replicas' pids, in replica order, from their ready lines."""
     found = dict(m.groups() for line in stderr.splitlines() if (m := READY.match(line)))
     return [int(found[i]) for i in sorted(found)]
-
-
-def gone(pids: list[int], within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def make_data(path: Path, rows: int, output_len: tuple[int, int], seed: int) -> Path:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -19,6 +18,7 @@ from gptoss.async_engine import AsyncEngine
 from gptoss.dp_engine import DPEngine, ReplicaDiedError, ReplicaStartError, open_engine
 from gptoss.engine import Delta, EngineConfig, LLMEngine
 from gptoss.sampling import SamplingParams
+from tests.gptoss.dpkit import gone
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,16 +41,6 @@ async def collect(stream) -> list:
 
 async def tokens(stream) -> list[int]:
     return [t async for d in stream for t in d.token_ids]
-
-
-def gone(pids: list[int], within: float = 10.0) -> bool:
-    """Every pid has exited (a zombie counts: its reaper may be a container's init)."""
-    deadline = time.monotonic() + within
-    while [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def test_two_replicas_stream_the_tokens_of_one_engine(tiny_checkpoint):
