@@ -41,7 +41,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gptoss.kernels import moe  # noqa: E402
+from gptoss.kernels import moe, moe_common  # noqa: E402
 from gptoss.kernels.moe import Tiles, moe_forward, prepare_moe_weights, route  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.mxfp4 import dequantize  # noqa: E402
@@ -238,14 +238,14 @@ def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
 @contextmanager
 def _switches(v: Variant) -> Iterator[None]:
     """The module switches a variant needs, restored afterwards."""
-    saved = moe.USE_ASM, dict(moe.TILE_OVERRIDE)
-    moe.USE_ASM = v.asm
+    saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE)
+    moe_common.USE_ASM = v.asm
     moe.TILE_OVERRIDE.clear()
     moe.TILE_OVERRIDE.update(v.tiles or {})
     try:
         yield
     finally:
-        moe.USE_ASM = saved[0]
+        moe_common.USE_ASM = saved[0]
         moe.TILE_OVERRIDE.clear()
         moe.TILE_OVERRIDE.update(saved[1])
 

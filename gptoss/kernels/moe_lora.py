@@ -28,7 +28,6 @@ from torch import Tensor
 
 from gptoss.kernels.moe import (
     MoEWeights,
-    _empty,
     _expert_tile,
     _precision,
     choose_tiles,
@@ -39,6 +38,7 @@ from gptoss.kernels.moe import (
     gate_up,
     gate_up_v2,
 )
+from gptoss.kernels.moe_common import _empty
 from gptoss.kernels.moe_routing import Routing, route_and_group
 
 

@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from gptoss.config import PRESETS  # noqa: E402
-from gptoss.kernels import moe, moe_lora  # noqa: E402
+from gptoss.kernels import moe_common, moe_lora  # noqa: E402
 from gptoss.kernels.moe import moe_forward  # noqa: E402
 from gptoss.kernels.moe_lora import moe_forward_lora, prepare_moe_lora, shrink  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
@@ -48,7 +48,7 @@ def poisoned_buffers(monkeypatch):
     def nan(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
-    monkeypatch.setattr(moe, "_empty", nan)
+    monkeypatch.setattr(moe_common, "_empty", nan)
     monkeypatch.setattr(moe_lora, "_empty", nan)
 
 

@@ -1,0 +1,59 @@
+"""What both MoE GEMM families share: the call-time switches, buffers, argument helpers and the
+Triton helpers that find a program's expert tile and add a LoRA delta."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+USE_ASM = True  # the PTX dequant on CUDA (both paths); False falls back to the portable one everywhere
+
+
+def _use_asm(x: Tensor) -> bool:
+    return USE_ASM and x.is_cuda and not triton.knobs.runtime.interpret
+
+
+def _precision(x: Tensor) -> str:
+    return "ieee" if x.dtype == torch.float32 else "tf32"  # float32 inputs: no TF32 rounding
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.empty(shape, dtype=dtype, device=device)  # tests swap this for NaN-filled buffers
+
+
+def _lora_args(lora: tuple[Tensor, Tensor] | None, x: Tensor, planes: bool) -> tuple[list, dict]:
+    """The kernels' LoRA arguments: (B planes [E, 2, N, W] or B [E, N, W], s [A, W]); x stands in for
+    the pointers when there is no LoRA (LORA=False compiles them out)."""
+    if lora is None:
+        return [x, x, 0] + ([0] if planes else []), {"LORA": False, "LW": 16}
+    b, sh = lora
+    return [b, sh, b.stride(0)] + ([b.stride(1)] if planes else []), {"LORA": True, "LW": b.shape[-1]}
+
+
+@triton.jit
+def _expert_tile(counts_ptr, rows_ptr, T, pid_m, E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr):
+    """Tile pid_m -> (expert, its assignment rows [BM], valid [BM], tiles in all)."""
+    ex = tl.arange(0, BE)
+    cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)  # [BE]
+    tiles = (cnt + BM - 1) // BM
+    ends = tl.cumsum(tiles, 0)  # [BE] inclusive
+    e = tl.sum((ends <= pid_m).to(tl.int32), 0)  # E when pid_m is past the last tile
+    first = tl.sum(tl.where(ex == e, ends - tiles, 0), 0)
+    n_rows = tl.sum(tl.where(ex == e, cnt, 0), 0)
+    slot = (pid_m - first) * BM + tl.arange(0, BM)
+    valid = slot < n_rows
+    rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # invalid -> row 0, never stored
+    return e, rows, valid, tl.sum(tiles, 0)
+
+
+@triton.jit
+def _lora_expand(acc, b_ptr, s_ptr, rows, valid, n_ld, LW: tl.constexpr, PREC: tl.constexpr):
+    """acc [BN, BM] + B[n_ld] [BN, LW] @ s[rows]^T [LW, BM]: a LoRA delta added before the epilogue.
+
+    b_ptr: one expert's B [N, LW] (plane), s_ptr: the shrunk rows [A, LW], both in the input dtype."""
+    w = tl.arange(0, LW)
+    b = tl.load(b_ptr + n_ld[:, None] * LW + w[None, :])  # [BN, LW]
+    st = tl.load(s_ptr + rows.to(tl.int64)[None, :] * LW + w[:, None], mask=valid[None, :], other=0.0)
+    return tl.dot(b, st, acc, input_precision=PREC)

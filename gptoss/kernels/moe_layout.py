@@ -1,0 +1,125 @@
+"""MXFP4 expert weights as the MoE kernels read them: MoEWeights and prepare_moe_weights (once at load),
+and the v2 "bits" layout (_to_bits_layout) whose words two instructions turn into MMA registers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+KERNELS = "v2"  # the kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2"
+
+
+@dataclass(frozen=True, slots=True)
+class MoEWeights:
+    w13: Tensor  # [E, 2, I, H/2] uint8: [:, 0] gate rows, [:, 1] up rows; 8 e2m1 per 4 bytes (see layout)
+    s13: Tensor  # [E, 2, I, >= H/32] uint8 e8m0 scales (rows padded to 16 bytes: aligned loads)
+    b13: Tensor  # [E, 2, I] float32
+    w2: Tensor  # [E, H, I/2] uint8
+    s2: Tensor  # [E, H, >= I/32] uint8
+    b2: Tensor  # [E, H] float32
+    layout: str = "bits"  # "bits": w13/w2 bits rearranged for the v2 kernels; "nibble": checkpoint order (v1)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(E, H, I)."""
+        e, _, i, _ = self.w13.shape
+        return e, self.w2.shape[1], i
+
+
+def prepare_moe_weights(
+    gate_up_blocks: Tensor,
+    gate_up_scales: Tensor,
+    gate_up_bias: Tensor,
+    down_blocks: Tensor,
+    down_scales: Tensor,
+    down_bias: Tensor,
+    kernels: str | None = None,
+) -> MoEWeights:
+    """Checkpoint tensors (gate/up rows interleaved) -> MoEWeights; runs once at load.
+
+    The even (gate) and odd (up) rows of gate_up go to separate planes, so a program owning act
+    columns [n, n+BN) reads both halves of its pairs with two plain tile loads, for any BN.
+    kernels ("v1" | "v2", default the module's KERNELS) fixes the weight layout, hence the kernels
+    moe_forward runs on these weights: v2 rearranges the bits of every 4-byte word (_to_bits_layout).
+    """
+    kernels = KERNELS if kernels is None else kernels
+    if kernels not in ("v1", "v2"):
+        raise ValueError(f"prepare_moe_weights: kernels must be 'v1' or 'v2', got {kernels!r}")
+    e, n2, g, b = gate_up_blocks.shape
+    h, i = g * 32, n2 // 2
+    want = {
+        "gate_up_blocks": (gate_up_blocks, (e, 2 * i, h // 32, 16), torch.uint8),
+        "gate_up_scales": (gate_up_scales, (e, 2 * i, h // 32), torch.uint8),
+        "gate_up_bias": (gate_up_bias, (e, 2 * i), None),
+        "down_blocks": (down_blocks, (e, h, i // 32, 16), torch.uint8),
+        "down_scales": (down_scales, (e, h, i // 32), torch.uint8),
+        "down_bias": (down_bias, (e, h), None),
+    }
+    for name, (t, shape, dtype) in want.items():
+        if tuple(t.shape) != shape or (dtype is not None and t.dtype != dtype):
+            raise ValueError(
+                f"prepare_moe_weights: {name} is {tuple(t.shape)} {t.dtype}, expected "
+                f"{shape}{f' {dtype}' if dtype else ''} (E={e}, H={h}, I={i})"
+            )
+    if n2 % 2 or i % 32:
+        raise ValueError(f"prepare_moe_weights: intermediate size {i} must be a multiple of 32")
+
+    def planes(t: Tensor) -> Tensor:  # [E, 2I, ...] interleaved -> [E, 2, I, ...]
+        return t.reshape(e, i, 2, -1).transpose(1, 2).contiguous()
+
+    def padded(s: Tensor) -> Tensor:  # the kernels never read the pad
+        return F.pad(s, (0, -s.shape[-1] % 16)).contiguous()
+
+    w13 = planes(gate_up_blocks).view(e, 2, i, h // 2)
+    w2 = down_blocks.reshape(e, h, i // 2).contiguous()
+    if kernels == "v2":
+        top = max(int(gate_up_scales.max()), int(down_scales.max()))  # once at load
+        if top > MAX_SCALE_V2:
+            raise ValueError(
+                f"prepare_moe_weights: scale byte {top} > {MAX_SCALE_V2} (weights above 12): "
+                "the v2 kernels' bf16 scale factor 2^(s-1) would overflow; use kernels='v1'"
+            )
+        w13, w2 = _to_bits_layout(w13), _to_bits_layout(w2)
+    return MoEWeights(
+        w13=w13,
+        s13=padded(planes(gate_up_scales)),
+        b13=planes(gate_up_bias.float()).view(e, 2, i),
+        w2=w2,
+        s2=padded(down_scales),
+        b2=down_bias.float().contiguous(),
+        layout="bits" if kernels == "v2" else "nibble",
+    )
+
+
+# The v2 layout. The kernels turn each 4-byte word (8 values of one row, in K order) into the 4
+# bf16x2 registers the MMA takes, values (2j, 2j+1) in register j, each value as e2m1 * 2^-126:
+# sign at bit 15, the magnitude bits e1 e0 m at bits 8:6 (bf16's low exponent bits and top mantissa
+# bit; the code 0.5 lands on the subnormal 2^-127), +16 for the odd value; one bf16x2 multiply by
+# 2^(s - 1) then makes them exact. No 4 rotations of one word can place all 32 bits (checked by
+# exhaustive search), so registers 0-2 take a rotation and a mask (2 SASS ops) and register 3 the
+# bits already in place plus two shifted by 8 (3 ops): 9 ops for 8 values (v1: 18 + 4 regroupings).
+_E2M1_TO_BF16_BIT = (6, 7, 8, 15)  # e2m1 bit i (m, e0, e1, sign) -> bf16 bit; the odd value +16
+_ROTATE = (4, 10, 14)  # register j < 3 = rotl(word, _ROTATE[j]) & 0x81C081C0
+_BIT_FROM = tuple({t: (t - r) % 32 for t in range(32)} for r in _ROTATE) + (
+    {t: t - 8 if t in (8, 24) else t for t in range(32)},
+)  # register 3: (w & 0x80C080C0) | ((w << 8) & 0x01000100)
+MAX_SCALE_V2 = 128  # v2 multiplies by the bf16 2^(s - 1); 2^127 is bf16's largest power of 2
+
+
+def _to_bits_layout(blocks: Tensor) -> Tensor:
+    """[E, ..., K/2] uint8 in checkpoint order (byte b: value 2b low nibble, 2b+1 high) -> the v2 layout.
+
+    One expert at a time, so the temporaries stay at an expert's size (120b: 1/128 of a layer)."""
+    out = torch.empty_like(blocks)
+    for e in range(blocks.shape[0]):
+        words = blocks[e].contiguous().view(torch.int32)  # [..., K/8]; little endian: byte j = bits 8j..8j+7
+        acc = torch.zeros_like(words)
+        for j, bit_from in enumerate(_BIT_FROM):  # register j <- byte j
+            for half in (0, 1):  # the low nibble (value 2j) -> bits 15:0, the high one -> 31:16
+                for i, t in enumerate(_E2M1_TO_BF16_BIT):
+                    acc |= ((words >> (8 * j + 4 * half + i)) & 1) << bit_from[t + 16 * half]
+        out[e] = acc.view(torch.uint8).view(blocks.shape[1:])
+    return out

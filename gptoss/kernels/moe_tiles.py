@@ -1,0 +1,92 @@
+"""Block sizes of the MoE GEMMs, from the shapes (no autotuning): Tiles, the tables by rows per
+expert, choose_tiles (v1) and choose_tiles_v2, and the grid they give."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+
+@dataclass(frozen=True, slots=True)
+class Tiles:
+    bm: int  # token rows per tile (the narrow dot operand)
+    bn: int  # output columns per program (gate_up: act columns, i.e. weight-row pairs)
+    bk: int  # K per step; a multiple of 32 (one scale per 32)
+    warps: int
+    stages: int
+    split: int = 1  # v2 only: warps splitting each BK step along K (a batched MMA, summed at the end)
+    xa: bool = False  # v2, split 1: x is the MMA's A operand, the dequantized weights B (through smem)
+
+
+# By BM, the token rows an expert gets if routing is even (16..128). Each warp owns distinct weight
+# rows (BN = 16 * warps for mma.sync, 64 rows a warpgroup for wgmma), so no weight is dequantized
+# twice; checked in the sm_90a SASS, as are registers (<= 230, no spills) at the 20b shapes.
+# Decode (BM 16) streams the weights: 90 N-tiles an expert, 2-warp programs, 256 K (128 B a row)
+# a step, 4 stages in flight. Past BM 32 the GEMMs are compute-bound: wgmma tiles.
+_GATE_UP_TILES = {
+    16: Tiles(16, 32, 256, 2, 4),
+    32: Tiles(32, 64, 128, 4, 3),
+    64: Tiles(64, 64, 128, 4, 3),
+    128: Tiles(64, 128, 64, 8, 3),
+}
+_DOWN_TILES = {
+    16: Tiles(16, 32, 256, 2, 4),
+    32: Tiles(32, 64, 128, 4, 3),
+    64: Tiles(64, 128, 64, 8, 3),
+    128: Tiles(128, 128, 64, 8, 3),
+}
+
+
+def choose_tiles(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
+    """Block sizes from the shapes, no autotuning. n: output columns (gate_up: I), k: the K dim."""
+    rows = triton.cdiv(t * top_k, e)  # rows an expert gets if routing is even
+    cfg = (_GATE_UP_TILES if gate_up else _DOWN_TILES)[min(128, max(16, triton.next_power_of_2(rows)))]
+    bn = min(cfg.bn, max(16, triton.next_power_of_2(n)))
+    bk = min(cfg.bk, 1 << (k.bit_length() - 1))  # <= K; K % BK != 0 takes the masked path
+    return Tiles(cfg.bm, bn, bk, min(cfg.warps, bn // 16), cfg.stages)
+
+
+# v2 (weights in the bits layout), by BM as above. Decode and BM 32 split each 512-K step over 4
+# warps, one 128-K slice a warp, every warp on all BN rows (no weight dequantized twice, 4x the
+# resident warps of one warp per 16 rows: 1440 warps over the 4 experts' gate/up rows at T = 1).
+# A slice is >= 128 K so its scales are whole int32 words (cp.async needs >= 4 bytes a thread).
+# Past BM 32, wgmma tiles with BK 128. In the sm_90a SASS (20b shapes, bf16): 3.3 instructions a
+# weight value at decode (v1: 4.9), of which 1.66 dequant, 0.25 HMMA and ~0.45 moves of the x
+# operand between its LDS.128 and the HMMA register pairs; BM 128 gate_up 5.6 a value for 128 rows
+# (v1 at T 4096: 6.0 for 64 rows). Registers <= 255, spills only outside the K loop.
+# Buckets 32 and 64 (M 128-512 at 20b, Offline decode) take 32-row xa tiles: measured on the H100
+# (bench/results 2026-11-22 v5) M 256 645 -> 438 us, M 512 753 -> 672 us; xa at BM 64/128 was slower.
+_XA32 = Tiles(32, 64, 128, 4, 3, xa=True)
+_GATE_UP_TILES_V2 = {
+    16: Tiles(16, 32, 512, 4, 3, 4),
+    32: _XA32,
+    64: _XA32,
+    128: Tiles(128, 128, 128, 8, 3),
+}
+_DOWN_TILES_V2 = {
+    16: Tiles(16, 32, 512, 4, 3, 4),
+    32: _XA32,
+    64: _XA32,
+    128: Tiles(128, 128, 128, 8, 3),
+}
+TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 tiles; for benchmarks
+
+
+def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
+    """choose_tiles for the v2 kernels: BK/split >= 128 (whole scale words) and BK <= 512 (scale pad)."""
+    rows = triton.cdiv(t * top_k, e)
+    bucket = min(128, max(16, triton.next_power_of_2(rows)))
+    cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V2 if gate_up else _DOWN_TILES_V2)[bucket]
+    bn = min(cfg.bn, max(16, triton.next_power_of_2(n)))
+    split = cfg.split
+    bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))  # past K: the masked tail
+    warps = cfg.warps if split > 1 else min(cfg.warps, bn // 16)
+    return Tiles(cfg.bm, bn, bk, warps, cfg.stages, split, cfg.xa)
+
+
+def _grid(t: int, top_k: int, e: int, n: int, tiles: Tiles) -> tuple[int, int]:
+    a = t * top_k
+    # Each expert's rows fill whole tiles but its last: at most (A + min(E, A)*(BM-1)) / BM tiles.
+    max_tiles = min(a, (a + min(e, a) * (tiles.bm - 1)) // tiles.bm)
+    return triton.cdiv(n, tiles.bn), max_tiles
