@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from backends.base import BackendError, RunSpec, SamplingParams
-from gptoss.engine import EngineConfig, split_lora_spec
+from gptoss.engine import EngineConfig
+from gptoss.lora_spec import split_lora_spec
 from gptoss.sampling import SamplingParams as EngineSamplingParams
 
 

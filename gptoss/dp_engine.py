@@ -28,7 +28,8 @@ from typing import Any, Self
 
 from gptoss.async_engine import AsyncEngine, _Stream
 from gptoss.dp_replica import Failure, replica_main
-from gptoss.engine import Delta, EngineConfig, EngineError, check_prompt, split_lora_spec
+from gptoss.engine import Delta, EngineConfig, EngineError, check_prompt
+from gptoss.lora_spec import split_lora_spec
 from gptoss.sampling import SamplingParams
 
 STOP_TIMEOUT_S = 30.0  # a replica finishes its step and exits; past this it is killed

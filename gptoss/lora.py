@@ -28,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from gptoss.config import ModelConfig
-from gptoss.engine import split_lora_spec
+from gptoss.lora_spec import split_lora_spec
 
 MAX_RANK = 64
 CONFIG_FILE = "adapter_config.json"

@@ -17,7 +17,7 @@ from gptoss.sampler import sample
 from gptoss.scheduler import Batch
 
 if TYPE_CHECKING:
-    from gptoss.engine import EngineConfig
+    from gptoss.engine_config import EngineConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Without --kv-cache-tokens, the KV cache takes this share of free device memory (CPU: of

@@ -1,0 +1,155 @@
+"""EngineConfig: the engine's settings, whose flag fields are the flags of --backend gptoss and of
+python -m gptoss.serve (no torch here, so the flags parse without it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gptoss.lora_spec import split_lora_spec
+
+DTYPES = ("bfloat16", "float32")
+
+
+def _flag(help: str, **more: object) -> dict[str, object]:
+    """Field metadata that makes the field a flag (read by harness/cli.py and gptoss/serve/main.py)."""
+    return {"help": help, **more}
+
+
+def _device_list(text: str) -> tuple[str, ...]:
+    """--devices cuda:0,cuda:1 -> ("cuda:0", "cuda:1"); EngineConfig checks each one."""
+    return tuple(d.strip() for d in text.split(","))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """The engine's settings. The fields with flag metadata are the flags of --backend gptoss and of
+    python -m gptoss.serve, so a knob is declared once, here."""
+
+    model_path: Path | None = None  # set before the engine starts (--model-path is a flag of its own)
+    device: str | None = field(
+        default=None,
+        metadata=_flag("cpu, cuda or cuda:N", default_help="cuda when torch sees a GPU, else cpu"),
+    )
+    dtype: str = field(default="bfloat16", metadata=_flag("activations and KV cache", choices=DTYPES))
+    max_num_seqs: int = field(default=256, metadata=_flag("most running requests"))
+    max_num_batched_tokens: int = field(
+        default=8192, metadata=_flag("tokens per engine step; longer prompts prefill in chunks")
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata=_flag("prompt + output limit", default_help="the checkpoint's, capped by the KV cache"),
+    )
+    kv_cache_tokens: int | None = field(
+        default=None, metadata=_flag("KV cache size in tokens", default_help="sized from free memory")
+    )
+    block_size: int = 16
+    data_parallel_size: int = field(
+        default=1,
+        metadata=_flag("engine replicas, one process per device (cuda:0 … cuda:N-1); least loaded first"),
+    )
+    engine_process: bool = field(
+        default=False,
+        metadata=_flag(
+            "run a single engine in its own process, as replicas run (the caller and the engine "
+            "then share no GIL)"
+        ),
+    )
+    devices: tuple[str, ...] | None = field(
+        default=None,
+        metadata=_flag(
+            "one replica per listed device, e.g. cuda:0,cuda:1 (cpu,cpu on CPU); instead of --device",
+            type=_device_list,
+            metavar="DEV,DEV,...",
+            default_help="--data-parallel-size times --device",
+        ),
+    )
+    seed: int = field(default=0, metadata=_flag("seeds the sampling of requests that carry no seed"))
+    kernels: str | None = field(
+        default=None,
+        metadata=_flag(
+            "torch: the reference model; triton: our fused kernels",
+            choices=("torch", "triton"),
+            default_help="triton on CUDA, torch on CPU",
+        ),
+    )
+    cuda_graphs: bool = field(
+        default=True, metadata=_flag("replay CUDA graphs for decode steps (triton kernels on CUDA)")
+    )
+    decode_steps: int = field(
+        default=8,
+        metadata=_flag(
+            "decode steps run back to back on the GPU when no waiting request could join "
+            "(CUDA graphs only; 1: a host round trip every step)"
+        ),
+    )
+    lora: tuple[str, ...] = field(
+        default=(),
+        metadata=_flag(
+            "a PEFT LoRA adapter folder (q/k/v/o_proj, experts; rank <= 64), applied unmerged; "
+            "repeatable as NAME=PATH, a request picks one by name (run_mlperf: one, for every query)",
+            type=str,
+            repeat=True,
+            metavar="[NAME=]PATH",
+            default_help="none",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.kernels not in (None, "torch", "triton"):
+            raise ValueError(f"kernels must be torch or triton, got {self.kernels!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "decode_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_model_len", "kv_cache_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 2:
+                raise ValueError(f"{name} must be >= 2, got {value}")
+        names = [split_lora_spec(s)[0] for s in self.lora]
+        if dup := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"lora: two adapters are named {dup[0]!r}; name them NAME=PATH")
+        self._check_replicas()
+
+    def _check_replicas(self) -> None:
+        n, devices = self.data_parallel_size, self.devices
+        if n < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {n}")
+        if n > 1 and self.device not in (None, "cpu", "cuda"):
+            raise ValueError(
+                f"data_parallel_size {n} with device {self.device}: name each replica's GPU in devices "
+                "instead (e.g. cuda:0,cuda:1)"
+            )
+        if devices is None:
+            return
+        if self.device is not None:
+            raise ValueError("give device or devices, not both")
+        if not devices or n not in (1, len(devices)):
+            raise ValueError(f"devices names {len(devices)} replicas but data_parallel_size is {n}")
+        for d in devices:
+            kind, _, index = d.partition(":")
+            if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+                raise ValueError(f"devices: {d!r} is not cpu, cuda or cuda:N")
+            if kind == "cuda" and not index and len(devices) > 1:
+                raise ValueError(f"devices: give each GPU's index (cuda:0,cuda:1 ...), not {d!r}")
+        gpus = [d for d in devices if d.startswith("cuda")]
+        if len(set(gpus)) < len(gpus):
+            raise ValueError(f"devices: each GPU may hold one replica, got {','.join(devices)}")
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.devices) if self.devices is not None else self.data_parallel_size
+
+    def replica_devices(self, has_cuda: bool) -> tuple[str, ...]:
+        """One device per engine replica: devices, else data_parallel_size times device (cuda becomes
+        cuda:0 … cuda:N-1); with no device, cuda when torch sees a GPU (`has_cuda`), else cpu."""
+        if self.devices is not None:
+            return self.devices
+        device = self.device or ("cuda" if has_cuda else "cpu")
+        n = self.data_parallel_size
+        if n > 1 and device == "cuda":
+            return tuple(f"cuda:{i}" for i in range(n))
+        return (device,) * n
