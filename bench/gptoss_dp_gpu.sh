@@ -5,8 +5,9 @@
 # OUT tokens (max_output_len column, so ignore_eos), greedy. Prints one table. Needs .whl
 # (bench/vllm_gpu_prepare.sh) unless mlperf_loadgen is installed.
 #   bash bench/gptoss_dp_gpu.sh [N] [IN] [OUT] [RUNS]     defaults: 2000 1024 1278 "dp1 dp2"
-# RUNS picks the runs of this call (dp1, dp2 or both); results accumulate in $RES/results.jsonl and
-# the table shows every run there, so the two can go in two device calls when one is too short
+# RUNS picks the runs of this call: dp1, dp2 (ours), vllm-tp2, vllm-dp2, vllm-tp2ep (vLLM 0.26 through
+# run_mlperf --backend vllm, after bench/vllm_peer_install.sh; the leftover-process check covers them).
+# Results accumulate in $RES/results.jsonl and the table shows every run there, so the two can go in two device calls when one is too short
 # (each Offline run of 2000 x 1278 tokens takes minutes). The checkpoint (CKPT, default
 # /tmp/ck120) is written once, on the GPU, and kept for the next call on the same machine.
 set -uo pipefail
@@ -15,6 +16,8 @@ N=${1:-2000} IN=${2:-1024} OUTLEN=${3:-1278} RUNS=${4:-"dp1 dp2"}
 RES=${OUT:-$PWD/gptoss_dp_gpu_out}; mkdir -p "$RES"
 CKPT=${CKPT:-/tmp/ck120}; DATA=/tmp/dp_${N}x${IN}x${OUTLEN}.parquet; PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+# vLLM runs: the payload carries no flashinfer (its sampler would import it), and nothing phones home
+export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 t0=$(date +%s)
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi -L
@@ -39,13 +42,17 @@ echo '{"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 10240}' > 
 failed=0
 for run in $RUNS; do
   case $run in
-    dp1) devices=(--devices cuda:0) ;;
-    dp2) devices=(--data-parallel-size 2 --device cuda) ;;
-    *) echo "unknown run $run (dp1, dp2)"; exit 2 ;;
+    dp1) devices=(--backend gptoss --devices cuda:0) ;;
+    dp2) devices=(--backend gptoss --data-parallel-size 2 --device cuda) ;;
+    # vLLM on both GPUs (installed first: bench/vllm_peer_install.sh); its own engine flags
+    vllm-tp2) devices=(--backend vllm --tensor-parallel-size 2) ;;
+    vllm-dp2) devices=(--backend vllm --data-parallel-size 2) ;;
+    vllm-tp2ep) devices=(--backend vllm --tensor-parallel-size 2 --enable-expert-parallel) ;;
+    *) echo "unknown run $run (dp1, dp2, vllm-tp2, vllm-dp2, vllm-tp2ep)"; exit 2 ;;
   esac
   say "$run: ${devices[*]}"
   start=$(date +%s.%N)
-  "$PY" run_mlperf.py --backend gptoss "${devices[@]}" --model-path "$CKPT" --scenario offline \
+  "$PY" run_mlperf.py "${devices[@]}" --model-path "$CKPT" --scenario offline \
     --input-file "$DATA" --min-duration 0 --min-query-count "$N" --generation-config /tmp/greedy.json \
     --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-model-len 4096 \
     --output-dir "$RES/$run" > "$RES/$run.log" 2>&1
