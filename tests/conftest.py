@@ -9,10 +9,18 @@ Both are written once per session (~2 s each) into pytest's temp dir.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU the kernel tests run in Triton's interpreter, and TRITON_INTERPRET must be set before
+# anything imports triton: triton.language decorates its own functions (tl.zeros ...) at import, and
+# test modules collected before tests/gptoss/kernels import it (peft does).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY_SEED = 0
 

@@ -72,7 +72,8 @@ def test_records_match_the_accuracy_log_with_injected_failures(
     )
     assert q.loc[q["output_tokens"] <= 1, "tpot_s"].isna().all()
     timed_out = failed[failed["error_name"] == "timeout"]
-    assert (timed_out["latency_s"] >= 1.0).all()
+    # asyncio runs a timer up to one clock resolution early (its loop rounds "due" up), hence 5 ms
+    assert (timed_out["latency_s"] >= 1.0 - 0.005).all()
 
 
 def _expected_row(path, idx: int) -> list[int]:

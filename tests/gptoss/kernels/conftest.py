@@ -6,4 +6,6 @@ import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault(
+        "TRITON_INTERPRET", "1"
+    )  # tests/conftest.py sets it first; this keeps the folder standalone
