@@ -71,6 +71,13 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _qps_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got '{text}'") from None
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -312,6 +319,14 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
         help="Server target QPS / Offline expected QPS (overrides the confs)",
     )
     p.add_argument(
+        "--qps-sweep",
+        type=_qps_list,
+        default=(),
+        metavar="Q1,Q2,...",
+        help="server/interactive: one run per target QPS (ascending) on one started backend, stopping at "
+        "the first INVALID one; prints the highest VALID QPS (runs in OUTPUT_DIR/qps_<Q>)",
+    )
+    p.add_argument(
         "--min-duration", type=_non_negative, help="LoadGen min_duration in seconds (overrides the confs)"
     )
     p.add_argument(
@@ -423,6 +438,8 @@ def _embedded_default(ns: argparse.Namespace) -> tuple[Path, dict[str, float | i
     if ns.user_conf is not None:
         return path, {}, notes
     short = {k: v for k, v in smoke_settings(ns.scenario, rows).items() if getattr(ns, k, None) is None}
+    if ns.qps_sweep:
+        short.pop("target_qps", None)  # the sweep gives each run its own
     if short:
         notes += smoke_notes(ns.scenario, short)
     return path, short, notes
@@ -479,6 +496,7 @@ def config_from_args(
             compliance=ns.compliance,
             interrupt_grace_s=ns.interrupt_grace,
             report=ns.report,
+            qps_sweep=ns.qps_sweep,
             command=tuple(argv),
             notes=tuple(notes),
         )
@@ -512,11 +530,13 @@ def main(argv: list[str] | None = None) -> int:
     from harness.dataset import DatasetError
     from harness.runner import EXIT_USAGE, RunError, run
     from harness.settings import SettingsError
+    from harness.sweep import run_sweep
 
     argv = sys.argv if argv is None else argv
     console = Console(highlight=False)
     try:
-        return run(parse_config(argv), console)
+        cfg = parse_config(argv)
+        return run_sweep(cfg, console) if cfg.qps_sweep else run(cfg, console)
     except (
         DatasetError,
         SettingsError,

@@ -54,6 +54,7 @@ class RunConfig:
     compliance: str | None = None  # "TEST07" | "TEST09"
     interrupt_grace_s: float = 10.0  # after Ctrl-C, how long LoadGen may take to finish its logs
     report: bool = False  # write the report (plots + report.md) into <log_dir>/report at the end
+    qps_sweep: tuple[float, ...] = ()  # Server/Interactive: one run per target QPS, one backend (harness/sweep.py)
     command: tuple[str, ...] = ()  # the argv that built this config, recorded in run.json
     notes: tuple[str, ...] = ()  # what the CLI decided for the user (printed, recorded in run.json)
 
@@ -78,6 +79,20 @@ class RunConfig:
             raise ValueError(f"latency_percentile must be in (0, 1), got {self.latency_percentile}")
         if self.target_qps == 0:
             raise ValueError("target_qps must be > 0")
+        if self.qps_sweep:
+            self._check_sweep()
+
+    def _check_sweep(self) -> None:
+        if self.scenario == "offline":
+            raise ValueError("--qps-sweep is for the server and interactive scenarios")
+        if self.accuracy or self.compliance:
+            raise ValueError("--qps-sweep runs in performance mode; drop --accuracy / --compliance")
+        if self.target_qps is not None:
+            raise ValueError("give either --target-qps or --qps-sweep, not both")
+        if not all(q > 0 and math.isfinite(q) for q in self.qps_sweep):
+            raise ValueError(f"--qps-sweep values must be finite numbers > 0, got {list(self.qps_sweep)}")
+        if list(self.qps_sweep) != sorted(set(self.qps_sweep)):
+            raise ValueError(f"--qps-sweep values must be distinct and ascending, got {list(self.qps_sweep)}")
 
     @property
     def loadgen_scenario(self) -> str:

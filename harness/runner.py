@@ -150,7 +150,7 @@ def _evaluate(dataset: Dataset, log_dir: Path, console: Console) -> dict[str, An
 
 
 @dataclass(slots=True)
-class _Run:
+class Run:
     """What one run carries from its checks to its end; run.json is `record`, rewritten as it goes."""
 
     cfg: RunConfig
@@ -173,16 +173,16 @@ class _Run:
 
 def run(cfg: RunConfig, console: Console | None = None) -> int:
     """Run one LoadGen test for `cfg`; returns the process exit code (EXIT_*)."""
-    r = _prepare(cfg, console or Console(highlight=False))
+    r = prepare(cfg, console or Console(highlight=False))
     try:
         sut, signum = _with_backend(r)
     except BaseException as e:
         r.save(status="error", error=f"{type(e).__name__}: {e}")
         raise
-    return _finish(r, sut, signum)
+    return finish(r, sut, signum)
 
 
-def _prepare(cfg: RunConfig, console: Console) -> _Run:
+def prepare(cfg: RunConfig, console: Console) -> Run:
     """Every check that needs no backend, so a bad flag, conf or dataset fails in seconds."""
     for text in cfg.notes:
         console.print(f"[cyan]note:[/] {text}", soft_wrap=True)
@@ -219,7 +219,7 @@ def _prepare(cfg: RunConfig, console: Console) -> _Run:
         "audit_config": audit or None,
         "cleared_previous_run": cleared,
     }
-    r = _Run(
+    r = Run(
         cfg,
         console,
         dataset,
@@ -233,25 +233,30 @@ def _prepare(cfg: RunConfig, console: Console) -> _Run:
     return r
 
 
-def _with_backend(r: _Run) -> tuple[SUT, int | None]:
+def _with_backend(r: Run) -> tuple[SUT, int | None]:
     loop = shared_loop()
     r.console.print(f"starting backend '{r.cfg.backend}' ...")
     backend: Backend = loop.run(backends.module(r.cfg.backend).create(r.cfg).__aenter__())
     try:
-        r.record["backend"] = backend.describe()
-        if backend.max_model_len is not None or backend.vocab_size is not None:
-            check_model_limits(
-                r.dataset,
-                max_model_len=backend.max_model_len or sys.maxsize,
-                vocab_size=backend.vocab_size or VOCAB_SIZE,
-            )
-        r.save(status="running")
-        return _run_loadgen(r, backend, loop)
+        attach(r, backend)
+        return run_loadgen(r, backend, loop)
     finally:
         loop.run(backend.__aexit__(None, None, None))
 
 
-def _run_loadgen(r: _Run, backend: Backend, loop: LoopThread) -> tuple[SUT, int | None]:
+def attach(r: Run, backend: Backend) -> None:
+    """The started backend's own limits against the dataset, and its description in run.json."""
+    r.record["backend"] = backend.describe()
+    if backend.max_model_len is not None or backend.vocab_size is not None:
+        check_model_limits(
+            r.dataset,
+            max_model_len=backend.max_model_len or sys.maxsize,
+            vocab_size=backend.vocab_size or VOCAB_SIZE,
+        )
+    r.save(status="running")
+
+
+def run_loadgen(r: Run, backend: Backend, loop: LoopThread) -> tuple[SUT, int | None]:
     cfg = r.cfg
     sut = SUT(
         backend,
@@ -300,7 +305,7 @@ def _run_loadgen(r: _Run, backend: Backend, loop: LoopThread) -> tuple[SUT, int 
     return sut, watcher.signum
 
 
-def _finish(r: _Run, sut: SUT, signum: int | None) -> int:
+def finish(r: Run, sut: SUT, signum: int | None) -> int:
     """Summary, failure report, evaluation / compliance verification, run.json; the exit code."""
     cfg, console = r.cfg, r.console
     result = summarize(
@@ -362,12 +367,12 @@ def _finish(r: _Run, sut: SUT, signum: int | None) -> int:
     return code
 
 
-def _write_queries(r: _Run, sut: SUT) -> None:
+def _write_queries(r: Run, sut: SUT) -> None:
     if sut.records is not None:
         r.record["queries_file"] = str(sut.records.write(r.cfg.log_dir))
 
 
-def _make_report(r: _Run) -> None:
+def _make_report(r: Run) -> None:
     from harness.report.build import make_report
 
     path = make_report([r.cfg.log_dir], r.cfg.log_dir / "report")

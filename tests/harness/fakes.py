@@ -56,6 +56,13 @@ class FakeOptions:
         },
     )
     max_model_len: int | None = field(default=None, metadata={"help": "the context the backend reports"})
+    serial: bool = field(
+        default=False,
+        metadata={  # an overloaded server: latency grows with the arrival rate
+            "help": "serve one request at a time",
+            "flag": "--fake-serial",
+        },
+    )
     mark_file: str | None = field(
         default=None,
         metadata={  # lets a test in another process wait for streaming
@@ -80,7 +87,9 @@ class FakeBackend:
     yielded: dict[tuple[int, ...], list[list[int]]] = field(default_factory=dict)
     entered: bool = False
     exited: bool = False
+    enters: int = 0
     vocab_size: int | None = None
+    slot: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def max_model_len(self) -> int | None:
@@ -96,12 +105,22 @@ class FakeBackend:
 
             raise BackendError("fake server at http://127.0.0.1:9 is not reachable")
         self.entered = True
+        self.enters += 1
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.exited = True
 
     async def stream(self, prompt: list[int], params: SamplingParams):
+        if self.opts.serial:
+            async with self.slot:
+                async for chunk in self._stream(prompt, params):
+                    yield chunk
+        else:
+            async for chunk in self._stream(prompt, params):
+                yield chunk
+
+    async def _stream(self, prompt: list[int], params: SamplingParams):
         self.calls += 1
         call = self.calls
         out = expected_tokens(prompt, params)
