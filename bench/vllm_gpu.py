@@ -69,7 +69,7 @@ def _warmup_prompts() -> list[list[int]]:
 
 def _options(model_path: Path, engine_flags: list[str]):
     from backends.vllm import VllmOptions
-    from harness.cli import parse_options
+    from harness.options import parse_options
 
     return parse_options(VllmOptions, engine_flags, prog="engine flags")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends import vllm as vllm_backend  # noqa: E402
-from harness.cli import add_options, options_from  # noqa: E402
+from harness.options import add_options, options_from  # noqa: E402
 from harness.config import RunConfig, SamplingParams  # noqa: E402
 
 

@@ -7,13 +7,8 @@ plus that backend's own: the fields of its Options dataclass, so a flag means wh
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import math
 import os
-import re
 import sys
-import types
-import typing
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -21,6 +16,15 @@ from urllib.parse import urlsplit
 import backends
 from harness.config import COMPLIANCE_TESTS, SCENARIOS, RunConfig
 from harness.generation import DEFAULT_GENERATION_CONFIG, GenerationConfigError, load_sampling
+from harness.options import (
+    Parser,
+    add_options,
+    integer,
+    non_negative,
+    options_from,
+    positive_int,
+    qps_list,
+)
 
 ENV_BACKEND = "MLPERF_BACKEND"
 
@@ -45,173 +49,6 @@ interrupted (Ctrl-C; 143 for SIGTERM).
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """One line naming the flag and what to do; no usage block (--help has it)."""
-        self.exit(2, f"error: {message}\n")
-
-
-# ----------------------------------------------------------------------------- values
-
-
-def _finite(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = _finite(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _qps_list(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got '{text}'") from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
-def _named(parse: Any, name: str) -> Any:
-    """argparse prints the type's __name__ in 'invalid <name> value'; keep it readable."""
-    parse.__name__ = name
-    return parse
-
-
-# ----------------------------------------------------------------------------- options dataclasses -> flags
-# A field is a flag when its metadata has "help". Optional metadata: "flag" (the option string,
-# default --field-name), "choices", "type" (parses the text), "metavar", "repeat" (a repeatable
-# flag collected into a tuple), "default_help" (how --help states the default).
-
-_PARSE: dict[type, Any] = {int: _int, float: _finite, str: str, Path: Path}
-_UNSET: Any = type("Unset", (), {"__repr__": lambda self: "unset"})()  # a parsed value may be None
-
-
-def option_fields(cls: type) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
-
-
-def flag_of(f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-
-
-def _dest(f: dataclasses.Field) -> str:
-    return "opt_" + f.name  # never the dest of a core flag
-
-
-def _base(hint: Any) -> type:
-    """int for `int | None`, etc."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return args[0] if len(args) == 1 else object
-    return typing.get_origin(hint) or hint
-
-
-def _help(f: dataclasses.Field) -> str:
-    shown = f.metadata.get("default_help")
-    if shown is None:
-        default = f.default
-        if default is None or default == ():
-            return f.metadata["help"]
-        shown = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default
-    return f"{f.metadata['help']} (default: {shown})".replace("%", "%%")
-
-
-def _checked(parse: Any, name: str) -> Any:
-    """A field's parser that also refuses non-finite numbers (inf, nan, 1e400) whatever it returns."""
-
-    def run(text: str) -> Any:
-        value = parse(text)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-        return value
-
-    return _named(run, name)
-
-
-def add_options(
-    parser: argparse.ArgumentParser, cls: type, title: str, description: str | None = None
-) -> None:
-    """The flag fields of the dataclass `cls` as a group of flags (an unset one keeps the field default)."""
-    hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(title, description)
-    for f in option_fields(cls):
-        base = _base(hints[f.name])
-        kw: dict[str, Any] = {"dest": _dest(f), "default": _UNSET, "help": _help(f)}
-        if base is bool and "type" not in f.metadata:
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            parse = f.metadata.get("type") or _PARSE.get(base)
-            if parse is None:
-                raise TypeError(f"{cls.__name__}.{f.name}: give a 'type' in its metadata to parse {base}")
-            kw["type"] = _checked(parse, getattr(base, "__name__", "value"))
-            if "choices" in f.metadata:
-                kw["choices"] = f.metadata["choices"]
-            else:
-                kw["metavar"] = (
-                    f.metadata.get("metavar") or flag_of(f).removeprefix("--").replace("-", "_").upper()
-                )
-            if f.metadata.get("repeat"):
-                kw["action"], kw["default"] = "append", None
-        group.add_argument(flag_of(f), **kw)
-
-
-class OptionsError(ValueError):
-    """Options that parse but do not fit together; the message names the flags."""
-
-
-def options_from(ns: argparse.Namespace, cls: type, **given: Any) -> Any:
-    """The dataclass from the parsed flags: a flag left unset keeps the field's default."""
-    values = dict(given)
-    for f in option_fields(cls):
-        value = getattr(ns, _dest(f), _UNSET)
-        if f.metadata.get("repeat"):
-            if value:  # None when never given
-                values[f.name] = tuple(value)
-        elif value is not _UNSET:
-            values[f.name] = value
-    try:
-        return cls(**values)
-    except ValueError as e:  # the dataclass's own check, in field names: say the flags instead
-        message = str(e)
-        for f in option_fields(cls):  # whole words: the field device must not rename devices
-            message = re.sub(rf"\b{f.name}\b", flag_of(f), message)
-        raise OptionsError(message) from None
-
-
-def parse_options(cls: type, argv: list[str], prog: str = "options") -> Any:
-    """`cls` from a list of its flags alone (bench scripts, tests)."""
-    parser = _Parser(prog=prog, allow_abbrev=False)
-    add_options(parser, cls, cls.__name__)
-    try:
-        return options_from(parser.parse_args(argv), cls)
-    except OptionsError as e:
-        parser.error(str(e))
-
-
 # ----------------------------------------------------------------------------- the parser
 
 
@@ -232,7 +69,7 @@ def _backend_group(name: str) -> tuple[str, str]:
 
 def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
     """The core flags, plus the flags of `backend` when given."""
-    p = _Parser(
+    p = Parser(
         prog="run_mlperf.py",
         description="Run MLPerf Inference (LoadGen) for gpt-oss on one of several backends.",
         epilog=EPILOG,
@@ -256,7 +93,7 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
         type=Path,
         help="dataset, .parquet or .pkl in the MLCommons schema (default: bundled synthetic sample)",
     )
-    p.add_argument("--max-samples", type=_positive_int, help="use only the first N rows of the dataset")
+    p.add_argument("--max-samples", type=positive_int, help="use only the first N rows of the dataset")
     p.add_argument(
         "--mlperf-conf", type=Path, help="mlperf.conf (default: the one built into the LoadGen wheel)"
     )
@@ -283,23 +120,23 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=positive_int,
         help="override max new tokens (default: 10240 performance, 32768 accuracy)",
     )
     p.add_argument(
         "--num-workers",
-        type=_int,
+        type=integer,
         help="accepted for compatibility with the MLCommons reference and ignored: the SUT runs every query "
         "on one asyncio loop",
     )
     p.add_argument(
         "--max-concurrency",
-        type=_positive_int,
+        type=positive_int,
         help="most requests in flight to the backend (default: the backend's own)",
     )
     p.add_argument(
         "--timeout",
-        type=_non_negative,
+        type=non_negative,
         help="per-query limit in seconds: a longer query is completed with the tokens it has and counted as "
         "failed (default: none)",
     )
@@ -315,22 +152,22 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--target-qps",
-        type=_non_negative,
+        type=non_negative,
         help="Server target QPS / Offline expected QPS (overrides the confs)",
     )
     p.add_argument(
         "--qps-sweep",
-        type=_qps_list,
+        type=qps_list,
         default=(),
         metavar="Q1,Q2,...",
         help="server/interactive: one run per target QPS (ascending) on one started backend, stopping at "
         "the first INVALID one; prints the highest VALID QPS (runs in OUTPUT_DIR/qps_<Q>)",
     )
     p.add_argument(
-        "--min-duration", type=_non_negative, help="LoadGen min_duration in seconds (overrides the confs)"
+        "--min-duration", type=non_negative, help="LoadGen min_duration in seconds (overrides the confs)"
     )
     p.add_argument(
-        "--min-query-count", type=_positive_int, help="LoadGen min_query_count (overrides the confs)"
+        "--min-query-count", type=positive_int, help="LoadGen min_query_count (overrides the confs)"
     )
     p.add_argument(
         "--compliance",
@@ -345,7 +182,7 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--interrupt-grace",
-        type=_non_negative,
+        type=non_negative,
         default=10.0,
         help="after Ctrl-C, seconds LoadGen may take to finish its logs before we exit without them "
         "(default: 10)",
@@ -374,7 +211,7 @@ def full_help() -> str:
 
 def _chosen_backend(argv: list[str]) -> tuple[str | None, str]:
     """(the backend, or None when the name is not one, and where the name came from)."""
-    pre = _Parser(add_help=False, allow_abbrev=False)
+    pre = Parser(add_help=False, allow_abbrev=False)
     pre.add_argument("--backend")
     ns, _ = pre.parse_known_args(argv[1:])
     name = ns.backend or os.environ.get(ENV_BACKEND) or backends.DEFAULT
@@ -510,7 +347,7 @@ def parse_config(argv: list[str]) -> RunConfig:
     """argv (with the program name first) -> RunConfig; a bad flag exits 2 with one `error:` line."""
     backend, source = _chosen_backend(argv)
     if backend is None and not {"-h", "--help"} & set(argv[1:]):
-        _Parser(prog="run_mlperf.py").error(
+        Parser(prog="run_mlperf.py").error(
             f"{source} is not a backend; choose one of {', '.join(backends.NAMES)}"
         )
     parser = build_parser(backend)

@@ -346,7 +346,7 @@ def test_nonfinite_numbers_in_the_generation_config_are_refused(tmp_path):
 
 def test_parse_options_builds_one_backends_options_from_its_flags():
     from backends.vllm_args import VllmOptions
-    from harness.cli import parse_options
+    from harness.options import parse_options
 
     opts = parse_options(VllmOptions, ["--lora-modules", "a=/x", "--vllm-arg", "k=1", "--vllm-arg", "j=2"])
     assert opts.lora == ("a", "/x") and opts.extra_args == (("k", "1"), ("j", "2"))

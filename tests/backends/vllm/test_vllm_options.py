@@ -17,7 +17,7 @@ def test_module_and_flags_work_without_importing_vllm():
     code = (
         "import sys\n"
         "from backends import vllm as b\n"
-        "from harness.cli import build_parser, parse_options\n"
+        "from harness.cli import build_parser\nfrom harness.options import parse_options\n"
         "o = parse_options(b.VllmOptions, ['--max-num-seqs', '8', '--vllm-arg', 'max_loras=2'])\n"
         "assert o.engine_args == {'max_num_seqs': 8}, o\n"
         "build_parser('vllm').format_help()\n"

@@ -41,7 +41,7 @@ def make_dataset(path: Path, rows: int, *, seed: int, prompt_len=(20, 200), outp
 
 def parse_flags(flags: list[str]):
     from backends.vllm import VllmOptions
-    from harness.cli import parse_options
+    from harness.options import parse_options
 
     return parse_options(VllmOptions, flags)
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GPU side, one device call: the highest VALID Server QPS of one backend at MLPerf's gpt-oss limits
+# (TTFT p99 3 s, TPOT p99 80 ms), through `run_mlperf.py --qps-sweep` (one started engine, a LoadGen
+# run per QPS, ascending, stopping at the first INVALID one). N >= 459 queries per run: LoadGen's
+# early stopping cannot call a p99 run VALID with fewer. Every row generates exactly OUT tokens
+# (max_output_len), greedy, on the random 20b checkpoint. Needs .whl; vllm after vllm_peer_install.sh.
+#   bash bench/server_qps_gpu.sh BACKEND QPS_LIST [N] [IN] [OUT]     e.g. gptoss 6,8,10,12 500 1024 512
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+BACKEND=$1 QPS=$2 N=${3:-500} IN=${4:-1024} OUTLEN=${5:-512}
+RES=${OUT:-$PWD/gptoss_gpu_out}/server_$BACKEND; mkdir -p "$RES"
+CKPT=${CKPT:-/tmp/ck20}; DATA=/tmp/server_${N}x${IN}x${OUTLEN}.parquet
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
+  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+[ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" >/dev/null
+python3 - "$DATA" "$N" "$IN" "$OUTLEN" <<'PY'
+import sys
+import numpy as np
+import pandas as pd
+path, n, lin, lout = sys.argv[1], *map(int, sys.argv[2:])
+ids = np.random.default_rng(0).integers(0, 199_998, size=(n, lin))
+pd.DataFrame({"tok_input": list(ids), "tok_input_len": lin, "dataset": "gpqa_diamond",
+              "max_output_len": lout}).to_parquet(path)
+PY
+echo '{"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 10240}' > /tmp/greedy.json
+extra=(); [ "$BACKEND" = gptoss ] && extra=(--device cuda)
+start=$(date +%s)
+python3 run_mlperf.py --backend "$BACKEND" "${extra[@]}" --model-path "$CKPT" --scenario server \
+  --input-file "$DATA" --qps-sweep "$QPS" --min-duration 0 --min-query-count "$N" \
+  --generation-config /tmp/greedy.json --max-num-seqs 1024 --max-num-batched-tokens 8192 \
+  --max-model-len 4096 --output-dir "$RES" > "$RES/sweep.log" 2>&1
+rc=$?
+sed -n '/QPS sweep/,$p' "$RES/sweep.log" | tail -14
+python3 - "$RES" "$BACKEND" "$rc" "$start" "$N" "$IN" "$OUTLEN" <<'PY'
+import json, sys, time
+res, backend, rc, start, n, lin, lout = sys.argv[1:]
+s = json.load(open(f"{res}/qps_sweep.json"))
+row = {"backend": backend, "exit": int(rc), "wall_s": round(time.time() - float(start)),
+       "workload": f"{n} x ({lin} -> {lout})", "highest_valid_qps": s["highest_valid_qps"], "points": s["points"]}
+print("RESULT " + json.dumps(row))
+open(f"{res}/../server_results.jsonl", "a").write(json.dumps(row) + "\n")
+PY
