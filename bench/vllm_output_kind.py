@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends import vllm as vllm_backend  # noqa: E402
-from harness.options import add_options, options_from  # noqa: E402
 from harness.config import RunConfig, SamplingParams  # noqa: E402
+from harness.options import add_options, options_from  # noqa: E402
 
 
 async def _consume(backend, prompt: list[int], params: SamplingParams) -> int:

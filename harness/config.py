@@ -54,7 +54,7 @@ class RunConfig:
     compliance: str | None = None  # "TEST07" | "TEST09"
     interrupt_grace_s: float = 10.0  # after Ctrl-C, how long LoadGen may take to finish its logs
     report: bool = False  # write the report (plots + report.md) into <log_dir>/report at the end
-    qps_sweep: tuple[float, ...] = ()  # Server/Interactive: one run per target QPS, one backend (harness/sweep.py)
+    qps_sweep: tuple[float, ...] = ()  # Server/Interactive: a run per target QPS (harness/sweep.py)
     command: tuple[str, ...] = ()  # the argv that built this config, recorded in run.json
     notes: tuple[str, ...] = ()  # what the CLI decided for the user (printed, recorded in run.json)
 

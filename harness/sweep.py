@@ -65,7 +65,12 @@ def run_sweep(cfg: RunConfig, console: Console | None = None) -> int:
     best = max((p for p in points if p["validity"] == "VALID" and not p["failed"]), key=_qps, default=None)
     write_json(
         cfg.output_dir / FILE_NAME,
-        {"scenario": cfg.scenario, "backend": cfg.backend, "points": points, "highest_valid_qps": best and _qps(best)},
+        {
+            "scenario": cfg.scenario,
+            "backend": cfg.backend,
+            "points": points,
+            "highest_valid_qps": best and _qps(best),
+        },
     )
     _print(console, points, best, cfg)
     if interrupted is not None:
@@ -83,7 +88,9 @@ def _ms(ns: int | None) -> float | None:
     return None if ns is None else ns / 1e6
 
 
-def _print(console: Console, points: list[dict[str, Any]], best: dict[str, Any] | None, cfg: RunConfig) -> None:
+def _print(
+    console: Console, points: list[dict[str, Any]], best: dict[str, Any] | None, cfg: RunConfig
+) -> None:
     table = Table(title=f"{cfg.scenario} QPS sweep, backend {cfg.backend}")
     for name in ("target QPS", "result", "tokens/s", "TTFT p99 ms", "TPOT p99 ms", "failed"):
         table.add_column(name, justify="right")

@@ -41,10 +41,14 @@ def _sweep(tmp_path, synth_parquet, qps: str, *extra) -> int:
     )
 
 
-def test_sweep_stops_at_the_first_invalid_qps_and_reports_the_highest_valid(fake_backend, synth_parquet, tmp_path):
+def test_sweep_stops_at_the_first_invalid_qps_and_reports_the_highest_valid(
+    fake_backend, synth_parquet, tmp_path
+):
     # one request at a time, 0.1 s a chunk of 8 tokens (a query 0.1-0.4 s): at 2 QPS the queue stays short;
     # at 1000 QPS all 48 arrive at once and most wait seconds for their first token (limit 3 s)
-    code = _sweep(tmp_path, synth_parquet, "2,1000,2000", "--fake-serial", "--fake-delay", 0.1, "--fake-chunk", 8)
+    code = _sweep(
+        tmp_path, synth_parquet, "2,1000,2000", "--fake-serial", "--fake-delay", 0.1, "--fake-chunk", 8
+    )
     assert code == EXIT_OK
     sweep = json.loads((tmp_path / FILE_NAME).read_text())
     assert [p["target_qps"] for p in sweep["points"]] == [2, 1000]  # 2000 never ran
@@ -81,7 +85,10 @@ def test_failed_queries_fail_the_sweep(fake_backend, synth_parquet, tmp_path):
         (["--scenario", "offline", "--qps-sweep", "1,2"], "--qps-sweep is for the server and interactive"),
         (["--scenario", "server", "--qps-sweep", "2,1"], "distinct and ascending, got [2.0, 1.0]"),
         (["--scenario", "server", "--qps-sweep", "1,x"], "expected comma-separated numbers, got '1,x'"),
-        (["--scenario", "server", "--qps-sweep", "1", "--target-qps", "3"], "either --target-qps or --qps-sweep"),
+        (
+            ["--scenario", "server", "--qps-sweep", "1", "--target-qps", "3"],
+            "either --target-qps or --qps-sweep",
+        ),
         (["--scenario", "server", "--qps-sweep", "1", "--accuracy"], "runs in performance mode"),
     ],
 )
