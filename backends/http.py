@@ -1,4 +1,4 @@
-"""Shared HTTP client for the sglang and openai backends, and the flags they share (HttpOptions).
+"""Shared HTTP client for the sglang and openai backends (their shared flags: backends/http_options.py).
 
 One pooled aiohttp session per run, a concurrency cap, least-outstanding-first spreading over
 several servers, connect / first-token / total timeouts, opt-in retries with a jittered backoff
@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
-import random
-import resource
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from backends.base import BackendError
+from backends.fd_limits import check_fd_limit, ensure_fd_limit, fds_needed
 from backends.http_errors import (  # re-exported: the error names the backends' users see
     HttpBackendError,
     MalformedReplyError,
@@ -33,6 +30,8 @@ from backends.http_errors import (  # re-exported: the error names the backends'
     TokenCountError,
     TokenLimitExceededError,
 )
+from backends.http_options import HttpOptions
+from backends.http_retry import parse_retry_after, retry_delay
 from backends.sse import StreamDecoder, sse_tokens
 
 __all__ = [
@@ -58,70 +57,6 @@ _ERROR_BODY_LIMIT = 4096  # bytes of an error reply quoted in the message
 UNREACHABLE_GRACE_S = 5.0
 READY_POLL_S = 0.5
 READY_PROGRESS_S = 5.0  # a progress line on stderr this often while a server is not ready
-
-# --retries: equal-jitter exponential backoff, base * 2^attempt capped, drawn from [d/2, d]; a
-# Retry-After (503/429) replaces it. A server asking for a longer pause than RETRY_AFTER_MAX_S is
-# not retried: the failure is reported instead of holding the query for minutes.
-BACKOFF_BASE_S = 0.5
-BACKOFF_CAP_S = 10.0
-RETRY_AFTER_JITTER_S = 0.25
-RETRY_AFTER_MAX_S = 60.0
-
-
-# ----------------------------------------------------------------------------- options
-
-
-def _off_at_zero(text: str) -> float | None:
-    value = float(text)
-    return None if value == 0 else value
-
-
-@dataclass(frozen=True, slots=True)
-class HttpOptions:
-    """Flags of the sglang and openai backends (core flags such as --server-url live in RunConfig).
-    Each field with "help" metadata is a flag (harness/cli.py)."""
-
-    retries: int = field(
-        default=0,
-        metadata={
-            "help": "retry a request that failed before its first token (connect error, HTTP 5xx/429, cut "
-            "stream) up to N times on the least busy server; 0: every failure counts",
-            "metavar": "N",
-        },
-    )
-    connect_timeout_s: float = field(
-        default=10.0,
-        metadata={"help": "seconds to open a TCP connection", "flag": "--connect-timeout", "metavar": "S"},
-    )
-    first_token_timeout_s: float | None = field(
-        default=600.0,
-        metadata={  # also the longest silence mid-stream
-            "help": "fail a streamed request with no token S seconds after it was sent, or silent for S "
-            "seconds mid-stream; 0 disables",
-            "flag": "--first-token-timeout",
-            "metavar": "S",
-            "type": _off_at_zero,
-        },
-    )
-    ready_timeout_s: float = field(
-        default=600.0,
-        metadata={
-            "help": "seconds to wait for every server's GET /health to answer 200",
-            "flag": "--ready-timeout",
-            "metavar": "S",
-        },
-    )
-    stream: bool = field(
-        default=True, metadata={"help": "stream tokens over SSE; --no-stream waits for whole replies"}
-    )
-
-    def __post_init__(self) -> None:
-        if self.retries < 0:
-            raise ValueError(f"retries must be >= 0, got {self.retries}")
-        for name in ("connect_timeout_s", "first_token_timeout_s", "ready_timeout_s"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value < float("inf"):
-                raise ValueError(f"{name} must be a number of seconds >= 0, got {value}")
 
 
 # ----------------------------------------------------------------------------- servers
@@ -205,7 +140,7 @@ class HttpClient:
         self.max_concurrency = max_concurrency or DEFAULT_MAX_CONCURRENCY
         if self.max_concurrency < 1:
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
-        _check_fd_limit(self.max_concurrency)
+        check_fd_limit(self.max_concurrency)
         self.timeout_s = timeout_s
         self.retried = 0
         self.session: Any = None
@@ -214,7 +149,7 @@ class HttpClient:
     async def __aenter__(self) -> HttpClient:
         import aiohttp
 
-        _ensure_fd_limit(_fds_needed(self.max_concurrency))
+        ensure_fd_limit(fds_needed(self.max_concurrency))
         self._slots = asyncio.Semaphore(self.max_concurrency)
         connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=0, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(
@@ -439,37 +374,6 @@ class HttpClient:
         }
 
 
-def retry_delay(attempt: int, retry_after_s: float | None) -> float | None:
-    """Seconds to wait before retry number attempt + 1; None when the server asks for too long a pause."""
-    if retry_after_s is not None:
-        if retry_after_s > RETRY_AFTER_MAX_S:
-            return None
-        return retry_after_s + random.uniform(0.0, RETRY_AFTER_JITTER_S)
-    d = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0**attempt)
-    return random.uniform(d / 2, d)
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds from now: delta-seconds or an HTTP date; None when absent or unreadable."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    from email.utils import parsedate_to_datetime
-
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # an HTTP date is always GMT
-        from datetime import UTC
-
-        when = when.replace(tzinfo=UTC)
-    seconds = when.timestamp() - time.time()
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
 def _connect_reason(e: Exception) -> str:
     """The OS's words for a failed connect: 'connection refused', 'host not found: ...', ..."""
     import os
@@ -485,32 +389,3 @@ def _connect_reason(e: Exception) -> str:
     if isinstance(err, OSError) and err.errno and err.errno > 0:
         return os.strerror(err.errno).lower()
     return str(err or e)
-
-
-def _fds_needed(max_concurrency: int) -> int:
-    return max_concurrency + 64  # a socket per request, plus the process's own files
-
-
-def _check_fd_limit(max_concurrency: int) -> None:
-    """Refuse, before any start, a concurrency cap the open-files hard limit cannot hold."""
-    needed = _fds_needed(max_concurrency)
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < needed:
-        raise BackendError(
-            f"--max-concurrency {max_concurrency} needs about {needed} open files but their hard "
-            f"limit is {hard}; lower --max-concurrency or raise `ulimit -Hn`"
-        )
-
-
-def _ensure_fd_limit(needed: int) -> None:
-    """Raise the soft open-files limit so the concurrency cap, not EMFILE, bounds the sockets."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError) as e:  # an unlimited hard limit still ends at the kernel's nr_open
-            raise BackendError(
-                f"cannot raise the open-files limit to {needed} for --max-concurrency "
-                f"({e}); lower --max-concurrency"
-            ) from None

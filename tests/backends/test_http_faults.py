@@ -428,7 +428,6 @@ def test_retry_waits_for_retry_after(name, retry_after, fault_url):
 
 
 def test_retries_back_off_exponentially_without_retry_after(fault_url):
-    from backends import http
 
     fault = _busy(2, "none")
 
@@ -440,14 +439,14 @@ def test_retries_back_off_exponentially_without_retry_after(fault_url):
     got, err, times = asyncio.run(main())
     assert err is None and got == sent_ids(N) and len(times) == 3
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    base = http.BACKOFF_BASE_S
+    from backends.http_retry import BACKOFF_BASE_S as base
     # Equal jitter: retry k waits within [d/2, d], d = base * 2^k.
     assert gaps[0] >= base / 2 * 0.9 and gaps[1] >= base * 0.9, gaps
     assert all(g < 30 for g in gaps), gaps
 
 
 def test_backoff_delays_grow_are_jittered_and_capped():
-    from backends.http import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRY_AFTER_JITTER_S, retry_delay
+    from backends.http_retry import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRY_AFTER_JITTER_S, retry_delay
 
     for attempt in range(12):
         d = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt)
@@ -463,7 +462,7 @@ def test_backoff_delays_grow_are_jittered_and_capped():
     [("2", 2.0), ("0", 0.0), (" 7 ", 7.0), ("soon", None), ("-1", None), ("", None), (None, None)],
 )
 def test_retry_after_header_values(value, expected):
-    from backends.http import parse_retry_after
+    from backends.http_retry import parse_retry_after
 
     assert parse_retry_after(value) == expected
 
@@ -471,7 +470,7 @@ def test_retry_after_header_values(value, expected):
 def test_retry_after_http_date():
     from email.utils import formatdate
 
-    from backends.http import parse_retry_after
+    from backends.http_retry import parse_retry_after
 
     assert 28 <= parse_retry_after(formatdate(time.time() + 30, usegmt=True)) <= 30
     assert parse_retry_after(formatdate(time.time() - 30, usegmt=True)) == 0.0
