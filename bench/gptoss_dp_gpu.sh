@@ -28,15 +28,7 @@ if [ ! -f "$CKPT/config.json" ]; then
   say "checkpoint: gpt-oss-120b, random weights, written on the GPU"
   "$PY" -m gptoss.tools.make_checkpoint --preset 120b --device cuda --out "$CKPT" | tail -1 || exit 1
 fi
-"$PY" - "$DATA" "$N" "$IN" "$OUTLEN" <<'PY'
-import sys
-import numpy as np
-import pandas as pd
-path, n, lin, lout = sys.argv[1], *map(int, sys.argv[2:])
-ids = np.random.default_rng(0).integers(0, 199_998, size=(n, lin))
-pd.DataFrame({"tok_input": list(ids), "tok_input_len": lin, "dataset": "gpqa_diamond",
-              "max_output_len": lout}).to_parquet(path)
-PY
+"$PY" bench/rand_dataset.py "$DATA" "$N" "$IN" "$OUTLEN"
 echo '{"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 10240}' > /tmp/greedy.json
 
 failed=0

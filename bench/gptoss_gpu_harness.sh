@@ -12,15 +12,7 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
   python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
 [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" >/dev/null
-python3 - "$DATA" "$N" "$IN" "$OUTLEN" <<'PY'
-import sys
-import numpy as np
-import pandas as pd
-path, n, lin, lout = sys.argv[1], *map(int, sys.argv[2:])
-ids = np.random.default_rng(0).integers(0, 199_998, size=(n, lin))
-pd.DataFrame({"tok_input": list(ids), "tok_input_len": lin, "dataset": "gpqa_diamond",
-              "max_output_len": lout}).to_parquet(path)
-PY
+python3 bench/rand_dataset.py "$DATA" "$N" "$IN" "$OUTLEN"
 echo '{"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 10240}' > /tmp/greedy.json
 # HARNESS_RUNS: a run per word, "inproc" (the engine thread in run_mlperf's process) and/or "process"
 # (--engine-process: the engine in its own process, sharing no GIL with LoadGen and asyncio)
