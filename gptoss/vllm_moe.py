@@ -22,7 +22,7 @@ from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config, Gpt
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.platforms import current_platform
 
-from gptoss import mxfp4, vllm_plugin
+from gptoss import mxfp4, vllm_env
 from gptoss.vllm_experts import GptossExperts
 
 logger = init_logger(__name__)
@@ -54,25 +54,25 @@ class GptossMoEMethod(FusedMoEMethodBase):
         super().__init__(moe)
         self.weight_dtype = "gpt_oss_mxfp4"  # vLLM's gpt-oss loader takes its MXFP4 path on this
         if moe.moe_parallel_config.use_ep:
-            raise vllm_plugin.VllmPluginError(
+            raise vllm_env.VllmPluginError(
                 "the gptoss MoE plugin does not shard experts (expert parallel): use vLLM's own MoE"
             )
         hf = get_current_vllm_config().model_config.hf_config
         self.limit = float(getattr(hf, "swiglu_limit", None) or SWIGLU_LIMIT)
         self.path = "triton" if current_platform.is_cuda() else "torch"
-        self.max_tokens = vllm_plugin.max_tokens()
+        self.max_tokens = vllm_env.max_tokens()
         self.peer: GptOssMxfp4MoEMethod | None = None
         if self.max_tokens is not None:
             if self.path != "triton":
-                raise vllm_plugin.VllmPluginError(
-                    f"{vllm_plugin.MAX_TOKENS_ENV} hands large batches to vLLM's own MXFP4 MoE, "
+                raise vllm_env.VllmPluginError(
+                    f"{vllm_env.MAX_TOKENS_ENV} hands large batches to vLLM's own MXFP4 MoE, "
                     "which this machine has only on CUDA: unset it"
                 )
             self.peer = GptOssMxfp4MoEMethod(moe)
             backend = getattr(self.peer.mxfp4_backend, "name", str(self.peer.mxfp4_backend))
             if backend != PEER_BACKEND or not self.peer.is_monolithic:
-                raise vllm_plugin.VllmPluginError(
-                    f"{vllm_plugin.MAX_TOKENS_ENV}: vLLM chose its {backend} MXFP4 MoE here; the fallback "
+                raise vllm_env.VllmPluginError(
+                    f"{vllm_env.MAX_TOKENS_ENV}: vLLM chose its {backend} MXFP4 MoE here; the fallback "
                     f"is tested with {PEER_BACKEND} only (e.g. VLLM_MOE_BACKEND / moe_backend=triton)"
                 )
         self.experts: GptossExperts | None = None
@@ -104,7 +104,7 @@ class GptossMoEMethod(FusedMoEMethodBase):
             return
         e, h, i = num_experts, hidden_size, intermediate_size_per_partition
         if h % mxfp4.BLOCK or i % mxfp4.BLOCK:
-            raise vllm_plugin.VllmPluginError(f"MXFP4 experts need H, I multiples of 32, got H={h}, I={i}")
+            raise vllm_env.VllmPluginError(f"MXFP4 experts need H, I multiples of 32, got H={h}, I={i}")
         u8 = torch.uint8
         shapes = {
             "w13_weight": ((e, 2 * i, h // 2), u8),
@@ -125,7 +125,7 @@ class GptossMoEMethod(FusedMoEMethodBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         activation = getattr(layer.activation, "value", layer.activation)
         if activation != "swigluoai" or layer.apply_router_weight_on_input:
-            raise vllm_plugin.VllmPluginError(
+            raise vllm_env.VllmPluginError(
                 f"the gptoss MoE plugin runs gpt-oss's experts only (activation {activation!r})"
             )
         w13, w2 = layer.w13_weight.data, layer.w2_weight.data
@@ -181,4 +181,4 @@ class GptossMoEMethod(FusedMoEMethodBase):
         )
         if first:
             logger.info("gptoss MoE plugin: gpt-oss's experts run on our %s MXFP4 MoE", self.path)
-        vllm_plugin.write_report(dict(_built))
+        vllm_env.write_report(dict(_built))

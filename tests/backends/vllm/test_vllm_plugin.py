@@ -140,7 +140,7 @@ def test_register_off_loads_and_registers_nothing(setting, plugin_env):
     if setting == "gptoss":
         assert {"vllm", "torch", "gptoss.vllm_moe"} <= set(mods) and cfg == "gptoss.vllm_moe"
     else:
-        assert mods == ["gptoss", "gptoss.vllm_plugin"] and cfg is None
+        assert mods == ["gptoss", "gptoss.vllm_env", "gptoss.vllm_plugin"] and cfg is None  # stdlib only
 
 
 # ----------------------------------------------------------------------------- engines
@@ -162,7 +162,7 @@ def test_without_the_flag_nothing_of_ours_runs_in_vllms_worker(probes):
     off, on = probes["vllm"], probes["gptoss"]
     (worker,) = off["workers"]
     # The entry point was loaded (so "off" was the plugin's decision), and that is all of ours there.
-    assert worker["modules"] == ["gptoss", "gptoss.vllm_plugin"]
+    assert worker["modules"] == ["gptoss", "gptoss.vllm_env", "gptoss.vllm_plugin"]
     assert worker["gpt_oss_mxfp4"] == "vllm.model_executor.layers.quantization.mxfp4.GptOssMxfp4Config"
     assert worker["moe_layers"] == 4 and all(m.startswith("vllm.") for m in worker["moe_methods"])
     assert off["moe"] == {"impl": "vllm", "max_tokens": None}
