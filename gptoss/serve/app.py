@@ -17,18 +17,9 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from gptoss.serve.api import (
-    ApiError,
-    Limits,
-    Request,
-    completion,
-    completion_choice,
-    finish_reason,
-    meta_info,
-    parse_completion,
-    parse_generate,
-    token_ids,
-)
+from gptoss.serve.api import ApiError, Limits, Request, token_ids
+from gptoss.serve.api_openai import completion, completion_choice, parse_completion
+from gptoss.serve.api_sglang import finish_reason, meta_info, parse_generate
 from gptoss.serve.text import TextStream, Tokenizer
 
 log = logging.getLogger("gptoss.serve")
