@@ -1,20 +1,24 @@
 """Dense projection y = x @ W^T + b for a few tokens (decode), streaming W at HBM bandwidth.
 
 x [T, K], W [N, K] row-major as stored, b [N] | None -> y [T, N], all one dtype (bf16 in the
-engine), float32 accumulation. Bytes moved: N*K*e for W (the whole cost), plus T*(K + N)*e and N*e
-for the bias; FLOPs 2*T*N*K, i.e. T FMAs per weight element, so with T <= GEMV_MAX_T the op stays
-bound by memory. gpt-oss's QKV [5120, 2880] and O [2880, 4096] weights are 29.5 and 23.6 MB a layer.
+engine), float32 accumulation. Bytes moved: N*K*e for W (the whole cost), plus T*K*e per program
+for x (from L2) and T*N*e + N*e; FLOPs 2*T*N*K. gpt-oss's QKV [5120, 2880] and O [2880, 4096]
+weights are 29.5 and 23.6 MB a layer.
 
-cuBLAS runs these as GEMMs with tiles of 64+ rows of x, mostly padding at T = 1..8, and splits K
-for O with a separate reduce kernel. Here one program owns BN rows of W and the whole of K, so no
-reduction crosses programs (deterministic, no second launch), and N/BN programs are several per SM,
-so the wave tail is a fraction of one small program. W is read as [BN, BK/8, 8] tiles: each thread
-holds runs of 8 contiguous elements (16-byte loads for bf16), multiplies them by the matching x
-elements of every token, and folds the 8 products into a [TB, BN, BK/8] float32 accumulator inside
-the thread; the cross-thread sum over K happens once, after the loop.
+cuBLAS runs these as GEMMs with 64+ rows of x, mostly padding at T = 1..8, and splits K for O with
+a separate reduce kernel. Here the GEMM is swapped: each program computes a [BN, TB] tile of y^T =
+W @ x^T, so W's rows are the MMA's M side and the few tokens its N side (padded to 16, tl.dot's
+least; padding rows of x are masked loads, so they move no bytes). A program owns BN rows of W and
+the whole of K: no reduction crosses programs (deterministic, no second launch), and all programs
+are resident at once on an H100, so there is no wave tail. The K loop is a plain tl.dot loop, so
+Triton's pipeliner streams W through shared memory with 16-byte cp.async (LDGSTS.128), num_stages
+deep, and the tensor cores leave the SM's issue slots to the loads (sm_90a SASS of the K loop at
+BN 32, BK 256: 124 instructions per thread per step of 64 weight elements a thread, no spills).
 
 A token's row of y does not depend on how many other tokens share the launch (the block sizes come
-from N and K only), so decode is batch-invariant in these projections.
+from N and K only, and the MMA sums each column of y^T on its own), so decode is batch-invariant in
+these projections. In the interpreter, bf16 operands are upcast before tl.dot (Triton 3.6's
+interpreter multiplies their raw bits); products of bf16 values are exact in float32 either way.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from torch import Tensor
 
 from gptoss.kernels.rounding import round_to
 
-# Above this many tokens the FMA work per weight element (T) no longer hides under the loads on an
-# H100, and cuBLAS's tensor-core GEMMs win: linear() hands larger T to F.linear.
+# linear() hands larger T to F.linear: every program re-reads its T rows of x from L2, which at
+# T = 16 is half of W's bytes again (QKV, BN 32), and cuBLAS's GEMM tiles stop being mostly padding.
+# bench/kernels/linear_gpu.py times T = 16 too: raise this if ours still wins there.
 GEMV_MAX_T = 8
 
 
