@@ -91,14 +91,17 @@ def _num_sms(index: int) -> int:
 
 
 def block_sizes(n: int, k: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BN, BK, num_warps, num_stages) for W [n, k]: BN 32 while that still gives every SM a
-    program, else 16 (tl.dot's least), so QKV (5120 rows) runs 160 programs and O (2880) 180 on an
-    H100's 132 SMs, all resident at once (no second wave); BK 256 bf16 (8 or 16 KB of W a step),
-    4 stages deep, so each program keeps 24-48 KB of loads in flight."""
+    """(BN, BK, num_warps, num_stages) for W [n, k], chosen by reasoning (bench/kernels/linear_gpu.py
+    sweeps the alternatives). BN 32 while that still gives every SM a program, else 16 (tl.dot's
+    least): QKV (5120 rows) runs 160 programs, O (2880) 180, on an H100's 132 SMs. BK 256. A stage
+    holds W's [BN, BK] and x's [BK, 16] tiles (8 KB each at BN 16), and Triton keeps num_stages - 1
+    of them: 4 stages at BN 32 (72 KB, 3 programs an SM) and 6 at BN 16 (80 KB, 2 an SM), so every
+    program is resident from the start (no second wave) and keeps 40-48 KB of W in flight (~7 MB
+    over the GPU, about three times what HBM needs at its latency)."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 1
     bn = 32 if triton.cdiv(n, 32) >= sms else 16
     bk = max(16, min(256, triton.next_power_of_2(k)))
-    return bn, bk, 4, 4
+    return bn, bk, 4, 4 if bn == 32 else 6
 
 
 def gemv(
@@ -156,12 +159,14 @@ def gemv(
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear(x, w, b), on the GEMV kernel when x is [T, K] with 1 <= T <= GEMV_MAX_T on CUDA (or
-    under TRITON_INTERPRET=1) and the operands suit it; otherwise F.linear itself."""
+    """F.linear(x, w, b), on the GEMV kernel when x is a CUDA [T, K] with 1 <= T <= GEMV_MAX_T and
+    the operands suit it; otherwise F.linear itself. CPU tensors always take F.linear, also under
+    TRITON_INTERPRET=1: the interpreter runs a program in milliseconds, and the CPU engine tests
+    would pay that on every projection (tests call gemv directly)."""
     suits = (
-        x.dim() == 2
+        x.is_cuda
+        and x.dim() == 2
         and 1 <= x.shape[0] <= GEMV_MAX_T
-        and (x.is_cuda or triton.knobs.runtime.interpret)
         and x.stride(1) == 1
         and w.stride(1) == 1
         and x.dtype == w.dtype
