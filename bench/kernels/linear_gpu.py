@@ -1,7 +1,8 @@
 """GPU timings of gptoss.kernels.linear (the GEMV projection) next to F.linear (cuBLAS), per layer.
 
     python bench/kernels/linear_gpu.py                       (CUDA only; bf16)
-    python bench/kernels/linear_gpu.py --variants default,16x256x4x4,32x256x4x3 --ts 1,8
+    python bench/kernels/linear_gpu.py --variants \
+        default,16x256x4x4,16x128x4x8,32x256x4x3,32x128x4x6,32x512x4x3,64x256x4x3,32x256x8x4
 
 Shapes: QKV W [5120, 2880] and O W [2880, 4096] with their biases; gpt-oss-120b has the same
 attention shapes as 20b (hidden 2880, 64 q heads, 8 kv heads, head dim 64), so these rows are both.
