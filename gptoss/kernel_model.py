@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gptoss.kernels.attention import paged_attention, write_kv
+from gptoss.kernels.linear import linear
 from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
 from gptoss.kernels.moe_lora import MoELora, moe_forward_lora, prepare_moe_lora
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
@@ -176,7 +177,7 @@ class KernelModel:
             slots = meta.ring_slots if ring else meta.full_slots
             write_first = not ring or meta.decode_only
             h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps)
-            qkv = F.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
+            qkv = linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
             if lay.lora_qkv is not None:
                 qkv.addmm_(F.linear(h, lay.lora_qkv[0]) * mask3, lay.lora_qkv[1].t())
             if write_first:
@@ -186,7 +187,7 @@ class KernelModel:
             o = self._attention(q, k, v, kc, vc, table, meta, lay)  # [T, Hq, D]
             if not write_first:
                 write_kv(k, v, kc, vc, slots)
-            x = F.linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
+            x = linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
             if lay.lora_o is not None:
                 x.addmm_(F.linear(o.view(t, -1), lay.lora_o[0]) * mask, lay.lora_o[1].t())
             h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)

@@ -1,0 +1,176 @@
+"""Dense projection y = x @ W^T + b for a few tokens (decode), streaming W at HBM bandwidth.
+
+x [T, K], W [N, K] row-major as stored, b [N] | None -> y [T, N], all one dtype (bf16 in the
+engine), float32 accumulation. Bytes moved: N*K*e for W (the whole cost), plus T*K*e per program
+for x (from L2) and T*N*e + N*e; FLOPs 2*T*N*K. gpt-oss's QKV [5120, 2880] and O [2880, 4096]
+weights are 29.5 and 23.6 MB a layer.
+
+cuBLAS runs these as GEMMs with 64+ rows of x, mostly padding at T = 1..8, and splits K for O with
+a separate reduce kernel. Here the GEMM is swapped: each program computes a [BN, TB] tile of y^T =
+W @ x^T, so W's rows are the MMA's M side and the few tokens its N side (padded to 16, tl.dot's
+least; padding rows of x are masked loads, so they move no bytes). A program owns BN rows of W and
+the whole of K: no reduction crosses programs (deterministic, no second launch), and all programs
+are resident at once on an H100, so there is no wave tail. The K loop is a plain tl.dot loop, so
+Triton's pipeliner streams W through shared memory with 16-byte cp.async (LDGSTS.128), num_stages
+deep, and the tensor cores leave the SM's issue slots to the loads (sm_90a SASS of the K loop at
+BN 32, BK 256: 124 instructions per thread per step of 64 weight elements a thread, no spills).
+
+A token's row of y does not depend on how many other tokens share the launch (the block sizes come
+from N and K only, and the MMA sums each column of y^T on its own), so decode is batch-invariant in
+these projections. In the interpreter, bf16 operands are upcast before tl.dot (Triton 3.6's
+interpreter multiplies their raw bits); products of bf16 values are exact in float32 either way.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from gptoss.kernels.rounding import round_to
+
+# linear() hands larger T to F.linear: every program re-reads its T rows of x from L2, which at
+# T = 16 is half of W's bytes again (QKV, BN 32), and cuBLAS's GEMM tiles stop being mostly padding.
+# bench/kernels/linear_gpu.py times T = 16 too: raise this if ours still wins there.
+GEMV_MAX_T = 8
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    T,
+    N,
+    K,
+    stride_x,
+    stride_w,
+    stride_y,
+    HAS_BIAS: tl.constexpr,
+    TB: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BN + tl.arange(0, BN)  # [BN]
+    toks = tl.arange(0, TB)  # [TB]
+    kk = tl.arange(0, BK)  # [BK]
+    # Rows past N are clamped rather than masked, so W's loads carry only the K mask (none when
+    # BK divides K); their results are dropped at the store.
+    safe_rows = tl.minimum(rows, N - 1).to(tl.int64)
+    w_base = w_ptr + safe_rows[:, None] * stride_w + kk[None, :]  # [BN, BK]
+    xt_base = x_ptr + toks[None, :].to(tl.int64) * stride_x + kk[:, None]  # [BK, TB]: x^T
+    tok_ok = toks[None, :] < T
+    acc = tl.zeros((BN, TB), dtype=tl.float32)  # y^T tile
+    for k0 in range(0, K, BK):
+        k_ok = (k0 + kk) < K  # [BK]
+        w = tl.load(w_base + k0, mask=k_ok[None, :], other=0.0)  # [BN, BK]
+        # Padding tokens are masked: no bytes move for them (a zero fill).
+        xt = tl.load(xt_base + k0, mask=tok_ok & k_ok[:, None], other=0.0)  # [BK, TB]
+        if UPCAST:
+            acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + safe_rows).to(tl.float32)[:, None]
+    y_off = toks[None, :].to(tl.int64) * stride_y + rows[:, None]  # [BN, TB]
+    mask = tok_ok & (rows[:, None] < N)
+    tl.store(y_ptr + y_off, round_to(acc, y_ptr.dtype.element_ty), mask=mask)
+
+
+@cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def block_sizes(n: int, k: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BN, BK, num_warps, num_stages) for W [n, k], chosen by reasoning (bench/kernels/linear_gpu.py
+    sweeps the alternatives). BN 32 while that still gives every SM a program, else 16 (tl.dot's
+    least): QKV (5120 rows) runs 160 programs, O (2880) 180, on an H100's 132 SMs. BK 256. A stage
+    holds W's [BN, BK] and x's [BK, 16] tiles (8 KB each at BN 16), and Triton keeps num_stages - 1
+    of them: 4 stages at BN 32 (72 KB, 3 programs an SM) and 6 at BN 16 (80 KB, 2 an SM), so every
+    program is resident from the start (no second wave) and keeps 40-48 KB of W in flight (~7 MB
+    over the GPU, about three times what HBM needs at its latency)."""
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else 1
+    bn = 32 if triton.cdiv(n, 32) >= sms else 16
+    bk = max(16, min(256, triton.next_power_of_2(k)))
+    return bn, bk, 4, 4 if bn == 32 else 6
+
+
+def gemv(
+    x: Tensor,
+    w: Tensor,
+    b: Tensor | None = None,
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> Tensor:
+    """x [T, K], w [N, K], b [N] | None -> y [T, N] on the Triton kernel, whatever T is (the bench
+    times T past GEMV_MAX_T through this). Block sizes default to `block_sizes`."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"need x [T, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError(f"x and w need a contiguous last dim, got strides {x.stride()} and {w.stride()}")
+    if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
+        raise ValueError(
+            f"x, w, b must share a dtype, got {x.dtype}, {w.dtype}, {None if b is None else b.dtype}"
+        )
+    T, K = x.shape
+    N = w.shape[0]
+    if b is not None and (b.shape != (N,) or not b.is_contiguous()):
+        raise ValueError(f"b must be a contiguous [{N}], got {tuple(b.shape)}")
+    y = torch.empty(T, N, dtype=x.dtype, device=x.device)  # [T, N]
+    if T == 0 or N == 0:
+        return y
+    bn, bk, warps, stages = block_sizes(N, K, x.device)
+    bn, bk = block_n or bn, block_k or bk
+    warps, stages = num_warps or warps, num_stages or stages
+    _gemv_kernel[(triton.cdiv(N, bn),)](
+        x,
+        w,
+        b if b is not None else w,
+        y,
+        T,
+        N,
+        K,
+        x.stride(0),
+        w.stride(0),
+        y.stride(0),
+        HAS_BIAS=b is not None,
+        TB=max(16, triton.next_power_of_2(T)),  # tl.dot's least N
+        BN=bn,
+        BK=bk,
+        # float32 engines (tests) get exact products, not tf32's 10-bit mantissas.
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        UPCAST=bool(triton.knobs.runtime.interpret),
+        num_warps=warps,
+        num_stages=stages,
+    )
+    return y
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """F.linear(x, w, b), on the GEMV kernel when x is a CUDA [T, K] with 1 <= T <= GEMV_MAX_T and
+    the operands suit it; otherwise F.linear itself. CPU tensors always take F.linear, also under
+    TRITON_INTERPRET=1: the interpreter runs a program in milliseconds, and the CPU engine tests
+    would pay that on every projection (tests call gemv directly)."""
+    suits = (
+        x.is_cuda
+        and x.dim() == 2
+        and 1 <= x.shape[0] <= GEMV_MAX_T
+        and x.stride(1) == 1
+        and w.stride(1) == 1
+        and x.dtype == w.dtype
+        and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and (b is None or (b.dtype == x.dtype and b.is_contiguous()))
+    )
+    return gemv(x, w, b) if suits else F.linear(x, w, b)
