@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-KERNELS = "v2"  # the kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2"
+KERNELS = "v2"  # the kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2" | "v3"
+_LAYOUTS = {"v1": "nibble", "v2": "bits", "v3": "v3"}  # kernels -> MoEWeights.layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +21,8 @@ class MoEWeights:
     w2: Tensor  # [E, H, I/2] uint8
     s2: Tensor  # [E, H, >= I/32] uint8
     b2: Tensor  # [E, H] float32
-    layout: str = "bits"  # "bits": w13/w2 bits rearranged for the v2 kernels; "nibble": checkpoint order (v1)
+    layout: str = "bits"  # "bits": w13/w2 bits rearranged for the v2 kernels; "nibble": checkpoint order (v1);
+    # "v3": checkpoint order for the v3 (tl.dot_scaled) kernels, scales padded to 16 bytes as v1's
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -42,12 +44,13 @@ def prepare_moe_weights(
 
     The even (gate) and odd (up) rows of gate_up go to separate planes, so a program owning act
     columns [n, n+BN) reads both halves of its pairs with two plain tile loads, for any BN.
-    kernels ("v1" | "v2", default the module's KERNELS) fixes the weight layout, hence the kernels
-    moe_forward runs on these weights: v2 rearranges the bits of every 4-byte word (_to_bits_layout).
+    kernels ("v1" | "v2" | "v3", default the module's KERNELS) fixes the weight layout, hence the kernels
+    moe_forward runs on these weights: v2 rearranges the bits of every 4-byte word (_to_bits_layout);
+    v1 and v3 keep the checkpoint's nibble order (v3's tl.dot_scaled takes e2m1 packed along K).
     """
     kernels = KERNELS if kernels is None else kernels
-    if kernels not in ("v1", "v2"):
-        raise ValueError(f"prepare_moe_weights: kernels must be 'v1' or 'v2', got {kernels!r}")
+    if kernels not in _LAYOUTS:
+        raise ValueError(f"prepare_moe_weights: kernels must be 'v1' or 'v2' or 'v3', got {kernels!r}")
     e, n2, g, b = gate_up_blocks.shape
     h, i = g * 32, n2 // 2
     want = {
@@ -90,7 +93,7 @@ def prepare_moe_weights(
         w2=w2,
         s2=padded(down_scales),
         b2=down_bias.float().contiguous(),
-        layout="bits" if kernels == "v2" else "nibble",
+        layout=_LAYOUTS[kernels],
     )
 
 

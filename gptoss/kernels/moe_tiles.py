@@ -1,5 +1,5 @@
 """Block sizes of the MoE GEMMs, from the shapes (no autotuning): Tiles, the tables by rows per
-expert, choose_tiles (v1) and choose_tiles_v2, and the grid they give."""
+expert, choose_tiles (v1), choose_tiles_v2 and choose_tiles_v3, and the grid they give."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ _DOWN_TILES_V2 = {
     64: _XA32,
     128: Tiles(128, 128, 128, 8, 3),
 }
-TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 tiles; for benchmarks
+TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 or v3 tiles; for benchmarks
 
 
 def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
@@ -83,6 +83,35 @@ def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -
     bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))  # past K: the masked tail
     warps = cfg.warps if split > 1 else min(cfg.warps, bn // 16)
     return Tiles(cfg.bm, bn, bk, warps, cfg.stages, split, cfg.xa)
+
+
+# v3 (tl.dot_scaled on checkpoint-order weights), by BM as above: wgmma tiles, one warpgroup per 64
+# weight rows (the MMA's M), BK 128 (64 bytes of a row, 4 scales a step). gate_up keeps two [BN, BM]
+# float32 accumulators (gate, up): BN 128 x BM 128 over 8 warps is 128 registers of them a thread,
+# as vLLM's single BN 256 accumulator of its down GEMM (matmul_ogs on Hopper: BM <= 128, BN 256,
+# BK 128, 8 warps). Untimed starting points: the bench's v3-* variants sweep them.
+_GATE_UP_TILES_V3 = {
+    16: Tiles(16, 64, 128, 4, 4),
+    32: Tiles(32, 64, 128, 4, 4),
+    64: Tiles(64, 128, 128, 8, 3),
+    128: Tiles(128, 128, 128, 8, 3),
+}
+_DOWN_TILES_V3 = {
+    16: Tiles(16, 64, 128, 4, 4),
+    32: Tiles(32, 64, 128, 4, 4),
+    64: Tiles(64, 128, 128, 8, 3),
+    128: Tiles(128, 256, 128, 8, 3),
+}
+
+
+def choose_tiles_v3(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
+    """choose_tiles for the v3 kernels (TILE_OVERRIDE applies): BN >= 64 (a warpgroup's wgmma rows)."""
+    rows = triton.cdiv(t * top_k, e)
+    bucket = min(128, max(16, triton.next_power_of_2(rows)))
+    cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
+    bn = min(cfg.bn, max(64, triton.next_power_of_2(n)))
+    bk = min(cfg.bk, max(64, triton.next_power_of_2(k)))  # a multiple of 32; past K the masked tail
+    return Tiles(cfg.bm, bn, bk, min(cfg.warps, max(4, bn // 16)), cfg.stages)
 
 
 def _grid(t: int, top_k: int, e: int, n: int, tiles: Tiles) -> tuple[int, int]:
