@@ -131,7 +131,7 @@ def moe_forward_from_logits(
     if w.layout == "bits":
         act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True))  # [T*k, I]
         y = down_v2(act, r, w, choose_tiles_v2(t, top_k, e, h, i, gate_up=False))  # [T*k, H]
-    elif w.layout == "v3":
+    elif w.layout in ("v3", "v3ds"):
         act = gate_up_v3(x, r, w, alpha, limit, choose_tiles_v3(t, top_k, e, i, h, gate_up=True))
         y = down_v3(act, r, w, choose_tiles_v3(t, top_k, e, h, i, gate_up=False))
     else:

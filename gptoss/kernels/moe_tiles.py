@@ -85,11 +85,13 @@ def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -
     return Tiles(cfg.bm, bn, bk, warps, cfg.stages, split, cfg.xa)
 
 
-# v3 (tl.dot_scaled on checkpoint-order weights), by BM as above: wgmma tiles, one warpgroup per 64
-# weight rows (the MMA's M), BK 128 (64 bytes of a row, 4 scales a step). gate_up keeps two [BN, BM]
-# float32 accumulators (gate, up): BN 128 x BM 128 over 8 warps is 128 registers of them a thread,
-# as vLLM's single BN 256 accumulator of its down GEMM (matmul_ogs on Hopper: BM <= 128, BN 256,
-# BK 128, 8 warps). Untimed starting points: the bench's v3-* variants sweep them.
+# v3, by BM as above: wgmma tiles, one warpgroup per 64 weight rows (the MMA's M), the weights the
+# register operand. In the sm_90a SASS of the "v3" layout (20b shapes, bf16), the K loop issues
+# ~3.7-4.1 instructions a weight value a thread (v2 BM 128: 5.5), wgmma async (up to 15 pending)
+# under the next dequant, every load through cp.async, no convert through shared memory; gate_up
+# 128x128x128 (two accumulators) 255 registers, no spills; down 128x256: BK 64 (241 registers; BK
+# 128 spills 9 registers), 64 divides 2880 so its loop has no masked tail. Small buckets: untimed
+# starting points (v2 stays the decode path); bench/kernels/moe_gpu.py's v3-* variants sweep them.
 _GATE_UP_TILES_V3 = {
     16: Tiles(16, 64, 128, 4, 4),
     32: Tiles(32, 64, 128, 4, 4),
@@ -99,13 +101,14 @@ _GATE_UP_TILES_V3 = {
 _DOWN_TILES_V3 = {
     16: Tiles(16, 64, 128, 4, 4),
     32: Tiles(32, 64, 128, 4, 4),
-    64: Tiles(64, 128, 128, 8, 3),
-    128: Tiles(128, 256, 128, 8, 3),
+    64: Tiles(64, 256, 64, 8, 4),
+    128: Tiles(128, 256, 64, 8, 4),
 }
 
 
 def choose_tiles_v3(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
-    """choose_tiles for the v3 kernels (TILE_OVERRIDE applies): BN >= 64 (a warpgroup's wgmma rows)."""
+    """choose_tiles for the v3 kernels (TILE_OVERRIDE applies): BN >= 64 (a warpgroup's wgmma rows),
+    BK a multiple of 64 (the "v3" layout's K chunk; past K the masked tail)."""
     rows = triton.cdiv(t * top_k, e)
     bucket = min(128, max(16, triton.next_power_of_2(rows)))
     cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
