@@ -6,9 +6,11 @@ weights as its register operand, in two weight layouts (gptoss.kernels.moe_layou
          v2's rotate-and-mask (two scale factors a word: its rows g and g + 8) and a permute +
          reshape that is the identity on registers, so the tile is already in the wgmma operand
          layout: no convert_layout through shared memory in the K loop (checked in the sm_90a TTGIR).
-  "v3ds" checkpoint nibble order, tl.dot_scaled(w, s, "e2m1", x, None, "bf16"): Triton 3.6 upcasts
-         through a byte-wise LDS of the packed tile and a PRMT table (~7 SASS a weight value against
-         v2's ~5.5 and SWZ's ~4 with the MMA issue), and waits for every wgmma.
+  "v3ds" checkpoint nibble order, tl.dot_scaled(w, s, "e2m1", x, None, "bf16"), the simplest
+         version: Triton 3.6 upcasts through a byte-wise LDS of the packed tile and a PRMT table,
+         converts the scales through shared memory and waits for every wgmma; ~7 SASS a weight value
+         a thread in the K loop at BK 64, ~9 at BK 128 (K 2880's masked tail leaves the x and weight
+         loads out of the cp.async pipeline), against v2's ~5.5 and SWZ's ~3.7-4.1 (sm_90a, 20b).
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ def _v3_step(
             w = tl.load(w_ptrs + (k0 // 64) * 128, mask=c_ok[None, :, None, None, None], other=0)
             s = tl.load(s_ptrs + (k0 // 64) * 8, mask=c_ok[None, :, None], other=0)
         out = tl.dot(_dequant_v3(w, s, BN // 16, KC, SCALED), x, acc)
-    else:  # (a constexpr branch's return would not end the compiled function: one exit)
+    else:  # one exit: Triton would still compile the code after a return in a constexpr branch
         if EVEN_K:
             w = tl.load(w_ptrs + k0 // 2)
             s = tl.load(s_ptrs + k0 // 32)
