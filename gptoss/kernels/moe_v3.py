@@ -21,7 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import moe_common as common
-from gptoss.kernels.moe_common import _expert_tile, _lora_args, _lora_expand
+from gptoss.kernels.moe_common import _expert_tile, _lora_args, _lora_expand, _precision
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing
 from gptoss.kernels.moe_tiles import Tiles, _grid
@@ -44,9 +44,9 @@ mov.b32 $0, a; mov.b32 $1, b; mov.b32 $2, c; mov.b32 $3, d;
 
 
 @triton.jit
-def _dequant_v3(w, sw, RB: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
+def _dequant_v3(w, sw, RB: tl.constexpr, KC: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr):
     """w [RB, KC, 8, 4, 4] int32 (16-row block, 64-K chunk, lane g, lane t, k16 step s), sw [RB, KC, 8]
-    int32 (bytes 2 s2 + h: the scale of rows g + 8h, K 32 s2..) -> W [RB*16, KC*64] bfloat16.
+    int32 (bytes 2 s2 + h: the scale of rows g + 8h, K 32 s2..) -> W [RB*16, KC*64] in dtype, exactly.
 
     Portable (the interpreter runs no PTX): the same registers by shifts, each bf16-placed value moved
     to fp16's bits (e2m1 * 2^-14, exact in float32), times 2^(s - 127 + 14) in float32."""
@@ -79,9 +79,9 @@ def _dequant_v3(w, sw, RB: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
         v = tl.join(q & 0xFFFF, q >> 16)
         v = ((v & 0x8000) | ((v & 0x01C0) << 3)).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
         sc = ((tl.join(s0, s1).to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)  # [.., s2, h]
-        v = (v * sc[:, :, :, None, :, None, :, None, None]).to(tl.bfloat16)
+        v = v * sc[:, :, :, None, :, None, :, None, None]
     v = tl.permute(v, (0, 6, 2, 1, 4, 5, 7, 3, 8))  # [rb, h, g, kc, s2, s1, q, t, nib]
-    return tl.reshape(v, (RB * 16, KC * 64))  # row 16 rb + 8h + g, K 64 kc + 16 s + 8q + 2t + nib
+    return tl.reshape(v, (RB * 16, KC * 64)).to(dtype)  # row 16 rb + 8h + g, K 64 kc + 16 s + 8q + 2t + nib
 
 
 @triton.jit
@@ -132,6 +132,7 @@ def _v3_step(
     EVEN_K: tl.constexpr,
     SCALED: tl.constexpr,
     SWZ: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """acc [BN, BM] += W[:, k0:k0+BK] [BN, BK] @ x [BK, BM] (see _v3_ptrs for the pointers; g: their
     K-chunk index). SWZ: _dequant_v3 and tl.dot (SCALED: its PTX). Else tl.dot_scaled on bytes (low
@@ -146,7 +147,7 @@ def _v3_step(
             c_ok = (k0 // 64 + g) < (K + 63) // 64  # [KC]
             w = tl.load(w_ptrs + (k0 // 64) * 128, mask=c_ok[None, :, None, None, None], other=0)
             s = tl.load(s_ptrs + (k0 // 64) * 8, mask=c_ok[None, :, None], other=0)
-        out = tl.dot(_dequant_v3(w, s, BN // 16, KC, SCALED), x, acc)
+        out = tl.dot(_dequant_v3(w, s, BN // 16, KC, x.dtype, SCALED), x, acc, input_precision=PREC)
     else:  # one exit: Triton would still compile the code after a return in a constexpr branch
         if EVEN_K:
             w = tl.load(w_ptrs + k0 // 2)
@@ -160,7 +161,7 @@ def _v3_step(
             out = tl.dot_scaled(w, s, "e2m1", x, None, "bf16", acc=acc, fast_math=True)
         else:
             wd = _dequant(tl.reshape(w, (BN, BK // 32, 16)), s, BN, BK, x.dtype, False)
-            out = tl.dot(wd, x, acc)
+            out = tl.dot(wd, x, acc, input_precision=PREC)
     return out
 
 
@@ -197,6 +198,7 @@ def _gate_up_v3_kernel(
     BK: tl.constexpr,
     SCALED: tl.constexpr,
     SWZ: tl.constexpr,
+    PREC: tl.constexpr,
     LORA: tl.constexpr,
     LW: tl.constexpr,
 ):
@@ -218,13 +220,13 @@ def _gate_up_v3_kernel(
     acc_u = tl.zeros([BN, BM], tl.float32)
     for k0 in range(0, K, BK):
         xt = tl.load(x_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
-        acc_g = _v3_step(acc_g, xt, w_g, s_g, g, k0, K, BN, BK, EVEN_K, SCALED, SWZ)
+        acc_g = _v3_step(acc_g, xt, w_g, s_g, g, k0, K, BN, BK, EVEN_K, SCALED, SWZ, PREC)
         acc_u = _v3_step(
-            acc_u, xt, w_g + stride_wp, s_g + stride_sp, g, k0, K, BN, BK, EVEN_K, SCALED, SWZ
+            acc_u, xt, w_g + stride_wp, s_g + stride_sp, g, k0, K, BN, BK, EVEN_K, SCALED, SWZ, PREC
         )
     if LORA:  # + B_e @ s^T: the LoRA expand of the rows' shrunk x (gptoss.kernels.moe_lora)
-        acc_g = _lora_expand(acc_g, lb_ptr + e64 * stride_lbe, ls_ptr, rows, valid, n_ld, LW, "tf32")
-        acc_u = _lora_expand(acc_u, lb_ptr + e64 * stride_lbe + stride_lbp, ls_ptr, rows, valid, n_ld, LW, "tf32")
+        acc_g = _lora_expand(acc_g, lb_ptr + e64 * stride_lbe, ls_ptr, rows, valid, n_ld, LW, PREC)
+        acc_u = _lora_expand(acc_u, lb_ptr + e64 * stride_lbe + stride_lbp, ls_ptr, rows, valid, n_ld, LW, PREC)
     gate = acc_g + tl.load(b_ptr + e64 * 2 * N + n_ld)[:, None]  # [BN, BM]
     up = acc_u + tl.load(b_ptr + e64 * 2 * N + N + n_ld)[:, None]
     gate = tl.minimum(gate, limit)
@@ -263,6 +265,7 @@ def _down_v3_kernel(
     BK: tl.constexpr,
     SCALED: tl.constexpr,
     SWZ: tl.constexpr,
+    PREC: tl.constexpr,
     LORA: tl.constexpr,
     LW: tl.constexpr,
 ):
@@ -283,9 +286,9 @@ def _down_v3_kernel(
     acc = tl.zeros([BN, BM], tl.float32)
     for k0 in range(0, K, BK):
         at = tl.load(a_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
-        acc = _v3_step(acc, at, w_t, s_t, g, k0, K, BN, BK, EVEN_K, SCALED, SWZ)
+        acc = _v3_step(acc, at, w_t, s_t, g, k0, K, BN, BK, EVEN_K, SCALED, SWZ, PREC)
     if LORA:
-        acc = _lora_expand(acc, lb_ptr + e64 * stride_lbe, ls_ptr, rows, valid, n_ld, LW, "tf32")
+        acc = _lora_expand(acc, lb_ptr + e64 * stride_lbe, ls_ptr, rows, valid, n_ld, LW, PREC)
     y = acc + tl.load(b_ptr + e64 * N + n_ld)[:, None]
     tl.store(
         y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
@@ -295,14 +298,16 @@ def _down_v3_kernel(
 
 
 def _check(x: Tensor, w: MoEWeights) -> None:
-    if x.dtype != torch.bfloat16:  # the SWZ dequant makes bf16 operands; dot_scaled's x is "bf16"
-        raise ValueError(f"the v3 MoE kernels take bfloat16 activations, got {x.dtype}")
+    if x.dtype not in (torch.bfloat16, torch.float32):  # float32: exact greedy tests, not speed
+        raise ValueError(f"the v3 MoE kernels take bfloat16 or float32 activations, got {x.dtype}")
     if w.layout not in ("v3", "v3ds"):
         raise ValueError(f"the v3 MoE kernels need weights prepared with kernels='v3' or 'v3ds', got {w.layout!r}")
 
 
-def _scaled(x: Tensor) -> bool:
-    return x.is_cuda and not triton.knobs.runtime.interpret  # the interpreter runs neither PTX nor dot_scaled
+def _scaled(x: Tensor, swz: bool) -> bool:
+    """SWZ: the PTX dequant (CUDA); else tl.dot_scaled, whose x operand is "bf16" here."""
+    cuda = x.is_cuda and not triton.knobs.runtime.interpret  # the interpreter runs neither
+    return cuda and (swz or x.dtype == torch.bfloat16)
 
 
 def _weight_args(blocks: Tensor, scales: Tensor, swz: bool) -> tuple[Tensor, Tensor, list[int], list[int]]:
@@ -326,7 +331,7 @@ def gate_up_v3(
     tiles: Tiles,
     lora: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """gate_up on v3 weights (layout "v3" or "v3ds"): act [T*k, I] in x.dtype (bfloat16)."""
+    """gate_up on v3 weights (layout "v3" or "v3ds"): act [T*k, I] in x.dtype."""
     (t, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
     _check(x, w)
@@ -357,8 +362,9 @@ def gate_up_v3(
         BM=tiles.bm,
         BN=tiles.bn,
         BK=tiles.bk,
-        SCALED=_scaled(x),
+        SCALED=_scaled(x, swz),
         SWZ=swz,
+        PREC=_precision(x),
         **lkw,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
@@ -397,8 +403,9 @@ def down_v3(
         BM=tiles.bm,
         BN=tiles.bn,
         BK=tiles.bk,
-        SCALED=_scaled(act),
+        SCALED=_scaled(act, swz),
         SWZ=swz,
+        PREC=_precision(act),
         **lkw,
         num_warps=tiles.warps,
         num_stages=tiles.stages,

@@ -9,9 +9,10 @@ v1's portable dequant and tl.dot). Every index, mask, K tail and epilogue is the
 the v3 PTX is the v2 PTX's instruction sequence (emulated in test_moe_kernel.py) with a second
 factor; it and tl.dot_scaled run in the @gpu tests only. The v3 layout itself is checked by
 decoding it in torch exactly as the kernel does and comparing with gptoss.mxfp4.dequantize.
-Tolerances as test_moe_kernel.py's bf16: 1e-2 relative over the whole output (the reference rounds
-x @ W13 to bf16 and runs SwiGLU in bf16, the kernels keep float32 until act); v3 against v2 (both
-exact dequant, float32 accumulation; summation order differs, act rounded to bf16) 1e-2 too.
+Tolerances as test_moe_kernel.py's: bf16 1e-2 relative over the whole output (the reference rounds
+x @ W13 to bf16 and runs SwiGLU in bf16, the kernels keep float32 until act), float32 1e-5; v3
+against v2 (both exact dequant, float32 accumulation; summation order differs, act rounded to bf16)
+1e-2 too.
 """
 
 from __future__ import annotations
@@ -218,12 +219,20 @@ def test_v3_gate_up_rows_are_in_assignment_order(kernels):
         assert _rel(a3[row], a2[row]) <= 2e-2, row
 
 
+def test_v3_in_float32_matches_reference_closely(kernels):
+    """float32 (exact greedy tests): the exact dequant, IEEE dots; only the summation order differs."""
+    ref, w = make_moe(8, 96, 64, 4, torch.float32, seed=9, kernels=kernels)
+    x = torch.randn(12, 96, device=DEV) * 3
+    got = moe_forward(x, ref.router_weight, ref.router_bias, 4, w, ALPHA, LIMIT)
+    assert got.dtype == torch.float32 and _rel(got, reference(ref, x)) <= 1e-5
+
+
 def test_v3_rejects_other_activations_and_layouts():
     ref, w = make_moe(4, 64, 64, 2, torch.bfloat16, seed=0, kernels="v3")
     x = torch.randn(3, 64, device=DEV)
     r = route_and_group(F.linear(x.bfloat16(), ref.router_weight, ref.router_bias), 2)
-    with pytest.raises(ValueError, match="v3 MoE kernels take bfloat16 activations, got torch.float32"):
-        moe.gate_up_v3(x, r, w, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2))
+    with pytest.raises(ValueError, match="v3 MoE kernels take bfloat16 or float32 activations, got torch.float16"):
+        moe.gate_up_v3(x.half(), r, w, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2))
     _, w2 = make_moe(4, 64, 64, 2, torch.bfloat16, seed=0, kernels="v2")
     with pytest.raises(ValueError, match="prepared with kernels='v3' or 'v3ds', got 'bits'"):
         moe.gate_up_v3(x.bfloat16(), r, w2, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2))
