@@ -22,7 +22,9 @@ class MoEWeights:
     w2: Tensor  # [E, H, I/2] uint8
     s2: Tensor  # [E, H, >= I/32] uint8
     b2: Tensor  # [E, H] float32
-    layout: str = "bits"  # "bits": w13/w2 bits rearranged for the v2 kernels; "nibble": checkpoint order (v1);
+    layout: str = (
+        "bits"  # "bits": w13/w2 bits rearranged for the v2 kernels; "nibble": checkpoint order (v1);
+    )
     # "v3": MMA lane fragments (_to_v3_layout), K padded to 64; "v3ds": checkpoint order, for tl.dot_scaled
 
     @property
@@ -52,7 +54,9 @@ def prepare_moe_weights(
     """
     kernels = KERNELS if kernels is None else kernels
     if kernels not in _LAYOUTS:
-        raise ValueError(f"prepare_moe_weights: kernels must be 'v1' or 'v2' or 'v3' or 'v3ds', got {kernels!r}")
+        raise ValueError(
+            f"prepare_moe_weights: kernels must be 'v1' or 'v2' or 'v3' or 'v3ds', got {kernels!r}"
+        )
     e, n2, g, b = gate_up_blocks.shape
     h, i = g * 32, n2 // 2
     want = {

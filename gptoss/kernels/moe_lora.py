@@ -39,9 +39,9 @@ from gptoss.kernels.moe import (
     gate_up_v2,
 )
 from gptoss.kernels.moe_common import _empty
+from gptoss.kernels.moe_routing import Routing, route_and_group
 from gptoss.kernels.moe_tiles import choose_tiles_v3
 from gptoss.kernels.moe_v3 import down_v3, gate_up_v3
-from gptoss.kernels.moe_routing import Routing, route_and_group
 
 
 @dataclass(frozen=True, slots=True)

@@ -226,7 +226,9 @@ def _gate_up_v3_kernel(
         )
     if LORA:  # + B_e @ s^T: the LoRA expand of the rows' shrunk x (gptoss.kernels.moe_lora)
         acc_g = _lora_expand(acc_g, lb_ptr + e64 * stride_lbe, ls_ptr, rows, valid, n_ld, LW, PREC)
-        acc_u = _lora_expand(acc_u, lb_ptr + e64 * stride_lbe + stride_lbp, ls_ptr, rows, valid, n_ld, LW, PREC)
+        acc_u = _lora_expand(
+            acc_u, lb_ptr + e64 * stride_lbe + stride_lbp, ls_ptr, rows, valid, n_ld, LW, PREC
+        )
     gate = acc_g + tl.load(b_ptr + e64 * 2 * N + n_ld)[:, None]  # [BN, BM]
     up = acc_u + tl.load(b_ptr + e64 * 2 * N + N + n_ld)[:, None]
     gate = tl.minimum(gate, limit)
@@ -301,7 +303,9 @@ def _check(x: Tensor, w: MoEWeights) -> None:
     if x.dtype not in (torch.bfloat16, torch.float32):  # float32: exact greedy tests, not speed
         raise ValueError(f"the v3 MoE kernels take bfloat16 or float32 activations, got {x.dtype}")
     if w.layout not in ("v3", "v3ds"):
-        raise ValueError(f"the v3 MoE kernels need weights prepared with kernels='v3' or 'v3ds', got {w.layout!r}")
+        raise ValueError(
+            f"the v3 MoE kernels need weights prepared with kernels='v3' or 'v3ds', got {w.layout!r}"
+        )
 
 
 def _scaled(x: Tensor, swz: bool) -> bool:

@@ -31,9 +31,9 @@ pytest.importorskip("triton")
 from gptoss.kernels import moe  # noqa: E402
 from gptoss.kernels.moe import Tiles, moe_forward, prepare_moe_weights  # noqa: E402
 from gptoss.kernels.moe_layout import MAX_SCALE_V2, _to_bits_layout, _to_v3_layout, _to_v3_scales  # noqa: E402
-from gptoss.kernels.moe_v3 import _V3_ASM  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import TILE_OVERRIDE, choose_tiles_v3  # noqa: E402
+from gptoss.kernels.moe_v3 import _V3_ASM  # noqa: E402
 from gptoss.mxfp4 import E2M1_VALUES, dequantize  # noqa: E402
 from tests.gptoss.kernels.test_moe_kernel import (  # noqa: E402, F401 - the fixtures apply here too
     ALPHA,
@@ -127,8 +127,8 @@ def test_prepare_v3_and_v3ds_layouts():
     ref, w = make_moe(4, 64, 96, 2, torch.bfloat16, seed=11, kernels="v3ds")
     _, w1 = make_moe(4, 64, 96, 2, torch.bfloat16, seed=11, kernels="v1")
     assert w.layout == "v3ds" and w.shape == (4, 64, 96)
-    for a, b in zip((w.w13, w.s13, w.b13, w.w2, w.s2, w.b2), (w1.w13, w1.s13, w1.b13, w1.w2, w1.s2, w1.b2)):
-        assert torch.equal(a, b)  # v3ds: checkpoint order, as v1
+    for name in ("w13", "s13", "b13", "w2", "s2", "b2"):
+        assert torch.equal(getattr(w, name), getattr(w1, name)), name  # v3ds: checkpoint order, as v1
     _, w3 = make_moe(4, 64, 96, 2, torch.bfloat16, seed=11, kernels="v3")
     assert w3.layout == "v3" and w3.shape == (4, 64, 96)
     assert w3.w13.shape == (4, 2, 96, 32) and w3.s13.shape == (4, 2, 96, 2)  # H 64: one chunk
@@ -231,7 +231,9 @@ def test_v3_rejects_other_activations_and_layouts():
     ref, w = make_moe(4, 64, 64, 2, torch.bfloat16, seed=0, kernels="v3")
     x = torch.randn(3, 64, device=DEV)
     r = route_and_group(F.linear(x.bfloat16(), ref.router_weight, ref.router_bias), 2)
-    with pytest.raises(ValueError, match="v3 MoE kernels take bfloat16 or float32 activations, got torch.float16"):
+    with pytest.raises(
+        ValueError, match="v3 MoE kernels take bfloat16 or float32 activations, got torch.float16"
+    ):
         moe.gate_up_v3(x.half(), r, w, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2))
     _, w2 = make_moe(4, 64, 64, 2, torch.bfloat16, seed=0, kernels="v2")
     with pytest.raises(ValueError, match="prepared with kernels='v3' or 'v3ds', got 'bits'"):
@@ -261,7 +263,9 @@ def test_v3_with_lora_adapters_matches_the_reference(kernels):
     got = check(ref, w, stack, x, index)
     base = moe_forward(x, ref.router_weight, ref.router_bias, ref.top_k, w, ALPHA, LIMIT)
     assert torch.equal(got[index == 0], base[index == 0])
-    assert (got[index != 0].float() - base[index != 0].float()).norm() / base[index != 0].float().norm() > 0.05
+    assert (got[index != 0].float() - base[index != 0].float()).norm() / base[
+        index != 0
+    ].float().norm() > 0.05
 
 
 @gpu
@@ -286,5 +290,7 @@ def test_v3_prefill_tiles_on_gpu(tiles, kernels):
     ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=3, kernels=kernels)
     x = torch.randn(512, 2880, device=DEV).bfloat16()
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
-    got = moe.combine(moe.down_v3(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles), r, w, tiles), r.weights, x.dtype)
+    got = moe.combine(
+        moe.down_v3(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles), r, w, tiles), r.weights, x.dtype
+    )
     assert _rel(got, reference(ref, x)) <= TOL
