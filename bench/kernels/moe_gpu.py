@@ -16,7 +16,10 @@ CUDA only; E 32, H = I = 2880, top-4, bf16. Prints, in this order:
      weight and scale bytes of the distinct experts the batch hits / graph_us / 3.0e12.
 Variants: v1 (checkpoint nibble order), v2 (bits layout, the default), v2-noasm (v2 with the
 portable dequant), and v2 with other tiles at decode (v2-2d, v2-bn16, v2-bn64, v2-s2), at BM 32
-(v2-b32-s2, v2-b32-wg: M 256) and BM 64 instead of 128 in prefill (v2-bm64: M >= 1024).
+(v2-b32-s2, v2-b32-wg: M 256) and BM 64 instead of 128 in prefill (v2-bm64: M >= 1024); v3 (weights
+as MMA lane fragments, gptoss.kernels.moe_v3), v3ds (tl.dot_scaled on checkpoint order) and v3 tile
+sweeps v3-* (M 256 and >= 1024), e.g. --ms 256,1024,4096,16384 --variants
+v2,v3,v3ds,v3-k64,v3-s4,v3-dn128,v3-bm256,v3-bm64,v3-b32-n128,v3-b32-k256,vllm.
 vLLM 0.26's monolithic Triton MXFP4 expert
 (triton_kernel_moe_forward: triton_kernels routing + matmul_ogs for w13 with the fused SwiGLU and
 for w2 with scatter; weights converted by its own TRITON-backend loader) is the "vllm" variant,
@@ -179,6 +182,24 @@ for _gu, _dn in [
     )
 
 
+# v3 (gptoss.kernels.moe_v3): "v3" its table (moe_tiles._GATE_UP_TILES_V3 / _DOWN_TILES_V3) on
+# weights in the v3 layout (MMA lane fragments); "v3ds" the same table on checkpoint-order weights
+# through tl.dot_scaled (the simplest version, for comparison); the rest override one bucket on v3
+# weights (TILE_OVERRIDE, which choose_tiles_v3 reads too). M 256 is bucket 32, M >= 1024 bucket 128.
+VARIANTS["v3"] = Variant("v3")
+VARIANTS["v3ds"] = Variant("v3ds")
+for _name, _bucket, _gu, _dn, _lo, _hi in [
+    ("v3-k64", 128, Tiles(128, 128, 64, 8, 4), Tiles(128, 256, 64, 8, 4), 1024, 1 << 30),
+    ("v3-s4", 128, Tiles(128, 128, 128, 8, 4), Tiles(128, 256, 64, 8, 5), 1024, 1 << 30),
+    ("v3-dn128", 128, Tiles(128, 128, 128, 8, 3), Tiles(128, 128, 128, 8, 3), 1024, 1 << 30),
+    ("v3-bm256", 128, Tiles(128, 128, 128, 8, 3), Tiles(256, 128, 64, 8, 3), 4096, 1 << 30),
+    ("v3-bm64", 128, Tiles(64, 128, 128, 8, 3), Tiles(64, 256, 64, 8, 4), 1024, 1 << 30),
+    ("v3-b32-n128", 32, Tiles(32, 128, 128, 8, 3), Tiles(32, 128, 128, 8, 3), 129, 256),
+    ("v3-b32-k256", 32, Tiles(32, 64, 256, 4, 3), Tiles(32, 64, 256, 4, 3), 129, 256),
+]:
+    VARIANTS[_name] = Variant("v3", tiles={(_bucket, True): _gu, (_bucket, False): _dn}, min_m=_lo, max_m=_hi)
+
+
 def _us(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
@@ -258,6 +279,10 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
         gu_tiles = moe.choose_tiles_v2(t, TOP_K, E, I, H, gate_up=True)
         dn_tiles = moe.choose_tiles_v2(t, TOP_K, E, H, I, gate_up=False)
         gate_up, down = moe.gate_up_v2, moe.down_v2
+    elif w.layout in ("v3", "v3ds"):
+        gu_tiles = moe.choose_tiles_v3(t, TOP_K, E, I, H, gate_up=True)
+        dn_tiles = moe.choose_tiles_v3(t, TOP_K, E, H, I, gate_up=False)
+        gate_up, down = moe.gate_up_v3, moe.down_v3
     else:
         gu_tiles = moe.choose_tiles(t, TOP_K, E, I, H, gate_up=True)
         dn_tiles = moe.choose_tiles(t, TOP_K, E, H, I, gate_up=False)

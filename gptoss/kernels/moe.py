@@ -56,9 +56,17 @@ from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-expo
     prepare_moe_weights,
 )
 from gptoss.kernels.moe_routing import Routing, route, route_and_group  # noqa: F401
-from gptoss.kernels.moe_tiles import TILE_OVERRIDE, Tiles, _grid, choose_tiles, choose_tiles_v2  # noqa: F401
+from gptoss.kernels.moe_tiles import (  # noqa: F401
+    TILE_OVERRIDE,
+    Tiles,
+    _grid,
+    choose_tiles,
+    choose_tiles_v2,
+    choose_tiles_v3,
+)
 from gptoss.kernels.moe_v1 import down, gate_up
 from gptoss.kernels.moe_v2 import _BITS_TO_BF16_ASM, _dequant_bits, down_v2, gate_up_v2  # noqa: F401
+from gptoss.kernels.moe_v3 import down_v3, gate_up_v3
 
 __all__ = ["MoEWeights", "moe_forward", "moe_forward_from_logits", "prepare_moe_weights", "route"]
 
@@ -129,6 +137,9 @@ def moe_forward_from_logits(
     if w.layout == "bits":
         act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True))  # [T*k, I]
         y = down_v2(act, r, w, choose_tiles_v2(t, top_k, e, h, i, gate_up=False))  # [T*k, H]
+    elif w.layout in ("v3", "v3ds"):
+        act = gate_up_v3(x, r, w, alpha, limit, choose_tiles_v3(t, top_k, e, i, h, gate_up=True))
+        y = down_v3(act, r, w, choose_tiles_v3(t, top_k, e, h, i, gate_up=False))
     else:
         act = gate_up(x, r, w, alpha, limit, choose_tiles(t, top_k, e, i, h, gate_up=True))
         y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False))

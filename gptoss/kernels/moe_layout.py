@@ -1,5 +1,6 @@
 """MXFP4 expert weights as the MoE kernels read them: MoEWeights and prepare_moe_weights (once at load),
-and the v2 "bits" layout (_to_bits_layout) whose words two instructions turn into MMA registers."""
+the v2 "bits" layout (_to_bits_layout) whose words two instructions turn into MMA registers, and the
+v3 layout (_to_v3_layout, _to_v3_scales): those words stored as the wgmma operand's lane fragments."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-KERNELS = "v2"  # the kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2"
+KERNELS = "v2"  # the kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2" | "v3"
+_LAYOUTS = {"v1": "nibble", "v2": "bits", "v3": "v3", "v3ds": "v3ds"}  # kernels -> MoEWeights.layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +22,10 @@ class MoEWeights:
     w2: Tensor  # [E, H, I/2] uint8
     s2: Tensor  # [E, H, >= I/32] uint8
     b2: Tensor  # [E, H] float32
-    layout: str = "bits"  # "bits": w13/w2 bits rearranged for the v2 kernels; "nibble": checkpoint order (v1)
+    layout: str = (
+        "bits"  # "bits": w13/w2 bits rearranged for the v2 kernels; "nibble": checkpoint order (v1);
+    )
+    # "v3": MMA lane fragments (_to_v3_layout), K padded to 64; "v3ds": checkpoint order, for tl.dot_scaled
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -42,12 +47,16 @@ def prepare_moe_weights(
 
     The even (gate) and odd (up) rows of gate_up go to separate planes, so a program owning act
     columns [n, n+BN) reads both halves of its pairs with two plain tile loads, for any BN.
-    kernels ("v1" | "v2", default the module's KERNELS) fixes the weight layout, hence the kernels
-    moe_forward runs on these weights: v2 rearranges the bits of every 4-byte word (_to_bits_layout).
+    kernels ("v1" | "v2" | "v3" | "v3ds", default the module's KERNELS) fixes the weight layout, hence
+    the kernels moe_forward runs on these weights: v2 rearranges the bits of every 4-byte word
+    (_to_bits_layout); v3 moves bytes into MMA lane fragments, then does v2's bit rearrangement
+    (_to_v3_layout); v1 and v3ds keep the checkpoint's nibble order (v3ds: tl.dot_scaled's e2m1).
     """
     kernels = KERNELS if kernels is None else kernels
-    if kernels not in ("v1", "v2"):
-        raise ValueError(f"prepare_moe_weights: kernels must be 'v1' or 'v2', got {kernels!r}")
+    if kernels not in _LAYOUTS:
+        raise ValueError(
+            f"prepare_moe_weights: kernels must be 'v1' or 'v2' or 'v3' or 'v3ds', got {kernels!r}"
+        )
     e, n2, g, b = gate_up_blocks.shape
     h, i = g * 32, n2 // 2
     want = {
@@ -75,14 +84,25 @@ def prepare_moe_weights(
 
     w13 = planes(gate_up_blocks).view(e, 2, i, h // 2)
     w2 = down_blocks.reshape(e, h, i // 2).contiguous()
-    if kernels == "v2":
+    if kernels in ("v2", "v3"):
         top = max(int(gate_up_scales.max()), int(down_scales.max()))  # once at load
         if top > MAX_SCALE_V2:
             raise ValueError(
                 f"prepare_moe_weights: scale byte {top} > {MAX_SCALE_V2} (weights above 12): "
-                "the v2 kernels' bf16 scale factor 2^(s-1) would overflow; use kernels='v1'"
+                f"the {kernels} kernels' bf16 scale factor 2^(s-1) would overflow; use kernels='v1'"
             )
+    if kernels == "v2":
         w13, w2 = _to_bits_layout(w13), _to_bits_layout(w2)
+    if kernels == "v3":
+        return MoEWeights(
+            w13=_to_v3_layout(w13),
+            s13=_to_v3_scales(planes(gate_up_scales)),
+            b13=planes(gate_up_bias.float()).view(e, 2, i),
+            w2=_to_v3_layout(w2),
+            s2=_to_v3_scales(down_scales.contiguous()),
+            b2=down_bias.float().contiguous(),
+            layout="v3",
+        )
     return MoEWeights(
         w13=w13,
         s13=padded(planes(gate_up_scales)),
@@ -90,7 +110,7 @@ def prepare_moe_weights(
         w2=w2,
         s2=padded(down_scales),
         b2=down_bias.float().contiguous(),
-        layout="bits" if kernels == "v2" else "nibble",
+        layout=_LAYOUTS[kernels],
     )
 
 
@@ -123,3 +143,37 @@ def _to_bits_layout(blocks: Tensor) -> Tensor:
                     acc |= ((words >> (8 * j + 4 * half + i)) & 1) << bit_from[t + 16 * half]
         out[e] = acc.view(torch.uint8).view(blocks.shape[1:])
     return out
+
+
+# The v3 layout: wgmma takes its register operand (here W, [BN, BK]) as mma.sync's A fragments: in
+# each 16-row x 16-K block, lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8 at K 2t, 2t+1
+# and 2t+8, 2t+9, in 4 bf16x2 registers (j = 2q + h: row g + 8h, K 2t + 8q). So one 4-byte word is
+# a lane's k16 step: byte j = the checkpoint byte (row g + 8h, K/2 column 4q + t), whose two nibbles
+# become register j; 4 such words (the 4 k16 steps of 64 K) are 16 contiguous bytes, one 128-bit
+# load a lane, a warp's 512 bytes contiguous. Bits within each word then go to v2's order.
+def _to_v3_layout(blocks: Tensor) -> Tensor:
+    """[E, ..., N, K/2] uint8 in checkpoint order (N % 16 == 0) -> [E, ..., N, Kp/2], Kp = K padded
+    to 64 with zeros: each 16-row block is [K/64 chunks kc, 8 g, 4 t, 4 s (k16 step), 2 q, 2 h]
+    bytes = checkpoint byte (row 16 rb + 8h + g, column 32 kc + 8s + 4q + t), in v2's bits order."""
+    *lead, n, kb = blocks.shape
+    kc = -(-kb // 32)
+    out = torch.empty(*lead, n, 32 * kc, dtype=torch.uint8, device=blocks.device)
+    for e in range(lead[0]):  # one expert at a time, as _to_bits_layout
+        b = F.pad(blocks[e], (0, 32 * kc - kb))  # [..., N, 32 KC]
+        d = b.dim() - 2  # leading dims before N
+        b = b.reshape(*b.shape[:d], n // 16, 2, 8, kc, 4, 2, 4)  # rb, h, g, kc, s, q, t
+        b = b.permute(*range(d), d, d + 3, d + 2, d + 6, d + 4, d + 5, d + 1)  # rb, kc, g, t, s, q, h
+        out[e] = b.reshape(*b.shape[:d], n, 32 * kc)
+    return _to_bits_layout(out)
+
+
+def _to_v3_scales(scales: Tensor) -> Tensor:
+    """[E, ..., N, K/32] e8m0 bytes -> [E, ..., N, Kp/32]: each 16-row block is [K/64 chunks kc, 8 g,
+    2 s2, 2 h] = the scale of row 16 rb + 8h + g, K group 2 kc + s2: one int32 word a lane's 16 bytes."""
+    *lead, n, g = scales.shape
+    kc = -(-g // 2)
+    s = F.pad(scales, (0, 2 * kc - g))  # zero bytes: 2^-127 times zero weights
+    d = len(lead)
+    s = s.reshape(*lead, n // 16, 2, 8, kc, 2)  # rb, h, g, kc, s2
+    s = s.permute(*range(d), d, d + 3, d + 2, d + 4, d + 1)  # rb, kc, g, s2, h
+    return s.reshape(*lead, n, 2 * kc).contiguous()

@@ -40,6 +40,8 @@ from gptoss.kernels.moe import (
 )
 from gptoss.kernels.moe_common import _empty
 from gptoss.kernels.moe_routing import Routing, route_and_group
+from gptoss.kernels.moe_tiles import choose_tiles_v3
+from gptoss.kernels.moe_v3 import down_v3, gate_up_v3
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,11 +173,15 @@ def moe_forward_lora(
     lora13 = None if lora.a13 is None else (lora.b13, shrink(x, lora.a13, r, index, lora.rank, top_k))
     if w.layout == "bits":
         act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True), lora13)
+    elif w.layout in ("v3", "v3ds"):
+        act = gate_up_v3(x, r, w, alpha, limit, choose_tiles_v3(t, top_k, e, i, h, gate_up=True), lora13)
     else:
         act = gate_up(x, r, w, alpha, limit, choose_tiles(t, top_k, e, i, h, gate_up=True), lora13)
     lora2 = None if lora.a2 is None else (lora.b2, shrink(act, lora.a2, r, index, lora.rank, 1))
     if w.layout == "bits":
         y = down_v2(act, r, w, choose_tiles_v2(t, top_k, e, h, i, gate_up=False), lora2)
+    elif w.layout in ("v3", "v3ds"):
+        y = down_v3(act, r, w, choose_tiles_v3(t, top_k, e, h, i, gate_up=False), lora2)
     else:
         y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False), lora2)
     return combine(y, r.weights, x.dtype)

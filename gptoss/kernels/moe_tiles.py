@@ -1,5 +1,5 @@
 """Block sizes of the MoE GEMMs, from the shapes (no autotuning): Tiles, the tables by rows per
-expert, choose_tiles (v1) and choose_tiles_v2, and the grid they give."""
+expert, choose_tiles (v1), choose_tiles_v2 and choose_tiles_v3, and the grid they give."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ _DOWN_TILES_V2 = {
     64: _XA32,
     128: Tiles(128, 128, 128, 8, 3),
 }
-TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 tiles; for benchmarks
+TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 or v3 tiles; for benchmarks
 
 
 def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
@@ -83,6 +83,38 @@ def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -
     bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))  # past K: the masked tail
     warps = cfg.warps if split > 1 else min(cfg.warps, bn // 16)
     return Tiles(cfg.bm, bn, bk, warps, cfg.stages, split, cfg.xa)
+
+
+# v3, by BM as above: wgmma tiles, one warpgroup per 64 weight rows (the MMA's M), the weights the
+# register operand. In the sm_90a SASS of the "v3" layout (20b shapes, bf16), the K loop issues
+# ~3.7-4.1 instructions a weight value a thread (v2 BM 128: 5.5), wgmma async (up to 15 pending)
+# under the next dequant, every load through cp.async, no convert through shared memory; gate_up
+# 128x128x128 (two accumulators) 255 registers, no spills; down 128x256: BK 64 (241 registers; BK
+# 128 spills 9 registers), 64 divides 2880 so its loop has no masked tail. Small buckets: untimed
+# starting points (v2 stays the decode path); bench/kernels/moe_gpu.py's v3-* variants sweep them.
+_GATE_UP_TILES_V3 = {
+    16: Tiles(16, 64, 128, 4, 4),
+    32: Tiles(32, 64, 128, 4, 4),
+    64: Tiles(64, 128, 128, 8, 3),
+    128: Tiles(128, 128, 128, 8, 3),
+}
+_DOWN_TILES_V3 = {
+    16: Tiles(16, 64, 128, 4, 4),
+    32: Tiles(32, 64, 128, 4, 4),
+    64: Tiles(64, 256, 64, 8, 4),
+    128: Tiles(128, 256, 64, 8, 4),
+}
+
+
+def choose_tiles_v3(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
+    """choose_tiles for the v3 kernels (TILE_OVERRIDE applies): BN >= 64 (a warpgroup's wgmma rows),
+    BK a multiple of 64 (the "v3" layout's K chunk; past K the masked tail)."""
+    rows = triton.cdiv(t * top_k, e)
+    bucket = min(128, max(16, triton.next_power_of_2(rows)))
+    cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
+    bn = min(cfg.bn, max(64, triton.next_power_of_2(n)))
+    bk = min(cfg.bk, max(64, triton.next_power_of_2(k)))  # a multiple of 32; past K the masked tail
+    return Tiles(cfg.bm, bn, bk, min(cfg.warps, max(4, bn // 16)), cfg.stages)
 
 
 def _grid(t: int, top_k: int, e: int, n: int, tiles: Tiles) -> tuple[int, int]:

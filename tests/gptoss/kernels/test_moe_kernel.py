@@ -404,7 +404,7 @@ def test_prepare_v2_rejects_scales_its_factor_cannot_hold():
         prepare_moe_weights(*args, kernels="v2")
     assert prepare_moe_weights(*args, kernels="v1").layout == "nibble"
     with pytest.raises(ValueError, match="kernels must be 'v1' or 'v2'"):
-        prepare_moe_weights(*args, kernels="v3")
+        prepare_moe_weights(*args, kernels="v4")
 
 
 def test_prepare_rejects_mismatched_tensors():

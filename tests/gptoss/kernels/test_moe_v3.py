@@ -1,0 +1,296 @@
+"""The v3 MoE GEMMs (gptoss.kernels.moe_v3) in both weight layouts, "v3" (MMA lane fragments,
+kernels="v3") and "v3ds" (checkpoint order, tl.dot_scaled), against the reference gptoss.model.MoE
+and the v2 kernels.
+
+Without CUDA the kernels run in Triton's interpreter, which runs no PTX and has no tl.dot_scaled
+(Triton 3.6's interpreter builder lacks create_dot_scaled): "v3" runs its portable dequant (the
+same rotate-and-mask registers as the PTX, by shifts), "v3ds" a stand-in (the same bytes through
+v1's portable dequant and tl.dot). Every index, mask, K tail and epilogue is the compiled kernels';
+the v3 PTX is the v2 PTX's instruction sequence (emulated in test_moe_kernel.py) with a second
+factor; it and tl.dot_scaled run in the @gpu tests only. The v3 layout itself is checked by
+decoding it in torch exactly as the kernel does and comparing with gptoss.mxfp4.dequantize.
+Tolerances as test_moe_kernel.py's: bf16 1e-2 relative over the whole output (the reference rounds
+x @ W13 to bf16 and runs SwiGLU in bf16, the kernels keep float32 until act), float32 1e-5; v3
+against v2 (both exact dequant, float32 accumulation; summation order differs, act rounded to bf16)
+1e-2 too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
+pytest.importorskip("triton")
+
+from gptoss.kernels import moe  # noqa: E402
+from gptoss.kernels.moe import Tiles, moe_forward, prepare_moe_weights  # noqa: E402
+from gptoss.kernels.moe_layout import MAX_SCALE_V2, _to_bits_layout, _to_v3_layout, _to_v3_scales  # noqa: E402
+from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
+from gptoss.kernels.moe_tiles import TILE_OVERRIDE, choose_tiles_v3  # noqa: E402
+from gptoss.kernels.moe_v3 import _V3_ASM  # noqa: E402
+from gptoss.mxfp4 import E2M1_VALUES, dequantize  # noqa: E402
+from tests.gptoss.kernels.test_moe_kernel import (  # noqa: E402, F401 - the fixtures apply here too
+    ALPHA,
+    DEV,
+    LIMIT,
+    _e2m1,
+    _run_ptx,
+    check_against_reference,
+    gpu,
+    interpreter_like_the_gpu,
+    make_moe,
+    poisoned_buffers,
+    pytestmark,
+    reference,
+)
+
+TOL = 1e-2
+
+
+@pytest.fixture(params=["v3", "v3ds"])
+def kernels(request) -> str:
+    return request.param
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert not got.isnan().any()
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def decode_v3(w: torch.Tensor, s: torch.Tensor, k: int) -> torch.Tensor:
+    """The kernel's reading of one plane in the v3 layout, in torch: w [N, Kp/2], s [N, Kp/32] uint8
+    -> W [N, K] float32 (regs j of word (rb, kc, g, t, s) = row 16 rb + 8 (j % 2) + g, K 64 kc +
+    16 s + 8 (j // 2) + 2t + nib; v2's rotate-and-mask, then e2m1 bits at 15 and 8:6)."""
+    n, kp = w.shape[0], w.shape[1] * 2
+    kc = kp // 64
+    words = w.reshape(n // 16, -1).view(torch.int32).long() & 0xFFFFFFFF  # [RB, KC*128]
+    words = words.reshape(n // 16, kc, 8, 4, 4)  # rb, kc, g, t, s
+    rot = lambda v, r: ((v << r) | (v >> (32 - r))) & 0xFFFFFFFF  # noqa: E731
+    regs = [
+        rot(words, 4) & 0x81C081C0,
+        rot(words, 10) & 0x81C081C0,
+        rot(words, 14) & 0x81C081C0,
+        (words & 0x80C080C0) | ((words << 8) & 0x01000100),
+    ]
+    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=w.device)
+    sw = s.reshape(-1).view(torch.int32).long().reshape(n // 16, kc, 8) & 0xFFFFFFFF  # rb, kc, g
+    out = torch.empty(n // 16, 2, 8, kc, 4, 2, 4, 2, device=w.device)  # rb, h, g, kc, s, q, t, nib
+    for j, reg in enumerate(regs):
+        q, h = divmod(j, 2)
+        for nib in (0, 1):
+            half = (reg >> (16 * nib)) & 0xFFFF
+            code = ((half >> 6) & 7) | (((half >> 15) & 1) << 3)
+            sc = torch.stack([(sw >> (8 * (2 * s2 + h))) & 0xFF for s2 in (0, 0, 1, 1)], -1)  # [.., s]
+            val = lut[code] * torch.exp2(sc[:, :, :, None, :].float() - 127)  # [rb, kc, g, t, s]
+            out[:, h, :, :, :, q, :, nib] = val.permute(0, 2, 1, 4, 3)  # -> rb, g, kc, s, t
+    return out.reshape(n, kp)[:, :k]
+
+
+def test_v3_layout_decodes_to_the_checkpoint_values():
+    """N 48 (3 row blocks), K 160 (padded to 192: a half chunk of zeros), every byte and scale."""
+    g = torch.Generator().manual_seed(1)
+    blocks = torch.randint(0, 256, (2, 48, 5, 16), generator=g, dtype=torch.uint8)  # E, N, K/32, 16
+    scales = torch.randint(100, 129, (2, 48, 5), generator=g, dtype=torch.uint8)
+    w = _to_v3_layout(blocks.reshape(2, 48, 80))
+    s = _to_v3_scales(scales)
+    assert w.shape == (2, 48, 96) and s.shape == (2, 48, 6)
+    for e in range(2):
+        want = dequantize(blocks[e], scales[e], torch.float32)  # [48, 160]
+        assert torch.equal(decode_v3(w[e], s[e], 160), want)
+        assert not decode_v3(w[e], s[e], 192)[:, 160:].any()  # the pad decodes to zeros
+
+
+def test_v3_ptx_dequant_gives_exact_mxfp4_values_with_a_factor_per_row():
+    """_V3_ASM emulated instruction by instruction (test_moe_kernel's _run_ptx): a word in v2's bits
+    order + the factors of rows g (registers 0, 2) and g + 8 (1, 3) -> e2m1 * 2^(s - 127) exactly."""
+    g = torch.Generator().manual_seed(2)
+    blocks = torch.randint(0, 256, (512, 4), dtype=torch.uint8, generator=g)  # byte j: register j
+    s = torch.randint(0, MAX_SCALE_V2 + 1, (512, 2), dtype=torch.int64, generator=g)
+    s[:3] = torch.tensor([[0, MAX_SCALE_V2], [1, 127], [MAX_SCALE_V2, 0]])  # the range's edges
+    words = _to_bits_layout(blocks).view(torch.int32).numpy().view(np.uint32)[:, 0]
+    f0, f1 = ((s.numpy()[:, h] * 0x800080 + 0x3F003F00).astype(np.uint32) for h in (0, 1))
+    regs = _run_ptx(_V3_ASM.value, [words, f0, f1], 4)
+    got = np.stack([np.stack([(r & 0xFFFF) << 16, r & 0xFFFF0000], -1) for r in regs], 1)  # [512, 4, 2]
+    got = torch.from_numpy(got.astype(np.uint32).view(np.float32).astype(np.float64))
+    codes = torch.stack([blocks & 15, blocks >> 4], -1)  # [512, 4, 2]
+    want = _e2m1(codes) * torch.exp2(s.double() - 127)[:, [0, 1, 0, 1], None]
+    assert torch.equal(got, want)
+
+
+def test_prepare_v3_and_v3ds_layouts():
+    ref, w = make_moe(4, 64, 96, 2, torch.bfloat16, seed=11, kernels="v3ds")
+    _, w1 = make_moe(4, 64, 96, 2, torch.bfloat16, seed=11, kernels="v1")
+    assert w.layout == "v3ds" and w.shape == (4, 64, 96)
+    for name in ("w13", "s13", "b13", "w2", "s2", "b2"):
+        assert torch.equal(getattr(w, name), getattr(w1, name)), name  # v3ds: checkpoint order, as v1
+    _, w3 = make_moe(4, 64, 96, 2, torch.bfloat16, seed=11, kernels="v3")
+    assert w3.layout == "v3" and w3.shape == (4, 64, 96)
+    assert w3.w13.shape == (4, 2, 96, 32) and w3.s13.shape == (4, 2, 96, 2)  # H 64: one chunk
+    assert w3.w2.shape == (4, 64, 64) and w3.s2.shape == (4, 64, 4)  # I 96 -> 128
+    assert torch.equal(w3.w2[1], _to_v3_layout(w1.w2[1:2])[0])
+
+
+def test_prepare_rejects_unknown_kernels_and_v3_scales_above_128():
+    with pytest.raises(ValueError, match="kernels must be 'v1' or 'v2' or 'v3' or 'v3ds', got 'v4'"):
+        make_moe(4, 64, 64, 2, torch.bfloat16, seed=0, kernels="v4")
+    e, h, i = 2, 64, 64
+    args = [
+        torch.zeros(e, 2 * i, h // 32, 16, dtype=torch.uint8),
+        torch.full((e, 2 * i, h // 32), 129, dtype=torch.uint8),
+        torch.zeros(e, 2 * i),
+        torch.zeros(e, h, i // 32, 16, dtype=torch.uint8),
+        torch.full((e, h, i // 32), 127, dtype=torch.uint8),
+        torch.zeros(e, h),
+    ]
+    with pytest.raises(ValueError, match="scale byte 129 > 128.*the v3 kernels"):
+        prepare_moe_weights(*args, kernels="v3")
+    assert prepare_moe_weights(*args, kernels="v3ds").layout == "v3ds"
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 64, 130])
+def test_v3_forward_matches_reference(tokens, kernels):
+    ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=tokens, kernels=kernels)
+    check_against_reference(ref, w, (torch.randn(tokens, 64, device=DEV) * 3).bfloat16())
+
+
+def test_v3_matches_v2_on_the_same_checkpoint(kernels):
+    ref, w3 = make_moe(8, 96, 64, 4, torch.bfloat16, seed=21, kernels=kernels)
+    _, w2 = make_moe(8, 96, 64, 4, torch.bfloat16, seed=21, kernels="v2")
+    x = (torch.randn(20, 96, device=DEV) * 3).bfloat16()
+    got = moe_forward(x, ref.router_weight, ref.router_bias, 4, w3, ALPHA, LIMIT)
+    want = moe_forward(x, ref.router_weight, ref.router_bias, 4, w2, ALPHA, LIMIT)
+    assert _rel(got, want) <= TOL
+
+
+def test_v3_an_expert_with_every_token_and_one_with_none(kernels):
+    ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=4, kernels=kernels)
+    ref.router_bias[0] = 50.0  # expert 0 wins every token
+    ref.router_bias[5] = -50.0  # expert 5 never makes the top 4
+    x = (torch.randn(40, 64, device=DEV) * 3).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    assert r.counts[0].item() == 40 and r.counts[5].item() == 0
+    check_against_reference(ref, w, x)
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        Tiles(16, 64, 128, 4, 3),  # K 160: 128 + a tail (v3: padded to 192, a masked 64 chunk)
+        Tiles(32, 64, 64, 4, 2),  # K 160: two whole steps and a half one (v3: none, 192 = 3 x 64)
+        Tiles(64, 128, 128, 8, 3),  # N 96: one partial N tile
+        Tiles(16, 32, 256, 4, 2),  # one step past both Ks; v3: BN 32 = 2 row blocks
+    ],
+)
+def test_every_v3_tile_shape_with_k_and_n_tails(tiles, kernels):
+    """H = 160 (gate_up's K), I = 96 (down's K, and N of gate_up)."""
+    ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=7, kernels=kernels)
+    x = (torch.randn(12, 160, device=DEV) * 3).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    y = moe.down_v3(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles), r, w, tiles)  # [T*k, H]
+    assert y.shape == (48, 160)
+    assert _rel(moe.combine(y, r.weights, x.dtype), reference(ref, x)) <= TOL
+
+
+def test_v3ds_takes_bk_32():
+    ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=7, kernels="v3ds")
+    x = (torch.randn(12, 160, device=DEV) * 3).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    t = Tiles(16, 64, 32, 4, 2)
+    y = moe.down_v3(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, t), r, w, t)
+    assert _rel(moe.combine(y, r.weights, x.dtype), reference(ref, x)) <= TOL
+
+
+def test_v3_gate_up_rows_are_in_assignment_order(kernels):
+    """act row a = t*k + j is token t's j-th expert, as v2 writes it (combine relies on it)."""
+    ref, w3 = make_moe(8, 64, 64, 4, torch.bfloat16, seed=8, kernels=kernels)
+    _, w2 = make_moe(8, 64, 64, 4, torch.bfloat16, seed=8, kernels="v2")
+    x = (torch.randn(9, 64, device=DEV) * 3).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    a3 = moe.gate_up_v3(x, r, w3, ALPHA, LIMIT, choose_tiles_v3(9, 4, 8, 64, 64, gate_up=True))
+    a2 = moe.gate_up_v2(x, r, w2, ALPHA, LIMIT, moe.choose_tiles_v2(9, 4, 8, 64, 64, gate_up=True))
+    assert a3.shape == (36, 64)
+    for row in range(36):  # row by row: a swap of two rows would pass a whole-tensor norm
+        assert _rel(a3[row], a2[row]) <= 2e-2, row
+
+
+def test_v3_in_float32_matches_reference_closely(kernels):
+    """float32 (exact greedy tests): the exact dequant, IEEE dots; only the summation order differs."""
+    ref, w = make_moe(8, 96, 64, 4, torch.float32, seed=9, kernels=kernels)
+    x = torch.randn(12, 96, device=DEV) * 3
+    got = moe_forward(x, ref.router_weight, ref.router_bias, 4, w, ALPHA, LIMIT)
+    assert got.dtype == torch.float32 and _rel(got, reference(ref, x)) <= 1e-5
+
+
+def test_v3_rejects_other_activations_and_layouts():
+    ref, w = make_moe(4, 64, 64, 2, torch.bfloat16, seed=0, kernels="v3")
+    x = torch.randn(3, 64, device=DEV)
+    r = route_and_group(F.linear(x.bfloat16(), ref.router_weight, ref.router_bias), 2)
+    with pytest.raises(
+        ValueError, match="v3 MoE kernels take bfloat16 or float32 activations, got torch.float16"
+    ):
+        moe.gate_up_v3(x.half(), r, w, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2))
+    _, w2 = make_moe(4, 64, 64, 2, torch.bfloat16, seed=0, kernels="v2")
+    with pytest.raises(ValueError, match="prepared with kernels='v3' or 'v3ds', got 'bits'"):
+        moe.gate_up_v3(x.bfloat16(), r, w2, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2))
+
+
+def test_choose_tiles_v3_buckets_and_override():
+    assert choose_tiles_v3(4096, 4, 32, 2880, 2880, gate_up=True) == Tiles(128, 128, 128, 8, 3)
+    assert choose_tiles_v3(4096, 4, 32, 2880, 2880, gate_up=False) == Tiles(128, 256, 64, 8, 4)
+    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=True).bm == 32
+    assert choose_tiles_v3(1, 4, 8, 64, 64, gate_up=True) == Tiles(16, 64, 64, 4, 4)  # BK <= K's power of 2
+    TILE_OVERRIDE[(128, True)] = Tiles(64, 256, 128, 8, 4)
+    try:
+        assert choose_tiles_v3(4096, 4, 32, 2880, 2880, gate_up=True) == Tiles(64, 256, 128, 8, 4)
+    finally:
+        TILE_OVERRIDE.clear()
+
+
+def test_v3_with_lora_adapters_matches_the_reference(kernels):
+    """moe_forward_lora on v3 weights: the LoRA expand lands in the v3 kernels' epilogue."""
+    from tests.gptoss.kernels.test_moe_lora_kernel import adapter, check, stack_of
+
+    ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=11, kernels=kernels)
+    stack = stack_of([adapter("a", 4, 1), adapter("b", 8, 2)], torch.bfloat16)
+    x = (torch.randn(17, 64, generator=torch.Generator().manual_seed(3)) * 3).to(DEV, torch.bfloat16)
+    index = torch.tensor([0, 1, 2] * 5 + [2, 1], device=DEV)
+    got = check(ref, w, stack, x, index)
+    base = moe_forward(x, ref.router_weight, ref.router_bias, ref.top_k, w, ALPHA, LIMIT)
+    assert torch.equal(got[index == 0], base[index == 0])
+    assert (got[index != 0].float() - base[index != 0].float()).norm() / base[
+        index != 0
+    ].float().norm() > 0.05
+
+
+@gpu
+@pytest.mark.parametrize("tokens", [1, 64, 256, 1024, 4096])
+def test_v3_20b_shape_on_gpu_matches_v2(tokens, kernels):
+    """The compiled PTX / dot_scaled paths at the real shapes (H = I = 2880: K tails for BK 128)."""
+    ref, w3 = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=tokens, kernels=kernels)
+    _, w2 = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=tokens, kernels="v2")
+    x = torch.randn(tokens, 2880, device=DEV).bfloat16()
+    got = moe_forward(x, ref.router_weight, ref.router_bias, 4, w3, ALPHA, LIMIT)
+    want = moe_forward(x, ref.router_weight, ref.router_bias, 4, w2, ALPHA, LIMIT)
+    assert _rel(got, want) <= TOL
+    if tokens <= 64:
+        check_against_reference(ref, w3, x)
+
+
+@gpu
+@pytest.mark.parametrize(
+    "tiles", [Tiles(128, 128, 128, 8, 3), Tiles(128, 256, 128, 8, 3), Tiles(64, 128, 64, 4, 4)]
+)
+def test_v3_prefill_tiles_on_gpu(tiles, kernels):
+    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=3, kernels=kernels)
+    x = torch.randn(512, 2880, device=DEV).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    got = moe.combine(
+        moe.down_v3(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles), r, w, tiles), r.weights, x.dtype
+    )
+    assert _rel(got, reference(ref, x)) <= TOL
