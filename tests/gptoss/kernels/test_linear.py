@@ -92,6 +92,10 @@ def test_linear_takes_the_kernel_on_cuda_up_to_max_t(monkeypatch):
         y = linear(x, w, b)
         assert torch.equal(y, gemv(x, w, b) if calls and calls[-1] == t else F.linear(x, w, b))
     assert calls == ([1, GEMV_MAX_T] if DEV == "cuda" else [])
+    # a tall W (N >= K, as QKV [5120, 2880]) stays on cuBLAS, which does not split its K
+    x, w, b = operands(1, 96, 77, torch.bfloat16, True, seed=9)
+    assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+    assert calls == ([1, GEMV_MAX_T] if DEV == "cuda" else [])
 
 
 def test_gemv_beyond_max_t_and_rejects_bad_operands():
