@@ -16,6 +16,7 @@ write after attention.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gptoss.kernels import moe_layout
 from gptoss.kernels.attention import paged_attention, write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
@@ -33,6 +35,8 @@ from gptoss.model import GptOss
 
 if TYPE_CHECKING:
     from gptoss.lora_stack import LayerLora, LoraStack
+
+log = logging.getLogger("gptoss.kernel_model")
 
 
 @dataclass(slots=True)
@@ -71,6 +75,30 @@ class _Layer:
     lora_qkv: tuple[Tensor, Tensor] | None = None  # A [3W, H], B [(Hq + 2 Hkv) D, 3W] block-diagonal
     lora_o: tuple[Tensor, Tensor] | None = None  # A [W, Hq D], B [H, W]
     lora_moe: MoELora | None = None
+
+
+def _large_layout(ref: GptOss) -> str | None:
+    """ "v3" (a second copy of the experts for large batches, MoEWeights.large) on CUDA when the
+    experts' bytes are < 1/4 of the device's memory (20b's ~12 GB on an 80 GB H100: yes; 120b's ~61 GB
+    on a 141 GB H200: no), else None; logs which."""
+    experts = [block.mlp.experts for block in ref.layers]
+    blocks = experts[0].gate_up_blocks
+    if not blocks.is_cuda or moe_layout.KERNELS != "v2":
+        return None
+    size = sum(
+        t.numel() * t.element_size()
+        for ex in experts
+        for t in (ex.gate_up_blocks, ex.gate_up_scales, ex.down_blocks, ex.down_scales)
+    )
+    total = torch.cuda.get_device_properties(blocks.device).total_memory
+    dual = size < total / 4
+    log.info(
+        "MoE experts %.1f GB, device %.1f GB: %s",
+        size / 1e9,
+        total / 1e9,
+        "a second (v3) copy for large batches" if dual else "one copy (v2 layout) only",
+    )
+    return "v3" if dual else None
 
 
 def _attn_lora(ll: LayerLora, out_sizes: tuple[int, int, int]) -> tuple[Tensor, Tensor] | None:
@@ -118,6 +146,7 @@ class KernelModel:
         self.embed, self.norm, self.lm_head = ref.embed, ref.norm, ref.lm_head
         self.cos_sin = build_cos_sin(ref.rope, max_positions)  # [P, D] float32
         counts = {"full": 0, "ring": 0}
+        large = _large_layout(ref)
         self.layers: list[_Layer] = []
         for li, block in enumerate(ref.layers):
             a, m = block.attn, block.mlp
@@ -142,6 +171,7 @@ class KernelModel:
                         ex.down_blocks,
                         ex.down_scales,
                         ex.down_bias,
+                        large=large,
                     ),
                     window=a.window,
                     pool=pool,

@@ -4,7 +4,7 @@
 
 Everything at once compiles ~40 kernel configurations (minutes on a fresh machine); to stay well
 inside one 10-minute call, split it, e.g. --ms 1,4,16,64 --variants v1,v2,v2-2d,v2-bn16,v2-bn64,v2-s2,vllm
-and --ms 256,1024,4096,16384 --variants v1,v2,v2-noasm,v2-b32-s2,v2-b32-wg,v2-bm64,vllm.
+and --ms 256,512,1024,4096,16384 --variants v1,v2,v2-noasm,v2-b32-s2,v2-b32-wg,v2-bm64,vllm.
 
 CUDA only; E 32, H = I = 2880, top-4, bf16. Prints, in this order:
   1. bf16 subnormal checks: the v2 dequant puts the e2m1 code 0.5 on the bf16 subnormal 2^-127 and
@@ -18,8 +18,9 @@ Variants: v1 (checkpoint nibble order), v2 (bits layout, the default), v2-noasm 
 portable dequant), and v2 with other tiles at decode (v2-2d, v2-bn16, v2-bn64, v2-s2), at BM 32
 (v2-b32-s2, v2-b32-wg: M 256) and BM 64 instead of 128 in prefill (v2-bm64: M >= 1024); v3 (weights
 as MMA lane fragments, gptoss.kernels.moe_v3), v3ds (tl.dot_scaled on checkpoint order) and v3 tile
-sweeps v3-* (M 256 and >= 1024), e.g. --ms 256,1024,4096,16384 --variants
-v2,v3,v3ds,v3-k64,v3-s4,v3-dn128,v3-bm256,v3-bm64,v3-b32-n128,v3-b32-k256,vllm.
+sweeps v3-* (M 256, 512 and >= 1024), and "dual" (v2 weights plus a v3 copy that M >= 505 runs, as
+the engine on 20b), e.g. --ms 256,512,1024,4096,16384 --variants
+v2,v3,dual,v3-gu128x256,v3-b32-k64s6,v3-b64-k64,vllm.
 vLLM 0.26's monolithic Triton MXFP4 expert
 (triton_kernel_moe_forward: triton_kernels routing + matmul_ogs for w13 with the fused SwiGLU and
 for w2 with scatter; weights converted by its own TRITON-backend loader) is the "vllm" variant,
@@ -51,7 +52,7 @@ from gptoss.mxfp4 import dequantize  # noqa: E402
 
 E, H, I, TOP_K = 32, 2880, 2880, 4
 ALPHA, LIMIT = 1.702, 7.0
-MS = (1, 2, 4, 8, 16, 64, 256, 1024, 4096, 16384)
+MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096, 16384)
 CHECK_M = 64
 PEAK_BYTES_PER_S = 3.0e12  # H100 SXM HBM3, achievable copy bandwidth
 EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # packed w13 + w2 and scales
@@ -184,20 +185,24 @@ for _gu, _dn in [
 
 # v3 (gptoss.kernels.moe_v3): "v3" its table (moe_tiles._GATE_UP_TILES_V3 / _DOWN_TILES_V3) on
 # weights in the v3 layout (MMA lane fragments); "v3ds" the same table on checkpoint-order weights
-# through tl.dot_scaled (the simplest version, for comparison); the rest override one bucket on v3
-# weights (TILE_OVERRIDE, which choose_tiles_v3 reads too). M 256 is bucket 32, M >= 1024 bucket 128.
+# through tl.dot_scaled (the simplest version, for comparison); "dual" the engine's setup on 20b
+# (v2 weights plus a v3 copy, prepare_moe_weights(large="v3"): v3 from moe_layout.LARGE_MIN_ROWS
+# rows an expert, M >= 505); the rest override v3 buckets (TILE_OVERRIDE, which choose_tiles_v3
+# reads too). v3 buckets: M 256 is 32, M 512 64, M 1024-4088 128, M >= 4096 512. Round 1's winners
+# (v3-k64's gate_up, v3-bm256's down) are the table now; its losers (v3-s4, v3-dn128, v3-bm64,
+# v3-b32-n128, v3-b32-k256) are gone. In the sm_90a SASS (20b shapes): gate_up 128x256 BK 64
+# spills 64 STL + 64 LDL a K step (timed anyway: one more warpgroup's worth of x reuse); gate_up
+# 256x128 spills 128 + 128 (not offered); the b32/b64 tiles below use <= 130 registers, no spills.
 VARIANTS["v3"] = Variant("v3")
 VARIANTS["v3ds"] = Variant("v3ds")
-for _name, _bucket, _gu, _dn, _lo, _hi in [
-    ("v3-k64", 128, Tiles(128, 128, 64, 8, 4), Tiles(128, 256, 64, 8, 4), 1024, 1 << 30),
-    ("v3-s4", 128, Tiles(128, 128, 128, 8, 4), Tiles(128, 256, 64, 8, 5), 1024, 1 << 30),
-    ("v3-dn128", 128, Tiles(128, 128, 128, 8, 3), Tiles(128, 128, 128, 8, 3), 1024, 1 << 30),
-    ("v3-bm256", 128, Tiles(128, 128, 128, 8, 3), Tiles(256, 128, 64, 8, 3), 4096, 1 << 30),
-    ("v3-bm64", 128, Tiles(64, 128, 128, 8, 3), Tiles(64, 256, 64, 8, 4), 1024, 1 << 30),
-    ("v3-b32-n128", 32, Tiles(32, 128, 128, 8, 3), Tiles(32, 128, 128, 8, 3), 129, 256),
-    ("v3-b32-k256", 32, Tiles(32, 64, 256, 4, 3), Tiles(32, 64, 256, 4, 3), 129, 256),
+VARIANTS["dual"] = Variant("dual")
+for _name, _buckets, _gu, _dn, _lo, _hi in [
+    ("v3-gu128x256", (128, 512), Tiles(128, 256, 64, 8, 3), None, 1024, 1 << 30),
+    ("v3-b32-k64s6", (32,), Tiles(32, 64, 64, 4, 6), Tiles(32, 64, 64, 4, 6), 129, 256),
+    ("v3-b64-k64", (64,), Tiles(64, 128, 64, 8, 4), Tiles(64, 128, 64, 8, 4), 257, 512),
 ]:
-    VARIANTS[_name] = Variant("v3", tiles={(_bucket, True): _gu, (_bucket, False): _dn}, min_m=_lo, max_m=_hi)
+    _tiles = {(b, True): _gu for b in _buckets} | ({(b, False): _dn for b in _buckets} if _dn else {})
+    VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=_lo, max_m=_hi)
 
 
 def _us(fn: Callable[[], object]) -> float:
@@ -245,6 +250,7 @@ def _checkpoint() -> dict[str, torch.Tensor]:
 
 
 def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
+    """kernels "dual": v2 weights with a v3 copy for large batches (moe_layout.for_rows)."""
     return prepare_moe_weights(
         ck["gate_up_blocks"],
         ck["gate_up_scales"],
@@ -252,7 +258,8 @@ def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
         ck["down_blocks"],
         ck["down_scales"],
         ck["down_bias"],
-        kernels=kernels,
+        kernels="v2" if kernels == "dual" else kernels,
+        large="v3" if kernels == "dual" else None,
     )
 
 
@@ -275,6 +282,7 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
     """The whole forward and each GEMM alone (routing and act precomputed), as moe_forward runs them."""
     t = x.shape[0]
     r = route_and_group(F.linear(x, ck["router_w"], ck["router_b"]), TOP_K)
+    full, w = w, moe.for_rows(w, t, TOP_K)  # the copy moe_forward runs (dual: v2 or v3 by M)
     if w.layout == "bits":
         gu_tiles = moe.choose_tiles_v2(t, TOP_K, E, I, H, gate_up=True)
         dn_tiles = moe.choose_tiles_v2(t, TOP_K, E, H, I, gate_up=False)
@@ -289,7 +297,7 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
         gate_up, down = moe.gate_up, moe.down
     act = gate_up(x, r, w, ALPHA, LIMIT, gu_tiles)
     return {
-        "moe": lambda: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, w, ALPHA, LIMIT),
+        "moe": lambda: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, full, ALPHA, LIMIT),
         "gate_up": lambda: gate_up(x, r, w, ALPHA, LIMIT, gu_tiles),
         "down": lambda: down(act, r, w, dn_tiles),
     }

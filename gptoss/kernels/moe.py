@@ -25,6 +25,8 @@ keep up with 3 TB/s). v2 also loads the scales as int32 words through the cp.asy
 byte loads are not pipelined: issued and waited for in the same K step) and, at decode, splits
 each K step over 4 warps (a 3D dot, summed once at the end) for 4x the resident warps.
 USE_ASM (gptoss.kernels.moe_common) and TILE_OVERRIDE (moe_tiles) switch the rest at call time.
+prepare_moe_weights(large="v3") adds a v3 copy that batches of >= LARGE_MIN_ROWS rows an expert
+run (moe_layout.for_rows): v2 is faster at decode and small batches, v3 in prefill.
 Files: moe_layout (weights), moe_tiles (block sizes), moe_common (switches, shared helpers),
 moe_v1 and moe_v2 (the two GEMM families), moe_routing, moe_lora; this one the forward and combine.
 
@@ -53,6 +55,7 @@ from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-expo
     MAX_SCALE_V2,
     MoEWeights,
     _to_bits_layout,
+    for_rows,
     prepare_moe_weights,
 )
 from gptoss.kernels.moe_routing import Routing, route, route_and_group  # noqa: F401
@@ -134,6 +137,7 @@ def moe_forward_from_logits(
     if t == 0:
         return torch.empty_like(x)
     r = route_and_group(logits, top_k)
+    w = for_rows(w, t, top_k)  # the large-batch copy (MoEWeights.large) from LARGE_MIN_ROWS rows an expert
     if w.layout == "bits":
         act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True))  # [T*k, I]
         y = down_v2(act, r, w, choose_tiles_v2(t, top_k, e, h, i, gate_up=False))  # [T*k, H]

@@ -1,10 +1,11 @@
 """MXFP4 expert weights as the MoE kernels read them: MoEWeights and prepare_moe_weights (once at load),
 the v2 "bits" layout (_to_bits_layout) whose words two instructions turn into MMA registers, and the
-v3 layout (_to_v3_layout, _to_v3_scales): those words stored as the wgmma operand's lane fragments."""
+v3 layout (_to_v3_layout, _to_v3_scales): those words stored as the wgmma operand's lane fragments;
+optionally a second copy for large batches (MoEWeights.large, for_rows)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,10 @@ from torch import Tensor
 
 KERNELS = "v2"  # the kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2" | "v3"
 _LAYOUTS = {"v1": "nibble", "v2": "bits", "v3": "v3", "v3ds": "v3ds"}  # kernels -> MoEWeights.layout
+# Rows an expert gets (cdiv(T*k, E)) from which a forward runs MoEWeights.large when there is one:
+# v2 wins at bucket 32 (M 256 at 20b: 428 us, v3 667), v3 from bucket 128 (M 1024: 852, v2 1096);
+# 64 (M >= 505 at 20b) is a first guess that bench/kernels/moe_gpu.py's M 512 row refines.
+LARGE_MIN_ROWS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,12 +31,21 @@ class MoEWeights:
         "bits"  # "bits": w13/w2 bits rearranged for the v2 kernels; "nibble": checkpoint order (v1);
     )
     # "v3": MMA lane fragments (_to_v3_layout), K padded to 64; "v3ds": checkpoint order, for tl.dot_scaled
+    # The same experts in another layout, for >= LARGE_MIN_ROWS rows an expert (for_rows).
+    large: MoEWeights | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(E, H, I)."""
         e, _, i, _ = self.w13.shape
         return e, self.w2.shape[1], i
+
+
+def for_rows(w: MoEWeights, t: int, top_k: int) -> MoEWeights:
+    """The copy a forward over t tokens runs: w.large from LARGE_MIN_ROWS rows an expert on, else w."""
+    if w.large is not None and -(-t * top_k // w.w13.shape[0]) >= LARGE_MIN_ROWS:
+        return w.large
+    return w
 
 
 def prepare_moe_weights(
@@ -42,6 +56,7 @@ def prepare_moe_weights(
     down_scales: Tensor,
     down_bias: Tensor,
     kernels: str | None = None,
+    large: str | None = None,
 ) -> MoEWeights:
     """Checkpoint tensors (gate/up rows interleaved) -> MoEWeights; runs once at load.
 
@@ -51,8 +66,21 @@ def prepare_moe_weights(
     the kernels moe_forward runs on these weights: v2 rearranges the bits of every 4-byte word
     (_to_bits_layout); v3 moves bytes into MMA lane fragments, then does v2's bit rearrangement
     (_to_v3_layout); v1 and v3ds keep the checkpoint's nibble order (v3ds: tl.dot_scaled's e2m1).
+    large (e.g. "v3") adds a second copy of the experts in that layout as .large, sharing the
+    biases, which forwards with >= LARGE_MIN_ROWS rows an expert run (for_rows); it is built after
+    the first, whose temporaries are freed by then, so the peak is the two copies and one layer's
+    temporaries (plus the checkpoint tensors the caller holds).
     """
     kernels = KERNELS if kernels is None else kernels
+    if large is not None:
+        if large not in _LAYOUTS or large == kernels:
+            raise ValueError(
+                f"prepare_moe_weights: large must be another layout than {kernels!r}, got {large!r}"
+            )
+        args = (gate_up_blocks, gate_up_scales, gate_up_bias, down_blocks, down_scales, down_bias)
+        small = prepare_moe_weights(*args, kernels=kernels)
+        big = prepare_moe_weights(*args, kernels=large)
+        return replace(small, large=replace(big, b13=small.b13, b2=small.b2))
     if kernels not in _LAYOUTS:
         raise ValueError(
             f"prepare_moe_weights: kernels must be 'v1' or 'v2' or 'v3' or 'v3ds', got {kernels!r}"
@@ -129,11 +157,12 @@ _BIT_FROM = tuple({t: (t - r) % 32 for t in range(32)} for r in _ROTATE) + (
 MAX_SCALE_V2 = 128  # v2 multiplies by the bf16 2^(s - 1); 2^127 is bf16's largest power of 2
 
 
-def _to_bits_layout(blocks: Tensor) -> Tensor:
+def _to_bits_layout(blocks: Tensor, out: Tensor | None = None) -> Tensor:
     """[E, ..., K/2] uint8 in checkpoint order (byte b: value 2b low nibble, 2b+1 high) -> the v2 layout.
 
-    One expert at a time, so the temporaries stay at an expert's size (120b: 1/128 of a layer)."""
-    out = torch.empty_like(blocks)
+    One expert at a time, so the temporaries stay at an expert's size (120b: 1/128 of a layer);
+    out=blocks works in place (each expert is read whole before it is written)."""
+    out = torch.empty_like(blocks) if out is None else out
     for e in range(blocks.shape[0]):
         words = blocks[e].contiguous().view(torch.int32)  # [..., K/8]; little endian: byte j = bits 8j..8j+7
         acc = torch.zeros_like(words)
@@ -164,7 +193,7 @@ def _to_v3_layout(blocks: Tensor) -> Tensor:
         b = b.reshape(*b.shape[:d], n // 16, 2, 8, kc, 4, 2, 4)  # rb, h, g, kc, s, q, t
         b = b.permute(*range(d), d, d + 3, d + 2, d + 6, d + 4, d + 5, d + 1)  # rb, kc, g, t, s, q, h
         out[e] = b.reshape(*b.shape[:d], n, 32 * kc)
-    return _to_bits_layout(out)
+    return _to_bits_layout(out, out=out)  # in place: no third copy of the experts while prepare runs
 
 
 def _to_v3_scales(scales: Tensor) -> Tensor:

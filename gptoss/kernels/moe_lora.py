@@ -39,6 +39,7 @@ from gptoss.kernels.moe import (
     gate_up_v2,
 )
 from gptoss.kernels.moe_common import _empty
+from gptoss.kernels.moe_layout import for_rows
 from gptoss.kernels.moe_routing import Routing, route_and_group
 from gptoss.kernels.moe_tiles import choose_tiles_v3
 from gptoss.kernels.moe_v3 import down_v3, gate_up_v3
@@ -170,6 +171,7 @@ def moe_forward_lora(
     if t == 0:
         return torch.empty_like(x)
     r = route_and_group(F.linear(x, router_weight, router_bias), top_k)
+    w = for_rows(w, t, top_k)
     lora13 = None if lora.a13 is None else (lora.b13, shrink(x, lora.a13, r, index, lora.rank, top_k))
     if w.layout == "bits":
         act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True), lora13)

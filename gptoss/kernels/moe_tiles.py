@@ -85,32 +85,43 @@ def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -
     return Tiles(cfg.bm, bn, bk, warps, cfg.stages, split, cfg.xa)
 
 
-# v3, by BM as above: wgmma tiles, one warpgroup per 64 weight rows (the MMA's M), the weights the
-# register operand. In the sm_90a SASS of the "v3" layout (20b shapes, bf16), the K loop issues
-# ~3.7-4.1 instructions a weight value a thread (v2 BM 128: 5.5), wgmma async (up to 15 pending)
-# under the next dequant, every load through cp.async, no convert through shared memory; gate_up
-# 128x128x128 (two accumulators) 255 registers, no spills; down 128x256: BK 64 (241 registers; BK
-# 128 spills 9 registers), 64 divides 2880 so its loop has no masked tail. Small buckets: untimed
-# starting points (v2 stays the decode path); bench/kernels/moe_gpu.py's v3-* variants sweep them.
+# v3, by BM as above, plus a bucket 512 (rows an expert gets >= 512: M >= 4096 at 20b; rows
+# 129-511 stay in bucket 128): wgmma tiles, one warpgroup per 64 weight rows (the MMA's M), the
+# weights the register operand. In the sm_90a SASS of the "v3" layout (20b shapes, bf16), the K loop
+# issues ~3.7-4.1 instructions a weight value a thread (v2 BM 128: 5.5), wgmma async (up to 15
+# pending) under the next dequant, every load through cp.async, no convert through shared memory;
+# down 128x256: BK 64 (241 registers; BK 128 spills 9), 64 divides 2880 so no masked K tail.
+# Measured on the H100 (bench/kernels/moe_gpu.py, whole MoE in a CUDA graph, 2026-11-22 round 1):
+# gate_up 128x128 BK 64, 4 stages (v3-k64) 598 -> 520 us at M 1024, 1736 -> 1413 at M 4096, 6478
+# -> 5215 at M 16384; down 256x128 BK 64 (v3-bm256) 923 -> 672 us at M 4096, 3370 -> 2381 at M
+# 16384; whole MoE M 1024 852 us (v2 1096); the two together not yet timed (M 4096 expected
+# ~2130 us, v2 2993). Buckets 16-64: untimed or slower than v2 (M 256: v3 667 us, v2 428), so
+# small batches run v2 (MoEWeights.large, moe_layout.LARGE_MIN_ROWS).
 _GATE_UP_TILES_V3 = {
     16: Tiles(16, 64, 128, 4, 4),
     32: Tiles(32, 64, 128, 4, 4),
     64: Tiles(64, 128, 128, 8, 3),
-    128: Tiles(128, 128, 128, 8, 3),
+    128: Tiles(128, 128, 64, 8, 4),
+    512: Tiles(128, 128, 64, 8, 4),
 }
 _DOWN_TILES_V3 = {
     16: Tiles(16, 64, 128, 4, 4),
     32: Tiles(32, 64, 128, 4, 4),
     64: Tiles(64, 256, 64, 8, 4),
     128: Tiles(128, 256, 64, 8, 4),
+    512: Tiles(256, 128, 64, 8, 3),
 }
+
+
+def bucket_v3(rows: int) -> int:
+    """The v3 tables' key for the rows an expert gets: 16..128 as v1/v2, 512 from 512 rows on."""
+    return 512 if rows >= 512 else min(128, max(16, triton.next_power_of_2(rows)))
 
 
 def choose_tiles_v3(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
     """choose_tiles for the v3 kernels (TILE_OVERRIDE applies): BN >= 64 (a warpgroup's wgmma rows),
     BK a multiple of 64 (the "v3" layout's K chunk; past K the masked tail)."""
-    rows = triton.cdiv(t * top_k, e)
-    bucket = min(128, max(16, triton.next_power_of_2(rows)))
+    bucket = bucket_v3(triton.cdiv(t * top_k, e))
     cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
     bn = min(cfg.bn, max(64, triton.next_power_of_2(n)))
     bk = min(cfg.bk, max(64, triton.next_power_of_2(k)))  # a multiple of 32; past K the masked tail

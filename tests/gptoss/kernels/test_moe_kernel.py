@@ -107,7 +107,14 @@ def kernels(request) -> str:
 
 
 def make_moe(
-    e: int, h: int, i: int, k: int, dtype: torch.dtype, seed: int = 0, kernels: str = "v2"
+    e: int,
+    h: int,
+    i: int,
+    k: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    kernels: str = "v2",
+    large: str | None = None,
 ) -> tuple[MoE, MoEWeights]:
     g = torch.Generator(DEV).manual_seed(seed)
 
@@ -141,7 +148,7 @@ def make_moe(
         "down_proj_scales",
         "down_proj_bias",
     )
-    return ref, prepare_moe_weights(*(w["experts." + n] for n in names), kernels=kernels)
+    return ref, prepare_moe_weights(*(w["experts." + n] for n in names), kernels=kernels, large=large)
 
 
 def reference(ref: MoE, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,137 @@
+"""Two copies of the experts (prepare_moe_weights(large="v3")): v2 for small batches, v3 from
+LARGE_MIN_ROWS rows an expert; moe_forward and moe_forward_lora pick the copy by the batch (spied
+on: which kernels ran, on which layout) and both copies match the reference gptoss.model.MoE.
+Tolerances as test_moe_kernel.py's (bf16 1e-2 relative over the whole output)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
+pytest.importorskip("triton")
+
+from gptoss.kernels import moe, moe_layout, moe_lora  # noqa: E402
+from gptoss.kernels.moe import MoEWeights, prepare_moe_weights  # noqa: E402
+from gptoss.kernels.moe_layout import for_rows  # noqa: E402
+from tests.gptoss.kernels.test_moe_kernel import (  # noqa: E402, F401 - the fixtures apply here too
+    DEV,
+    check_against_reference,
+    interpreter_like_the_gpu,
+    make_moe,
+    poisoned_buffers,
+    pytestmark,
+)
+
+E, H, TOP_K = 8, 64, 4  # test_moe_lora_kernel's tiny preset: rows an expert = cdiv(4 T, 8)
+MIN_ROWS = 8  # LARGE_MIN_ROWS here: T <= 14 runs v2, T >= 15 v3
+
+
+@pytest.fixture
+def ran(monkeypatch) -> list[tuple[str, str]]:
+    """(kernel family, weight layout) of every gate_up / down call moe and moe_lora make."""
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(moe_layout, "LARGE_MIN_ROWS", MIN_ROWS)
+    for mod in (moe, moe_lora):
+        for name in ("gate_up_v2", "down_v2", "gate_up_v3", "down_v3"):
+            real = getattr(mod, name)
+
+            def spy(x, r, w, *rest, _real=real, _name=name):
+                calls.append((_name, w.layout))
+                return _real(x, r, w, *rest)
+
+            monkeypatch.setattr(mod, name, spy)
+    return calls
+
+
+V2 = [("gate_up_v2", "bits"), ("down_v2", "bits")]
+V3 = [("gate_up_v3", "v3"), ("down_v3", "v3")]
+
+
+def test_prepare_builds_a_v3_copy_sharing_the_biases():
+    _, w = make_moe(E, H, H, TOP_K, torch.bfloat16, seed=1, large="v3")
+    _, w3 = make_moe(E, H, H, TOP_K, torch.bfloat16, seed=1, kernels="v3")
+    _, w2 = make_moe(E, H, H, TOP_K, torch.bfloat16, seed=1, kernels="v2")
+    assert (w.layout, w.large.layout, w.large.large) == ("bits", "v3", None)
+    for name in ("w13", "s13", "w2", "s2"):
+        assert torch.equal(getattr(w, name), getattr(w2, name))
+        assert torch.equal(getattr(w.large, name), getattr(w3, name))
+    assert w.large.b13 is w.b13 and w.large.b2 is w.b2
+    assert w2.large is None
+
+
+def test_prepare_rejects_a_large_copy_in_the_same_layout():
+    args = [torch.zeros(1)] * 6  # rejected before any shape check
+    with pytest.raises(ValueError, match="large must be another layout than 'v2', got 'v2'"):
+        prepare_moe_weights(*args, kernels="v2", large="v2")
+    with pytest.raises(ValueError, match="got 'v4'"):
+        prepare_moe_weights(*args, large="v4")
+
+
+def _stub(e: int, large: MoEWeights | None) -> MoEWeights:
+    z = torch.zeros(e, 2, 32, 16, dtype=torch.uint8)
+    return MoEWeights(z, z, z, z, z, z, layout="bits", large=large)
+
+
+def test_for_rows_boundary_at_the_default_threshold():
+    """20b: E 32, top-4; 64 rows an expert from T = 505 (cdiv(2020, 32) = 64; T 504: 63)."""
+    assert moe_layout.LARGE_MIN_ROWS == 64
+    big = _stub(32, None)
+    w = _stub(32, big)
+    assert for_rows(w, 504, 4) is w
+    assert for_rows(w, 505, 4) is big
+    assert for_rows(w, 1, 4) is w
+    assert for_rows(w, 16384, 4) is big
+    alone = _stub(32, None)
+    assert for_rows(alone, 16384, 4) is alone  # no second copy: always the primary
+
+
+@pytest.mark.parametrize(("tokens", "want"), [(1, V2), (14, V2), (15, V3), (40, V3)])
+def test_forward_picks_the_copy_by_rows_and_matches_the_reference(tokens, want, ran):
+    ref, w = make_moe(E, H, H, TOP_K, torch.bfloat16, seed=tokens, large="v3")
+    check_against_reference(ref, w, (torch.randn(tokens, H, device=DEV) * 3).bfloat16())
+    assert ran == want
+
+
+@pytest.mark.parametrize(("tokens", "want"), [(3, V2), (20, V3)])
+def test_lora_forward_picks_the_copy_by_rows_and_matches_the_reference(tokens, want, ran):
+    from tests.gptoss.kernels.test_moe_lora_kernel import adapter, check, stack_of
+
+    ref, w = make_moe(E, H, H, TOP_K, torch.bfloat16, seed=11, large="v3")
+    stack = stack_of([adapter("a", 4, 1), adapter("b", 8, 2)], torch.bfloat16)
+    x = (torch.randn(tokens, H, generator=torch.Generator().manual_seed(3)) * 3).to(DEV, torch.bfloat16)
+    index = torch.arange(tokens, device=DEV) % 3
+    check(ref, w, stack, x, index)
+    assert ran == want
+
+
+@pytest.mark.parametrize(("device_gb", "want"), [(80, "v3"), (40, None)])
+def test_kernel_model_builds_the_v3_copy_when_experts_take_under_a_quarter(
+    device_gb, want, monkeypatch, caplog
+):
+    """20b-like: 24 layers x 0.5 GB of experts = 12 GB; 80 GB device -> two copies, 40 GB -> one."""
+    from types import SimpleNamespace
+
+    from gptoss import kernel_model
+
+    class FakeTensor:  # 0.125 GB, on "CUDA"
+        is_cuda, device = True, "cuda:0"
+
+        def numel(self) -> int:
+            return 125_000_000
+
+        def element_size(self) -> int:
+            return 1
+
+    t = FakeTensor()
+    ex = SimpleNamespace(gate_up_blocks=t, gate_up_scales=t, down_blocks=t, down_scales=t)
+    ref = SimpleNamespace(layers=[SimpleNamespace(mlp=SimpleNamespace(experts=ex))] * 24)
+    props = SimpleNamespace(total_memory=device_gb * 10**9)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    with caplog.at_level("INFO", logger="gptoss.kernel_model"):
+        assert kernel_model._large_layout(ref) == want
+    msg = "a second (v3) copy for large batches" if want else "one copy (v2 layout) only"
+    assert caplog.messages == [f"MoE experts 12.0 GB, device {device_gb:.1f} GB: {msg}"]
