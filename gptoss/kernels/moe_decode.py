@@ -73,11 +73,15 @@ def use_decode(x: Tensor, w: MoEWeights) -> bool:
 
 
 def tiles(gate_up: bool, k: int) -> DecTiles:
-    """The tiles for a GEMM with K = k: BK shrinks toward K (no empty steps), warps = split."""
+    """The tiles for a GEMM with K = k: BK shrinks toward K (no empty steps) and to where the last
+    step's scale words stay inside the row (rows hold ceil(K/512)*512 K of scales); warps = split."""
     cfg = TILE_OVERRIDE.get(gate_up) or (GATE_UP_TILES if gate_up else DOWN_TILES)
-    bk = max(128 * cfg.split, min(cfg.bk, triton.next_power_of_2(k)))
-    warps = cfg.split if cfg.split > 1 else cfg.warps
-    return DecTiles(cfg.bm, cfg.bn, bk, cfg.split, warps, cfg.stages)
+    split = cfg.split
+    bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))
+    while triton.cdiv(k, bk) * bk > triton.cdiv(k, 512) * 512:  # ends at BK <= 512
+        bk //= 2
+        split = max(1, min(split, bk // 128))
+    return DecTiles(cfg.bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages)
 
 
 @triton.jit
@@ -180,6 +184,7 @@ def _ticket(device: torch.device) -> Tensor:
 
 def route_fused(x: Tensor, router_weight: Tensor, router_bias: Tensor, top_k: int) -> tuple[Routing, Tensor]:
     """x [T, H] -> (Routing as route_and_group(F.linear(x, w, b), k), logits [T, E] float32); T <= 64."""
+    x = x.contiguous()
     t, h = x.shape
     e = router_weight.shape[0]
     if not 0 < t <= 64 or not 1 <= top_k <= e:
@@ -209,7 +214,7 @@ def route_fused(x: Tensor, router_weight: Tensor, router_bias: Tensor, top_k: in
         KP=triton.next_power_of_2(top_k),
         BT=bt,
         BE=triton.next_power_of_2(e),
-        BH=max(16, min(triton.next_power_of_2(h), 4096 // bt)),
+        BH=max(16, min(triton.next_power_of_2(h), 8192 // bt)),  # T <= 2: all of H in one step
         ASM=common._use_asm(x),
         num_warps=4,
     )

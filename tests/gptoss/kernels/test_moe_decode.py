@@ -21,6 +21,8 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+
 from gptoss.kernels import moe, moe_decode  # noqa: E402
 from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
@@ -98,10 +100,11 @@ def test_past_max_t_and_on_nibble_weights_the_old_path_runs(spy, monkeypatch):
 def test_an_expert_hit_by_every_token_and_the_last_expert(dtype):
     """Expert 0 gets all 16 rows (two BM 8 chunks), expert 7 (the last) is in every token's four."""
     ref, w = make_moe(8, 64, 64, 4, dtype, seed=4)
-    ref.router_bias[0] = 50.0
-    ref.router_bias[7] = 40.0
-    ref.router_bias[5] = -50.0
-    x = (torch.randn(16, 64, device=DEV) * 3).to(dtype)
+    ref.router_bias[0] = 100.0  # logits x @ w are ~N(0, 3): 40 apart never swap
+    ref.router_bias[7] = 60.0
+    ref.router_bias[5] = -60.0
+    g = torch.Generator(DEV).manual_seed(4)
+    x = (torch.randn(16, 64, generator=g, device=DEV) * 3).to(dtype)
     r, _ = moe_decode.route_fused(x, ref.router_weight, ref.router_bias, 4)
     assert r.counts[0].item() == 16 and r.counts[7].item() == 16 and r.counts[5].item() == 0
     assert (r.ids[:, 0] == 0).all() and (r.ids[:, 1] == 7).all()
@@ -112,7 +115,7 @@ def test_router_ties_take_the_lower_expert_as_route_and_group():
     ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=6)
     ref.router_bias.copy_(torch.tensor([3.0, 2.0, 1.0, 0.5, 0.5, -1.0, -2.0, -3.0]))
     ref.router_weight[4] = ref.router_weight[3]  # experts 3 and 4 tie for every x: same row, same bias
-    x = (torch.randn(6, 64, device=DEV) * 3).bfloat16()
+    x = (torch.randn(6, 64, generator=torch.Generator(DEV).manual_seed(6), device=DEV) * 3).bfloat16()
     x[::2] = 0  # logits = bias: experts 3 and 4 tie for the 4th place
     r, logits = moe_decode.route_fused(x, ref.router_weight, ref.router_bias, 4)
     assert r.ids[0].tolist() == [0, 1, 2, 3]
@@ -162,6 +165,18 @@ def test_every_decode_tile_shape_and_combine_gives_the_same_result(gu, dn, fuse,
     assert _rel(got, reference(ref, x)) <= TOL[dtype]
 
 
+def test_tiles_keep_scale_reads_in_the_row_and_warps_on_distinct_weights():
+    assert moe_decode.tiles(False, 2880) == DecTiles(8, 16, 1024, 8, 8, 3)  # 3 steps: 3072 = 96 scales
+    assert moe_decode.tiles(False, 2048 + 320) == DecTiles(8, 16, 512, 4, 4, 3)  # 3072 > 2560 of scales
+    assert moe_decode.tiles(False, 64) == DecTiles(8, 16, 512, 4, 4, 3)  # one 16-byte scale row
+    assert moe_decode.tiles(True, 2880) == DecTiles(8, 16, 512, 4, 4, 4)
+    for k in (64, 160, 1000, 2880, 4096):
+        for gate_up in (True, False):
+            t = moe_decode.tiles(gate_up, k)
+            assert triton.cdiv(k, t.bk) * t.bk <= triton.cdiv(k, 512) * 512
+            assert t.bk // t.split >= 128 and t.warps == t.split
+
+
 @pytest.mark.parametrize("tokens", [1, 2])
 def test_20b_shapes(tokens):
     """E 32, H = I = 2880 (K tail of 320 for BK 512): the default tiles on the real shapes."""
@@ -175,3 +190,15 @@ def test_decode_is_deterministic():
     ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=9)
     x = (torch.randn(7, 64, device=DEV) * 3).bfloat16()
     assert torch.equal(_forward(ref, w, x), _forward(ref, w, x))
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="needs CUDA (compiled kernels)")
+@pytest.mark.parametrize("tokens", [1, 2, 3, 4, 8, 16])
+def test_20b_shapes_on_gpu(tokens):
+    """Compiled: the fused router's ticket and fences, the default tiles (rel error printed)."""
+    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=tokens)
+    x = torch.randn(tokens, 2880, device=DEV).bfloat16()
+    for _ in range(3):  # the ticket is back at 0 after each call
+        err = _rel(_forward(ref, w, x), reference(ref, x))
+        assert err <= TOL[torch.bfloat16]
+    print(f"decode T={tokens}: rel error {err:.2e}")
