@@ -190,11 +190,13 @@ class DecVariant:
     gate_up: DecTiles | None = None  # None: moe_decode.GATE_UP_TILES
     down: DecTiles | None = None  # None: moe_decode.DOWN_TILES
     fuse: bool = True  # moe_decode.FUSE_COMBINE
+    flat: bool = True  # moe_decode.FLAT
     max_m: int = 16
 
 
 DEC_VARIANTS: dict[str, DecVariant] = {
     "dec": DecVariant(),
+    "dec-nest": DecVariant(flat=False),  # the fused combine with a K loop per expert
     "dec-nofuse": DecVariant(fuse=False),  # down writes y per slot (grid H/BN x slots), then combine
     "dec-nofuse32": DecVariant(down=DecTiles(8, 32, 512, 4, 4, 3), fuse=False),
     "dec-bm16": DecVariant(gate_up=DecTiles(16, 16, 512, 4, 4, 4), down=DecTiles(16, 16, 1024, 8, 8, 3)),
@@ -206,28 +208,29 @@ DEC_VARIANTS: dict[str, DecVariant] = {
     "dec-dn-k4": DecVariant(down=DecTiles(8, 16, 512, 4, 4, 4)),
     "dec-dn-s4": DecVariant(down=DecTiles(8, 16, 1024, 8, 8, 4)),
     "dec-dn32": DecVariant(down=DecTiles(8, 32, 1024, 8, 8, 3)),
+    "dec-dn32-k4": DecVariant(down=DecTiles(8, 32, 512, 4, 4, 3)),
 }
 
 
 @contextmanager
 def _dec_switches(v: DecVariant) -> Iterator[None]:
-    saved = moe_decode.ENABLED, moe_decode.FUSE_COMBINE, dict(moe_decode.TILE_OVERRIDE)
-    moe_decode.ENABLED, moe_decode.FUSE_COMBINE = True, v.fuse
+    saved = moe_decode.ENABLED, moe_decode.FUSE_COMBINE, moe_decode.FLAT, dict(moe_decode.TILE_OVERRIDE)
+    moe_decode.ENABLED, moe_decode.FUSE_COMBINE, moe_decode.FLAT = True, v.fuse, v.flat
     moe_decode.TILE_OVERRIDE.clear()
     moe_decode.TILE_OVERRIDE.update({k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None})
     try:
         yield
     finally:
-        moe_decode.ENABLED, moe_decode.FUSE_COMBINE = saved[:2]
+        moe_decode.ENABLED, moe_decode.FUSE_COMBINE, moe_decode.FLAT = saved[:3]
         moe_decode.TILE_OVERRIDE.clear()
-        moe_decode.TILE_OVERRIDE.update(saved[2])
+        moe_decode.TILE_OVERRIDE.update(saved[3])
 
 
 def _dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
     """The decode forward, its router and each GEMM alone (routing and act precomputed)."""
     rw, rb = ck["router_w"], ck["router_b"]
     r, _ = moe_decode.route_fused(x, rw, rb, TOP_K)
-    gu, dn = moe_decode.tiles(True, H), moe_decode.tiles(False, I)
+    gu, dn = moe_decode.tiles(True, H, x.shape[0]), moe_decode.tiles(False, I, x.shape[0])
     act = moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu)
     return {
         "moe": lambda: moe_forward(x, rw, rb, TOP_K, w, ALPHA, LIMIT),

@@ -7,8 +7,10 @@ moe_decode(x, router, ...) = moe_forward for small T, in 3 launches (4 without F
                       per-expert row lists: the Routing of route_and_group, bit for bit on the same
                       logits (ties to the lower id)
   _gate_up_dec_kernel act = swiglu(x_rows @ W13_e^T + b13_e)   grid (I / BN, slots)
-  _down_dec_kernel    FUSE_COMBINE: out[t] = sum over t's experts (id order) of w * (act @ W2_e^T + b2_e),
-                      grid (H / BN,); else y per slot (grid (H / BN, slots)) and moe.combine
+  _down_flat_kernel   FUSE_COMBINE: out[t] = sum over t's experts (id order) of w * (act @ W2_e^T + b2_e),
+                      grid (H / BN,), one loop over (row tile, K step) of all active experts
+  _down_dec_kernel    else y per slot (grid (H / BN, slots)) and moe.combine; or (FLAT False) the
+                      fused combine with a loop per expert (the load pipeline refills at each)
 
 Why these shapes. At T <= 16 every expert gets <= 16 rows and the step is bound by the weights:
 d * 13.2 MB for d distinct experts (20b). A slot is the s-th expert with rows (the active experts
@@ -44,6 +46,7 @@ from gptoss.kernels.moe_v2 import _v2_ptrs, _v2_step
 ENABLED = True  # moe_forward / moe_forward_from_logits take this path for 0 < T <= MAX_T on bits weights
 MAX_T = 16  # T*k/E <= 2 rows an expert on average at 20b; past it v2's M tiles amortize the weights
 FUSE_COMBINE = True  # down adds w * y into the token rows itself (no y buffer, no combine launch)
+FLAT = True  # the fused down runs one loop over (row tile, K step) of all experts (_down_flat_kernel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +59,13 @@ class DecTiles:
     stages: int
 
 
-# In the sm_90a SASS at 20b (bf16, compiled on CPU; no spills, 16-byte cp.async weight loads), K loop:
-# gate_up BN 16 2x16x512 a step: 399 instructions for 128 values a thread (3.1 a value), 157
-# registers, 50 KB shared (3 programs an SM); BN 32: 2.8 a value but 218 registers (2 an SM), and
-# 360 programs at T = 1 are 1.4 waves of 264. BM 8 (not 16): 2.8 against 3.35 a value (half the
-# HMMAs and x moves) and half the x tile. down (fused combine, H / BN programs, each all active
-# experts): BN 16 gives 180 programs; 8 warps of 128 K each keep more of them streaming.
+# In the sm_90a SASS at 20b (bf16, compiled on CPU by bench/kernels/moe_decode_sass.py; no spills,
+# 16-byte cp.async weight loads), K loop: gate_up BN 16 at BM 8 (T >= 5): 3.1 instructions a
+# weight value, 157 registers, 50 KB shared (3 programs an SM); at BM 1-4 (T <= 4): 3.0, ~122
+# registers, 29-38 KB (4 an SM); BN 32: 2.8 a value but 218 registers (2 an SM), and 360 programs at
+# T = 1 are 1.4 waves of 264. BM 16 (v2's): 4.0 a value. down (fused combine, H / BN programs,
+# each streaming all active experts in one pipelined loop): BN 16 gives 180 programs; 8 warps of
+# 128 K each keep more of them streaming.
 GATE_UP_TILES = DecTiles(8, 16, 512, 4, 4, 4)
 DOWN_TILES = DecTiles(8, 16, 1024, 8, 8, 3)
 TILE_OVERRIDE: dict[bool, DecTiles] = {}  # gate_up? -> tiles; for benchmarks
@@ -72,24 +76,28 @@ def use_decode(x: Tensor, w: MoEWeights) -> bool:
     return ENABLED and w.layout == "bits" and 0 < x.shape[0] <= MAX_T
 
 
-def tiles(gate_up: bool, k: int) -> DecTiles:
-    """The tiles for a GEMM with K = k: BK shrinks toward K (no empty steps) and to where the last
-    step's scale words stay inside the row (rows hold ceil(K/512)*512 K of scales); warps = split."""
+def tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
+    """The tiles for a GEMM with K = k at T = t: BM shrinks to T's power of 2 (an expert has <= T
+    rows; the x tile in shared memory shrinks with it), BK toward K (no empty steps) and to where the
+    last step's scale words stay inside the row (rows hold ceil(K/512)*512 K of scales); warps = split."""
     cfg = TILE_OVERRIDE.get(gate_up) or (GATE_UP_TILES if gate_up else DOWN_TILES)
     split = cfg.split
     bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))
     while triton.cdiv(k, bk) * bk > triton.cdiv(k, 512) * 512:  # ends at BK <= 512
         bk //= 2
         split = max(1, min(split, bk // 128))
-    return DecTiles(cfg.bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages)
+    bm = min(cfg.bm, triton.next_power_of_2(t))
+    return DecTiles(bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages)
 
 
 @triton.jit
 def _slot_expert(cnt, ex, s):
-    """cnt [BE] rows per expert -> (the s-th expert with rows, its row count); s past them: (0, 0)."""
+    """cnt [BE] rows per expert -> (the s-th expert with rows, its row count, the rows of the experts
+    before it: where its act rows start); s past them: (0, 0, 0)."""
     hit = (cnt > 0).to(tl.int32)
     sel = (hit > 0) & ((tl.cumsum(hit, 0) - hit) == s)
-    return tl.sum(tl.where(sel, ex, 0), 0), tl.sum(tl.where(sel, cnt, 0), 0)
+    e = tl.sum(tl.where(sel, ex, 0), 0)
+    return e, tl.sum(tl.where(sel, cnt, 0), 0), tl.sum(tl.where(ex < e, cnt, 0), 0)
 
 
 @triton.jit
@@ -263,7 +271,7 @@ def _gate_up_dec_kernel(
     """Program (column block, slot): act[rows of the slot's expert, block] = swiglu(x @ W13^T + b13)."""
     pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
-    e, n_rows = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
+    e, n_rows, packed = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
     if n_rows == 0:  # past the active experts
         return
     EVEN_K: tl.constexpr = K % BK == 0
@@ -321,7 +329,7 @@ def _gate_up_dec_kernel(
         up = tl.minimum(tl.maximum(acc_u + b_u, -limit), limit)
         act = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
         tl.store(
-            act_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+            act_ptr + (packed + slot).to(tl.int64)[None, :] * N + n[:, None],  # expert-packed rows
             act.to(act_ptr.dtype.element_ty),
             mask=(n < N)[:, None] & valid[None, :],
         )
@@ -374,7 +382,7 @@ def _down_dec_kernel(
     tok = tl.arange(0, BT)
     out = tl.zeros([BN, BT], tl.float32)  # COMBINE: the token rows, transposed
     for s in range(s_lo, s_hi):
-        e, n_rows = _slot_expert(cnt, ex, s)
+        e, n_rows, packed = _slot_expert(cnt, ex, s)
         e64 = e.to(tl.int64)
         bias = tl.load(b_ptr + e64 * N + n_ld)[:, None]  # [BN, 1]
         for m0 in range(0, n_rows, BM):
@@ -386,7 +394,7 @@ def _down_dec_kernel(
                 s_ptr + e64 * stride_se,
                 a_ptr,
                 n_ld,
-                rows.to(tl.int64) * K,
+                (packed + slot).to(tl.int64) * K,
                 stride_wn,
                 stride_sn,
                 BM,
@@ -424,8 +432,104 @@ def _down_dec_kernel(
         )
 
 
+@triton.jit
+def _tile_of(cnt, ex, tile, BM: tl.constexpr):
+    """cnt [BE] rows per expert -> BM-row tile `tile`'s expert, first slot, the expert's rows and
+    where they start in the expert-packed act."""
+    tiles = (cnt + BM - 1) // BM
+    ends = tl.cumsum(tiles, 0)
+    e = tl.sum((ends <= tile).to(tl.int32), 0)
+    first = (tile - tl.sum(tl.where(ex == e, ends - tiles, 0), 0)) * BM
+    return e, first, tl.sum(tl.where(ex == e, cnt, 0), 0), tl.sum(tl.where(ex < e, cnt, 0), 0)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _down_flat_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    rw_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PREC: tl.constexpr,
+    ASM: tl.constexpr,
+    BT: tl.constexpr,
+):
+    """_down_dec_kernel's COMBINE with one flat loop over (row tile, K step) of all active experts,
+    so the load pipeline streams across experts (the nested loops refill it at every expert)."""
+    pid_n = tl.program_id(0)
+    STEPS: tl.constexpr = (K + BK - 1) // BK
+    EVEN_K: tl.constexpr = K % BK == 0
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ld = n % N
+    tok = tl.arange(0, BT)
+    ex = tl.arange(0, BE)
+    cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
+    n_tiles = tl.sum((cnt + BM - 1) // BM, 0)
+    out = tl.zeros([BN, BT], tl.float32)
+    if SPLIT == 1:
+        acc = tl.zeros([BN, BM], tl.float32)
+    else:
+        acc = tl.zeros([SPLIT, BN, BM], tl.float32)
+    for i in range(0, n_tiles * STEPS):
+        k0 = (i % STEPS) * BK
+        e, first, n_rows, packed = _tile_of(cnt, ex, i // STEPS, BM)
+        slot = first + tl.arange(0, BM)
+        valid = slot < n_rows
+        e64 = e.to(tl.int64)
+        w_t, s_t, a_t, kw, kx = _v2_ptrs(
+            w_ptr + e64 * stride_we,
+            s_ptr + e64 * stride_se,
+            a_ptr,
+            n_ld,
+            (packed + slot).to(tl.int64) * K,  # no load in the addresses: the pipeline runs STAGES deep
+            stride_wn,
+            stride_sn,
+            BM,
+            BN,
+            BK,
+            SPLIT,
+            False,
+        )
+        at = tl.load(a_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
+        acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
+        if k0 + BK >= K:  # the tile's last step: its rows, weighted, into the token rows
+            if SPLIT > 1:
+                y = tl.sum(acc, 0)
+            else:
+                y = acc
+            y = y + tl.load(b_ptr + e64 * N + n_ld)[:, None]  # [BN, BM]
+            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # assignments t*k + j
+            wr = tl.load(rw_ptr + rows, mask=valid, other=0.0)
+            hot = ((rows // TOP_K)[:, None] == tok[None, :]) & valid[:, None]  # [BM, BT]
+            out += tl.sum((y * wr[None, :])[:, :, None] * hot.to(tl.float32)[None, :, :], 1)
+            acc = tl.zeros_like(acc)
+    tl.store(
+        out_ptr + tok.to(tl.int64)[None, :] * N + n[:, None],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(n < N)[:, None] & (tok < T)[None, :],
+    )
+
+
 def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, t: DecTiles) -> Tensor:
-    """x [T, H] -> act [T*k, I] (rows t*k + j), on bits weights."""
+    """x [T, H] -> act [T*k, I], expert-packed: expert e's rows (in r.rows[e] order) start after
+    those of the experts below e, so down finds them without loading r.rows."""
     (n_tok, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
     act = common._empty((n_tok * k, i), x.dtype, x.device)
@@ -462,24 +566,14 @@ def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float
 
 
 def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles, combine: bool) -> Tensor:
-    """act [T*k, I] -> combine: out [T, H] (the weighted sum per token); else y [T*k, H]."""
+    """act [T*k, I] (gate_up_dec's expert-packed rows) -> combine: out [T, H] (the weighted sum per
+    token); else y [T*k, H] (rows t*k + j, as moe.combine takes them)."""
     n_tok, k = r.ids.shape
     e, h, i = w.shape
     y = common._empty((n_tok if combine else n_tok * k, h), act.dtype, act.device)
     s2 = w.s2.view(torch.int32)
-    grid = (triton.cdiv(h, t.bn),) if combine else (triton.cdiv(h, t.bn), min(e, n_tok * k))
-    _down_dec_kernel[grid](
-        act,
-        w.w2,
-        s2,
-        w.b2,
-        y,
-        r.weights,
-        r.counts,
-        r.rows,
-        n_tok,
-        *w.w2.stride()[:2],
-        *s2.stride()[:2],
+    args = (act, w.w2, s2, w.b2, y, r.weights, r.counts, r.rows, n_tok, *w.w2.stride()[:2], *s2.stride()[:2])
+    meta = dict(
         N=h,
         K=i,
         TOP_K=k,
@@ -491,23 +585,28 @@ def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles, combine: bool)
         SPLIT=t.split,
         PREC=_precision(act),
         ASM=common._use_asm(act),
-        COMBINE=combine,
         BT=max(2, triton.next_power_of_2(n_tok)) if combine else 2,
         num_warps=t.warps,
         num_stages=t.stages,
     )
+    if combine and FLAT:
+        _down_flat_kernel[(triton.cdiv(h, t.bn),)](*args, **meta)
+    else:
+        grid = (triton.cdiv(h, t.bn),) if combine else (triton.cdiv(h, t.bn), min(e, n_tok * k))
+        _down_dec_kernel[grid](*args, COMBINE=combine, **meta)
     return y
 
 
 def experts_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float) -> Tensor:
     """x [T, H] routed by r -> [T, H]: the two decode GEMMs and the combine (fused or moe's)."""
     _, h, i = w.shape
-    act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h))  # [T*k, I]
+    t = x.shape[0]
+    act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h, t))  # [T*k, I]
     if FUSE_COMBINE:
-        return down_dec(act, r, w, tiles(False, i), combine=True)
+        return down_dec(act, r, w, tiles(False, i, t), combine=True)
     from gptoss.kernels.moe import combine  # moe imports this module
 
-    return combine(down_dec(act, r, w, tiles(False, i), combine=False), r.weights, x.dtype)
+    return combine(down_dec(act, r, w, tiles(False, i, t), combine=False), r.weights, x.dtype)
 
 
 def moe_decode(

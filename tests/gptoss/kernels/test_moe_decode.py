@@ -151,15 +151,17 @@ def test_router_logits_are_f_linear_in_float32_sums(tokens, experts, k):
         (DecTiles(2, 16, 128, 1, 1, 2), DecTiles(4, 16, 128, 1, 2, 3)),
     ],
 )
-@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("mode", ["flat", "nested", "y"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_decode_tile_shape_and_combine_gives_the_same_result(gu, dn, fuse, dtype, monkeypatch):
+def test_every_decode_tile_shape_and_combine_gives_the_same_result(gu, dn, mode, dtype, monkeypatch):
     """K = 160 (a masked tail for BK 128, whole empty slices for BK 512 split 4), N = 96 (partial
-    column blocks), 12 tokens: rows past BM 2, 4, 8 loop; moe_forward_from_logits's entry."""
+    column blocks), 12 tokens: rows past BM 2, 4, 8 loop; moe_forward_from_logits's entry. Modes:
+    the fused combine in one flat loop (the default) or a loop per expert, or y and moe.combine."""
     ref, w = make_moe(8, 160, 96, 4, dtype, seed=7)
     x = (torch.randn(12, 160, device=DEV) * 3).to(dtype)
     monkeypatch.setattr(moe_decode, "TILE_OVERRIDE", {True: gu, False: dn})
-    monkeypatch.setattr(moe_decode, "FUSE_COMBINE", fuse)
+    monkeypatch.setattr(moe_decode, "FUSE_COMBINE", mode != "y")
+    monkeypatch.setattr(moe_decode, "FLAT", mode == "flat")
     logits = F.linear(x, ref.router_weight, ref.router_bias)
     got = moe.moe_forward_from_logits(x, logits, 4, w, ALPHA, LIMIT)
     assert _rel(got, reference(ref, x)) <= TOL[dtype]
@@ -170,6 +172,7 @@ def test_tiles_keep_scale_reads_in_the_row_and_warps_on_distinct_weights():
     assert moe_decode.tiles(False, 2048 + 320) == DecTiles(8, 16, 512, 4, 4, 3)  # 3072 > 2560 of scales
     assert moe_decode.tiles(False, 64) == DecTiles(8, 16, 512, 4, 4, 3)  # one 16-byte scale row
     assert moe_decode.tiles(True, 2880) == DecTiles(8, 16, 512, 4, 4, 4)
+    assert [moe_decode.tiles(True, 2880, t).bm for t in (1, 2, 3, 4, 5, 16)] == [1, 2, 4, 4, 8, 8]
     for k in (64, 160, 1000, 2880, 4096):
         for gate_up in (True, False):
             t = moe_decode.tiles(gate_up, k)
@@ -177,11 +180,13 @@ def test_tiles_keep_scale_reads_in_the_row_and_warps_on_distinct_weights():
             assert t.bk // t.split >= 128 and t.warps == t.split
 
 
-@pytest.mark.parametrize("tokens", [1, 2])
-def test_20b_shapes(tokens):
-    """E 32, H = I = 2880 (K tail of 320 for BK 512): the default tiles on the real shapes."""
-    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=tokens)
-    x = torch.randn(tokens, 2880, device=DEV).bfloat16()
+@pytest.mark.parametrize("h, i", [(2880, 64), (64, 2880)])
+@pytest.mark.parametrize("tokens", [1])
+def test_20b_k_dims(h, i, tokens):
+    """E 32, top-4 and one GEMM at 20b's K = 2880 (gate_up: a 320 tail for BK 512; down: BK 1024
+    in 3 steps) with the other dim small (all of 20b is minutes in the interpreter: the GPU test)."""
+    ref, w = make_moe(32, h, i, 4, torch.bfloat16, seed=tokens)
+    x = torch.randn(tokens, h, generator=torch.Generator(DEV).manual_seed(tokens), device=DEV).bfloat16()
     assert moe_decode.use_decode(x, w)
     assert _rel(_forward(ref, w, x), reference(ref, x)) <= TOL[torch.bfloat16]
 
