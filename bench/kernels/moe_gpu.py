@@ -206,7 +206,7 @@ DEC_VARIANTS: dict[str, DecVariant] = {
     "dec-gu-k8": DecVariant(gate_up=DecTiles(8, 16, 1024, 8, 8, 3)),
     "dec-gu-k2": DecVariant(gate_up=DecTiles(8, 16, 256, 2, 2, 4)),
     "dec-dn-k4": DecVariant(down=DecTiles(8, 16, 512, 4, 4, 4)),
-    "dec-dn-s4": DecVariant(down=DecTiles(8, 16, 1024, 8, 8, 4)),
+    "dec-dn-s3": DecVariant(down=DecTiles(8, 16, 1024, 8, 8, 3)),
     "dec-dn32": DecVariant(down=DecTiles(8, 32, 1024, 8, 8, 3)),
     "dec-dn32-k4": DecVariant(down=DecTiles(8, 32, 512, 4, 4, 3)),
 }

@@ -20,12 +20,14 @@ past BM loop). Tensor cores rather than FMA: the dequant to bf16 costs the same 
 rotate, a mask and half a bf16x2 multiply per value: v2's _dequant_bits), and an HMMA covers up to
 8-16 rows for ~0.25 instructions a value, while FMA costs 1 per value and row, plus 1 to widen the
 bf16 to float32 (or a 2nd rotate/mask per value to place the e2m1 bits in a float32 directly):
->= 3.4 a value at 1 row, 4.4 at 2, against ~3.3 for the MMA at any row count <= BM.
+>= 3.4 a value at 1 row, 4.4 at 2, against ~3.0 for the MMA at any row count <= BM (SASS below).
 Each K step is split over SPLIT warps (a batched dot, summed once), so every warp owns all BN rows
-of its K slice and no weight is dequantized twice. BM (the dot's N) can be 8: half the x tile in
-shared memory of v2's 16, so more programs fit an SM. The fused combine sums in a fixed order (no
-atomics): deterministic. The router's last program is found with an atomic ticket (reset by that
-program for the next call), so the routing costs no second launch.
+of its K slice and no weight is dequantized twice. BM (the dot's N) follows T (1, 2, 4, 8; v2 pads
+to 16): the x tile in shared memory and its moves shrink with it, so more programs fit an SM.
+act is expert-packed (gate_up_dec), so down's load addresses need no row-list load and its loop
+pipelines STAGES deep across experts. The fused combine sums in a fixed order (no atomics):
+deterministic. The router's last program is found with an atomic ticket (reset by that program
+for the next call), so the routing costs no second launch.
 """
 
 from __future__ import annotations
@@ -65,9 +67,9 @@ class DecTiles:
 # registers, 29-38 KB (4 an SM); BN 32: 2.8 a value but 218 registers (2 an SM), and 360 programs at
 # T = 1 are 1.4 waves of 264. BM 16 (v2's): 4.0 a value. down (fused combine, H / BN programs,
 # each streaming all active experts in one pipelined loop): BN 16 gives 180 programs; 8 warps of
-# 128 K each keep more of them streaming.
+# 128 K each keep more of them streaming, 4 stages: 24 KB of weights in flight a program.
 GATE_UP_TILES = DecTiles(8, 16, 512, 4, 4, 4)
-DOWN_TILES = DecTiles(8, 16, 1024, 8, 8, 3)
+DOWN_TILES = DecTiles(8, 16, 1024, 8, 8, 4)
 TILE_OVERRIDE: dict[bool, DecTiles] = {}  # gate_up? -> tiles; for benchmarks
 
 

@@ -168,9 +168,9 @@ def test_every_decode_tile_shape_and_combine_gives_the_same_result(gu, dn, mode,
 
 
 def test_tiles_keep_scale_reads_in_the_row_and_warps_on_distinct_weights():
-    assert moe_decode.tiles(False, 2880) == DecTiles(8, 16, 1024, 8, 8, 3)  # 3 steps: 3072 = 96 scales
-    assert moe_decode.tiles(False, 2048 + 320) == DecTiles(8, 16, 512, 4, 4, 3)  # 3072 > 2560 of scales
-    assert moe_decode.tiles(False, 64) == DecTiles(8, 16, 512, 4, 4, 3)  # one 16-byte scale row
+    assert moe_decode.tiles(False, 2880) == DecTiles(8, 16, 1024, 8, 8, 4)  # 3 steps: 3072 = 96 scales
+    assert moe_decode.tiles(False, 2048 + 320) == DecTiles(8, 16, 512, 4, 4, 4)  # 3072 > 2560 of scales
+    assert moe_decode.tiles(False, 64) == DecTiles(8, 16, 512, 4, 4, 4)  # one 16-byte scale row
     assert moe_decode.tiles(True, 2880) == DecTiles(8, 16, 512, 4, 4, 4)
     assert [moe_decode.tiles(True, 2880, t).bm for t in (1, 2, 3, 4, 5, 16)] == [1, 2, 4, 4, 8, 8]
     for k in (64, 160, 1000, 2880, 4096):
