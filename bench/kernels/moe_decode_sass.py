@@ -69,7 +69,7 @@ def down(t: DecTiles, flat: bool, bt: int):
 def router(bt: int):
     sig = dict(x_ptr="*bf16", rw_ptr="*bf16", rb_ptr="*bf16", logits_ptr="*fp32", ticket_ptr="*i32")
     sig.update(ids_ptr="*i32", wts_ptr="*fp32", counts_ptr="*i32", rows_ptr="*i32", T="i32", stride_x="i32")
-    consts = dict(H=2880, E=32, TOP_K=4, KP=4, BT=bt, BE=32, BH=max(16, min(4096, 8192 // bt)), ASM=True)
+    consts = dict(H=2880, E=32, TOP_K=4, KP=4, BT=bt, BE=32, BH=512, ASM=True)
     return _compile(d._router_kernel, sig, consts, 4, 1)
 
 

@@ -149,13 +149,14 @@ def test_router_logits_are_f_linear_in_float32_sums(tokens, experts, k):
         (DecTiles(16, 32, 512, 4, 4, 3), DecTiles(16, 32, 512, 4, 4, 3)),
         (DecTiles(8, 16, 256, 2, 2, 2), DecTiles(8, 32, 256, 2, 2, 1)),
         (DecTiles(2, 16, 128, 1, 1, 2), DecTiles(4, 16, 128, 1, 2, 3)),
+        (DecTiles(1, 16, 256, 2, 2, 4), DecTiles(1, 16, 128, 1, 1, 2)),
     ],
 )
 @pytest.mark.parametrize("mode", ["flat", "nested", "y"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_decode_tile_shape_and_combine_gives_the_same_result(gu, dn, mode, dtype, monkeypatch):
     """K = 160 (a masked tail for BK 128, whole empty slices for BK 512 split 4), N = 96 (partial
-    column blocks), 12 tokens: rows past BM 2, 4, 8 loop; moe_forward_from_logits's entry. Modes:
+    column blocks), 12 tokens: rows past BM 1, 2, 4, 8 loop; moe_forward_from_logits's entry. Modes:
     the fused combine in one flat loop (the default) or a loop per expert, or y and moe.combine."""
     ref, w = make_moe(8, 160, 96, 4, dtype, seed=7)
     x = (torch.randn(12, 160, device=DEV) * 3).to(dtype)
