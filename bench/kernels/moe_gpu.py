@@ -45,8 +45,9 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gptoss.kernels import moe, moe_common  # noqa: E402
+from gptoss.kernels import moe, moe_common, moe_decode  # noqa: E402
 from gptoss.kernels.moe import Tiles, moe_forward, prepare_moe_weights, route  # noqa: E402
+from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.mxfp4 import dequantize  # noqa: E402
 
@@ -205,6 +206,66 @@ for _name, _buckets, _gu, _dn, _lo, _hi in [
     VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=_lo, max_m=_hi)
 
 
+# ---- The decode path (gptoss.kernels.moe_decode: fused router, expert-slot GEMMs, down with the
+# combine fused) for M <= MAX_T; "dec" is the module's defaults, the others change one thing. The
+# other variants run with moe_decode.ENABLED = False, so "v2" stays the M-tile path at every M.
+# Their rows: gate_up_us / down_us as above (down_us includes the fused combine), router_us the
+# fused router alone. E.g. --no-vllm --ms 1,2,4,8,16 --variants v2,dec,dec-nofuse,dec-gu32,...
+@dataclass(frozen=True, slots=True)
+class DecVariant:
+    gate_up: DecTiles | None = None  # None: moe_decode.GATE_UP_TILES
+    down: DecTiles | None = None  # None: moe_decode.DOWN_TILES
+    fuse: bool = True  # moe_decode.FUSE_COMBINE
+    flat: bool = True  # moe_decode.FLAT
+    max_m: int = 16
+
+
+DEC_VARIANTS: dict[str, DecVariant] = {
+    "dec": DecVariant(),
+    "dec-nest": DecVariant(flat=False),  # the fused combine with a K loop per expert
+    "dec-nofuse": DecVariant(fuse=False),  # down writes y per slot (grid H/BN x slots), then combine
+    "dec-nofuse32": DecVariant(down=DecTiles(8, 32, 512, 4, 4, 3), fuse=False),
+    "dec-bm16": DecVariant(gate_up=DecTiles(16, 16, 512, 4, 4, 4), down=DecTiles(16, 16, 1024, 8, 8, 3)),
+    "dec-gu32": DecVariant(gate_up=DecTiles(8, 32, 512, 4, 4, 3)),  # 2.8 ins/value, 218 regs
+    "dec-gu32-s2": DecVariant(gate_up=DecTiles(8, 32, 512, 4, 4, 2)),
+    "dec-gu-s3": DecVariant(gate_up=DecTiles(8, 16, 512, 4, 4, 3)),
+    "dec-gu-k8": DecVariant(gate_up=DecTiles(8, 16, 1024, 8, 8, 3)),
+    "dec-gu-k2": DecVariant(gate_up=DecTiles(8, 16, 256, 2, 2, 4)),
+    "dec-dn-k4": DecVariant(down=DecTiles(8, 16, 512, 4, 4, 4)),
+    "dec-dn-s3": DecVariant(down=DecTiles(8, 16, 1024, 8, 8, 3)),
+    "dec-dn32": DecVariant(down=DecTiles(8, 32, 1024, 8, 8, 3)),
+    "dec-dn32-k4": DecVariant(down=DecTiles(8, 32, 512, 4, 4, 3)),
+}
+
+
+@contextmanager
+def _dec_switches(v: DecVariant) -> Iterator[None]:
+    saved = moe_decode.ENABLED, moe_decode.FUSE_COMBINE, moe_decode.FLAT, dict(moe_decode.TILE_OVERRIDE)
+    moe_decode.ENABLED, moe_decode.FUSE_COMBINE, moe_decode.FLAT = True, v.fuse, v.flat
+    moe_decode.TILE_OVERRIDE.clear()
+    moe_decode.TILE_OVERRIDE.update({k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None})
+    try:
+        yield
+    finally:
+        moe_decode.ENABLED, moe_decode.FUSE_COMBINE, moe_decode.FLAT = saved[:3]
+        moe_decode.TILE_OVERRIDE.clear()
+        moe_decode.TILE_OVERRIDE.update(saved[3])
+
+
+def _dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
+    """The decode forward, its router and each GEMM alone (routing and act precomputed)."""
+    rw, rb = ck["router_w"], ck["router_b"]
+    r, _ = moe_decode.route_fused(x, rw, rb, TOP_K)
+    gu, dn = moe_decode.tiles(True, H, x.shape[0]), moe_decode.tiles(False, I, x.shape[0])
+    act = moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu)
+    return {
+        "moe": lambda: moe_forward(x, rw, rb, TOP_K, w, ALPHA, LIMIT),
+        "router": lambda: moe_decode.route_fused(x, rw, rb, TOP_K),
+        "gate_up": lambda: moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu),
+        "down": lambda: moe_decode.down_dec(act, r, w, dn, combine=moe_decode.FUSE_COMBINE),
+    }
+
+
 def _us(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
@@ -266,8 +327,9 @@ def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
 @contextmanager
 def _switches(v: Variant) -> Iterator[None]:
     """The module switches a variant needs, restored afterwards."""
-    saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE)
+    saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED
     moe_common.USE_ASM = v.asm
+    moe_decode.ENABLED = False  # the M-tile kernels at every M (the decode path: DEC_VARIANTS)
     moe.TILE_OVERRIDE.clear()
     moe.TILE_OVERRIDE.update(v.tiles or {})
     try:
@@ -276,6 +338,7 @@ def _switches(v: Variant) -> Iterator[None]:
         moe_common.USE_ASM = saved[0]
         moe.TILE_OVERRIDE.clear()
         moe.TILE_OVERRIDE.update(saved[1])
+        moe_decode.ENABLED = saved[2]
 
 
 def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
@@ -432,7 +495,10 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
     """One dict per (M, variant); see the module docstring for the columns."""
     torch.manual_seed(0)
     ck = _checkpoint()
-    weights = {k: _weights(ck, k) for k in sorted({VARIANTS[n].kernels for n in names if n in VARIANTS})}
+    layouts = {VARIANTS[n].kernels for n in names if n in VARIANTS} | {
+        "v2" for n in names if n in DEC_VARIANTS
+    }
+    weights = {k: _weights(ck, k) for k in sorted(layouts)}
     peer = _vllm(ck) if with_vllm else None
     if peer is not None and "v2" in weights:
         _check(
@@ -448,6 +514,14 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
                     continue
                 fwd = partial(peer, x)
                 times = {"moe": _graph_us(fwd), "eager": _us(fwd)}
+            elif name in DEC_VARIANTS:
+                dv = DEC_VARIANTS[name]
+                if m > dv.max_m:
+                    continue
+                with _dec_switches(dv):
+                    parts = _dec_parts(ck, weights["v2"], x)
+                    times = {k: _graph_us(f) for k, f in parts.items()}
+                    times["eager"] = _us(parts["moe"])
             else:
                 v = VARIANTS[name]
                 if not v.min_m <= m <= v.max_m:
@@ -465,6 +539,7 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
                     "gate_up_us": times.get("gate_up"),
                     "down_us": times.get("down"),
                     "eager_us": times["eager"],
+                    "router_us": times.get("router"),
                     "hbm": None if not g else hit * EXPERT_BYTES / (g * 1e-6) / PEAK_BYTES_PER_S,
                 }
             )
@@ -480,6 +555,7 @@ def _fmt_row(r: dict) -> str:
     return (
         f"{r['M']:>6} {r['variant']:<12} {_fmt(r['graph_us'], '9.1f')} {_fmt(r['gate_up_us'], '9.1f')} "
         f"{_fmt(r['down_us'], '9.1f')} {_fmt(r['eager_us'], '9.1f')} {_fmt(r['hbm'], '6.1%')}"
+        + (f"  router {r['router_us']:.1f}" if r.get("router_us") else "")
     )
 
 
@@ -518,9 +594,9 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     subnormal_checks()
     names = [n for n in args.variants.split(",") if n]
-    unknown = [n for n in names if n not in VARIANTS and n != "vllm"]
+    unknown = [n for n in names if n not in VARIANTS and n not in DEC_VARIANTS and n != "vllm"]
     if unknown:
-        sys.exit(f"unknown variants {unknown}; known: {[*VARIANTS, 'vllm']}")
+        sys.exit(f"unknown variants {unknown}; known: {[*VARIANTS, *DEC_VARIANTS, 'vllm']}")
     print(f"{'M':>6} {'variant':<12} {'graph us':>9} {'gate_up':>9} {'down':>9} {'eager us':>9} {'HBM':>6}")
     table(tuple(int(m) for m in args.ms.split(",")), names, with_vllm=not args.no_vllm and "vllm" in names)
 

@@ -35,6 +35,10 @@ Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4)
   down     FLOPs 2*A*I*H; weight bytes d * (H*I/2 + H*I/32)   = d * 4.4 MB
   activations: x T*H, act A*I and y A*H (written, then read), out T*H, 2 bytes each.
 Decode (T <= 16) is bound by the d * 13.2 MB of weights; large T by the FLOPs.
+
+Small T on bits weights (gptoss.kernels.moe_decode: ENABLED, MAX_T) takes a fused router (logits,
+top-k and the row lists in one launch) and expert-slot GEMMs whose down adds the routing-weighted
+rows into the token rows itself; moe_forward_from_logits takes the GEMMs after route_and_group.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import moe_common as common
+from gptoss.kernels import moe_decode
 from gptoss.kernels.moe_common import _expert_tile, _precision  # noqa: F401 - re-exported for moe_lora
 from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-exported
     _BIT_FROM,
@@ -113,6 +118,8 @@ def moe_forward(
             f"moe_forward: x {tuple(x.shape)}, router {tuple(router_weight.shape)} do not "
             f"match the experts (E={e}, H={h}, I={i})"
         )
+    if moe_decode.use_decode(x, w) and (x.is_cuda or triton.knobs.runtime.interpret):
+        return moe_decode.moe_decode(x.contiguous(), router_weight, router_bias, top_k, w, alpha, limit)
     logits = F.linear(x, router_weight, router_bias)  # [T, E]
     return moe_forward_from_logits(x, logits, top_k, w, alpha, limit)
 
@@ -137,6 +144,8 @@ def moe_forward_from_logits(
     if t == 0:
         return torch.empty_like(x)
     r = route_and_group(logits, top_k)
+    if moe_decode.use_decode(x, w):
+        return moe_decode.experts_dec(x, r, w, alpha, limit)
     w = for_rows(w, t, top_k)  # the large-batch copy (MoEWeights.large) from LARGE_MIN_ROWS rows an expert
     if w.layout == "bits":
         act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True))  # [T*k, I]

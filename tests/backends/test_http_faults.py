@@ -440,6 +440,7 @@ def test_retries_back_off_exponentially_without_retry_after(fault_url):
     assert err is None and got == sent_ids(N) and len(times) == 3
     gaps = [b - a for a, b in itertools.pairwise(times)]
     from backends.http_retry import BACKOFF_BASE_S as base
+
     # Equal jitter: retry k waits within [d/2, d], d = base * 2^k.
     assert gaps[0] >= base / 2 * 0.9 and gaps[1] >= base * 0.9, gaps
     assert all(g < 30 for g in gaps), gaps

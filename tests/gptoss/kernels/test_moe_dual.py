@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe, moe_layout, moe_lora  # noqa: E402
+from gptoss.kernels import moe, moe_decode, moe_layout, moe_lora  # noqa: E402
 from gptoss.kernels.moe import MoEWeights, prepare_moe_weights  # noqa: E402
 from gptoss.kernels.moe_layout import for_rows  # noqa: E402
 from tests.gptoss.kernels.test_moe_kernel import (  # noqa: E402, F401 - the fixtures apply here too
@@ -35,8 +35,11 @@ def ran(monkeypatch) -> list[tuple[str, str]]:
     """(kernel family, weight layout) of every gate_up / down call moe and moe_lora make."""
     calls: list[tuple[str, str]] = []
     monkeypatch.setattr(moe_layout, "LARGE_MIN_ROWS", MIN_ROWS)
-    for mod in (moe, moe_lora):
-        for name in ("gate_up_v2", "down_v2", "gate_up_v3", "down_v3"):
+    monkeypatch.setattr(moe_decode, "MAX_T", 0)  # small T takes the M-tile kernels here, not the decode path
+    for mod in (moe, moe_lora, moe_decode):
+        for name in ("gate_up_v2", "down_v2", "gate_up_v3", "down_v3", "gate_up_dec"):
+            if not hasattr(mod, name):
+                continue
             real = getattr(mod, name)
 
             def spy(x, r, w, *rest, _real=real, _name=name):
@@ -48,6 +51,7 @@ def ran(monkeypatch) -> list[tuple[str, str]]:
 
 
 V2 = [("gate_up_v2", "bits"), ("down_v2", "bits")]
+DEC = [("gate_up_dec", "bits")]
 V3 = [("gate_up_v3", "v3"), ("down_v3", "v3")]
 
 
@@ -91,6 +95,14 @@ def test_for_rows_boundary_at_the_default_threshold():
 
 @pytest.mark.parametrize(("tokens", "want"), [(1, V2), (14, V2), (15, V3), (40, V3)])
 def test_forward_picks_the_copy_by_rows_and_matches_the_reference(tokens, want, ran):
+    ref, w = make_moe(E, H, H, TOP_K, torch.bfloat16, seed=tokens, large="v3")
+    check_against_reference(ref, w, (torch.randn(tokens, H, device=DEV) * 3).bfloat16())
+    assert ran == want
+
+
+@pytest.mark.parametrize(("tokens", "want"), [(1, DEC), (16, DEC)])
+def test_decode_sizes_take_the_decode_path_on_the_primary_copy(tokens, want, ran, monkeypatch):
+    monkeypatch.setattr(moe_decode, "MAX_T", 16)
     ref, w = make_moe(E, H, H, TOP_K, torch.bfloat16, seed=tokens, large="v3")
     check_against_reference(ref, w, (torch.randn(tokens, H, device=DEV) * 3).bfloat16())
     assert ran == want

@@ -1,0 +1,116 @@
+"""SASS statistics of the decode MoE kernels (gptoss.kernels.moe_decode), compiled for sm_90a on CPU.
+
+    python bench/kernels/moe_decode_sass.py
+
+No GPU needed: triton.compile for GPUTarget("cuda", 90, 32) at the 20b shapes (bf16, E 32,
+H = I = 2880, top-4), pointers and strides marked 16-divisible as at run time, and Triton's bundled
+cuobjdump. One line per kernel and tiles: registers, shared memory, STL/LDL (spills), FTZ float
+ops (the e2m1 code 0.5 is a bf16 subnormal: FTZ would zero it), the load kinds, and the K loop
+(the innermost loop with an HMMA): instructions and HMUL2 (2 weight values each) per iteration, so
+instructions a weight value = loop / (2 * HMUL2).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from gptoss.kernels import moe_decode as d  # noqa: E402
+from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
+
+CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+SHAPE = dict(N=2880, K=2880, TOP_K=4, E=32, BE=32, PREC="tf32", ASM=True)
+GEMM_SIG = dict(w_ptr="*u8", s_ptr="*i32", b_ptr="*fp32", counts_ptr="*i32", rows_ptr="*i32", T="i32")
+
+
+def _compile(kernel, sig: dict[str, str], consts: dict, warps: int, stages: int):
+    idx = kernel.arg_names.index
+    attrs = {
+        (idx(k),): [["tt.divisibility", 16]] for k, t in sig.items() if t[0] == "*" or k.startswith("stride")
+    }
+    src = ASTSource(
+        kernel,
+        {**sig, **dict.fromkeys(consts, "constexpr")},
+        constexprs={(idx(k),): v for k, v in consts.items()},
+        attrs=attrs,
+    )
+    return triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+    )
+
+
+def gate_up(t: DecTiles):
+    sig = dict(x_ptr="*bf16", act_ptr="*bf16", **GEMM_SIG, stride_x="i32", alpha="fp32", limit="fp32")
+    sig.update({f"stride_{s}": "i32" for s in ("we", "wp", "wn", "se", "sp", "sn")})
+    consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
+    return _compile(d._gate_up_dec_kernel, sig, consts, t.warps, t.stages)
+
+
+def down(t: DecTiles, flat: bool, bt: int):
+    out = "out_ptr" if flat else "y_ptr"
+    sig = dict(a_ptr="*bf16", rw_ptr="*fp32", **{out: "*bf16"}, **GEMM_SIG)
+    sig.update({f"stride_{s}": "i32" for s in ("we", "wn", "se", "sn")})
+    consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, BT=bt)
+    if not flat:
+        consts["COMBINE"] = bt > 2
+    return _compile(d._down_flat_kernel if flat else d._down_dec_kernel, sig, consts, t.warps, t.stages)
+
+
+def router(bt: int):
+    sig = dict(x_ptr="*bf16", rw_ptr="*bf16", rb_ptr="*bf16", logits_ptr="*fp32", ticket_ptr="*i32")
+    sig.update(ids_ptr="*i32", wts_ptr="*fp32", counts_ptr="*i32", rows_ptr="*i32", T="i32", stride_x="i32")
+    consts = dict(H=2880, E=32, TOP_K=4, KP=4, BT=bt, BE=32, BH=512, ASM=True)
+    return _compile(d._router_kernel, sig, consts, 4, 1)
+
+
+def stats(k, name: str) -> None:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
+    ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"^\s+/\*([0-9a-f]{4,5})\*/\s+(.*?);", sass, re.M)]
+    loops = []
+    for addr, text in ins:
+        m = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
+        if m and int(m[1], 16) < addr:
+            body = [x for a, x in ins if int(m[1], 16) <= a <= addr]
+            if any("HMMA" in x for x in body):
+                loops.append(body)
+    k_loop = min(loops, key=len) if loops else []
+    hmul2 = sum("HMUL2" in x for x in k_loop)
+    per_value = f"{len(k_loop) / (2 * hmul2):.2f} a value" if hmul2 else "-"
+    loads = collections.Counter(
+        re.findall(r"\b(LDG[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|LDS[.A-Z0-9]*|LDSM[.A-Z0-9]*)\b", sass)
+    )
+    regs = re.search(r"REG:(\d+)", res)[1]
+    spills = sum(bool(re.search(r"\b(STL|LDL)\b", x)) for _, x in ins)
+    ftz = len(re.findall(r"\.FTZ", sass))
+    print(
+        f"{name}: regs {regs}, smem {k.metadata.shared}, spills {spills}, ftz {ftz}, "
+        f"K loop {len(k_loop)} ins / {hmul2} HMUL2 ({per_value})\n    loads {dict(loads)}"
+    )
+
+
+def main() -> None:
+    for t in [d.GATE_UP_TILES, DecTiles(1, 16, 512, 4, 4, 4), DecTiles(8, 32, 512, 4, 4, 3)]:
+        stats(gate_up(t), f"gate_up {t}")
+    for t in [d.DOWN_TILES, DecTiles(1, 16, 1024, 8, 8, 3), DecTiles(8, 32, 512, 4, 4, 3)]:
+        stats(down(t, True, 16 if t.bm == 8 else 2), f"down flat (fused combine) {t}")
+        stats(down(t, False, 2), f"down y per slot {t}")
+    for bt in (2, 16):
+        stats(router(bt), f"router T <= {bt}")
+
+
+if __name__ == "__main__":
+    main()

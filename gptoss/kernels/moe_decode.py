@@ -1,0 +1,627 @@
+"""The MoE at decode batch sizes (T <= MAX_T): a fused router and expert-slot GEMMs on the bits layout.
+
+moe_decode(x, router, ...) = moe_forward for small T, in 3 launches (4 without FUSE_COMBINE):
+
+  _router_kernel      logits [T, E] = x @ router^T + b (float32 sums, rounded to x.dtype as the
+                      model's F.linear), then in the grid's last program top-k, softmax and the
+                      per-expert row lists: the Routing of route_and_group, bit for bit on the same
+                      logits (ties to the lower id)
+  _gate_up_dec_kernel act = swiglu(x_rows @ W13_e^T + b13_e)   grid (I / BN, slots)
+  _down_flat_kernel   FUSE_COMBINE: out[t] = sum over t's experts (id order) of w * (act @ W2_e^T + b2_e),
+                      grid (H / BN,), one loop over (row tile, K step) of all active experts
+  _down_dec_kernel    else y per slot (grid (H / BN, slots)) and moe.combine; or (FLAT False) the
+                      fused combine with a loop per expert (the load pipeline refills at each)
+
+Why these shapes. At T <= 16 every expert gets <= 16 rows and the step is bound by the weights:
+d * 13.2 MB for d distinct experts (20b). A slot is the s-th expert with rows (the active experts
+in id order), so the grids depend on T and the shapes only (slots = min(E, T*k); programs past the
+active count exit) and no program looks up an M tile; all of an expert's rows are one tile (rows
+past BM loop). Tensor cores rather than FMA: the dequant to bf16 costs the same either way (a
+rotate, a mask and half a bf16x2 multiply per value: v2's _dequant_bits), and an HMMA covers up to
+8-16 rows for ~0.25 instructions a value, while FMA costs 1 per value and row, plus 1 to widen the
+bf16 to float32 (or a 2nd rotate/mask per value to place the e2m1 bits in a float32 directly):
+>= 3.4 a value at 1 row, 4.4 at 2, against ~3.0 for the MMA at any row count <= BM (SASS below).
+Each K step is split over SPLIT warps (a batched dot, summed once), so every warp owns all BN rows
+of its K slice and no weight is dequantized twice. BM (the dot's N) follows T (1, 2, 4, 8; v2 pads
+to 16): the x tile in shared memory and its moves shrink with it, so more programs fit an SM.
+act is expert-packed (gate_up_dec), so down's load addresses need no row-list load and its loop
+pipelines STAGES deep across experts. The fused combine sums in a fixed order (no atomics):
+deterministic. The router's last program is found with an atomic ticket (reset by that program
+for the next call), so the routing costs no second launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from gptoss.kernels import moe_common as common
+from gptoss.kernels.moe_common import _precision
+from gptoss.kernels.moe_layout import MoEWeights
+from gptoss.kernels.moe_routing import Routing
+from gptoss.kernels.moe_v2 import _v2_ptrs, _v2_step
+
+ENABLED = True  # moe_forward / moe_forward_from_logits take this path for 0 < T <= MAX_T on bits weights
+MAX_T = 16  # T*k/E <= 2 rows an expert on average at 20b; past it v2's M tiles amortize the weights
+FUSE_COMBINE = True  # down adds w * y into the token rows itself (no y buffer, no combine launch)
+FLAT = True  # the fused down runs one loop over (row tile, K step) of all experts (_down_flat_kernel)
+
+
+@dataclass(frozen=True, slots=True)
+class DecTiles:
+    bm: int  # rows per dot (the narrow N of the MMA); an expert's rows past BM loop
+    bn: int  # output columns per program (gate_up: act columns, each a gate and an up weight row)
+    bk: int  # K per step, split over `split` warps (BK/split >= 128: whole scale words)
+    split: int
+    warps: int  # = split when split > 1 (fewer warps would dequantize some weights twice)
+    stages: int
+
+
+# In the sm_90a SASS at 20b (bf16, compiled on CPU by bench/kernels/moe_decode_sass.py; no spills,
+# 16-byte cp.async weight loads), K loop: gate_up BN 16 at BM 8 (T >= 5): 3.1 instructions a
+# weight value, 157 registers, 50 KB shared (3 programs an SM); at BM 1-4 (T <= 4): 3.0, ~122
+# registers, 29-38 KB (4 an SM); BN 32: 2.8 a value but 218 registers (2 an SM), and 360 programs at
+# T = 1 are 1.4 waves of 264. BM 16 (v2's): 4.0 a value. down (fused combine, H / BN programs,
+# each streaming all active experts in one pipelined loop): BN 16 gives 180 programs; 8 warps of
+# 128 K each keep more of them streaming, 4 stages: 24 KB of weights in flight a program.
+GATE_UP_TILES = DecTiles(8, 16, 512, 4, 4, 4)
+DOWN_TILES = DecTiles(8, 16, 1024, 8, 8, 4)
+TILE_OVERRIDE: dict[bool, DecTiles] = {}  # gate_up? -> tiles; for benchmarks
+
+
+def use_decode(x: Tensor, w: MoEWeights) -> bool:
+    """Whether moe_forward takes this path for x [T, H] on w."""
+    return ENABLED and w.layout == "bits" and 0 < x.shape[0] <= min(MAX_T, 64)  # route_fused: T <= 64
+
+
+def tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
+    """The tiles for a GEMM with K = k at T = t: BM shrinks to T's power of 2 (an expert has <= T
+    rows; the x tile in shared memory shrinks with it), BK toward K (no empty steps) and to where the
+    last step's scale words stay inside the row (rows hold ceil(K/512)*512 K of scales); warps = split."""
+    cfg = TILE_OVERRIDE.get(gate_up) or (GATE_UP_TILES if gate_up else DOWN_TILES)
+    split = cfg.split
+    bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))
+    while triton.cdiv(k, bk) * bk > triton.cdiv(k, 512) * 512:  # ends at BK <= 512
+        bk //= 2
+        split = max(1, min(split, bk // 128))
+    bm = min(cfg.bm, triton.next_power_of_2(t))
+    return DecTiles(bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages)
+
+
+@triton.jit
+def _slot_expert(cnt, ex, s):
+    """cnt [BE] rows per expert -> (the s-th expert with rows, its row count, the rows of the experts
+    before it: where its act rows start); s past them: (0, 0, 0)."""
+    hit = (cnt > 0).to(tl.int32)
+    sel = (hit > 0) & ((tl.cumsum(hit, 0) - hit) == s)
+    e = tl.sum(tl.where(sel, ex, 0), 0)
+    return e, tl.sum(tl.where(sel, cnt, 0), 0), tl.sum(tl.where(ex < e, cnt, 0), 0)
+
+
+@triton.jit
+def _fence(v, ASM: tl.constexpr):
+    """A gpu-scope fence after this thread's stores (CUDA; the interpreter runs programs in order)."""
+    if ASM:
+        v = tl.inline_asm_elementwise(
+            "fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32, is_pure=False, pack=1
+        )
+    return v
+
+
+@triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
+def _router_kernel(
+    x_ptr,
+    rw_ptr,
+    rb_ptr,
+    logits_ptr,
+    ticket_ptr,
+    ids_ptr,
+    wts_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_x,
+    H: tl.constexpr,
+    E: tl.constexpr,
+    TOP_K: tl.constexpr,
+    KP: tl.constexpr,
+    BT: tl.constexpr,
+    BE: tl.constexpr,
+    BH: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """Program e: logits[:, e] in float32 (rounded through x's dtype); the last to finish routes."""
+    e = tl.program_id(0)
+    t = tl.arange(0, BT)
+    t_ok = t < T
+    acc = tl.zeros([BT, BH], tl.float32)
+    for h0 in range(0, H, BH):
+        h = h0 + tl.arange(0, BH)
+        h_ok = h < H
+        xv = tl.load(
+            x_ptr + t[:, None] * stride_x + h[None, :], mask=t_ok[:, None] & h_ok[None, :], other=0.0
+        )
+        wv = tl.load(rw_ptr + e * H + h, mask=h_ok, other=0.0)
+        acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+    logit = tl.sum(acc, 1) + tl.load(rb_ptr + e).to(tl.float32)  # [BT]
+    logit = logit.to(x_ptr.dtype.element_ty).to(tl.float32)  # F.linear's output rounding
+    tl.store(logits_ptr + t * E + e, logit, mask=t_ok)
+    _fence(t, ASM)
+    tl.debug_barrier()  # every thread's logits stored and fenced before the ticket
+    done = tl.atomic_add(ticket_ptr, 1)  # acq_rel, gpu scope
+    if done == E - 1:  # the last program: every logit is in; route as _route_kernel does
+        tl.store(ticket_ptr, 0)  # ready for the next call (stream order publishes it)
+        ex = tl.arange(0, BE)
+        tl.store(counts_ptr + ex, tl.zeros([BE], tl.int32), mask=ex < E)
+        tl.debug_barrier()
+        v = tl.load(
+            logits_ptr + t[:, None] * E + ex[None, :],
+            mask=t_ok[:, None] & (ex < E)[None, :],
+            other=0.0,
+            cache_modifier=".cg",  # from L2: written by other SMs
+        )
+        v = tl.where((ex < E)[None, :], v, float("-inf"))
+        kc = tl.arange(0, KP)
+        top = tl.full([BT, KP], float("-inf"), tl.float32)
+        for j in tl.static_range(TOP_K):
+            m = tl.max(v, axis=1)
+            idx = tl.min(tl.where(v == m[:, None], ex[None, :], BE), axis=1)  # lowest id among the maxima
+            idx = tl.minimum(idx, E - 1)
+            v = tl.where(ex[None, :] == idx[:, None], float("-inf"), v)
+            top = tl.where(kc[None, :] == j, m[:, None], top)
+            tl.store(ids_ptr + t * TOP_K + j, idx, mask=t_ok)
+            slot = tl.atomic_add(counts_ptr + idx, 1, mask=t_ok)
+            tl.store(rows_ptr + idx * T + slot, t * TOP_K + j, mask=t_ok)
+        p = tl.exp(top - tl.max(top, axis=1)[:, None])
+        p = p / tl.sum(p, axis=1)[:, None]
+        tl.store(wts_ptr + t[:, None] * TOP_K + kc[None, :], p, mask=t_ok[:, None] & (kc < TOP_K)[None, :])
+
+
+_TICKETS: dict[torch.device, Tensor] = {}
+
+
+def _ticket(device: torch.device) -> Tensor:
+    """One int32 counter per device, zero between calls (created on the first, eager, call)."""
+    t = _TICKETS.get(device)
+    if t is None:
+        t = _TICKETS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return t
+
+
+def route_fused(x: Tensor, router_weight: Tensor, router_bias: Tensor, top_k: int) -> tuple[Routing, Tensor]:
+    """x [T, H] -> (Routing as route_and_group(F.linear(x, w, b), k), logits [T, E] float32); T <= 64."""
+    x = x.contiguous()
+    t, h = x.shape
+    e = router_weight.shape[0]
+    if not 0 < t <= 64 or not 1 <= top_k <= e:
+        raise ValueError(f"route_fused: T = {t} must be in [1, 64] and top_k = {top_k} in [1, {e}]")
+    dev = x.device
+    logits = torch.empty(t, e, dtype=torch.float32, device=dev)
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=dev)
+    counts = torch.empty(e, dtype=torch.int32, device=dev)
+    rows = torch.empty(e, t, dtype=torch.int32, device=dev)
+    bt = max(2, triton.next_power_of_2(t))
+    _router_kernel[(e,)](
+        x,
+        router_weight.contiguous(),
+        router_bias,
+        logits,
+        _ticket(dev),
+        ids,
+        weights,
+        counts,
+        rows,
+        t,
+        x.stride(0),
+        H=h,
+        E=e,
+        TOP_K=top_k,
+        KP=triton.next_power_of_2(top_k),
+        BT=bt,
+        BE=triton.next_power_of_2(e),
+        BH=min(triton.next_power_of_2(h), 512),  # one summation order for every T: batch-invariant
+        ASM=common._use_asm(x),
+        num_warps=4,
+    )
+    return Routing(ids, weights, counts, rows), logits
+
+
+@triton.jit
+def _x_tile_ok(valid, kx, k0, K: tl.constexpr, SPLIT: tl.constexpr):
+    if SPLIT == 1:
+        return valid[None, :] & ((k0 + kx) < K)
+    else:
+        return valid[None, None, :] & ((k0 + kx) < K)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _gate_up_dec_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    act_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_x,
+    stride_we,
+    stride_wp,
+    stride_wn,
+    stride_se,
+    stride_sp,
+    stride_sn,
+    alpha,
+    limit,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PREC: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """Program (column block, slot): act[rows of the slot's expert, block] = swiglu(x @ W13^T + b13)."""
+    pid_n, s = tl.program_id(0), tl.program_id(1)
+    ex = tl.arange(0, BE)
+    e, n_rows, packed = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
+    if n_rows == 0:  # past the active experts
+        return
+    EVEN_K: tl.constexpr = K % BK == 0
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ld = n % N  # past-the-end columns reload valid rows; never stored
+    e64 = e.to(tl.int64)
+    b_g = tl.load(b_ptr + e64 * 2 * N + n_ld)[:, None]  # [BN, 1]
+    b_u = tl.load(b_ptr + e64 * 2 * N + N + n_ld)[:, None]
+    for m0 in range(0, n_rows, BM):
+        slot = m0 + tl.arange(0, BM)
+        valid = slot < n_rows
+        rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # [BM] assignments t*k + j
+        w_g, s_g, x_t, kw, kx = _v2_ptrs(
+            w_ptr + e64 * stride_we,
+            s_ptr + e64 * stride_se,
+            x_ptr,
+            n_ld,
+            (rows // TOP_K).to(tl.int64) * stride_x,
+            stride_wn,
+            stride_sn,
+            BM,
+            BN,
+            BK,
+            SPLIT,
+            False,
+        )
+        if SPLIT == 1:
+            acc_g = tl.zeros([BN, BM], tl.float32)
+        else:
+            acc_g = tl.zeros([SPLIT, BN, BM], tl.float32)
+        acc_u = tl.zeros_like(acc_g)
+        for k0 in range(0, K, BK):
+            xt = tl.load(x_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
+            acc_g = _v2_step(acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
+            acc_u = _v2_step(
+                acc_u,
+                xt,
+                w_g + stride_wp,
+                s_g + stride_sp,
+                kw,
+                k0,
+                K,
+                BN,
+                BK,
+                SPLIT,
+                EVEN_K,
+                PREC,
+                ASM,
+                False,
+            )
+        if SPLIT > 1:
+            acc_g = tl.sum(acc_g, 0)
+            acc_u = tl.sum(acc_u, 0)
+        gate = tl.minimum(acc_g + b_g, limit)  # [BN, BM]
+        up = tl.minimum(tl.maximum(acc_u + b_u, -limit), limit)
+        act = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+        tl.store(
+            act_ptr + (packed + slot).to(tl.int64)[None, :] * N + n[:, None],  # expert-packed rows
+            act.to(act_ptr.dtype.element_ty),
+            mask=(n < N)[:, None] & valid[None, :],
+        )
+
+
+@triton.jit(do_not_specialize=["T"])
+def _down_dec_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    rw_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PREC: tl.constexpr,
+    ASM: tl.constexpr,
+    COMBINE: tl.constexpr,
+    BT: tl.constexpr,
+):
+    """COMBINE: program (column block,) -> out[t, block] = sum over the active experts in id order of
+    w[t, j] * (act[t*k + j] @ W2_e^T + b2_e), float32, stored once in y's dtype (y_ptr: out [T, N]).
+    Else program (column block, slot) -> y[rows of the slot's expert, block] (y_ptr: [T*k, N])."""
+    pid_n = tl.program_id(0)
+    ex = tl.arange(0, BE)
+    cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
+    if COMBINE:
+        s_lo = 0
+        s_hi = tl.sum((cnt > 0).to(tl.int32), 0)
+    else:
+        s_lo = tl.program_id(1)
+        s_hi = s_lo + 1
+    EVEN_K: tl.constexpr = K % BK == 0
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ld = n % N
+    tok = tl.arange(0, BT)
+    out = tl.zeros([BN, BT], tl.float32)  # COMBINE: the token rows, transposed
+    for s in range(s_lo, s_hi):
+        e, n_rows, packed = _slot_expert(cnt, ex, s)
+        e64 = e.to(tl.int64)
+        bias = tl.load(b_ptr + e64 * N + n_ld)[:, None]  # [BN, 1]
+        for m0 in range(0, n_rows, BM):
+            slot = m0 + tl.arange(0, BM)
+            valid = slot < n_rows
+            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)
+            w_t, s_t, a_t, kw, kx = _v2_ptrs(
+                w_ptr + e64 * stride_we,
+                s_ptr + e64 * stride_se,
+                a_ptr,
+                n_ld,
+                (packed + slot).to(tl.int64) * K,
+                stride_wn,
+                stride_sn,
+                BM,
+                BN,
+                BK,
+                SPLIT,
+                False,
+            )
+            if SPLIT == 1:
+                acc = tl.zeros([BN, BM], tl.float32)
+            else:
+                acc = tl.zeros([SPLIT, BN, BM], tl.float32)
+            for k0 in range(0, K, BK):
+                at = tl.load(a_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
+                acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
+            if SPLIT > 1:
+                acc = tl.sum(acc, 0)
+            y = acc + bias  # [BN, BM]
+            if COMBINE:
+                wr = tl.load(rw_ptr + rows, mask=valid, other=0.0)  # [BM] routing weights (flat [T*k])
+                hot = ((rows // TOP_K)[:, None] == tok[None, :]) & valid[:, None]  # [BM, BT]
+                # one row at most per token and expert: the sum over BM adds zeros to one term (exact)
+                out += tl.sum((y * wr[None, :])[:, :, None] * hot.to(tl.float32)[None, :, :], 1)
+            else:
+                tl.store(
+                    y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+                    y.to(y_ptr.dtype.element_ty),
+                    mask=(n < N)[:, None] & valid[None, :],
+                )
+    if COMBINE:
+        tl.store(
+            y_ptr + tok.to(tl.int64)[None, :] * N + n[:, None],
+            out.to(y_ptr.dtype.element_ty),
+            mask=(n < N)[:, None] & (tok < T)[None, :],
+        )
+
+
+@triton.jit
+def _tile_of(cnt, ex, tile, BM: tl.constexpr):
+    """cnt [BE] rows per expert -> BM-row tile `tile`'s expert, first slot, the expert's rows and
+    where they start in the expert-packed act."""
+    tiles = (cnt + BM - 1) // BM
+    ends = tl.cumsum(tiles, 0)
+    e = tl.sum((ends <= tile).to(tl.int32), 0)
+    first = (tile - tl.sum(tl.where(ex == e, ends - tiles, 0), 0)) * BM
+    return e, first, tl.sum(tl.where(ex == e, cnt, 0), 0), tl.sum(tl.where(ex < e, cnt, 0), 0)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _down_flat_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    rw_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PREC: tl.constexpr,
+    ASM: tl.constexpr,
+    BT: tl.constexpr,
+):
+    """_down_dec_kernel's COMBINE with one flat loop over (row tile, K step) of all active experts,
+    so the load pipeline streams across experts (the nested loops refill it at every expert)."""
+    pid_n = tl.program_id(0)
+    STEPS: tl.constexpr = (K + BK - 1) // BK
+    EVEN_K: tl.constexpr = K % BK == 0
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ld = n % N
+    tok = tl.arange(0, BT)
+    ex = tl.arange(0, BE)
+    cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
+    n_tiles = tl.sum((cnt + BM - 1) // BM, 0)
+    out = tl.zeros([BN, BT], tl.float32)
+    if SPLIT == 1:
+        acc = tl.zeros([BN, BM], tl.float32)
+    else:
+        acc = tl.zeros([SPLIT, BN, BM], tl.float32)
+    for i in range(0, n_tiles * STEPS):
+        k0 = (i % STEPS) * BK
+        e, first, n_rows, packed = _tile_of(cnt, ex, i // STEPS, BM)
+        slot = first + tl.arange(0, BM)
+        valid = slot < n_rows
+        e64 = e.to(tl.int64)
+        w_t, s_t, a_t, kw, kx = _v2_ptrs(
+            w_ptr + e64 * stride_we,
+            s_ptr + e64 * stride_se,
+            a_ptr,
+            n_ld,
+            (packed + slot).to(tl.int64) * K,  # no load in the addresses: the pipeline runs STAGES deep
+            stride_wn,
+            stride_sn,
+            BM,
+            BN,
+            BK,
+            SPLIT,
+            False,
+        )
+        at = tl.load(a_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
+        acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
+        if k0 + BK >= K:  # the tile's last step: its rows, weighted, into the token rows
+            if SPLIT > 1:
+                y = tl.sum(acc, 0)
+            else:
+                y = acc
+            y = y + tl.load(b_ptr + e64 * N + n_ld)[:, None]  # [BN, BM]
+            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # assignments t*k + j
+            wr = tl.load(rw_ptr + rows, mask=valid, other=0.0)
+            hot = ((rows // TOP_K)[:, None] == tok[None, :]) & valid[:, None]  # [BM, BT]
+            out += tl.sum((y * wr[None, :])[:, :, None] * hot.to(tl.float32)[None, :, :], 1)
+            acc = tl.zeros_like(acc)
+    tl.store(
+        out_ptr + tok.to(tl.int64)[None, :] * N + n[:, None],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(n < N)[:, None] & (tok < T)[None, :],
+    )
+
+
+def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, t: DecTiles) -> Tensor:
+    """x [T, H] -> act [T*k, I], expert-packed: expert e's rows (in r.rows[e] order) start after
+    those of the experts below e, so down finds them without loading r.rows."""
+    (n_tok, h), k = x.shape, r.ids.shape[1]
+    e, _, i = w.shape
+    act = common._empty((n_tok * k, i), x.dtype, x.device)
+    s13 = w.s13.view(torch.int32)
+    _gate_up_dec_kernel[(triton.cdiv(i, t.bn), min(e, n_tok * k))](
+        x,
+        w.w13,
+        s13,
+        w.b13,
+        act,
+        r.counts,
+        r.rows,
+        n_tok,
+        x.stride(0),
+        *w.w13.stride()[:3],
+        *s13.stride()[:3],
+        alpha,
+        limit,
+        N=i,
+        K=h,
+        TOP_K=k,
+        E=e,
+        BE=triton.next_power_of_2(e),
+        BM=t.bm,
+        BN=t.bn,
+        BK=t.bk,
+        SPLIT=t.split,
+        PREC=_precision(x),
+        ASM=common._use_asm(x),
+        num_warps=t.warps,
+        num_stages=t.stages,
+    )
+    return act
+
+
+def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles, combine: bool) -> Tensor:
+    """act [T*k, I] (gate_up_dec's expert-packed rows) -> combine: out [T, H] (the weighted sum per
+    token); else y [T*k, H] (rows t*k + j, as moe.combine takes them)."""
+    n_tok, k = r.ids.shape
+    e, h, i = w.shape
+    y = common._empty((n_tok if combine else n_tok * k, h), act.dtype, act.device)
+    s2 = w.s2.view(torch.int32)
+    args = (act, w.w2, s2, w.b2, y, r.weights, r.counts, r.rows, n_tok, *w.w2.stride()[:2], *s2.stride()[:2])
+    meta = dict(
+        N=h,
+        K=i,
+        TOP_K=k,
+        E=e,
+        BE=triton.next_power_of_2(e),
+        BM=t.bm,
+        BN=t.bn,
+        BK=t.bk,
+        SPLIT=t.split,
+        PREC=_precision(act),
+        ASM=common._use_asm(act),
+        BT=max(2, triton.next_power_of_2(n_tok)) if combine else 2,
+        num_warps=t.warps,
+        num_stages=t.stages,
+    )
+    if combine and FLAT:
+        _down_flat_kernel[(triton.cdiv(h, t.bn),)](*args, **meta)
+    else:
+        grid = (triton.cdiv(h, t.bn),) if combine else (triton.cdiv(h, t.bn), min(e, n_tok * k))
+        _down_dec_kernel[grid](*args, COMBINE=combine, **meta)
+    return y
+
+
+def experts_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float) -> Tensor:
+    """x [T, H] routed by r -> [T, H]: the two decode GEMMs and the combine (fused or moe's)."""
+    _, h, i = w.shape
+    # BM follows T when compiled (the MMA pads BM to 8 columns and sums each alike: batch-invariant);
+    # the interpreter's numpy matmul sums in a shape-dependent order, so there BM stays fixed.
+    t = x.shape[0] if x.is_cuda and not triton.knobs.runtime.interpret else 1 << 30
+    act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h, t))  # [T*k, I]
+    if FUSE_COMBINE:
+        return down_dec(act, r, w, tiles(False, i, t), combine=True)
+    from gptoss.kernels.moe import combine  # moe imports this module
+
+    return combine(down_dec(act, r, w, tiles(False, i, t), combine=False), r.weights, x.dtype)
+
+
+def moe_decode(
+    x: Tensor,
+    router_weight: Tensor,
+    router_bias: Tensor,
+    top_k: int,
+    w: MoEWeights,
+    alpha: float,
+    limit: float,
+) -> Tensor:
+    """moe_forward for 0 < T <= MAX_T on bits weights: fused router, then experts_dec."""
+    r, _ = route_fused(x, router_weight, router_bias, top_k)
+    return experts_dec(x, r, w, alpha, limit)
