@@ -13,10 +13,10 @@ from torch import Tensor
 
 KERNELS = "v2"  # the kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2" | "v3"
 _LAYOUTS = {"v1": "nibble", "v2": "bits", "v3": "v3", "v3ds": "v3ds"}  # kernels -> MoEWeights.layout
-# Rows an expert gets (cdiv(T*k, E)) from which a forward runs MoEWeights.large when there is one:
-# v2 wins at bucket 32 (M 256 at 20b: 428 us, v3 667), v3 from bucket 128 (M 1024: 852, v2 1096);
-# 64 (M >= 505 at 20b) is a first guess that bench/kernels/moe_gpu.py's M 512 row refines.
-LARGE_MIN_ROWS = 64
+# Rows an expert gets (cdiv(T*k, E)) from which a forward runs MoEWeights.large when there is one.
+# H100, 20b (bench/results v8): M 256 v2 431 us, v3 662; M 512 v2 664, v3 775 (its best tile 668);
+# M 1024 v2 1093, v3 861; so v3 from 128 rows an expert (M >= 1017 at 20b).
+LARGE_MIN_ROWS = 128
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,12 +81,12 @@ def _stub(e: int, large: MoEWeights | None) -> MoEWeights:
 
 
 def test_for_rows_boundary_at_the_default_threshold():
-    """20b: E 32, top-4; 64 rows an expert from T = 505 (cdiv(2020, 32) = 64; T 504: 63)."""
-    assert moe_layout.LARGE_MIN_ROWS == 64
+    """20b: E 32, top-4; 128 rows an expert from T = 1017 (cdiv(4068, 32) = 128; T 1016: 127)."""
+    assert moe_layout.LARGE_MIN_ROWS == 128
     big = _stub(32, None)
     w = _stub(32, big)
-    assert for_rows(w, 504, 4) is w
-    assert for_rows(w, 505, 4) is big
+    assert for_rows(w, 1016, 4) is w
+    assert for_rows(w, 1017, 4) is big
     assert for_rows(w, 1, 4) is w
     assert for_rows(w, 16384, 4) is big
     alone = _stub(32, None)
