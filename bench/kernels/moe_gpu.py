@@ -54,7 +54,7 @@ from gptoss.mxfp4 import dequantize  # noqa: E402
 E, H, I, TOP_K = 32, 2880, 2880, 4
 ALPHA, LIMIT = 1.702, 7.0
 MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096, 16384)
-CHECK_M = 64
+CHECK_MS = (8, 64, 2048)
 PEAK_BYTES_PER_S = 3.0e12  # H100 SXM HBM3, achievable copy bandwidth
 EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # packed w13 + w2 and scales
 
@@ -66,6 +66,7 @@ class Variant:
     tiles: dict[tuple[int, bool], Tiles] | None = None  # v2 TILE_OVERRIDE entries
     max_m: int = 1 << 30  # only timed up to this M (tile variants of one bucket)
     min_m: int = 0
+    decode: bool = False  # the decode path (moe_decode) at small M, as the engine runs it
 
 
 DECODE = 64  # M <= 64: BM 16 at E 32, top-4
@@ -197,6 +198,7 @@ for _gu, _dn in [
 VARIANTS["v3"] = Variant("v3")
 VARIANTS["v3ds"] = Variant("v3ds")
 VARIANTS["dual"] = Variant("dual")
+VARIANTS["engine"] = Variant("dual", decode=True)  # what the engine runs on 20b: decode, v2, v3 by M
 for _name, _buckets, _gu, _dn, _lo, _hi in [
     ("v3-gu128x256", (128, 512), Tiles(128, 256, 64, 8, 3), None, 1024, 1 << 30),
     ("v3-b32-k64s6", (32,), Tiles(32, 64, 64, 4, 6), Tiles(32, 64, 64, 4, 6), 129, 256),
@@ -329,7 +331,7 @@ def _switches(v: Variant) -> Iterator[None]:
     """The module switches a variant needs, restored afterwards."""
     saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED
     moe_common.USE_ASM = v.asm
-    moe_decode.ENABLED = False  # the M-tile kernels at every M (the decode path: DEC_VARIANTS)
+    moe_decode.ENABLED = v.decode  # else the M-tile kernels at every M (the decode path: DEC_VARIANTS)
     moe.TILE_OVERRIDE.clear()
     moe.TILE_OVERRIDE.update(v.tiles or {})
     try:
@@ -477,18 +479,20 @@ def subnormal_checks() -> None:
 
 
 def _check(ours: Callable, peer: Callable | None) -> None:
+    """Ours against vLLM at CHECK_MS: the decode path (M 8), v2 (M 64) and, with a v3 copy, v3 (M 2048)."""
     if peer is None:
         return
-    x = torch.randn(CHECK_M, H, device="cuda").bfloat16()
-    try:
-        a, b = ours(x).float(), peer(x).float()
-    except Exception as e:  # noqa: BLE001
-        print(f"check M={CHECK_M}: vLLM failed: {type(e).__name__}: {e}")
-        return
-    print(
-        f"check M={CHECK_M}: ours vs vLLM rel error {float((a - b).norm() / b.norm()):.2e} "
-        f"(bf16 roundings differ; ~1e-2 or below is agreement)"
-    )
+    for m in CHECK_MS:
+        x = torch.randn(m, H, device="cuda").bfloat16()
+        try:
+            a, b = ours(x).float(), peer(x).float()
+        except Exception as e:  # noqa: BLE001
+            print(f"check M={m}: vLLM failed: {type(e).__name__}: {e}")
+            return
+        print(
+            f"check M={m}: ours vs vLLM rel error {float((a - b).norm() / b.norm()):.2e} "
+            f"(bf16 roundings differ; ~1e-2 or below is agreement)"
+        )
 
 
 def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
@@ -500,10 +504,9 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
     }
     weights = {k: _weights(ck, k) for k in sorted(layouts)}
     peer = _vllm(ck) if with_vllm else None
-    if peer is not None and "v2" in weights:
-        _check(
-            lambda x: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, weights["v2"], ALPHA, LIMIT), peer
-        )
+    checked = weights.get("dual") or weights.get("v2")
+    if peer is not None and checked is not None:
+        _check(lambda x: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, checked, ALPHA, LIMIT), peer)
     rows = []
     for m in ms:
         x = torch.randn(m, H, device="cuda").bfloat16()
@@ -560,25 +563,27 @@ def _fmt_row(r: dict) -> str:
 
 
 def run(rows: list) -> None:
-    """For bench/kernels_gpu.py: one dict per M (kernel, case, ours_us = v2 eager, vllm_us eager,
-    ratio = ours / vllm, hbm_frac of the v2 graph replay, graph_us and vllm_graph_us)."""
+    """For bench/kernels_gpu.py: one dict per M (kernel, case, ours_us = the engine's path as a CUDA
+    graph replay (decode kernels, v2, v3 by M: variant "engine"), vllm_us its graph replay (eager
+    where it cannot be captured), ratio = ours / vllm, hbm_frac of ours, and both eager times)."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench/kernels/moe_gpu.py needs a CUDA GPU")
     subnormal_checks()
-    got = {(r["M"], r["variant"]): r for r in table(MS, ["v2", "vllm"], with_vllm=True)}
+    got = {(r["M"], r["variant"]): r for r in table(MS, ["engine", "vllm"], with_vllm=True)}
     for m in MS:
-        ours, peer = got[(m, "v2")], got.get((m, "vllm"))
-        vllm_us = None if peer is None else round(peer["eager_us"], 2)
+        ours, peer = got[(m, "engine")], got.get((m, "vllm"))
+        ours_us = ours["graph_us"] or ours["eager_us"]
+        vllm_us = None if peer is None else round(peer["graph_us"] or peer["eager_us"], 2)
         rows.append(
             {
                 "kernel": "moe",
                 "case": f"M={m}",
-                "ours_us": round(ours["eager_us"], 2),
+                "ours_us": round(ours_us, 2),
                 "vllm_us": vllm_us,
-                "ratio": None if not vllm_us else round(ours["eager_us"] / vllm_us, 3),
+                "ratio": None if not vllm_us else round(ours_us / vllm_us, 3),
                 "hbm_frac": None if ours["hbm"] is None else round(ours["hbm"], 3),
-                "graph_us": ours["graph_us"],
-                "vllm_graph_us": None if peer is None else peer["graph_us"],
+                "eager_us": ours["eager_us"],
+                "vllm_eager_us": None if peer is None else peer["eager_us"],
             }
         )
 
