@@ -78,12 +78,10 @@ class _Layer:
 
 
 def _large_layout(ref: GptOss) -> str | None:
-    """ "v3" (a second copy of the experts for large batches, MoEWeights.large) on CUDA when the
-    experts' bytes are < 1/4 of the device's memory (20b's ~12 GB on an 80 GB H100: yes; 120b's ~61 GB
-    on a 141 GB H200: no), else None; logs which."""
+    """moe_layout.large_copy for this model on its device (None on CPU); logs which."""
     experts = [block.mlp.experts for block in ref.layers]
     blocks = experts[0].gate_up_blocks
-    if not blocks.is_cuda or moe_layout.KERNELS != "v2":
+    if not blocks.is_cuda:
         return None
     size = sum(
         t.numel() * t.element_size()
@@ -91,14 +89,10 @@ def _large_layout(ref: GptOss) -> str | None:
         for t in (ex.gate_up_blocks, ex.gate_up_scales, ex.down_blocks, ex.down_scales)
     )
     total = torch.cuda.get_device_properties(blocks.device).total_memory
-    dual = size < total / 4
-    log.info(
-        "MoE experts %.1f GB, device %.1f GB: %s",
-        size / 1e9,
-        total / 1e9,
-        "a second (v3) copy for large batches" if dual else "one copy (v2 layout) only",
-    )
-    return "v3" if dual else None
+    large = moe_layout.large_copy(size, total)
+    what = f"a second ({large}) copy for large batches" if large else f"one copy ({moe_layout.KERNELS}) only"
+    log.info("MoE experts %.1f GB, device %.1f GB: %s", size / 1e9, total / 1e9, what)
+    return large
 
 
 def _attn_lora(ll: LayerLora, out_sizes: tuple[int, int, int]) -> tuple[Tensor, Tensor] | None:

@@ -42,7 +42,10 @@ class GptossExperts:
         limit: float,
         dtype: torch.dtype,
         path: str,
+        large: str | None = None,
     ) -> None:
+        """large: the layout of a second copy of the experts for large batches (triton path, v2 only:
+        moe_layout.large_copy decides), else None."""
         if path not in PATHS:
             raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
         e, n2, half = w13.shape
@@ -57,13 +60,14 @@ class GptossExperts:
             top = max(int(s13.max()), int(s2.max()))
             kernels = None if top <= moe.MAX_SCALE_V2 else "v1"
             self.kernels = kernels or moe.KERNELS
+            self.large = large if self.kernels == "v2" else None
             packed = (_blocks(w13), s13, b13, _blocks(w2), s2, b2)
-            self._weights = moe.prepare_moe_weights(*packed, kernels=kernels)
+            self._weights = moe.prepare_moe_weights(*packed, kernels=kernels, large=self.large)
         else:
             from gptoss.config import PRESETS
             from gptoss.model import Experts
 
-            self.kernels = "torch"
+            self.kernels, self.large = "torch", None
             # Experts reads only quant_method and the SwiGLU constants from its config.
             cfg = replace(PRESETS["tiny"], quant_method="mxfp4", swiglu_alpha=alpha, swiglu_limit=limit)
             named = {

@@ -130,6 +130,15 @@ class GptossMoEMethod(FusedMoEMethodBase):
             )
         w13, w2 = layer.w13_weight.data, layer.w2_weight.data
         b13, b2 = getattr(layer, "w13_bias", None), getattr(layer, "w2_bias", None)
+        large = None
+        if self.path == "triton" and self.peer is None:  # a v3 copy for large batches when it fits
+            from gptoss.kernels import moe_layout
+
+            hf = get_current_vllm_config().model_config.hf_config
+            packed = (layer.w13_weight, layer.w13_weight_scale, layer.w2_weight, layer.w2_weight_scale)
+            per_layer = sum(p.data.numel() for p in packed)  # uint8: bytes
+            total = torch.cuda.get_device_properties(w13.device).total_memory
+            large = moe_layout.large_copy(per_layer * int(getattr(hf, "num_hidden_layers", 1)), total)
         self.experts = GptossExperts(
             w13,
             layer.w13_weight_scale.data,
@@ -142,6 +151,7 @@ class GptossMoEMethod(FusedMoEMethodBase):
             limit=self.limit,
             dtype=self.dtype,
             path=self.path,
+            large=large,
         )
         if self.peer is not None:
             self.peer.process_weights_after_loading(layer)  # rewrites the parameters in its layout
@@ -172,6 +182,7 @@ class GptossMoEMethod(FusedMoEMethodBase):
             method=f"{type(self).__module__}.{type(self).__qualname__}",
             path=self.path,
             kernels=self.experts.kernels,
+            large_copy=self.experts.large,
             fallback=None
             if self.peer is None
             else f"vLLM's {PEER_BACKEND} MXFP4 MoE above {self.max_tokens} tokens a step",

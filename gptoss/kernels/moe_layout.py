@@ -41,6 +41,13 @@ class MoEWeights:
         return e, self.w2.shape[1], i
 
 
+def large_copy(expert_bytes: int, device_bytes: int) -> str | None:
+    """The layout of a second copy of the experts for large batches, or None: "v3" when the primary is
+    v2 and all layers' experts take < 1/4 of the device (20b's ~12 GB on an 80 GB H100: yes; 120b's
+    ~61 GB on a 141 GB H200: no, the KV cache needs that memory more)."""
+    return "v3" if KERNELS == "v2" and expert_bytes < device_bytes / 4 else None
+
+
 def for_rows(w: MoEWeights, t: int, top_k: int) -> MoEWeights:
     """The copy a forward over t tokens runs: w.large from LARGE_MIN_ROWS rows an expert on, else w."""
     if w.large is not None and -(-t * top_k // w.w13.shape[0]) >= LARGE_MIN_ROWS:

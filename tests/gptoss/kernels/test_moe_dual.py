@@ -145,5 +145,16 @@ def test_kernel_model_builds_the_v3_copy_when_experts_take_under_a_quarter(
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     with caplog.at_level("INFO", logger="gptoss.kernel_model"):
         assert kernel_model._large_layout(ref) == want
-    msg = "a second (v3) copy for large batches" if want else "one copy (v2 layout) only"
+    msg = "a second (v3) copy for large batches" if want else "one copy (v2) only"
     assert caplog.messages == [f"MoE experts 12.0 GB, device {device_gb:.1f} GB: {msg}"]
+
+
+@pytest.mark.parametrize(
+    ("expert_gb", "device_gb", "kernels", "want"),
+    [(12.0, 80.0, "v2", "v3"), (61.0, 141.0, "v2", None), (12.0, 80.0, "v1", None), (19.9, 80.0, "v2", "v3")],
+)
+def test_large_copy_only_for_v2_and_under_a_quarter_of_the_device(
+    expert_gb, device_gb, kernels, want, monkeypatch
+):
+    monkeypatch.setattr(moe_layout, "KERNELS", kernels)
+    assert moe_layout.large_copy(int(expert_gb * 1e9), int(device_gb * 1e9)) == want
