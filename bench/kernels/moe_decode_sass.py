@@ -56,14 +56,11 @@ def gate_up(t: DecTiles):
     return _compile(d._gate_up_dec_kernel, sig, consts, t.warps, t.stages)
 
 
-def down(t: DecTiles, flat: bool, bt: int):
-    out = "out_ptr" if flat else "y_ptr"
-    sig = dict(a_ptr="*bf16", rw_ptr="*fp32", **{out: "*bf16"}, **GEMM_SIG)
+def down(t: DecTiles):
+    sig = dict(a_ptr="*bf16", y_ptr="*bf16", **GEMM_SIG)
     sig.update({f"stride_{s}": "i32" for s in ("we", "wn", "se", "sn")})
-    consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, BT=bt)
-    if not flat:
-        consts["COMBINE"] = bt > 2
-    return _compile(d._down_flat_kernel if flat else d._down_dec_kernel, sig, consts, t.warps, t.stages)
+    consts = {k: v for k, v in SHAPE.items() if k != "TOP_K"} | dict(BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
+    return _compile(d._down_dec_kernel, sig, consts, t.warps, t.stages)
 
 
 def router(bt: int):
@@ -105,9 +102,8 @@ def stats(k, name: str) -> None:
 def main() -> None:
     for t in [d.GATE_UP_TILES, DecTiles(1, 16, 512, 4, 4, 4), DecTiles(8, 32, 512, 4, 4, 3)]:
         stats(gate_up(t), f"gate_up {t}")
-    for t in [d.DOWN_TILES, DecTiles(1, 16, 1024, 8, 8, 3), DecTiles(8, 32, 512, 4, 4, 3)]:
-        stats(down(t, True, 16 if t.bm == 8 else 2), f"down flat (fused combine) {t}")
-        stats(down(t, False, 2), f"down y per slot {t}")
+    for t in [d.DOWN_TILES, DecTiles(1, 32, 512, 4, 4, 3), DecTiles(8, 16, 1024, 8, 8, 3)]:
+        stats(down(t), f"down {t}")
     for bt in (2, 16):
         stats(router(bt), f"router T <= {bt}")
 

@@ -208,50 +208,39 @@ for _name, _buckets, _gu, _dn, _lo, _hi in [
     VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=_lo, max_m=_hi)
 
 
-# ---- The decode path (gptoss.kernels.moe_decode: fused router, expert-slot GEMMs, down with the
-# combine fused) for M <= MAX_T; "dec" is the module's defaults, the others change one thing. The
-# other variants run with moe_decode.ENABLED = False, so "v2" stays the M-tile path at every M.
-# Their rows: gate_up_us / down_us as above (down_us includes the fused combine), router_us the
-# fused router alone. E.g. --no-vllm --ms 1,2,4,8,16 --variants v2,dec,dec-nofuse,dec-gu32,...
+# ---- The decode path (gptoss.kernels.moe_decode: fused router, expert-slot GEMMs, moe.combine) for
+# M <= MAX_T; "dec" is the module's defaults, the others change one thing. The other variants run
+# with moe_decode.ENABLED = False, so "v2" stays the M-tile path at every M. Their rows: gate_up_us /
+# down_us as above (down_us: y per slot, without the combine), router_us the router alone (fused, or
+# F.linear + route_and_group). E.g. --no-vllm --ms 1,2,4,8,16 --variants v2,dec,dec-r,dec-dn16,dec-gu32
 @dataclass(frozen=True, slots=True)
 class DecVariant:
     gate_up: DecTiles | None = None  # None: moe_decode.GATE_UP_TILES
     down: DecTiles | None = None  # None: moe_decode.DOWN_TILES
-    fuse: bool = True  # moe_decode.FUSE_COMBINE
-    flat: bool = True  # moe_decode.FLAT
+    router_fused: bool = True  # moe_decode.ROUTER_FUSED
     max_m: int = 16
 
 
 DEC_VARIANTS: dict[str, DecVariant] = {
     "dec": DecVariant(),
-    "dec-nest": DecVariant(flat=False),  # the fused combine with a K loop per expert
-    "dec-nofuse": DecVariant(fuse=False),  # down writes y per slot (grid H/BN x slots), then combine
-    "dec-nofuse32": DecVariant(down=DecTiles(8, 32, 512, 4, 4, 3), fuse=False),
-    "dec-bm16": DecVariant(gate_up=DecTiles(16, 16, 512, 4, 4, 4), down=DecTiles(16, 16, 1024, 8, 8, 3)),
+    "dec-r": DecVariant(router_fused=False),  # F.linear + route_and_group (~4.3 + 3.75 us alone)
+    "dec-dn16": DecVariant(down=DecTiles(8, 16, 1024, 8, 8, 3)),  # BN 16: twice the programs
     "dec-gu32": DecVariant(gate_up=DecTiles(8, 32, 512, 4, 4, 3)),  # 2.8 ins/value, 218 regs
-    "dec-gu32-s2": DecVariant(gate_up=DecTiles(8, 32, 512, 4, 4, 2)),
-    "dec-gu-s3": DecVariant(gate_up=DecTiles(8, 16, 512, 4, 4, 3)),
-    "dec-gu-k8": DecVariant(gate_up=DecTiles(8, 16, 1024, 8, 8, 3)),
-    "dec-gu-k2": DecVariant(gate_up=DecTiles(8, 16, 256, 2, 2, 4)),
-    "dec-dn-k4": DecVariant(down=DecTiles(8, 16, 512, 4, 4, 4)),
-    "dec-dn-s3": DecVariant(down=DecTiles(8, 16, 1024, 8, 8, 3)),
-    "dec-dn32": DecVariant(down=DecTiles(8, 32, 1024, 8, 8, 3)),
-    "dec-dn32-k4": DecVariant(down=DecTiles(8, 32, 512, 4, 4, 3)),
 }
 
 
 @contextmanager
 def _dec_switches(v: DecVariant) -> Iterator[None]:
-    saved = moe_decode.ENABLED, moe_decode.FUSE_COMBINE, moe_decode.FLAT, dict(moe_decode.TILE_OVERRIDE)
-    moe_decode.ENABLED, moe_decode.FUSE_COMBINE, moe_decode.FLAT = True, v.fuse, v.flat
+    saved = moe_decode.ENABLED, moe_decode.ROUTER_FUSED, dict(moe_decode.TILE_OVERRIDE)
+    moe_decode.ENABLED, moe_decode.ROUTER_FUSED = True, v.router_fused
     moe_decode.TILE_OVERRIDE.clear()
     moe_decode.TILE_OVERRIDE.update({k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None})
     try:
         yield
     finally:
-        moe_decode.ENABLED, moe_decode.FUSE_COMBINE, moe_decode.FLAT = saved[:3]
+        moe_decode.ENABLED, moe_decode.ROUTER_FUSED = saved[:2]
         moe_decode.TILE_OVERRIDE.clear()
-        moe_decode.TILE_OVERRIDE.update(saved[3])
+        moe_decode.TILE_OVERRIDE.update(saved[2])
 
 
 def _dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
@@ -260,11 +249,17 @@ def _dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) 
     r, _ = moe_decode.route_fused(x, rw, rb, TOP_K)
     gu, dn = moe_decode.tiles(True, H, x.shape[0]), moe_decode.tiles(False, I, x.shape[0])
     act = moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu)
+
+    def router() -> object:
+        if moe_decode.ROUTER_FUSED:
+            return moe_decode.route_fused(x, rw, rb, TOP_K)
+        return route_and_group(F.linear(x, rw, rb), TOP_K)
+
     return {
         "moe": lambda: moe_forward(x, rw, rb, TOP_K, w, ALPHA, LIMIT),
-        "router": lambda: moe_decode.route_fused(x, rw, rb, TOP_K),
+        "router": router,
         "gate_up": lambda: moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu),
-        "down": lambda: moe_decode.down_dec(act, r, w, dn, combine=moe_decode.FUSE_COMBINE),
+        "down": lambda: moe_decode.down_dec(act, r, w, dn),
     }
 
 

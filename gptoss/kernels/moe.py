@@ -37,8 +37,8 @@ Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4)
 Decode (T <= 16) is bound by the d * 13.2 MB of weights; large T by the FLOPs.
 
 Small T on bits weights (gptoss.kernels.moe_decode: ENABLED, MAX_T) takes a fused router (logits,
-top-k and the row lists in one launch) and expert-slot GEMMs whose down adds the routing-weighted
-rows into the token rows itself; moe_forward_from_logits takes the GEMMs after route_and_group.
+top-k and the row lists in one launch), expert-slot GEMMs and combine; moe_forward_from_logits takes
+the GEMMs after route_and_group.
 """
 
 from __future__ import annotations

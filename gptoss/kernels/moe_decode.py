@@ -1,16 +1,14 @@
 """The MoE at decode batch sizes (T <= MAX_T): a fused router and expert-slot GEMMs on the bits layout.
 
-moe_decode(x, router, ...) = moe_forward for small T, in 3 launches (4 without FUSE_COMBINE):
+moe_decode(x, router, ...) = moe_forward for small T, in 4 launches (5 with ROUTER_FUSED False):
 
   _router_kernel      logits [T, E] = x @ router^T + b (float32 sums, rounded to x.dtype as the
                       model's F.linear), then in the grid's last program top-k, softmax and the
                       per-expert row lists: the Routing of route_and_group, bit for bit on the same
-                      logits (ties to the lower id)
+                      logits (ties to the lower id); ROUTER_FUSED False: F.linear + route_and_group
   _gate_up_dec_kernel act = swiglu(x_rows @ W13_e^T + b13_e)   grid (I / BN, slots)
-  _down_flat_kernel   FUSE_COMBINE: out[t] = sum over t's experts (id order) of w * (act @ W2_e^T + b2_e),
-                      grid (H / BN,), one loop over (row tile, K step) of all active experts
-  _down_dec_kernel    else y per slot (grid (H / BN, slots)) and moe.combine; or (FLAT False) the
-                      fused combine with a loop per expert (the load pipeline refills at each)
+  _down_dec_kernel    y = act @ W2_e^T + b2_e per slot         grid (H / BN, slots)
+  moe.combine         out[t] = sum over t's k rows of w * y
 
 Why these shapes. At T <= 16 every expert gets <= 16 rows and the step is bound by the weights:
 d * 13.2 MB for d distinct experts (20b). A slot is the s-th expert with rows (the active experts
@@ -24,10 +22,17 @@ bf16 to float32 (or a 2nd rotate/mask per value to place the e2m1 bits in a floa
 Each K step is split over SPLIT warps (a batched dot, summed once), so every warp owns all BN rows
 of its K slice and no weight is dequantized twice. BM (the dot's N) follows T (1, 2, 4, 8; v2 pads
 to 16): the x tile in shared memory and its moves shrink with it, so more programs fit an SM.
-act is expert-packed (gate_up_dec), so down's load addresses need no row-list load and its loop
-pipelines STAGES deep across experts. The fused combine sums in a fixed order (no atomics):
-deterministic. The router's last program is found with an atomic ticket (reset by that program
-for the next call), so the routing costs no second launch.
+act is expert-packed (gate_up_dec), so down's load addresses need no row-list load. The router's
+last program is found with an atomic ticket (reset by that program for the next call), so the
+routing costs no second launch.
+
+Measured on an H100 (20b, bf16, whole MoE in a CUDA graph, us; bench/results/2026-11-22_gptoss_gpu.md
+v8), M = 1 / 2 / 4 / 8 / 16: v2 (the M-tile path) 61.7 / 90.8 / 117.2 / 172.6 / 214.7; this path
+52.8 / 72.1 / 93.2 / 144.9 / 184.7 (down DecTiles(8, 32, 512, 4, 4, 3), y per slot + moe.combine).
+A down with the combine fused (token rows summed in the kernel, in one flat loop over all experts'
+row tiles and K steps, or a loop per expert) was slower (55.5 / 78.9 / 108.8 / 205.4 / 253.2; down
+alone 20.9-128.1 against 17.1-64.8 us unfused: its grid is H / BN programs only) and gave wrong
+results compiled (bf16 rel error up to 7 at some tiles), so it is gone. route_fused alone: 12.2-14.2 us.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -42,13 +48,12 @@ from torch import Tensor
 from gptoss.kernels import moe_common as common
 from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_layout import MoEWeights
-from gptoss.kernels.moe_routing import Routing
+from gptoss.kernels.moe_routing import Routing, route_and_group
 from gptoss.kernels.moe_v2 import _v2_ptrs, _v2_step
 
 ENABLED = True  # moe_forward / moe_forward_from_logits take this path for 0 < T <= MAX_T on bits weights
 MAX_T = 16  # T*k/E <= 2 rows an expert on average at 20b; past it v2's M tiles amortize the weights
-FUSE_COMBINE = True  # down adds w * y into the token rows itself (no y buffer, no combine launch)
-FLAT = True  # the fused down runs one loop over (row tile, K step) of all experts (_down_flat_kernel)
+ROUTER_FUSED = True  # route_fused; False: F.linear + route_and_group (two launches; benchmarks compare)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +70,12 @@ class DecTiles:
 # 16-byte cp.async weight loads), K loop: gate_up BN 16 at BM 8 (T >= 5): 3.1 instructions a
 # weight value, 157 registers, 50 KB shared (3 programs an SM); at BM 1-4 (T <= 4): 3.0, ~122
 # registers, 29-38 KB (4 an SM); BN 32: 2.8 a value but 218 registers (2 an SM), and 360 programs at
-# T = 1 are 1.4 waves of 264. BM 16 (v2's): 4.0 a value. down (fused combine, H / BN programs,
-# each streaming all active experts in one pipelined loop): BN 16 gives 180 programs; 8 warps of
-# 128 K each keep more of them streaming, 4 stages: 24 KB of weights in flight a program.
+# T = 1 are 1.4 waves of 264. BM 16 (v2's): 4.0 a value. down (grid H / BN x slots): BN 32 with 4
+# warps of 128 K and 3 stages beat BN 16 with 8 warps, BK 1024 and 4 stages (H100, whole MoE at T = 1:
+# 52.8 against 55.2 us; down alone 17.1-64.8 us at T = 1-16); SASS at BM 8: 3.0 instructions a value,
+# 158 registers, 33 KB shared (BN 16, BK 1024: 3.6 a value).
 GATE_UP_TILES = DecTiles(8, 16, 512, 4, 4, 4)
-DOWN_TILES = DecTiles(8, 16, 1024, 8, 8, 4)
+DOWN_TILES = DecTiles(8, 32, 512, 4, 4, 3)
 TILE_OVERRIDE: dict[bool, DecTiles] = {}  # gate_up? -> tiles; for benchmarks
 
 
@@ -344,7 +350,6 @@ def _down_dec_kernel(
     s_ptr,
     b_ptr,
     y_ptr,
-    rw_ptr,
     counts_ptr,
     rows_ptr,
     T,
@@ -354,7 +359,6 @@ def _down_dec_kernel(
     stride_sn,
     N: tl.constexpr,
     K: tl.constexpr,
-    TOP_K: tl.constexpr,
     E: tl.constexpr,
     BE: tl.constexpr,
     BM: tl.constexpr,
@@ -363,144 +367,28 @@ def _down_dec_kernel(
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
-    COMBINE: tl.constexpr,
-    BT: tl.constexpr,
 ):
-    """COMBINE: program (column block,) -> out[t, block] = sum over the active experts in id order of
-    w[t, j] * (act[t*k + j] @ W2_e^T + b2_e), float32, stored once in y's dtype (y_ptr: out [T, N]).
-    Else program (column block, slot) -> y[rows of the slot's expert, block] (y_ptr: [T*k, N])."""
-    pid_n = tl.program_id(0)
+    """Program (column block, slot): y[rows of the slot's expert, block] = act @ W2_e^T + b2_e."""
+    pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
-    cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
-    if COMBINE:
-        s_lo = 0
-        s_hi = tl.sum((cnt > 0).to(tl.int32), 0)
-    else:
-        s_lo = tl.program_id(1)
-        s_hi = s_lo + 1
+    e, n_rows, packed = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
+    if n_rows == 0:  # past the active experts
+        return
     EVEN_K: tl.constexpr = K % BK == 0
     n = pid_n * BN + tl.arange(0, BN)
     n_ld = n % N
-    tok = tl.arange(0, BT)
-    out = tl.zeros([BN, BT], tl.float32)  # COMBINE: the token rows, transposed
-    for s in range(s_lo, s_hi):
-        e, n_rows, packed = _slot_expert(cnt, ex, s)
-        e64 = e.to(tl.int64)
-        bias = tl.load(b_ptr + e64 * N + n_ld)[:, None]  # [BN, 1]
-        for m0 in range(0, n_rows, BM):
-            slot = m0 + tl.arange(0, BM)
-            valid = slot < n_rows
-            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)
-            w_t, s_t, a_t, kw, kx = _v2_ptrs(
-                w_ptr + e64 * stride_we,
-                s_ptr + e64 * stride_se,
-                a_ptr,
-                n_ld,
-                (packed + slot).to(tl.int64) * K,
-                stride_wn,
-                stride_sn,
-                BM,
-                BN,
-                BK,
-                SPLIT,
-                False,
-            )
-            if SPLIT == 1:
-                acc = tl.zeros([BN, BM], tl.float32)
-            else:
-                acc = tl.zeros([SPLIT, BN, BM], tl.float32)
-            for k0 in range(0, K, BK):
-                at = tl.load(a_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
-                acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
-            if SPLIT > 1:
-                acc = tl.sum(acc, 0)
-            y = acc + bias  # [BN, BM]
-            if COMBINE:
-                wr = tl.load(rw_ptr + rows, mask=valid, other=0.0)  # [BM] routing weights (flat [T*k])
-                hot = ((rows // TOP_K)[:, None] == tok[None, :]) & valid[:, None]  # [BM, BT]
-                # one row at most per token and expert: the sum over BM adds zeros to one term (exact)
-                out += tl.sum((y * wr[None, :])[:, :, None] * hot.to(tl.float32)[None, :, :], 1)
-            else:
-                tl.store(
-                    y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
-                    y.to(y_ptr.dtype.element_ty),
-                    mask=(n < N)[:, None] & valid[None, :],
-                )
-    if COMBINE:
-        tl.store(
-            y_ptr + tok.to(tl.int64)[None, :] * N + n[:, None],
-            out.to(y_ptr.dtype.element_ty),
-            mask=(n < N)[:, None] & (tok < T)[None, :],
-        )
-
-
-@triton.jit
-def _tile_of(cnt, ex, tile, BM: tl.constexpr):
-    """cnt [BE] rows per expert -> BM-row tile `tile`'s expert, first slot, the expert's rows and
-    where they start in the expert-packed act."""
-    tiles = (cnt + BM - 1) // BM
-    ends = tl.cumsum(tiles, 0)
-    e = tl.sum((ends <= tile).to(tl.int32), 0)
-    first = (tile - tl.sum(tl.where(ex == e, ends - tiles, 0), 0)) * BM
-    return e, first, tl.sum(tl.where(ex == e, cnt, 0), 0), tl.sum(tl.where(ex < e, cnt, 0), 0)
-
-
-@triton.jit(do_not_specialize=["T"])
-def _down_flat_kernel(
-    a_ptr,
-    w_ptr,
-    s_ptr,
-    b_ptr,
-    out_ptr,
-    rw_ptr,
-    counts_ptr,
-    rows_ptr,
-    T,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    N: tl.constexpr,
-    K: tl.constexpr,
-    TOP_K: tl.constexpr,
-    E: tl.constexpr,
-    BE: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    SPLIT: tl.constexpr,
-    PREC: tl.constexpr,
-    ASM: tl.constexpr,
-    BT: tl.constexpr,
-):
-    """_down_dec_kernel's COMBINE with one flat loop over (row tile, K step) of all active experts,
-    so the load pipeline streams across experts (the nested loops refill it at every expert)."""
-    pid_n = tl.program_id(0)
-    STEPS: tl.constexpr = (K + BK - 1) // BK
-    EVEN_K: tl.constexpr = K % BK == 0
-    n = pid_n * BN + tl.arange(0, BN)
-    n_ld = n % N
-    tok = tl.arange(0, BT)
-    ex = tl.arange(0, BE)
-    cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
-    n_tiles = tl.sum((cnt + BM - 1) // BM, 0)
-    out = tl.zeros([BN, BT], tl.float32)
-    if SPLIT == 1:
-        acc = tl.zeros([BN, BM], tl.float32)
-    else:
-        acc = tl.zeros([SPLIT, BN, BM], tl.float32)
-    for i in range(0, n_tiles * STEPS):
-        k0 = (i % STEPS) * BK
-        e, first, n_rows, packed = _tile_of(cnt, ex, i // STEPS, BM)
-        slot = first + tl.arange(0, BM)
+    e64 = e.to(tl.int64)
+    bias = tl.load(b_ptr + e64 * N + n_ld)[:, None]  # [BN, 1]
+    for m0 in range(0, n_rows, BM):
+        slot = m0 + tl.arange(0, BM)
         valid = slot < n_rows
-        e64 = e.to(tl.int64)
+        rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # [BM] assignments t*k + j
         w_t, s_t, a_t, kw, kx = _v2_ptrs(
             w_ptr + e64 * stride_we,
             s_ptr + e64 * stride_se,
             a_ptr,
             n_ld,
-            (packed + slot).to(tl.int64) * K,  # no load in the addresses: the pipeline runs STAGES deep
+            (packed + slot).to(tl.int64) * K,  # expert-packed act rows
             stride_wn,
             stride_sn,
             BM,
@@ -509,24 +397,20 @@ def _down_flat_kernel(
             SPLIT,
             False,
         )
-        at = tl.load(a_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
-        acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
-        if k0 + BK >= K:  # the tile's last step: its rows, weighted, into the token rows
-            if SPLIT > 1:
-                y = tl.sum(acc, 0)
-            else:
-                y = acc
-            y = y + tl.load(b_ptr + e64 * N + n_ld)[:, None]  # [BN, BM]
-            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # assignments t*k + j
-            wr = tl.load(rw_ptr + rows, mask=valid, other=0.0)
-            hot = ((rows // TOP_K)[:, None] == tok[None, :]) & valid[:, None]  # [BM, BT]
-            out += tl.sum((y * wr[None, :])[:, :, None] * hot.to(tl.float32)[None, :, :], 1)
-            acc = tl.zeros_like(acc)
-    tl.store(
-        out_ptr + tok.to(tl.int64)[None, :] * N + n[:, None],
-        out.to(out_ptr.dtype.element_ty),
-        mask=(n < N)[:, None] & (tok < T)[None, :],
-    )
+        if SPLIT == 1:
+            acc = tl.zeros([BN, BM], tl.float32)
+        else:
+            acc = tl.zeros([SPLIT, BN, BM], tl.float32)
+        for k0 in range(0, K, BK):
+            at = tl.load(a_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
+            acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
+        if SPLIT > 1:
+            acc = tl.sum(acc, 0)
+        tl.store(
+            y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+            (acc + bias).to(y_ptr.dtype.element_ty),  # [BN, BM]
+            mask=(n < N)[:, None] & valid[None, :],
+        )
 
 
 def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, t: DecTiles) -> Tensor:
@@ -567,18 +451,25 @@ def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float
     return act
 
 
-def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles, combine: bool) -> Tensor:
-    """act [T*k, I] (gate_up_dec's expert-packed rows) -> combine: out [T, H] (the weighted sum per
-    token); else y [T*k, H] (rows t*k + j, as moe.combine takes them)."""
+def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles) -> Tensor:
+    """act [T*k, I] (gate_up_dec's expert-packed rows) -> y [T*k, H] (rows t*k + j: moe.combine's input)."""
     n_tok, k = r.ids.shape
     e, h, i = w.shape
-    y = common._empty((n_tok if combine else n_tok * k, h), act.dtype, act.device)
+    y = common._empty((n_tok * k, h), act.dtype, act.device)
     s2 = w.s2.view(torch.int32)
-    args = (act, w.w2, s2, w.b2, y, r.weights, r.counts, r.rows, n_tok, *w.w2.stride()[:2], *s2.stride()[:2])
-    meta = dict(
+    _down_dec_kernel[(triton.cdiv(h, t.bn), min(e, n_tok * k))](
+        act,
+        w.w2,
+        s2,
+        w.b2,
+        y,
+        r.counts,
+        r.rows,
+        n_tok,
+        *w.w2.stride()[:2],
+        *s2.stride()[:2],
         N=h,
         K=i,
-        TOP_K=k,
         E=e,
         BE=triton.next_power_of_2(e),
         BM=t.bm,
@@ -587,30 +478,23 @@ def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles, combine: bool)
         SPLIT=t.split,
         PREC=_precision(act),
         ASM=common._use_asm(act),
-        BT=max(2, triton.next_power_of_2(n_tok)) if combine else 2,
         num_warps=t.warps,
         num_stages=t.stages,
     )
-    if combine and FLAT:
-        _down_flat_kernel[(triton.cdiv(h, t.bn),)](*args, **meta)
-    else:
-        grid = (triton.cdiv(h, t.bn),) if combine else (triton.cdiv(h, t.bn), min(e, n_tok * k))
-        _down_dec_kernel[grid](*args, COMBINE=combine, **meta)
     return y
 
 
 def experts_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float) -> Tensor:
-    """x [T, H] routed by r -> [T, H]: the two decode GEMMs and the combine (fused or moe's)."""
+    """x [T, H] routed by r -> [T, H]: the two decode GEMMs and moe.combine."""
+    from gptoss.kernels.moe import combine  # moe imports this module
+
     _, h, i = w.shape
     # BM follows T when compiled (the MMA pads BM to 8 columns and sums each alike: batch-invariant);
     # the interpreter's numpy matmul sums in a shape-dependent order, so there BM stays fixed.
     t = x.shape[0] if x.is_cuda and not triton.knobs.runtime.interpret else 1 << 30
     act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h, t))  # [T*k, I]
-    if FUSE_COMBINE:
-        return down_dec(act, r, w, tiles(False, i, t), combine=True)
-    from gptoss.kernels.moe import combine  # moe imports this module
-
-    return combine(down_dec(act, r, w, tiles(False, i, t), combine=False), r.weights, x.dtype)
+    y = down_dec(act, r, w, tiles(False, i, t))  # [T*k, H]
+    return combine(y, r.weights, x.dtype)
 
 
 def moe_decode(
@@ -622,6 +506,9 @@ def moe_decode(
     alpha: float,
     limit: float,
 ) -> Tensor:
-    """moe_forward for 0 < T <= MAX_T on bits weights: fused router, then experts_dec."""
-    r, _ = route_fused(x, router_weight, router_bias, top_k)
+    """moe_forward for 0 < T <= MAX_T on bits weights: the router (fused if ROUTER_FUSED), experts_dec."""
+    if ROUTER_FUSED:
+        r, _ = route_fused(x, router_weight, router_bias, top_k)
+    else:
+        r = route_and_group(F.linear(x, router_weight, router_bias), top_k)  # logits [T, E]
     return experts_dec(x, r, w, alpha, limit)

@@ -152,26 +152,27 @@ def test_router_logits_are_f_linear_in_float32_sums(tokens, experts, k):
         (DecTiles(1, 16, 256, 2, 2, 4), DecTiles(1, 16, 128, 1, 1, 2)),
     ],
 )
-@pytest.mark.parametrize("mode", ["flat", "nested", "y"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_decode_tile_shape_and_combine_gives_the_same_result(gu, dn, mode, dtype, monkeypatch):
+def test_every_decode_tile_shape_gives_the_same_result(gu, dn, dtype, monkeypatch):
     """K = 160 (a masked tail for BK 128, whole empty slices for BK 512 split 4), N = 96 (partial
-    column blocks), 12 tokens: rows past BM 1, 2, 4, 8 loop; moe_forward_from_logits's entry. Modes:
-    the fused combine in one flat loop (the default) or a loop per expert, or y and moe.combine."""
+    column blocks), 12 tokens: rows past BM 1, 2, 4, 8 loop; moe_forward_from_logits's entry."""
     ref, w = make_moe(8, 160, 96, 4, dtype, seed=7)
     x = (torch.randn(12, 160, device=DEV) * 3).to(dtype)
     monkeypatch.setattr(moe_decode, "TILE_OVERRIDE", {True: gu, False: dn})
-    monkeypatch.setattr(moe_decode, "FUSE_COMBINE", mode != "y")
-    monkeypatch.setattr(moe_decode, "FLAT", mode == "flat")
     logits = F.linear(x, ref.router_weight, ref.router_bias)
     got = moe.moe_forward_from_logits(x, logits, 4, w, ALPHA, LIMIT)
     assert _rel(got, reference(ref, x)) <= TOL[dtype]
 
 
-def test_tiles_keep_scale_reads_in_the_row_and_warps_on_distinct_weights():
-    assert moe_decode.tiles(False, 2880) == DecTiles(8, 16, 1024, 8, 8, 4)  # 3 steps: 3072 = 96 scales
+def test_tiles_keep_scale_reads_in_the_row_and_warps_on_distinct_weights(monkeypatch):
+    assert moe_decode.tiles(False, 2880) == DecTiles(8, 32, 512, 4, 4, 3)  # 6 steps: 3072 = 96 scales
+    assert moe_decode.tiles(False, 64) == DecTiles(8, 32, 512, 4, 4, 3)  # one 16-byte scale row
+    big = DecTiles(8, 16, 1024, 8, 8, 4)
+    monkeypatch.setattr(moe_decode, "TILE_OVERRIDE", {False: big})
+    assert moe_decode.tiles(False, 2880) == big  # 3 steps of 1024: 3072 = 96 scales
     assert moe_decode.tiles(False, 2048 + 320) == DecTiles(8, 16, 512, 4, 4, 4)  # 3072 > 2560 of scales
-    assert moe_decode.tiles(False, 64) == DecTiles(8, 16, 512, 4, 4, 4)  # one 16-byte scale row
+    assert moe_decode.tiles(False, 64) == DecTiles(8, 16, 512, 4, 4, 4)
+    monkeypatch.setattr(moe_decode, "TILE_OVERRIDE", {})
     assert moe_decode.tiles(True, 2880) == DecTiles(8, 16, 512, 4, 4, 4)
     assert [moe_decode.tiles(True, 2880, t).bm for t in (1, 2, 3, 4, 5, 16)] == [1, 2, 4, 4, 8, 8]
     for k in (64, 160, 1000, 2880, 4096):
@@ -190,6 +191,31 @@ def test_20b_k_dims(h, i, tokens):
     x = torch.randn(tokens, h, generator=torch.Generator(DEV).manual_seed(tokens), device=DEV).bfloat16()
     assert moe_decode.use_decode(x, w)
     assert _rel(_forward(ref, w, x), reference(ref, x)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_unfused_router_gives_the_same_output(dtype, spy, monkeypatch):
+    """ROUTER_FUSED False (F.linear + route_and_group) gives the fused router's output bit for bit:
+    x in small integers and the router in eighths make every logit's float32 sum exact in any order,
+    so both round the same value to x's dtype; no two logits of a token tie after that rounding."""
+    ref, w = make_moe(8, 64, 64, 4, dtype, seed=12)
+    g = torch.Generator().manual_seed(17)  # on the CPU: the same tie-free draw on every device
+    ref.router_weight.copy_(torch.randint(-4, 5, (8, 64), generator=g) / 8)
+    ref.router_bias.copy_(torch.randint(-8, 9, (8,), generator=g) / 8)
+    x = torch.randint(-3, 4, (9, 64), generator=g).to(DEV, dtype)
+    s = F.linear(x, ref.router_weight, ref.router_bias).sort(dim=1).values  # [T, E]
+    assert (s[:, 1:] > s[:, :-1]).all()  # tie-free
+    fused = _forward(ref, w, x)
+    monkeypatch.setattr(moe_decode, "ROUTER_FUSED", False)
+
+    def no_fused_router(*a, **kw):
+        raise AssertionError("route_fused ran with ROUTER_FUSED False")
+
+    monkeypatch.setattr(moe_decode, "route_fused", no_fused_router)
+    unfused = _forward(ref, w, x)
+    assert spy["moe_decode"] == 2 and spy["experts_dec"] == 2
+    assert torch.equal(fused, unfused)
+    assert _rel(unfused, reference(ref, x)) <= TOL[dtype]
 
 
 def test_decode_is_deterministic():
