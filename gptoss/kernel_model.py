@@ -77,18 +77,32 @@ class _Layer:
     lora_moe: MoELora | None = None
 
 
-def _large_layout(ref: GptOss) -> str | None:
-    """moe_layout.large_copy for this model on its device (None on CPU); logs which."""
+def _experts_and_device_bytes(ref: GptOss) -> tuple[int, int]:
+    """The packed experts' bytes over all layers, and the device's total memory (0 on CPU)."""
     experts = [block.mlp.experts for block in ref.layers]
     blocks = experts[0].gate_up_blocks
     if not blocks.is_cuda:
-        return None
+        return 0, 0
     size = sum(
         t.numel() * t.element_size()
         for ex in experts
         for t in (ex.gate_up_blocks, ex.gate_up_scales, ex.down_blocks, ex.down_scales)
     )
-    total = torch.cuda.get_device_properties(blocks.device).total_memory
+    return size, torch.cuda.get_device_properties(blocks.device).total_memory
+
+
+def large_copy_bytes(ref: GptOss) -> int:
+    """The device bytes KernelModel will add for the experts' large-batch copy (0 for none): the KV
+    cache, sized before the KernelModel is built, leaves them free."""
+    size, total = _experts_and_device_bytes(ref)
+    return size if total and moe_layout.large_copy(size, total) else 0
+
+
+def _large_layout(ref: GptOss) -> str | None:
+    """moe_layout.large_copy for this model on its device (None on CPU); logs which."""
+    size, total = _experts_and_device_bytes(ref)
+    if not total:
+        return None
     large = moe_layout.large_copy(size, total)
     what = f"a second ({large}) copy for large batches" if large else f"one copy ({moe_layout.KERNELS}) only"
     log.info("MoE experts %.1f GB, device %.1f GB: %s", size / 1e9, total / 1e9, what)

@@ -125,6 +125,10 @@ class ModelRunner:
     def _kv_budget(self) -> int:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
+            if self.kernels == "triton":  # the kernels' second copy of the experts, built after the cache
+                from gptoss.kernel_model import large_copy_bytes
+
+                free -= large_copy_bytes(self.model)
             return int(free * CUDA_KV_SHARE)
         with open("/proc/meminfo") as f:
             avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))

@@ -147,6 +147,8 @@ def test_kernel_model_builds_the_v3_copy_when_experts_take_under_a_quarter(
         assert kernel_model._large_layout(ref) == want
     msg = "a second (v3) copy for large batches" if want else "one copy (v2) only"
     assert caplog.messages == [f"MoE experts 12.0 GB, device {device_gb:.1f} GB: {msg}"]
+    # what the KV cache leaves free for that copy (it is sized before the copy is built)
+    assert kernel_model.large_copy_bytes(ref) == (12 * 10**9 if want else 0)
 
 
 @pytest.mark.parametrize(
