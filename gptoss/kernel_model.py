@@ -283,6 +283,30 @@ class KernelModel:
             )
         return out
 
+    @torch.inference_mode()
+    def warm_moe(self, max_tokens: int) -> None:
+        """Run the MoE once at each power of two from 32 tokens to max_tokens, so Triton compiles every
+        tile bucket a step can reach (decode sizes compile in graph capture) before the first request:
+        a prefill then never waits seconds for the compiler (its disk cache hides this only on a
+        machine that compiled them before)."""
+        lay = self.layers[0]
+        g = torch.Generator(device=self.embed.device).manual_seed(0)
+        t = 32
+        while True:
+            x = torch.randn(min(t, max_tokens), self.embed.shape[1], generator=g, device=self.embed.device)
+            moe_forward(
+                x.to(self.embed.dtype),
+                lay.router_w,
+                lay.router_b,
+                self.top_k,
+                lay.moe,
+                self.alpha,
+                self.limit,
+            )
+            if t >= max_tokens:
+                break
+            t *= 2
+
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, H] -> [N, V] float32."""
         return F.linear(hidden, self.lm_head).float()

@@ -97,6 +97,7 @@ class KernelRunner:
         engine_seed: int,
         cuda_graphs: bool,
         lora=None,  # gptoss.lora_stack.LoraStack
+        max_step_tokens: int = 0,  # > 0 on CUDA: compile the MoE kernels of steps up to this size at start
     ) -> None:
         cfg = model.cfg
         self.device = model.embed.device
@@ -127,6 +128,8 @@ class KernelRunner:
         self.g_qs = torch.arange(bmax + 1, dtype=torch.int32, device=self.device)
         if self.device.type == "cuda":
             self.g_host = self.g_host.pin_memory()
+        if self.device.type == "cuda" and max_step_tokens > 0:
+            self.model.warm_moe(max_step_tokens)
         if cuda_graphs and self.device.type == "cuda":
             self._capture()
         else:

@@ -120,6 +120,7 @@ class ModelRunner:
                 config.seed,
                 config.cuda_graphs,
                 self.lora,
+                max_step_tokens=config.max_num_batched_tokens,
             )
 
     def _kv_budget(self) -> int:

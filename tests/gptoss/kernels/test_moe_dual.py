@@ -160,3 +160,29 @@ def test_large_copy_only_for_v2_and_under_a_quarter_of_the_device(
 ):
     monkeypatch.setattr(moe_layout, "KERNELS", kernels)
     assert moe_layout.large_copy(int(expert_gb * 1e9), int(device_gb * 1e9)) == want
+
+
+def test_warm_moe_runs_every_power_of_two_up_to_the_step_size(monkeypatch):
+    """KernelModel.warm_moe: the MoE at 32, 64, ... tokens and at the step's own size, so every tile
+    bucket a step can reach is compiled before the first request."""
+    from types import SimpleNamespace
+
+    from gptoss import kernel_model
+
+    seen: list[tuple[int, torch.dtype]] = []
+    monkeypatch.setattr(kernel_model, "moe_forward", lambda x, *rest: seen.append((x.shape[0], x.dtype)))
+    lay = SimpleNamespace(router_w=None, router_b=None, moe=None)
+    fake = SimpleNamespace(
+        layers=[lay], embed=torch.zeros(8, 16, dtype=torch.bfloat16), top_k=4, alpha=1.702, limit=7.0
+    )
+    kernel_model.KernelModel.warm_moe(fake, 300)
+    assert seen == [
+        (32, torch.bfloat16),
+        (64, torch.bfloat16),
+        (128, torch.bfloat16),
+        (256, torch.bfloat16),
+        (300, torch.bfloat16),
+    ]
+    seen.clear()
+    kernel_model.KernelModel.warm_moe(fake, 16)
+    assert seen == [(16, torch.bfloat16)]
