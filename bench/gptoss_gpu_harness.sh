@@ -14,10 +14,10 @@ python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
 [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" >/dev/null
 python3 bench/rand_dataset.py "$DATA" "$N" "$IN" "$OUTLEN"
 echo '{"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 10240}' > /tmp/greedy.json
-# HARNESS_RUNS: a run per word, "inproc" (the engine thread in run_mlperf's process) and/or "process"
-# (--engine-process: the engine in its own process, sharing no GIL with LoadGen and asyncio)
+# HARNESS_RUNS: a run per word, "inproc" (--no-engine-process: the engine thread in run_mlperf's process)
+# and/or "process" (the engine in its own process, sharing no GIL with LoadGen: the default on CUDA)
 for run in ${HARNESS_RUNS:-inproc process}; do
-  extra=(); [ "$run" = process ] && extra=(--engine-process)
+  extra=(--no-engine-process); [ "$run" = process ] && extra=(--engine-process)
   echo "== harness $run"
   python3 run_mlperf.py --backend gptoss --device cuda --model-path "$CKPT" --scenario offline --input-file "$DATA" \
     --min-duration 0 --min-query-count "$N" --generation-config /tmp/greedy.json --max-num-seqs 1024 \

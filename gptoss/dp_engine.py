@@ -46,7 +46,11 @@ class ReplicaStartError(RuntimeError):
 
 def open_engine(config: EngineConfig) -> AsyncEngine | DPEngine:
     """The engine `config` asks for: one replica in this process, or DPEngine's processes."""
-    return DPEngine(config) if config.num_replicas > 1 or config.engine_process else AsyncEngine(config)
+    if config.num_replicas > 1:
+        return DPEngine(config)
+    import torch  # the engine needs it anyway; is_available() creates no CUDA context to fork past
+
+    return DPEngine(config) if config.own_process(torch.cuda.is_available()) else AsyncEngine(config)
 
 
 @dataclass(eq=False, slots=True)

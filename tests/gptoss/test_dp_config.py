@@ -77,3 +77,18 @@ def test_async_engine_refuses_a_config_of_several_replicas():
 
     with pytest.raises(ValueError, match="AsyncEngine runs one replica, the config asks for 2"):
         AsyncEngine(EngineConfig(data_parallel_size=2))
+
+
+@pytest.mark.parametrize(
+    "flags, has_cuda, own",
+    [
+        ((), True, True),  # on CUDA the engine gets its own process (no GIL shared with LoadGen)
+        ((), False, False),  # on CPU it stays in process
+        (("--device", "cpu"), True, False),
+        (("--device", "cuda:1"), True, True),
+        (("--no-engine-process",), True, False),
+        (("--engine-process", "--device", "cpu"), False, True),
+    ],
+)
+def test_a_single_engine_runs_in_its_own_process_on_cuda_unless_told(flags, has_cuda, own):
+    assert gptoss_options(*flags).own_process(has_cuda) is own
