@@ -53,7 +53,11 @@ from gptoss.kernels.moe_v2 import _v2_ptrs, _v2_step
 
 ENABLED = True  # moe_forward / moe_forward_from_logits take this path for 0 < T <= MAX_T on bits weights
 MAX_T = 16  # T*k/E <= 2 rows an expert on average at 20b; past it v2's M tiles amortize the weights
-ROUTER_FUSED = True  # route_fused; False: F.linear + route_and_group (two launches; benchmarks compare)
+# route_fused; False: F.linear + route_and_group (two launches). Off: on the H100 route_fused's ids
+# differed from route_and_group's on its own logits once (T 5, E 32; test_moe_decode's
+# test_router_logits_are_f_linear_in_float32_sums), so its last program can read a stale row list or
+# logit; and it was no faster (M 1: 52.6 vs 54.8 us, M 8: 129.7 vs 130.8; bench/results v9).
+ROUTER_FUSED = False
 
 
 @dataclass(frozen=True, slots=True)
