@@ -18,7 +18,7 @@ Variants: v1 (checkpoint nibble order), v2 (bits layout, the default), v2-noasm 
 portable dequant), and v2 with other tiles at decode (v2-2d, v2-bn16, v2-bn64, v2-s2), at BM 32
 (v2-b32-s2, v2-b32-wg: M 256) and BM 64 instead of 128 in prefill (v2-bm64: M >= 1024); v3 (weights
 as MMA lane fragments, gptoss.kernels.moe_v3), v3ds (tl.dot_scaled on checkpoint order) and v3 tile
-sweeps v3-* (M 256, 512 and >= 1024), and "dual" (v2 weights plus a v3 copy that M >= 1017 runs, as
+sweeps v3-* (M 256, 512 and >= 1024), and "dual" (v2 weights plus a v3 copy that M >= 513 runs, as
 the engine on 20b), e.g. --ms 256,512,1024,4096,16384 --variants
 v2,v3,dual,v3-gu128x256,v3-b32-k64s6,v3-b64-k64,vllm.
 vLLM 0.26's monolithic Triton MXFP4 expert
@@ -189,7 +189,7 @@ for _gu, _dn in [
 # weights in the v3 layout (MMA lane fragments); "v3ds" the same table on checkpoint-order weights
 # through tl.dot_scaled (the simplest version, for comparison); "dual" the engine's setup on 20b
 # (v2 weights plus a v3 copy, prepare_moe_weights(large="v3"): v3 from moe_layout.LARGE_MIN_ROWS
-# rows an expert, M >= 1017); the rest override v3 buckets (TILE_OVERRIDE, which choose_tiles_v3
+# rows an expert, M >= 513); the rest override v3 buckets (TILE_OVERRIDE, which choose_tiles_v3
 # reads too). v3 buckets: M 256 is 32, M 512 64, M 1024-4088 128, M >= 4096 512. Round 1's winners
 # (v3-k64's gate_up, v3-bm256's down) are the table now; its losers (v3-s4, v3-dn128, v3-bm64,
 # v3-b32-n128, v3-b32-k256) are gone. In the sm_90a SASS (20b shapes): gate_up 128x256 BK 64

@@ -14,9 +14,10 @@ from torch import Tensor
 KERNELS = "v2"  # the kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2" | "v3"
 _LAYOUTS = {"v1": "nibble", "v2": "bits", "v3": "v3", "v3ds": "v3ds"}  # kernels -> MoEWeights.layout
 # Rows an expert gets (cdiv(T*k, E)) from which a forward runs MoEWeights.large when there is one.
-# H100, 20b (bench/results v8): M 256 v2 431 us, v3 662; M 512 v2 664, v3 775 (its best tile 668);
-# M 1024 v2 1093, v3 861; so v3 from 128 rows an expert (M >= 1017 at 20b).
-LARGE_MIN_ROWS = 128
+# H100, 20b (bench/results v8): M 256 v2 431 us, v3 662; M 512 (64 rows, bucket 64) v2 664, v3 775;
+# M 1024 (bucket 128, BM-128 tiles in both families) v2 1093, v3 861. Bucket 128 starts at 65 rows,
+# so v3 from there (M >= 513 at 20b): Offline's decode batches of ~1000 (125 rows) take v3.
+LARGE_MIN_ROWS = 65
 
 
 @dataclass(frozen=True, slots=True)

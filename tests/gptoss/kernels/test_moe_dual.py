@@ -81,12 +81,13 @@ def _stub(e: int, large: MoEWeights | None) -> MoEWeights:
 
 
 def test_for_rows_boundary_at_the_default_threshold():
-    """20b: E 32, top-4; 128 rows an expert from T = 1017 (cdiv(4068, 32) = 128; T 1016: 127)."""
-    assert moe_layout.LARGE_MIN_ROWS == 128
+    """20b: E 32, top-4; 65 rows an expert from T = 513 (cdiv(2052, 32) = 65; T 512: 64)."""
+    assert moe_layout.LARGE_MIN_ROWS == 65
     big = _stub(32, None)
     w = _stub(32, big)
-    assert for_rows(w, 1016, 4) is w
-    assert for_rows(w, 1017, 4) is big
+    assert for_rows(w, 512, 4) is w
+    assert for_rows(w, 513, 4) is big
+    assert for_rows(w, 1000, 4) is big  # an Offline decode batch of 1000
     assert for_rows(w, 1, 4) is w
     assert for_rows(w, 16384, 4) is big
     alone = _stub(32, None)
