@@ -6,21 +6,17 @@ crash (LoadGen segfaults on an infinite rate) fails the row instead of the test 
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.refusalkit import ROOT, SAMPLE, Outcome, assert_refused, frame, free_port, run_mlperf
+
 FAULT_SERVER = ROOT / "tests" / "backends" / "fault_server.py"
-WALL_S = 60.0  # each row, start to exit: a mistake never waits (a slow CPU still fits easily)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -40,20 +36,8 @@ class Row:
 # ----------------------------------------------------------------------------- files the rows use
 
 
-def _frame(**columns) -> pd.DataFrame:
-    base = {
-        "tok_input": [[200006, 17360, 200008, 13225, 2375]] * 2,
-        "tok_input_len": [5, 5],
-        "dataset": ["gpqa_diamond", "aime25"],
-        "ground_truth": ["A", "7"],
-        "max_output_len": [4, 4],
-    }
-    base.update(columns)
-    return pd.DataFrame({k: v for k, v in base.items() if v is not None})
-
-
 def parquet(name: str, **columns) -> Callable[[Path], None]:
-    return lambda d: _frame(**columns).to_parquet(d / name)
+    return lambda d: frame(**columns).to_parquet(d / name)
 
 
 def text(name: str, content: str | bytes) -> Callable[[Path], None]:
@@ -83,7 +67,6 @@ def checkpoint(corrupt: str) -> Callable[[Path], None]:
     return make
 
 
-SAMPLE = str(ROOT / "data" / "sample.parquet")
 HTTP = ("--backend", "sglang", "--input-file", SAMPLE)  # fails before any model is loaded
 REFUSED = ("--server-url", "{refused}")
 
@@ -229,7 +212,7 @@ ROWS = [
         "dataset-empty",
         ("--input-file", "{tmp}/d.parquet"),
         r"has no rows",
-        make=lambda d: _frame().iloc[:0].to_parquet(d / "d.parquet"),
+        make=lambda d: frame().iloc[:0].to_parquet(d / "d.parquet"),
     ),
     Row(
         "dataset-out-of-vocab",
@@ -335,54 +318,6 @@ def fault_url():
     proc.wait()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    code: int
-    stdout: str
-    stderr: str
-    wall_s: float
-
-    @property
-    def error_lines(self) -> list[str]:
-        return [
-            line for line in (self.stdout + "\n" + self.stderr).splitlines() if line.startswith("error: ")
-        ]
-
-
-def run_mlperf(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> Outcome:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
-    env.pop("MLPERF_BACKEND", None)
-    env.pop("TRITON_INTERPRET", None)  # the kernel tests' conftest sets it in this process
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "run_mlperf.py"), *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=WALL_S,
-    )
-    return Outcome(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
-
-
-def assert_refused(out: Outcome, code: int, check: str) -> None:
-    """The invariants of every bad input."""
-    shown = f"exit {out.code}\n--- stdout\n{out.stdout[-3000:]}\n--- stderr\n{out.stderr[-3000:]}"
-    assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, shown
-    assert out.code == code, shown
-    assert len(out.error_lines) == 1, shown
-    assert re.search(check, out.error_lines[0]), f"{check!r} not in {out.error_lines[0]!r}"
-    assert out.wall_s < WALL_S
-
-
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory, fault_url) -> dict[str, tuple[Outcome, Path]]:
     """Every row's run, four at a time (each is mostly interpreter start-up): row id -> (outcome, its
@@ -421,190 +356,3 @@ def test_bad_input_is_one_error_line(row: Row, outcomes):
 def test_no_row_id_is_repeated():
     ids = [r.id for r in ROWS]
     assert len(ids) == len(set(ids))
-
-
-# ----------------------------------------------------------------------------- generated bad inputs
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-# (flag, what a bad value is refused for, the text naming it)
-FLOAT_FLAGS = [
-    ("--target-qps", "target.qps"),
-    ("--min-duration", "min.duration"),
-    ("--timeout", "timeout"),
-    ("--interrupt-grace", "interrupt.grace"),
-]
-INT_FLAGS = [
-    ("--min-query-count", "min.query.count"),
-    ("--max-new-tokens", "max.new.tokens"),
-    ("--max-concurrency", "max.concurrency"),
-    ("--max-samples", "max.samples"),
-]
-
-
-def _not_a_number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return True
-    return False
-
-
-not_numbers = st.text(alphabet="abcxyz-+.,e_ 0123456789%$", min_size=1, max_size=8).filter(
-    lambda s: _not_a_number(s) and not s.startswith("-")  # "-x" reads as a flag: argparse's own path
-)
-negatives = st.one_of(
-    st.integers(max_value=-1).map(str),
-    st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False).map(repr),
-)
-finite_bad_float = st.one_of(not_numbers, negatives)
-bad_int = st.one_of(
-    not_numbers,
-    negatives,
-    st.just("0"),
-    st.floats(min_value=0.5, max_value=1e6).filter(lambda x: x != int(x)).map(repr),
-)
-
-
-def _in_process(argv: list[str]) -> Outcome:
-    """main() in this process (a subprocess per example is too slow), its stdout and stderr captured."""
-    import contextlib
-    import io
-
-    from harness.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    t0 = time.monotonic()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(["run_mlperf.py", *argv])
-        except SystemExit as e:
-            code = e.code
-        except Exception:  # a traceback: the invariant below fails with it in view
-            import traceback
-
-            traceback.print_exc(file=err)
-            code = -1
-    return Outcome(code, out.getvalue(), err.getvalue(), time.monotonic() - t0)
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    st.one_of(
-        st.tuples(st.sampled_from(FLOAT_FLAGS), finite_bad_float),
-        st.tuples(st.sampled_from(INT_FLAGS), bad_int),
-    )
-)
-def test_generated_bad_flag_values_are_one_error_line(tmp_path, case):
-    (flag, name), value = case
-    # A value that slipped through would reach only a refused server, never a model or LoadGen.
-    port = free_port()
-    argv = [
-        "--backend",
-        "sglang",
-        "--input-file",
-        SAMPLE,
-        "--server-url",
-        f"http://127.0.0.1:{port}",
-        "--output-dir",
-        str(tmp_path / "out"),
-        f"{flag}={value}",
-    ]
-    assert_refused(_in_process(argv), 2, name)
-
-
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    st.sampled_from(
-        FLOAT_FLAGS
-        + [
-            ("--ready-timeout", "ready.timeout"),
-            ("--connect-timeout", "connect.timeout"),
-            ("--first-token-timeout", "first.token.timeout"),
-        ]
-    ),
-    st.sampled_from(["inf", "-inf", "nan", "1e400", "-1e400", "Infinity"]),
-)
-def test_generated_non_finite_flag_values_are_one_error_line(tmp_path, flag, value):
-    # A subprocess each: an infinite rate that slipped through would crash LoadGen, not just fail.
-    argv = [
-        "--backend",
-        "sglang",
-        "--input-file",
-        SAMPLE,
-        "--server-url",
-        f"http://127.0.0.1:{free_port()}",
-        "--output-dir",
-        str(tmp_path / "out"),
-        f"{flag[0]}={value}",
-    ]
-    assert_refused(run_mlperf(argv, tmp_path), 2, flag[1])
-
-
-# A malformed cell of one column; every other cell stays good. Stored as a pickle: parquet would
-# convert a mixed column as a whole (or refuse it), a pickle keeps the one bad cell as it is.
-bad_cells = st.one_of(
-    st.tuples(
-        st.just("tok_input"),
-        st.one_of(
-            st.text(max_size=5),  # text, not ids
-            st.none(),
-            st.integers(0, 100),  # one id, not a list
-            st.lists(st.integers(max_value=-1), min_size=1, max_size=3),  # negative ids
-            st.lists(
-                st.integers(min_value=201088, max_value=2**40), min_size=1, max_size=3
-            ),  # beyond the vocabulary
-            st.just([]),  # an empty prompt
-            st.lists(
-                st.one_of(st.floats(allow_nan=True), st.text(max_size=2), st.booleans()),
-                min_size=1,
-                max_size=3,
-            ),
-            st.lists(st.lists(st.integers(0, 10), min_size=1, max_size=2), min_size=1, max_size=2),  # nested
-        ),
-    ),
-    st.tuples(
-        st.just("max_output_len"),
-        st.one_of(
-            st.integers(max_value=0),
-            st.just(float("nan")),
-            st.none(),
-            st.floats(0.5, 1e6).filter(lambda x: x != int(x)),
-            st.text(min_size=1, max_size=5),
-            st.booleans(),
-        ),
-    ),
-    st.tuples(st.just("dataset"), st.one_of(st.none(), st.integers(), st.floats(allow_nan=True))),
-    st.tuples(st.just("tok_input_len"), st.one_of(st.integers(4, 10**6), st.none(), st.just(float("nan")))),
-)
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(bad_cells, st.integers(0, 2))
-def test_generated_malformed_dataset_cells_are_one_error_line(tmp_path, cell, row):
-    column, value = cell
-    frame = _frame(
-        tok_input=[[200006, 17360, 200008]] * 3,
-        tok_input_len=[3, 3, 3],
-        dataset=["gpqa_diamond", "aime25", "livecodebench_v6"],
-        ground_truth=["A", "7", "abc001_a"],
-        max_output_len=[4, 4, 4],
-    )
-    cells = list(frame[column])
-    cells[row] = value
-    frame[column] = pd.Series(cells, dtype=object)
-    path = tmp_path / "d.pkl"
-    frame.to_pickle(path)
-    argv = [
-        "--backend",
-        "sglang",
-        "--input-file",
-        str(path),
-        "--server-url",
-        f"http://127.0.0.1:{free_port()}",
-        "--output-dir",
-        str(tmp_path / "out"),
-    ]
-    out = _in_process(argv)
-    assert_refused(out, 2, rf"d\.pkl: row {row}, column '{column}'")
