@@ -34,7 +34,6 @@ import argparse
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -46,10 +45,12 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gptoss.kernels import moe, moe_common, moe_decode  # noqa: E402
-from gptoss.kernels.moe import Tiles, moe_forward, prepare_moe_weights, route  # noqa: E402
-from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
+from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.mxfp4 import dequantize  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe_variants import DEC_VARIANTS, VARIANTS, DecVariant, Variant  # noqa: E402
 
 E, H, I, TOP_K = 32, 2880, 2880, 4
 ALPHA, LIMIT = 1.702, 7.0
@@ -57,176 +58,6 @@ MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096, 16384)
 CHECK_MS = (8, 64, 2048)
 PEAK_BYTES_PER_S = 3.0e12  # H100 SXM HBM3, achievable copy bandwidth
 EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # packed w13 + w2 and scales
-
-
-@dataclass(frozen=True, slots=True)
-class Variant:
-    kernels: str  # weight layout / kernel family
-    asm: bool = True
-    tiles: dict[tuple[int, bool], Tiles] | None = None  # v2 TILE_OVERRIDE entries
-    max_m: int = 1 << 30  # only timed up to this M (tile variants of one bucket)
-    min_m: int = 0
-    decode: bool = False  # the decode path (moe_decode) at small M, as the engine runs it
-
-
-DECODE = 64  # M <= 64: BM 16 at E 32, top-4
-VARIANTS: dict[str, Variant] = {
-    "v1": Variant("v1"),
-    "v2": Variant("v2"),
-    "v2-noasm": Variant("v2", asm=False),
-    "v2-2d": Variant(
-        "v2",
-        tiles={(16, True): Tiles(16, 32, 256, 2, 4), (16, False): Tiles(16, 32, 256, 2, 4)},
-        max_m=DECODE,
-    ),
-    "v2-bn16": Variant(
-        "v2",
-        tiles={(16, True): Tiles(16, 16, 512, 4, 3, 4), (16, False): Tiles(16, 16, 512, 4, 3, 4)},
-        max_m=DECODE,
-    ),
-    "v2-bn64": Variant(
-        "v2",
-        tiles={(16, True): Tiles(16, 64, 512, 4, 3, 4), (16, False): Tiles(16, 64, 512, 4, 3, 4)},
-        max_m=DECODE,
-    ),
-    "v2-s2": Variant(
-        "v2",
-        tiles={(16, True): Tiles(16, 32, 256, 2, 4, 2), (16, False): Tiles(16, 32, 256, 2, 4, 2)},
-        max_m=DECODE,
-    ),
-    "v2-b32-s2": Variant(
-        "v2",
-        tiles={(32, True): Tiles(32, 32, 256, 2, 3, 2), (32, False): Tiles(32, 32, 256, 2, 3, 2)},
-        min_m=129,
-        max_m=256,
-    ),
-    "v2-b32-wg": Variant(
-        "v2",
-        tiles={(32, True): Tiles(32, 64, 128, 4, 3), (32, False): Tiles(32, 64, 128, 4, 3)},
-        min_m=129,
-        max_m=256,
-    ),
-    "v2-bm64": Variant(
-        "v2",
-        tiles={(128, True): Tiles(64, 128, 128, 8, 3), (128, False): Tiles(64, 64, 128, 4, 3)},
-        min_m=1024,
-    ),
-}
-
-
-def _sweep(name: str, bucket: int, gu: Tiles, dn: Tiles, min_m: int, max_m: int) -> None:
-    VARIANTS[name] = Variant("v2", tiles={(bucket, True): gu, (bucket, False): dn}, min_m=min_m, max_m=max_m)
-
-
-# Tile sweeps, one bucket each (bucket = rows an expert gets: 16 for M <= 64, 32 for M 128-256,
-# 64 for M 512, 128 past): "xa" puts x as the wgmma A operand and the dequantized weights in shared
-# memory as B, so the MMA of one K step runs under the next step's dequant.
-for _bn, _bk, _w, _st, _sp in [
-    (16, 512, 4, 3, 4),
-    (32, 512, 4, 4, 4),
-    (32, 1024, 8, 2, 8),
-    (64, 512, 8, 3, 4),
-    (32, 256, 4, 4, 2),
-]:
-    _t = Tiles(16, _bn, _bk, _w, _st, _sp)
-    _sweep(f"d16-{_bn}-{_bk}-w{_w}-s{_st}-k{_sp}", 16, _t, _t, 0, DECODE)
-for _t in [
-    Tiles(32, 32, 512, 4, 4, 4),
-    Tiles(32, 64, 512, 8, 3, 4),
-    Tiles(32, 64, 128, 4, 3, xa=True),
-    Tiles(32, 128, 128, 4, 3, xa=True),
-    Tiles(32, 32, 1024, 8, 2, 8),
-]:
-    _sweep(
-        f"d32-{_t.bn}-{_t.bk}-w{_t.warps}-s{_t.stages}-k{_t.split}{'-xa' if _t.xa else ''}",
-        32,
-        _t,
-        _t,
-        129,
-        256,
-    )
-for _t in [
-    Tiles(64, 64, 128, 4, 3, xa=True),
-    Tiles(64, 128, 128, 8, 3),
-    Tiles(64, 128, 128, 4, 3, xa=True),
-    Tiles(64, 32, 512, 4, 3, 4),
-]:
-    _sweep(
-        f"d64-{_t.bn}-{_t.bk}-w{_t.warps}-s{_t.stages}-k{_t.split}{'-xa' if _t.xa else ''}",
-        64,
-        _t,
-        _t,
-        257,
-        512,
-    )
-for _b, _lo, _hi in [(32, 129, 256), (64, 257, 512), (128, 1024, 4096)]:
-    for _t in [
-        Tiles(32, 64, 128, 4, 3, xa=True),
-        Tiles(32, 64, 128, 4, 4, xa=True),
-        Tiles(32, 64, 256, 4, 3, xa=True),
-        Tiles(32, 128, 128, 4, 2, xa=True),
-        Tiles(16, 64, 128, 4, 3, xa=True),
-    ]:
-        _sweep(f"b{_b}-{_t.bm}x{_t.bn}-{_t.bk}-s{_t.stages}-xa", _b, _t, _t, _lo, _hi)
-for _gu, _dn in [
-    (Tiles(128, 128, 128, 8, 3, xa=True), Tiles(128, 128, 128, 8, 3, xa=True)),
-    (Tiles(128, 128, 128, 8, 2), Tiles(128, 128, 128, 8, 2)),
-    (Tiles(128, 64, 128, 8, 3), Tiles(128, 64, 128, 8, 3)),
-    (Tiles(128, 64, 128, 8, 3, xa=True), Tiles(128, 64, 128, 8, 3, xa=True)),
-    (Tiles(128, 128, 128, 8, 3), Tiles(256, 128, 128, 8, 2)),
-]:
-    _sweep(
-        f"p128-{_gu.bm}x{_gu.bn}-{_dn.bm}x{_dn.bn}-w8-s{_gu.stages}{'-xa' if _gu.xa else ''}",
-        128,
-        _gu,
-        _dn,
-        1024,
-        1 << 30,
-    )
-
-
-# v3 (gptoss.kernels.moe_v3): "v3" its table (moe_tiles._GATE_UP_TILES_V3 / _DOWN_TILES_V3) on
-# weights in the v3 layout (MMA lane fragments); "v3ds" the same table on checkpoint-order weights
-# through tl.dot_scaled (the simplest version, for comparison); "dual" the engine's setup on 20b
-# (v2 weights plus a v3 copy, prepare_moe_weights(large="v3"): v3 from moe_layout.LARGE_MIN_ROWS
-# rows an expert, M >= 513); the rest override v3 buckets (TILE_OVERRIDE, which choose_tiles_v3
-# reads too). v3 buckets: M 256 is 32, M 512 64, M 1024-4088 128, M >= 4096 512. Round 1's winners
-# (v3-k64's gate_up, v3-bm256's down) are the table now; its losers (v3-s4, v3-dn128, v3-bm64,
-# v3-b32-n128, v3-b32-k256) are gone. In the sm_90a SASS (20b shapes): gate_up 128x256 BK 64
-# spills 64 STL + 64 LDL a K step (timed anyway: one more warpgroup's worth of x reuse); gate_up
-# 256x128 spills 128 + 128 (not offered); the b32/b64 tiles below use <= 130 registers, no spills.
-VARIANTS["v3"] = Variant("v3")
-VARIANTS["v3ds"] = Variant("v3ds")
-VARIANTS["dual"] = Variant("dual")
-VARIANTS["engine"] = Variant("dual", decode=True)  # what the engine runs on 20b: decode, v2, v3 by M
-for _name, _buckets, _gu, _dn, _lo, _hi in [
-    ("v3-gu128x256", (128, 512), Tiles(128, 256, 64, 8, 3), None, 1024, 1 << 30),
-    ("v3-b32-k64s6", (32,), Tiles(32, 64, 64, 4, 6), Tiles(32, 64, 64, 4, 6), 129, 256),
-    ("v3-b64-k64", (64,), Tiles(64, 128, 64, 8, 4), Tiles(64, 128, 64, 8, 4), 257, 512),
-]:
-    _tiles = {(b, True): _gu for b in _buckets} | ({(b, False): _dn for b in _buckets} if _dn else {})
-    VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=_lo, max_m=_hi)
-
-
-# ---- The decode path (gptoss.kernels.moe_decode: fused router, expert-slot GEMMs, moe.combine) for
-# M <= MAX_T; "dec" is the module's defaults, the others change one thing. The other variants run
-# with moe_decode.ENABLED = False, so "v2" stays the M-tile path at every M. Their rows: gate_up_us /
-# down_us as above (down_us: y per slot, without the combine), router_us the router alone (fused, or
-# F.linear + route_and_group). E.g. --no-vllm --ms 1,2,4,8,16 --variants v2,dec,dec-r,dec-dn16,dec-gu32
-@dataclass(frozen=True, slots=True)
-class DecVariant:
-    gate_up: DecTiles | None = None  # None: moe_decode.GATE_UP_TILES
-    down: DecTiles | None = None  # None: moe_decode.DOWN_TILES
-    router_fused: bool = True  # moe_decode.ROUTER_FUSED
-    max_m: int = 16
-
-
-DEC_VARIANTS: dict[str, DecVariant] = {
-    "dec": DecVariant(),
-    "dec-r": DecVariant(router_fused=False),  # F.linear + route_and_group (~4.3 + 3.75 us alone)
-    "dec-dn16": DecVariant(down=DecTiles(8, 16, 1024, 8, 8, 3)),  # BN 16: twice the programs
-    "dec-gu32": DecVariant(gate_up=DecTiles(8, 32, 512, 4, 4, 3)),  # 2.8 ins/value, 218 regs
-}
 
 
 @contextmanager
