@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gptoss.kernels import moe_decode as d  # noqa: E402
 from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
+from gptoss.kernels.moe_decode_router import _router_kernel  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 SHAPE = dict(N=2880, K=2880, TOP_K=4, E=32, BE=32, PREC="tf32", ASM=True)
@@ -67,7 +68,7 @@ def router(bt: int):
     sig = dict(x_ptr="*bf16", rw_ptr="*bf16", rb_ptr="*bf16", logits_ptr="*fp32", ticket_ptr="*i32")
     sig.update(ids_ptr="*i32", wts_ptr="*fp32", counts_ptr="*i32", rows_ptr="*i32", T="i32", stride_x="i32")
     consts = dict(H=2880, E=32, TOP_K=4, KP=4, BT=bt, BE=32, BH=512, ASM=True)
-    return _compile(d._router_kernel, sig, consts, 4, 1)
+    return _compile(_router_kernel, sig, consts, 4, 1)
 
 
 def stats(k, name: str) -> None:
