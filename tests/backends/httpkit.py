@@ -149,3 +149,11 @@ def engine_greedy(
         return out
 
     return asyncio.run(main())
+
+
+async def get_json(base: str, path: str):
+    """GET base + path from a test server (the fault server's /times, /count ...) as JSON."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.get(f"{base}{path}") as r:
+        return await r.json()
