@@ -83,7 +83,10 @@ def _prompt(value: object, where: str, vocab_size: int) -> np.ndarray:
         raise DatasetError(f"{where} is a {type(value).__name__}, expected a list of token ids")
     if len(value) == 0:
         raise DatasetError(f"{where} is an empty prompt")
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except ValueError:  # ragged nesting, e.g. [[0], [0, 0]]: numpy cannot make one array of it
+        raise DatasetError(f"{where} is a ragged nested list, expected a flat list of token ids") from None
     if arr.ndim != 1:
         raise DatasetError(f"{where} has shape {arr.shape}, expected a flat list of token ids")
     if arr.dtype.kind not in "iu":

@@ -59,6 +59,10 @@ def _error(path, **kw) -> str:
             [[[1, 2]], [1]],
             "d.pkl: row 0, column 'tok_input' has shape (1, 2), expected a flat list of token ids",
         ),
+        (  # found by test_bad_inputs_generated: numpy raised on the ragged nesting (a traceback)
+            [[[0], [0, 0]], [1]],
+            "d.pkl: row 0, column 'tok_input' is a ragged nested list, expected a flat list of token ids",
+        ),
     ],
 )
 def test_bad_prompts_name_row_and_column(tmp_path, prompts, message):
