@@ -21,6 +21,7 @@ from harness.options import (
     add_options,
     integer,
     non_negative,
+    non_negative_int,
     options_from,
     positive_int,
     qps_list,
@@ -133,6 +134,14 @@ def build_parser(backend: str | None = None) -> argparse.ArgumentParser:
         "--max-concurrency",
         type=positive_int,
         help="most requests in flight to the backend (default: the backend's own)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="before LoadGen starts, send N untimed queries (random ids at the dataset's prompt lengths, "
+        "in doubling waves) so one-off compiles and captures stay out of the timed run (default: 0)",
     )
     p.add_argument(
         "--timeout",
@@ -321,6 +330,7 @@ def config_from_args(
             model_name=ns.model_name,
             server_urls=tuple(ns.server_url),
             max_concurrency=ns.max_concurrency,
+            warmup=ns.warmup,
             timeout_s=ns.timeout,
             backend_options=options_from(ns, cls.Options),
             mlperf_conf=ns.mlperf_conf,

@@ -40,6 +40,7 @@ class RunConfig:
     model_name: str = "gpt-oss-120b"
     server_urls: tuple[str, ...] = ()
     max_concurrency: int | None = None
+    warmup: int = 0  # untimed queries before LoadGen starts (harness/warmup.py)
     timeout_s: float | None = None
     backend_options: Any = None
     # LoadGen settings: mlperf.conf (None: the one built into the LoadGen wheel), then user.conf,
@@ -75,6 +76,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.latency_percentile is not None and not 0 < self.latency_percentile < 1:
             raise ValueError(f"latency_percentile must be in (0, 1), got {self.latency_percentile}")
         if self.target_qps == 0:

@@ -14,7 +14,16 @@ from backends.base import Backend
 from harness.config import RunConfig
 from harness.loop import shared_loop
 from harness.record import write_json
-from harness.runner import EXIT_FAILED_QUERIES, EXIT_INVALID, EXIT_OK, attach, finish, prepare, run_loadgen
+from harness.runner import (
+    EXIT_FAILED_QUERIES,
+    EXIT_INVALID,
+    EXIT_OK,
+    attach,
+    finish,
+    prepare,
+    run_loadgen,
+    warm_up,
+)
 
 FILE_NAME = "qps_sweep.json"
 
@@ -39,6 +48,8 @@ def run_sweep(cfg: RunConfig, console: Console | None = None) -> int:
             console.rule(f"target QPS {qps:g}")
             r = first if not points else prepare(point_config(base, qps), console)
             attach(r, backend)
+            if not points:  # once per started backend
+                warm_up(r, backend, loop)
             sut, signum = run_loadgen(r, backend, loop)
             code = finish(r, sut, signum)
             result = r.record.get("result", {})
@@ -68,6 +79,7 @@ def run_sweep(cfg: RunConfig, console: Console | None = None) -> int:
         {
             "scenario": cfg.scenario,
             "backend": cfg.backend,
+            "warmup": first.record.get("warmup"),
             "points": points,
             "highest_valid_qps": best and _qps(best),
         },

@@ -1,6 +1,9 @@
 """Fused residual add + RMSNorm: r = residual + x; out = rms_norm(r) in float32, one row per program.
 
-x, residual, out, r [T, H] (bf16 or float32, last dim contiguous); weight [H] float32.
+x, residual, out, r [T, H] (bf16 or float32, last dim contiguous); weight [H] float32. With
+`combine` (the MoE's per-token expert weights [T, k]), x is the experts' unreduced output y [T*k, H]
+and the kernel first forms x[t] = sum_j w[t, j] * y[t*k + j] in float32, rounded to y's dtype, as
+gptoss.kernels.moe.combine would: one launch fewer a layer at decode, the same numbers.
 Bytes moved: T*H*e*(2 + 2*has_residual) + 4*H (e = element size), i.e. at H = 2880 in bf16 with a
 residual 23 KB per token. No FLOP worth counting: the op is bound by memory bandwidth.
 
@@ -13,11 +16,11 @@ off where that tiny difference straddles a rounding boundary.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from gptoss.kernels import pdl
 from gptoss.kernels.rounding import round_to
 
 
@@ -28,6 +31,7 @@ def _rmsnorm_kernel(
     w_ptr,
     out_ptr,
     r_ptr,
+    cw_ptr,
     stride_x,
     stride_res,
     stride_out,
@@ -35,12 +39,23 @@ def _rmsnorm_kernel(
     H,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    TOP_K: tl.constexpr,  # 0: x is the input; k: x = combine of y rows t*k .. t*k + k - 1 with cw
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait_then_release(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if TOP_K == 0:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    else:  # moe.combine's sum, in its order and rounding
+        acc = tl.zeros([BLOCK], tl.float32)
+        for j in tl.static_range(TOP_K):
+            wj = tl.load(cw_ptr + row * TOP_K + j)
+            yj = tl.load(x_ptr + (row * TOP_K + j) * stride_x + cols, mask=mask, other=0.0)
+            acc += wj * yj.to(tl.float32)
+        x = acc.to(x_ptr.dtype.element_ty)
     if HAS_RESIDUAL:
         res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         # torch's bf16 add: exact float32 sum, one rounding to the storage dtype.
@@ -56,28 +71,37 @@ def _rmsnorm_kernel(
 
 
 def fused_add_rms_norm(
-    x: Tensor, residual: Tensor | None, weight: Tensor, eps: float
+    x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, combine: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """x [T, H], residual [T, H] | None, weight [H] float32 -> (out [T, H], r [T, H]).
 
     With a residual, r = residual + x (a new tensor) and out = rms_norm(r); without, r is x itself.
+    With combine [T, k] float32 (needs a residual), x is the MoE's y [T*k, H], combined first.
     """
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(
             f"x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} strides {x.stride()}"
         )
-    T, H = x.shape
+    top_k = 0
+    if combine is not None:
+        if residual is None or combine.dim() != 2 or combine.shape[0] * combine.shape[1] != x.shape[0]:
+            raise ValueError(
+                f"combine weights {tuple(combine.shape)} need a residual and x of [T*k, H] rows, "
+                f"got x {tuple(x.shape)}"
+            )
+        top_k = combine.shape[1]
+        combine = combine.contiguous()
+    T, H = (x.shape[0] // max(top_k, 1), x.shape[1])
     if weight.shape != (H,) or not weight.is_contiguous():
         raise ValueError(f"weight must be a contiguous [{H}], got {tuple(weight.shape)}")
     if residual is not None and (
-        residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1
+        residual.shape != (T, H) or residual.dtype != x.dtype or residual.stride(-1) != 1
     ):
         raise ValueError(
-            f"residual must match x ({tuple(x.shape)}, {x.dtype}), got "
-            f"{tuple(residual.shape)}, {residual.dtype}"
+            f"residual must match x ({(T, H)}, {x.dtype}), got {tuple(residual.shape)}, {residual.dtype}"
         )
-    out = torch.empty_like(x)  # [T, H]
-    r = torch.empty_like(x) if residual is not None else x  # [T, H]
+    out = x.new_empty(T, H)  # [T, H]
+    r = x.new_empty(T, H) if residual is not None else x  # [T, H]
     if T == 0:
         return out, r
     block = triton.next_power_of_2(H)
@@ -87,6 +111,7 @@ def fused_add_rms_norm(
         weight,
         out,
         r,
+        combine if combine is not None else weight,
         x.stride(0),
         (residual if residual is not None else x).stride(0),
         out.stride(0),
@@ -94,7 +119,9 @@ def fused_add_rms_norm(
         H,
         eps,
         HAS_RESIDUAL=residual is not None,
+        TOP_K=top_k,
         BLOCK=block,
         num_warps=min(16, max(1, block // 256)),
+        **pdl.args(x),
     )
     return out, r

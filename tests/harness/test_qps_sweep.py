@@ -63,6 +63,14 @@ def test_sweep_stops_at_the_first_invalid_qps_and_reports_the_highest_valid(
         assert run_json(log_dir)["config"]["target_qps"] == float(qps)
     assert fake_backend.LAST.enters == 1  # started once for the whole sweep
     assert fake_backend.LAST.calls == 96
+    assert sweep["warmup"] is None
+
+
+def test_sweep_warms_up_once(fake_backend, synth_parquet, tmp_path):
+    assert _sweep(tmp_path, synth_parquet, "2,3", "--warmup", 4) == EXIT_OK
+    sweep = json.loads((tmp_path / FILE_NAME).read_text())
+    assert sweep["warmup"]["queries"] == 4 and sweep["warmup"]["failed"] == 0
+    assert fake_backend.LAST.calls == 4 + 48 + 48
 
 
 def test_no_valid_qps_exits_invalid(fake_backend, synth_parquet, tmp_path):

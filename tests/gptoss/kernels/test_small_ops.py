@@ -113,6 +113,28 @@ def test_rmsnorm_bf16(H: int, T: int, with_residual: bool) -> None:
     assert_within_ulp(out, rms_norm(want_r, w, 1e-5), max_ulp=1, min_exact=0.98)
 
 
+@pytest.mark.parametrize("T,H", [(1, 96), (3, 2880)])
+def test_rmsnorm_combine_is_moe_combine_then_add(T: int, H: int) -> None:
+    """combine= (the decode path's fused MoE combine): the same bits as moe.combine, then the add."""
+    from gptoss.kernels.moe import combine
+
+    g = torch.Generator().manual_seed(T * H)
+    k = 4
+    y = (torch.randn(T * k, H, generator=g) * 3).bfloat16().to(DEV)
+    wts = torch.softmax(torch.randn(T, k, generator=g), dim=1).to(DEV)
+    res = (torch.randn(T, H, generator=g) * 3).bfloat16().to(DEV)
+    w = (1 + 0.1 * torch.randn(H, generator=g)).to(DEV)
+    out, r = fused_add_rms_norm(y, res, w, 1e-5, combine=wts)
+    want_out, want_r = fused_add_rms_norm(combine(y, wts, y.dtype), res, w, 1e-5)
+    assert r.shape == out.shape == (T, H)
+    assert torch.equal(r, want_r)
+    assert torch.equal(out, want_out)
+    with pytest.raises(ValueError, match=r"combine weights \(2, 4\) need a residual and x of \[T\*k, H\] rows"):
+        fused_add_rms_norm(y[:4], res[:1], w, 1e-5, combine=torch.ones(2, k, device=DEV))
+    with pytest.raises(ValueError, match="need a residual"):
+        fused_add_rms_norm(y, None, w, 1e-5, combine=wts)
+
+
 def test_rmsnorm_strided_rows_and_bad_weight() -> None:
     x = torch.randn(4, 160, device=DEV)[:, :96]  # row stride 160
     w = torch.ones(96, device=DEV)
