@@ -82,9 +82,8 @@ def test_all_warmup_queries_failing_stops_before_loadgen(fake_backend, synth_par
     code = _server(tmp_path, synth_parquet, "--warmup", 3, "--fake-fail-every", 1)
     assert code != EXIT_OK
     out = capsys.readouterr()
-    assert "all 3 warm-up queries failed; the first: InjectedFailure: injected failure (every 1th request)" in (
-        out.out + out.err
-    )
+    want = "all 3 warm-up queries failed; the first: InjectedFailure: injected failure (every 1th request)"
+    assert want in out.out + out.err
     assert fake_backend.LAST.calls == 3  # LoadGen never started
     assert not (tmp_path / "server" / "performance" / "mlperf_log_summary.txt").exists()
 

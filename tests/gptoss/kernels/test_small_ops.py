@@ -129,7 +129,8 @@ def test_rmsnorm_combine_is_moe_combine_then_add(T: int, H: int) -> None:
     assert r.shape == out.shape == (T, H)
     assert torch.equal(r, want_r)
     assert torch.equal(out, want_out)
-    with pytest.raises(ValueError, match=r"combine weights \(2, 4\) need a residual and x of \[T\*k, H\] rows"):
+    want = r"combine weights \(2, 4\) need a residual and x of \[T\*k, H\] rows"
+    with pytest.raises(ValueError, match=want):
         fused_add_rms_norm(y[:4], res[:1], w, 1e-5, combine=torch.ones(2, k, device=DEV))
     with pytest.raises(ValueError, match="need a residual"):
         fused_add_rms_norm(y, None, w, 1e-5, combine=wts)
