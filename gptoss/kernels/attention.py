@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gptoss.kernels import pdl
 from gptoss.kernels.attention_kernel import _attn_kernel, _reduce_kernel
 
 LOG2E = 1.4426950408889634
@@ -207,6 +208,7 @@ def paged_attention(
         num_warps=warps,
         num_stages=stages,
         **common,
+        **pdl.args(q),
     )
     if splits > 1:
         _reduce_kernel[(num_seqs, hkv)](
@@ -225,6 +227,7 @@ def paged_attention(
             NS_PAD=triton.next_power_of_2(splits),
             D=d,
             num_warps=2,
+            **pdl.args(q),
         )
     return out
 

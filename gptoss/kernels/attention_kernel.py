@@ -7,6 +7,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from gptoss.kernels import pdl
+
 
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -304,8 +306,10 @@ def _attn_kernel(
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads."""
+    pdl.wait_then_release(PDL)
     BM: tl.constexpr = BLOCK_Q * G_PAD
     pid0 = tl.program_id(0)
     s_idx = tl.program_id(1)
@@ -455,8 +459,10 @@ def _reduce_kernel(
     G_PAD: tl.constexpr,
     NS_PAD: tl.constexpr,
     D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (sequence, KV head): merges the split partials of the group's heads with the sink."""
+    pdl.wait_then_release(PDL)
     s_idx = tl.program_id(0)
     h = tl.program_id(1)
     q0 = tl.load(qstart_ptr + s_idx)

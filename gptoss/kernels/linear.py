@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gptoss.kernels import pdl
 from gptoss.kernels.rounding import round_to
 
 # linear() hands larger T to F.linear: every program re-reads its T rows of x from L2, which at
@@ -57,7 +58,9 @@ def _gemv_kernel(
     BK: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait_then_release(PDL)
     pid = tl.program_id(0)
     rows = pid * BN + tl.arange(0, BN)  # [BN]
     toks = tl.arange(0, TB)  # [TB]
@@ -150,6 +153,7 @@ def gemv(
         UPCAST=bool(triton.knobs.runtime.interpret),
         num_warps=warps,
         num_stages=stages,
+        **pdl.args(x),
     )
     return y
 

@@ -50,7 +50,7 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import moe_common as common
-from gptoss.kernels import moe_decode
+from gptoss.kernels import moe_decode, pdl
 from gptoss.kernels.moe_common import _expert_tile, _precision  # noqa: F401 - re-exported for moe_lora
 from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-exported
     _BIT_FROM,
@@ -80,8 +80,9 @@ __all__ = ["MoEWeights", "moe_forward", "moe_forward_from_logits", "prepare_moe_
 
 
 @triton.jit
-def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr):
+def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
     """out[t] = sum_j w[t, j] * y[t*k + j] in float32, in slot order (no atomics: deterministic)."""
+    pdl.wait_then_release(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     h_ok = h < H
@@ -98,7 +99,7 @@ def combine(y: Tensor, weights: Tensor, dtype: torch.dtype) -> Tensor:
     h = y.shape[1]
     out = common._empty((t, h), dtype, y.device)
     bh = min(1024, triton.next_power_of_2(h))
-    _combine_kernel[(t, triton.cdiv(h, bh))](y, weights, out, h, TOP_K=k, BH=bh, num_warps=4)
+    _combine_kernel[(t, triton.cdiv(h, bh))](y, weights, out, h, TOP_K=k, BH=bh, num_warps=4, **pdl.args(y))
     return out
 
 

@@ -47,6 +47,7 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import moe_common as common
+from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_decode_router import _TICKETS, route_fused  # noqa: F401 - _TICKETS: tests
 from gptoss.kernels.moe_layout import MoEWeights
@@ -152,8 +153,10 @@ def _gate_up_dec_kernel(
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (column block, slot): act[rows of the slot's expert, block] = swiglu(x @ W13^T + b13)."""
+    pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
     e, n_rows, packed = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
@@ -244,8 +247,10 @@ def _down_dec_kernel(
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (column block, slot): y[rows of the slot's expert, block] = act @ W2_e^T + b2_e."""
+    pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
     e, n_rows, packed = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
@@ -324,6 +329,7 @@ def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float
         ASM=common._use_asm(x),
         num_warps=t.warps,
         num_stages=t.stages,
+        **pdl.args(x),
     )
     return act
 
@@ -357,12 +363,17 @@ def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles) -> Tensor:
         ASM=common._use_asm(act),
         num_warps=t.warps,
         num_stages=t.stages,
+        **pdl.args(act),
     )
     return y
 
 
-def experts_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float) -> Tensor:
-    """x [T, H] routed by r -> [T, H]: the two decode GEMMs and moe.combine."""
+def experts_dec(
+    x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, combined: bool = True
+) -> Tensor:
+    """x [T, H] routed by r -> [T, H]: the two decode GEMMs and moe.combine. combined False returns
+    the experts' rows y [T*k, H] instead, for a caller that fuses the combine into its next kernel
+    (rmsnorm.fused_add_rms_norm's combine)."""
     from gptoss.kernels.moe import combine  # moe imports this module
 
     _, h, i = w.shape
@@ -371,7 +382,7 @@ def experts_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float
     t = x.shape[0] if x.is_cuda and not triton.knobs.runtime.interpret else 1 << 30
     act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h, t))  # [T*k, I]
     y = down_dec(act, r, w, tiles(False, i, t))  # [T*k, H]
-    return combine(y, r.weights, x.dtype)
+    return combine(y, r.weights, x.dtype) if combined else y
 
 
 def moe_decode(

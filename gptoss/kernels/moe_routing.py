@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gptoss.kernels import pdl
+
 SINGLE_PROGRAM_MAX_TOKENS = 64  # up to this, one program routes everything and zeroes the counters itself
 _BLOCK_T = 64
 
@@ -43,7 +45,9 @@ def _route_kernel(
     BT: tl.constexpr,
     BE: tl.constexpr,
     ZERO_COUNTS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait_then_release(PDL)
     t = tl.program_id(0) * BT + tl.arange(0, BT)  # [BT]
     t_ok = t < T
     ex = tl.arange(0, BE)  # [BE]
@@ -101,6 +105,7 @@ def route_and_group(logits: Tensor, top_k: int) -> Routing:
             BT=block_t,
             BE=triton.next_power_of_2(e),
             ZERO_COUNTS=single,
+            **pdl.args(logits),
         )
     elif single:
         counts.zero_()

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gptoss.kernels import pdl
 from gptoss.kernels.rounding import round_to
 from gptoss.model import Rope
 
@@ -86,7 +87,9 @@ def _rope_qkv_kernel(
     HKV_PAD: tl.constexpr,
     HALF: tl.constexpr,
     WRITE_CACHE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait_then_release(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     j = tl.arange(0, HALF)[None, :]  # [1, HALF]
@@ -198,5 +201,6 @@ def rope_qkv(
         HALF=half,
         WRITE_CACHE=write,
         num_warps=4 if hq * d <= 4096 else 8,
+        **pdl.args(qkv),
     )
     return q, k, v
