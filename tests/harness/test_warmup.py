@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.dataset import load_dataset
-from harness.runner import EXIT_OK
+from harness.runner import EXIT_FAILED_QUERIES, EXIT_OK, EXIT_USAGE
 from harness.warmup import OUTPUT_TOKENS, warmup_prompts, waves
 from tests.harness.runkit import run_cli, run_json
 
@@ -80,7 +80,7 @@ def test_warmup_queries_go_first_and_leave_loadgens_run_alone(fake_backend, synt
 
 def test_all_warmup_queries_failing_stops_before_loadgen(fake_backend, synth_parquet, tmp_path, capsys):
     code = _server(tmp_path, synth_parquet, "--warmup", 3, "--fake-fail-every", 1)
-    assert code != EXIT_OK
+    assert code == EXIT_USAGE
     out = capsys.readouterr()
     want = "all 3 warm-up queries failed; the first: InjectedFailure: injected failure (every 1th request)"
     assert want in out.out + out.err
@@ -91,7 +91,7 @@ def test_all_warmup_queries_failing_stops_before_loadgen(fake_backend, synth_par
 def test_some_warmup_failures_are_a_recorded_warning(fake_backend, synth_parquet, tmp_path, capsys):
     # every 2nd request fails: warm-up calls 2 and 4 (of 4), then LoadGen's even calls fail too
     code = _server(tmp_path, synth_parquet, "--warmup", 4, "--fake-fail-every", 2)
-    assert code != EXIT_OK  # the timed run's failures still fail it
+    assert code == EXIT_FAILED_QUERIES  # the timed run's own failures still fail it
     record = run_json(tmp_path / "server" / "performance")
     assert record["warmup"]["failed"] == 2
     assert "warm-up: 4 queries in" in capsys.readouterr().out

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# GPU side, one device call, no vLLM needed: our engine's batch-1 decode under switch variants
+# (PDL, the fused decode path), the compiled kernel tests of the decode path, greedy agreement and
+# batch invariance, a batch-1 profile, then Offline throughput. One table last.
+#   bash bench/decode_variants_gpu.sh [THROUGHPUT ...]     e.g. 1000x1024x1024 1000x128x1024
+# Variants: name=ENV assignments (space separated) in VARIANTS, default below.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+RES=${OUT:-$PWD/gptoss_gpu_out}; mkdir -p "$RES"
+CKPT=${CKPT:-/tmp/ck20}
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+t0=$(date +%s); say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+nvidia-smi -L
+[ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
+  > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
+say "compiled kernel tests of the decode path"
+python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/gptoss/kernels/test_norm_route.py \
+  tests/gptoss/kernels/test_small_ops.py tests/gptoss/kernels/test_moe_decode.py} 2>&1 | tail -8 \
+  | tee "$RES/kernel_tests.txt"
+VARIANTS=${VARIANTS:-"default= nopdl=GPTOSS_PDL=0 unfused=GPTOSS_FUSED_DECODE=0 neither=GPTOSS_PDL=0,GPTOSS_FUSED_DECODE=0"}
+declare -A tok
+for v in $VARIANTS; do
+  name=${v%%=*}; envs=${v#*=}
+  say "decode 128x512: $name ($envs)"
+  env ${envs//,/ } python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss --decode 128x512 \
+    > "$RES/decode_$name.txt" 2>&1
+  tok[$name]=$(grep -o '"tok_s_incl_prefill": [0-9.]*' "$RES/decode_$name.txt" | tail -1 | awk '{print $2}')
+  host=$(grep -o '"host_ms_per_step": [0-9.]*' "$RES/decode_$name.txt" | tail -1 | awk '{print $2}')
+  echo "$name tok/s ${tok[$name]:-FAILED} host ms/step ${host:-?}" | tee -a "$RES/decode_table.txt"
+done
+say "agreement and batch invariance (default switches)"
+python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine agreement --decode 128x512 > "$RES/agreement.txt" 2>&1
+grep -E "greedy_agreement|batch_invariance" "$RES/agreement.txt" | tail -2
+say "profile batch 1 (default switches)"
+python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 --steps 10 > "$RES/profile_b1.txt" 2>&1
+head -24 "$RES/profile_b1.txt"
+if [ $# -gt 0 ]; then
+  say "offline $*"
+  python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss $(printf -- '--throughput %s ' "$@") \
+    --out "$RES" > "$RES/offline.txt" 2>&1
+  sed -n '/^workload/,$p' "$RES/offline.txt"
+fi
+say "done"
+echo "== decode 128x512, batch 1 (tok/s incl. prefill)"
+cat "$RES/decode_table.txt"
