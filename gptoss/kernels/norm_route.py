@@ -11,9 +11,9 @@ one program does it all: pass 1 over H chunks adds x to the residual, stores r a
 pass 2 reloads r, normalizes it, stores h and feeds that h chunk with the router weight chunk to a
 tensor-core dot, so the logits [T, E] never leave registers; then top-k, softmax and the row lists
 exactly as moe_routing._route_kernel. One program because a program sees its own writes after a
-barrier but not another's without a grid-wide handshake: the old fused router (route_fused, E
-programs and an atomic ticket for the last to route) once gave wrong ids on the H100 from a
-visibility race between its programs, and is gone.
+barrier but not another's without a grid-wide handshake: the decode MoE's old fused router (E
+programs, the last to take an atomic ticket routing) once gave wrong ids on the H100 from a
+visibility race between its programs (bench/results/2026-11-22_gptoss_gpu.md), and is gone.
 
 Numerics: r and h follow rmsnorm.py step by step (float32 add, one rounding; mean of squares,
 1/sqrt_rn, weight * (r * rstd), one rounding); only the order of the sum of squares differs, so h is
@@ -133,7 +133,8 @@ def _check(
 ) -> None:
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(
-            f"norm_route: x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} strides {x.stride()}"
+            f"norm_route: x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} "
+            f"strides {x.stride()}"
         )
     t, h = x.shape
     if not 1 <= t <= MAX_T:
@@ -146,7 +147,9 @@ def _check(
             f"{tuple(residual.shape)}, {residual.dtype}, strides {residual.stride()}"
         )
     if norm_weight.shape != (h,) or not norm_weight.is_contiguous():
-        raise ValueError(f"norm_route: norm_weight must be a contiguous [{h}], got {tuple(norm_weight.shape)}")
+        raise ValueError(
+            f"norm_route: norm_weight must be a contiguous [{h}], got {tuple(norm_weight.shape)}"
+        )
     if router_weight.dim() != 2 or router_weight.shape[1] != h or not router_weight.is_contiguous():
         raise ValueError(
             f"norm_route: router_weight must be a contiguous [E, {h}], got {tuple(router_weight.shape)}"
@@ -155,7 +158,9 @@ def _check(
     if not 1 <= e <= MAX_E:
         raise ValueError(f"norm_route: E = {e} must be in [1, {MAX_E}]")
     if router_bias.shape != (e,) or not router_bias.is_contiguous():
-        raise ValueError(f"norm_route: router_bias must be a contiguous [{e}], got {tuple(router_bias.shape)}")
+        raise ValueError(
+            f"norm_route: router_bias must be a contiguous [{e}], got {tuple(router_bias.shape)}"
+        )
     if router_weight.dtype != x.dtype or router_bias.dtype != x.dtype:
         raise ValueError(
             f"norm_route: router weight and bias must be x's dtype {x.dtype} (as F.linear), got "
