@@ -62,33 +62,28 @@ EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # pa
 
 @contextmanager
 def _dec_switches(v: DecVariant) -> Iterator[None]:
-    saved = moe_decode.ENABLED, moe_decode.ROUTER_FUSED, dict(moe_decode.TILE_OVERRIDE)
-    moe_decode.ENABLED, moe_decode.ROUTER_FUSED = True, v.router_fused
+    saved = moe_decode.ENABLED, dict(moe_decode.TILE_OVERRIDE)
+    moe_decode.ENABLED = True
     moe_decode.TILE_OVERRIDE.clear()
     moe_decode.TILE_OVERRIDE.update({k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None})
     try:
         yield
     finally:
-        moe_decode.ENABLED, moe_decode.ROUTER_FUSED = saved[:2]
+        moe_decode.ENABLED = saved[0]
         moe_decode.TILE_OVERRIDE.clear()
-        moe_decode.TILE_OVERRIDE.update(saved[2])
+        moe_decode.TILE_OVERRIDE.update(saved[1])
 
 
 def _dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
     """The decode forward, its router and each GEMM alone (routing and act precomputed)."""
     rw, rb = ck["router_w"], ck["router_b"]
-    r, _ = moe_decode.route_fused(x, rw, rb, TOP_K)
+    r = route_and_group(F.linear(x, rw, rb), TOP_K)
     gu, dn = moe_decode.tiles(True, H, x.shape[0]), moe_decode.tiles(False, I, x.shape[0])
     act = moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu)
 
-    def router() -> object:
-        if moe_decode.ROUTER_FUSED:
-            return moe_decode.route_fused(x, rw, rb, TOP_K)
-        return route_and_group(F.linear(x, rw, rb), TOP_K)
-
     return {
         "moe": lambda: moe_forward(x, rw, rb, TOP_K, w, ALPHA, LIMIT),
-        "router": router,
+        "router": lambda: route_and_group(F.linear(x, rw, rb), TOP_K),
         "gate_up": lambda: moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu),
         "down": lambda: moe_decode.down_dec(act, r, w, dn),
     }

@@ -158,22 +158,20 @@ for _name, _buckets, _gu, _dn, _lo, _hi in [
     VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=_lo, max_m=_hi)
 
 
-# ---- The decode path (gptoss.kernels.moe_decode: fused router, expert-slot GEMMs, moe.combine) for
+# ---- The decode path (gptoss.kernels.moe_decode: router, expert-slot GEMMs, moe.combine) for
 # M <= MAX_T; "dec" is the module's defaults, the others change one thing. The other variants run
 # with moe_decode.ENABLED = False, so "v2" stays the M-tile path at every M. Their rows: gate_up_us /
-# down_us as above (down_us: y per slot, without the combine), router_us the router alone (fused, or
-# F.linear + route_and_group). E.g. --no-vllm --ms 1,2,4,8,16 --variants v2,dec,dec-r,dec-dn16,dec-gu32
+# down_us as above (down_us: y per slot, without the combine), router_us the router alone
+# (F.linear + route_and_group). E.g. --no-vllm --ms 1,2,4,8,16 --variants v2,dec,dec-dn16,dec-gu32
 @dataclass(frozen=True, slots=True)
 class DecVariant:
     gate_up: DecTiles | None = None  # None: moe_decode.GATE_UP_TILES
     down: DecTiles | None = None  # None: moe_decode.DOWN_TILES
-    router_fused: bool = True  # moe_decode.ROUTER_FUSED
     max_m: int = 16
 
 
 DEC_VARIANTS: dict[str, DecVariant] = {
     "dec": DecVariant(),
-    "dec-r": DecVariant(router_fused=False),  # F.linear + route_and_group (~4.3 + 3.75 us alone)
     "dec-dn16": DecVariant(down=DecTiles(8, 16, 1024, 8, 8, 3)),  # BN 16: twice the programs
     "dec-gu32": DecVariant(gate_up=DecTiles(8, 32, 512, 4, 4, 3)),  # 2.8 ins/value, 218 regs
 }

@@ -36,9 +36,8 @@ Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4)
   activations: x T*H, act A*I and y A*H (written, then read), out T*H, 2 bytes each.
 Decode (T <= 16) is bound by the d * 13.2 MB of weights; large T by the FLOPs.
 
-Small T on bits weights (gptoss.kernels.moe_decode: ENABLED, MAX_T) takes a fused router (logits,
-top-k and the row lists in one launch), expert-slot GEMMs and combine; moe_forward_from_logits takes
-the GEMMs after route_and_group.
+Small T on bits weights (gptoss.kernels.moe_decode: ENABLED, MAX_T) takes F.linear + route_and_group,
+expert-slot GEMMs and combine; moe_forward_from_logits takes the GEMMs after route_and_group.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""The MoE at decode batch sizes (T <= MAX_T): expert-slot GEMMs on the bits layout (the fused router
-that ROUTER_FUSED turns on: moe_decode_router.py).
+"""The MoE at decode batch sizes (T <= MAX_T): expert-slot GEMMs on the bits layout.
 
-moe_decode(x, router, ...) = moe_forward for small T, in 4 launches (5 with ROUTER_FUSED False):
+moe_decode(x, router, ...) = moe_forward for small T, in 5 launches:
 
-  _router_kernel      logits [T, E] = x @ router^T + b (float32 sums, rounded to x.dtype as the
-                      model's F.linear), then in the grid's last program top-k, softmax and the
-                      per-expert row lists: the Routing of route_and_group, bit for bit on the same
-                      logits (ties to the lower id); ROUTER_FUSED False: F.linear + route_and_group
+  router              F.linear + route_and_group (the engine's decode path instead fuses them with
+                      the residual add + RMSNorm before: norm_route.py, one program)
   _gate_up_dec_kernel act = swiglu(x_rows @ W13_e^T + b13_e)   grid (I / BN, slots)
   _down_dec_kernel    y = act @ W2_e^T + b2_e per slot         grid (H / BN, slots)
   moe.combine         out[t] = sum over t's k rows of w * y
@@ -23,9 +20,7 @@ bf16 to float32 (or a 2nd rotate/mask per value to place the e2m1 bits in a floa
 Each K step is split over SPLIT warps (a batched dot, summed once), so every warp owns all BN rows
 of its K slice and no weight is dequantized twice. BM (the dot's N) follows T (1, 2, 4, 8; v2 pads
 to 16): the x tile in shared memory and its moves shrink with it, so more programs fit an SM.
-act is expert-packed (gate_up_dec), so down's load addresses need no row-list load. The router's
-last program is found with an atomic ticket (reset by that program for the next call), so the
-routing costs no second launch.
+act is expert-packed (gate_up_dec), so down's load addresses need no row-list load.
 
 Measured on an H100 (20b, bf16, whole MoE in a CUDA graph, us; bench/results/2026-11-22_gptoss_gpu.md
 v8), M = 1 / 2 / 4 / 8 / 16: v2 (the M-tile path) 61.7 / 90.8 / 117.2 / 172.6 / 214.7; this path
@@ -33,7 +28,7 @@ v8), M = 1 / 2 / 4 / 8 / 16: v2 (the M-tile path) 61.7 / 90.8 / 117.2 / 172.6 / 
 A down with the combine fused (token rows summed in the kernel, in one flat loop over all experts'
 row tiles and K steps, or a loop per expert) was slower (55.5 / 78.9 / 108.8 / 205.4 / 253.2; down
 alone 20.9-128.1 against 17.1-64.8 us unfused: its grid is H / BN programs only) and gave wrong
-results compiled (bf16 rel error up to 7 at some tiles), so it is gone. route_fused alone: 12.2-14.2 us.
+results compiled (bf16 rel error up to 7 at some tiles), so it is gone.
 """
 
 from __future__ import annotations
@@ -49,18 +44,12 @@ from torch import Tensor
 from gptoss.kernels import moe_common as common
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision
-from gptoss.kernels.moe_decode_router import _TICKETS, route_fused  # noqa: F401 - _TICKETS: tests
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing, route_and_group
 from gptoss.kernels.moe_v2 import _v2_ptrs, _v2_step
 
 ENABLED = True  # moe_forward / moe_forward_from_logits take this path for 0 < T <= MAX_T on bits weights
 MAX_T = 16  # T*k/E <= 2 rows an expert on average at 20b; past it v2's M tiles amortize the weights
-# route_fused; False: F.linear + route_and_group (two launches). Off: on the H100 route_fused's ids
-# differed from route_and_group's on its own logits once (T 5, E 32; test_moe_decode's
-# test_router_logits_are_f_linear_in_float32_sums), so its last program can read a stale row list or
-# logit; and it was no faster (M 1: 52.6 vs 54.8 us, M 8: 129.7 vs 130.8; bench/results v9).
-ROUTER_FUSED = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +77,7 @@ TILE_OVERRIDE: dict[bool, DecTiles] = {}  # gate_up? -> tiles; for benchmarks
 
 def use_decode(x: Tensor, w: MoEWeights) -> bool:
     """Whether moe_forward takes this path for x [T, H] on w."""
-    return ENABLED and w.layout == "bits" and 0 < x.shape[0] <= min(MAX_T, 64)  # route_fused: T <= 64
+    return ENABLED and w.layout == "bits" and 0 < x.shape[0] <= MAX_T
 
 
 def tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
@@ -394,9 +383,6 @@ def moe_decode(
     alpha: float,
     limit: float,
 ) -> Tensor:
-    """moe_forward for 0 < T <= MAX_T on bits weights: the router (fused if ROUTER_FUSED), experts_dec."""
-    if ROUTER_FUSED:
-        r, _ = route_fused(x, router_weight, router_bias, top_k)
-    else:
-        r = route_and_group(F.linear(x, router_weight, router_bias), top_k)  # logits [T, E]
+    """moe_forward for 0 < T <= MAX_T on bits weights: F.linear + route_and_group, then experts_dec."""
+    r = route_and_group(F.linear(x, router_weight, router_bias), top_k)  # logits [T, E]
     return experts_dec(x, r, w, alpha, limit)
