@@ -4,9 +4,11 @@ The reference model (gptoss.model.GptOss) stays the oracle; this module takes it
 load time (q/k/v fused into one projection, experts prepared for the MoE kernel) and runs a step
 as a fixed sequence of launches with no host synchronisation, so a decode step can be captured
 in a CUDA graph. Per layer: add+RMSNorm, QKV GEMM, RoPE (+ KV write), paged attention with sinks,
-O GEMM, add+RMSNorm, router GEMM + MXFP4 MoE. With LoRA adapters (gptoss.lora_stack) the QKV and O
-GEMMs each add one shrink/expand pair (x @ A^T, masked to each token's adapter, then addmm of B; the
-three QKV adapters run as one, B block-diagonal) and the MoE runs gptoss.kernels.moe_lora.
+O GEMM, add+RMSNorm, router GEMM + MXFP4 MoE; at decode sizes the second add+RMSNorm, the router
+and its top-k are one launch (norm_route) and the MoE's combine joins the next add+RMSNorm. With
+LoRA adapters (gptoss.lora_stack) the QKV and O GEMMs each add one shrink/expand pair (x @ A^T,
+masked to each token's adapter, then addmm of B; the three QKV adapters run as one, B
+block-diagonal) and the MoE runs gptoss.kernels.moe_lora.
 
 KV writes: full layers and decode-only steps write the step's K/V in the RoPE kernel, before
 attention (attention reads the step's own keys from k/v, never from the cache). A prefill chunk
@@ -17,6 +19,7 @@ write after attention.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gptoss.kernels import moe_layout
+from gptoss.kernels import moe_decode, moe_layout
 from gptoss.kernels.attention import paged_attention, write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
 from gptoss.kernels.moe_lora import MoELora, moe_forward_lora, prepare_moe_lora
+from gptoss.kernels.norm_route import norm_route
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.model import GptOss
@@ -37,6 +41,11 @@ if TYPE_CHECKING:
     from gptoss.lora_stack import LayerLora, LoraStack
 
 log = logging.getLogger("gptoss.kernel_model")
+
+# Decode-sized steps (moe_decode.use_decode) fuse the post-attention add+RMSNorm with the router and
+# its top-k (norm_route: 1 launch for 3) and the MoE's combine with the next add+RMSNorm (1 for 2):
+# at batch 1 a step is ~275 launches of a few µs each. GPTOSS_FUSED_DECODE=0: the unfused path.
+FUSED_DECODE = os.environ.get("GPTOSS_FUSED_DECODE", "1") != "0"
 
 
 @dataclass(slots=True)
@@ -206,6 +215,7 @@ class KernelModel:
             mask = self.lora.mask(lora_index)  # [T, W]
             mask3 = mask.repeat(1, 3)  # [T, 3W] for the q/k/v shrink
         residual: Tensor | None = None
+        pending: Tensor | None = None  # [T, k] expert weights while x holds the MoE's uncombined rows
         t = x.shape[0]
         for lay in self.layers:
             kv = self.caches[lay.pool][lay.index]  # [2, num_blocks, bs, Hkv, D]
@@ -214,7 +224,7 @@ class KernelModel:
             table = meta.ring_table if ring else meta.full_table
             slots = meta.ring_slots if ring else meta.full_slots
             write_first = not ring or meta.decode_only
-            h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps)
+            h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps, combine=pending)
             qkv = linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
             if lay.lora_qkv is not None:
                 qkv.addmm_(F.linear(h, lay.lora_qkv[0]) * mask3, lay.lora_qkv[1].t())
@@ -228,8 +238,15 @@ class KernelModel:
             x = linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
             if lay.lora_o is not None:
                 x.addmm_(F.linear(o.view(t, -1), lay.lora_o[0]) * mask, lay.lora_o[1].t())
-            h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
-            if lay.lora_moe is not None:
+            pending = None
+            if FUSED_DECODE and lay.lora_moe is None and moe_decode.use_decode(x, lay.moe):
+                h, residual, routing = norm_route(
+                    x, residual, lay.ln2, self.eps, lay.router_w, lay.router_b, self.top_k
+                )
+                x = moe_decode.experts_dec(h, routing, lay.moe, self.alpha, self.limit, combined=False)
+                pending = routing.weights
+            elif lay.lora_moe is not None:
+                h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = moe_forward_lora(
                     h,
                     lay.router_w,
@@ -242,8 +259,9 @@ class KernelModel:
                     self.limit,
                 )
             else:
+                h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
-        out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps)
+        out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps, combine=pending)
         return out
 
     def _attention(

@@ -174,4 +174,9 @@ DEC_VARIANTS: dict[str, DecVariant] = {
     "dec": DecVariant(),
     "dec-dn16": DecVariant(down=DecTiles(8, 16, 1024, 8, 8, 3)),  # BN 16: twice the programs
     "dec-gu32": DecVariant(gate_up=DecTiles(8, 32, 512, 4, 4, 3)),  # 2.8 ins/value, 218 regs
+    # T = 1 runs 4 x 2880 / BN gate_up programs, ~4 an SM resident (528): 720 at BN 16 is 1.36 waves
+    "dec-gu8": DecVariant(gate_up=DecTiles(8, 8, 512, 4, 4, 4)),  # 1440 programs: 2.7 waves, finer tail
+    "dec-gu16s3": DecVariant(gate_up=DecTiles(8, 16, 512, 4, 4, 3)),  # less shared memory: more resident
+    "dec-gu16k1k": DecVariant(gate_up=DecTiles(8, 16, 1024, 8, 8, 3)),  # 8 warps a program, half the steps
+    "dec-dn32s4": DecVariant(down=DecTiles(8, 32, 512, 4, 4, 4)),  # a stage deeper
 }
