@@ -32,6 +32,7 @@ from gptoss.kernels.attention import paged_attention, write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
 from gptoss.kernels.moe_lora import MoELora, moe_forward_lora, prepare_moe_lora
+from gptoss.kernels.moe_routing import route_and_group
 from gptoss.kernels.norm_route import norm_route
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
@@ -42,10 +43,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gptoss.kernel_model")
 
-# Decode-sized steps (moe_decode.use_decode) fuse the post-attention add+RMSNorm with the router and
-# its top-k (norm_route: 1 launch for 3) and the MoE's combine with the next add+RMSNorm (1 for 2):
-# at batch 1 a step is ~275 launches of a few µs each. GPTOSS_FUSED_DECODE=0: the unfused path.
+# Decode-sized steps (moe_decode.use_decode) fuse the MoE's combine into the next add+RMSNorm (1
+# launch for 2) and, with NORM_ROUTE, the post-attention add+RMSNorm with the router GEMV (norm_route:
+# 2 launches for 4, with the routing): at batch 1 a step is ~275 launches of a few µs each.
+# GPTOSS_FUSED_DECODE=0 turns both off, GPTOSS_NORM_ROUTE=0|1 the second.
 FUSED_DECODE = os.environ.get("GPTOSS_FUSED_DECODE", "1") != "0"
+NORM_ROUTE = FUSED_DECODE and os.environ.get("GPTOSS_NORM_ROUTE", "1") != "0"
 
 
 @dataclass(slots=True)
@@ -240,9 +243,13 @@ class KernelModel:
                 x.addmm_(F.linear(o.view(t, -1), lay.lora_o[0]) * mask, lay.lora_o[1].t())
             pending = None
             if FUSED_DECODE and lay.lora_moe is None and moe_decode.use_decode(x, lay.moe):
-                h, residual, routing = norm_route(
-                    x, residual, lay.ln2, self.eps, lay.router_w, lay.router_b, self.top_k
-                )
+                if NORM_ROUTE:
+                    h, residual, routing = norm_route(
+                        x, residual, lay.ln2, self.eps, lay.router_w, lay.router_b, self.top_k
+                    )
+                else:
+                    h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
+                    routing = route_and_group(F.linear(h, lay.router_w, lay.router_b), self.top_k)
                 x = moe_decode.experts_dec(h, routing, lay.moe, self.alpha, self.limit, combined=False)
                 pending = routing.weights
             elif lay.lora_moe is not None:

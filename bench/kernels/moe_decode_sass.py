@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gptoss.kernels import moe_decode as d  # noqa: E402
 from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
-from gptoss.kernels.norm_route import _norm_route_kernel  # noqa: E402
+from gptoss.kernels.norm_route import _norm_logits_kernel  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 SHAPE = dict(N=2880, K=2880, TOP_K=4, E=32, BE=32, PREC="tf32", ASM=True, PDL=True)
@@ -66,10 +66,10 @@ def down(t: DecTiles):
 
 def norm_route(pdl: bool):
     sig = dict(x_ptr="*bf16", res_ptr="*bf16", nw_ptr="*fp32", h_ptr="*bf16", r_ptr="*bf16")
-    sig.update(rw_ptr="*bf16", rb_ptr="*bf16", ids_ptr="*i32", wts_ptr="*fp32", counts_ptr="*i32")
-    sig.update(rows_ptr="*i32", T="i32", stride_x="i32", stride_res="i32", eps="fp32")
-    consts = dict(H=2880, E=32, TOP_K=4, KP=4, BT=16, BE=32, BH=256, DOT_F32=False, PDL=pdl)
-    return _compile(_norm_route_kernel, sig, consts, 8, 3)
+    sig.update(rw_ptr="*bf16", rb_ptr="*bf16", logits_ptr="*fp32")
+    sig.update(T="i32", stride_x="i32", stride_res="i32", eps="fp32")
+    consts = dict(H=2880, E=32, BT=16, BH=512, PDL=pdl)
+    return _compile(_norm_logits_kernel, sig, consts, 4, 3)
 
 
 def stats(k, name: str) -> None:
@@ -107,7 +107,7 @@ def main() -> None:
     for t in [d.DOWN_TILES, DecTiles(1, 32, 512, 4, 4, 3), DecTiles(8, 16, 1024, 8, 8, 3)]:
         stats(down(t), f"down {t}")
     for pdl in (False, True):
-        stats(norm_route(pdl), f"norm_route T <= 16, PDL {pdl}")
+        stats(norm_route(pdl), f"norm_route's logits kernel, T 16, PDL {pdl}")
 
 
 if __name__ == "__main__":
