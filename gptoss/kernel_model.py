@@ -46,9 +46,11 @@ log = logging.getLogger("gptoss.kernel_model")
 # Decode-sized steps (moe_decode.use_decode) fuse the MoE's combine into the next add+RMSNorm (1
 # launch for 2) and, with NORM_ROUTE, the post-attention add+RMSNorm with the router GEMV (norm_route:
 # 2 launches for 4, with the routing): at batch 1 a step is ~275 launches of a few µs each.
-# GPTOSS_FUSED_DECODE=0 turns both off, GPTOSS_NORM_ROUTE=0|1 the second.
+# GPTOSS_FUSED_DECODE=0 turns both off, GPTOSS_NORM_ROUTE=0|1 the second. Measured on an H100
+# (bench/decode_variants_gpu.sh, batch 1, PDL on): combine fused 388.6 tok/s vs 384.3 unfused;
+# with norm_route 377.5 (its one-program first version 339), so NORM_ROUTE is off by default.
 FUSED_DECODE = os.environ.get("GPTOSS_FUSED_DECODE", "1") != "0"
-NORM_ROUTE = FUSED_DECODE and os.environ.get("GPTOSS_NORM_ROUTE", "1") != "0"
+NORM_ROUTE = FUSED_DECODE and os.environ.get("GPTOSS_NORM_ROUTE", "0") == "1"
 
 
 @dataclass(slots=True)
