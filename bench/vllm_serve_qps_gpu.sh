@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU side, one device call after bench/vllm_peer_install.sh: the highest VALID Server QPS of vLLM's own
 # server (`vllm serve`, over HTTP through `run_mlperf.py --backend openai`, --warmup 256), then of ours
-# (bench/server_qps_gpu.sh gptoss), 500 x (1024 -> 512) each. VQPS, GQPS: the QPS lists.
+# (bench/server_qps_gpu.sh gptoss), 500 x (1024 -> 512) each. VQPS, GQPS: the QPS lists (GQPS= skips ours).
 #   bash bench/vllm_serve_qps_gpu.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0
@@ -18,4 +18,5 @@ timeout 300 python3 run_mlperf.py --backend openai --server-url http://127.0.0.1
   --generation-config /tmp/greedy.json --warmup 256 --output-dir $R/serve > $R/serve_sweep.log 2>&1
 sed -n '/QPS sweep/,$p' $R/serve_sweep.log | tail -10
 kill $pid; wait $pid 2>/dev/null; sleep 3
+[ "${GQPS-56,64,80}" = "" ] && exit 0  # GQPS= : vLLM only
 WARMUP=64 timeout 150 bash bench/server_qps_gpu.sh gptoss ${GQPS:-56,64,80} 500 1024 512 2>&1 | tail -9
