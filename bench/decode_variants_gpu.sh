@@ -14,14 +14,15 @@ nvidia-smi -L
 [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
   > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
 say "compiled kernel tests of the decode path"
-python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/gptoss/kernels/test_norm_route.py \
-  tests/gptoss/kernels/test_small_ops.py tests/gptoss/kernels/test_moe_decode.py} 2>&1 | tail -8 \
-  | tee "$RES/kernel_tests.txt"
+read -ra tests <<< "${TESTS:-tests/gptoss/kernels/test_norm_route.py tests/gptoss/kernels/test_small_ops.py \
+tests/gptoss/kernels/test_moe_decode.py}"
+python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
 VARIANTS=${VARIANTS:-"default= nonormroute=GPTOSS_NORM_ROUTE=0 unfused=GPTOSS_FUSED_DECODE=0 nopdl=GPTOSS_PDL=0"}
 for v in $VARIANTS; do
   name=${v%%=*}; envs=${v#*=}
   say "decode 128x512: $name ($envs)"
-  env ${envs//,/ } python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss --decode 128x512 \
+  read -ra assigns <<< "${envs//,/ }"
+  env "${assigns[@]}" python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss --decode 128x512 \
     > "$RES/decode_$name.txt" 2>&1
   # the parent prints the table; its batch-1 row: "batch-1 decode 128->512  <ours> - tok/s host X ms/step"
   row=$(grep '^batch-1 decode' "$RES/decode_$name.txt" | tail -1)
@@ -35,7 +36,8 @@ python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 --steps 10 > "$RES/p
 head -24 "$RES/profile_b1.txt"
 if [ $# -gt 0 ]; then
   say "offline $*"
-  python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss $(printf -- '--throughput %s ' "$@") \
+  flags=(); for w in "$@"; do flags+=(--throughput "$w"); done
+  python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss "${flags[@]}" \
     --out "$RES" > "$RES/offline.txt" 2>&1
   sed -n '/^workload/,$p' "$RES/offline.txt"
 fi
