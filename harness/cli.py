@@ -28,6 +28,13 @@ from harness.options import (
 )
 
 ENV_BACKEND = "MLPERF_BACKEND"
+# Measured on an H100 (bench/results/2026-11-22_gptoss_gpu.md, v10): at 8 QPS, TPOT p99 108-141 ms in
+# process against 55 ms for the same vLLM as its own server through --backend openai.
+VLLM_LATENCY_NOTE = (
+    "--backend vllm runs vLLM's output handling in this process, which shares one interpreter with "
+    "LoadGen and the SUT: its Server/Interactive latencies come out longer than vLLM's own (TPOT p99 "
+    "about 2x on an H100). For latency figures run vLLM's server and --backend openai (README, vLLM)"
+)
 
 EPILOG = f"""\
 Settings apply in this order, each overriding the one before: the mlperf.conf built into the
@@ -309,6 +316,8 @@ def config_from_args(
     input_file, short, notes = (ns.input_file, {}, []) if ns.input_file else _embedded_default(ns)
     if ns.num_workers is not None:
         notes.append("--num-workers is ignored: every query runs on the SUT's one asyncio loop")
+    if backend == "vllm" and ns.scenario != "offline":
+        notes.append(VLLM_LATENCY_NOTE)
 
     def flag(name: str):
         value = getattr(ns, name)

@@ -350,3 +350,15 @@ def test_parse_options_builds_one_backends_options_from_its_flags():
 
     opts = parse_options(VllmOptions, ["--lora-modules", "a=/x", "--vllm-arg", "k=1", "--vllm-arg", "j=2"])
     assert opts.lora == ("a", "/x") and opts.extra_args == (("k", "1"), ("j", "2"))
+
+
+@pytest.mark.parametrize("scenario,noted", [("server", True), ("interactive", True), ("offline", False)])
+def test_vllm_latency_scenarios_carry_the_in_process_note(monkeypatch, scenario, noted):
+    from harness.cli import VLLM_LATENCY_NOTE
+
+    cfg = _config(
+        ["--backend", "vllm", "--scenario", scenario, "--input-file", "d.parquet", "--model-path", "m"],
+        monkeypatch=monkeypatch,
+    )
+    assert (VLLM_LATENCY_NOTE in cfg.notes) is noted
+    assert "TPOT p99 about 2x on an H100" in VLLM_LATENCY_NOTE
