@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +16,36 @@ def run_cli(args: list[str]) -> int:
     from harness.cli import main
 
     return main(["run_mlperf.py", *map(str, args)])
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_quick_start(tmp_path: Path, *args: object) -> subprocess.CompletedProcess:
+    """`python run_mlperf.py ARGS --output-dir TMP/out` in a fresh process, as the quick start runs it
+    (the gptoss engine by default, no MLPERF_BACKEND, a private data cache); a hang fails at 230 s."""
+    env = dict(os.environ, MLPERF_DATA_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
+    env.pop("MLPERF_BACKEND", None)
+    return subprocess.run(
+        [sys.executable, "run_mlperf.py", *map(str, args), "--output-dir", str(tmp_path / "out")],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=230,  # a hang; how fast the quick start is belongs in the README's benchmarks
+    )
+
+
+def run_server_p90(tmp_path: Path, input_file: Path, *extra: object) -> int:
+    """A Server run of the fake backend judged at p90 (LoadGen's early stopping needs 459 queries for
+    a VALID p99 run, 44 at p90), min_duration 0, 48 queries; extra flags appended."""
+    conf = tmp_path / "user.conf"
+    conf.write_text("*.Server.target_latency_percentile = 90\n")
+    return run_cli(
+        ["--backend", "fake", "--scenario", "server", "--input-file", input_file, "--output-dir", tmp_path]
+        + ["--min-duration", 0, "--min-query-count", 48, "--user-conf", conf, *extra]
+    )
 
 
 def accuracy_entries(log_dir: Path) -> list[dict]:

@@ -4,29 +4,15 @@ gptoss engine on the tiny random checkpoint and the bundled data, VALID, on CPU.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.runkit import ROOT, run_quick_start
 
 
 @pytest.mark.timeout(240)
 def test_quick_start_offline_run_is_valid(tmp_path):
-    env = dict(os.environ, MLPERF_DATA_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
-    env.pop("MLPERF_BACKEND", None)
-    done = subprocess.run(
-        [sys.executable, "run_mlperf.py", "--scenario", "offline", "--output-dir", str(tmp_path / "out")],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=230,  # a hang; how fast the quick start is belongs in the README's benchmarks
-    )
+    done = run_quick_start(tmp_path, "--scenario", "offline")
     assert done.returncode == 0, done.stdout + done.stderr
     log_dir = tmp_path / "out" / "offline" / "performance"
     assert "Result is : VALID" in (log_dir / "mlperf_log_summary.txt").read_text()
@@ -46,26 +32,7 @@ def test_quick_start_offline_run_is_valid(tmp_path):
 @pytest.mark.timeout(240)
 def test_max_model_len_shorter_than_the_prompts_fails_before_loadgen_citing_it(tmp_path):
     """The gptoss engine's own limit (the Backend protocol's max_model_len), not the checkpoint's 131072."""
-    env = dict(os.environ, MLPERF_DATA_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
-    env.pop("MLPERF_BACKEND", None)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "run_mlperf.py",
-            "--max-model-len",
-            "150",
-            "--kv-cache-tokens",
-            "4096",
-            "--output-dir",
-            str(tmp_path / "out"),
-        ],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=230,
-    )
+    done = run_quick_start(tmp_path, "--max-model-len", "150", "--kv-cache-tokens", "4096")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stdout.splitlines() if line.startswith("error:")]

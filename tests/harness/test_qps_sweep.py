@@ -9,36 +9,13 @@ import pytest
 
 from harness.runner import EXIT_FAILED_QUERIES, EXIT_INVALID, EXIT_OK
 from harness.sweep import FILE_NAME
-from tests.harness.runkit import run_cli, run_json, summary_field
+from tests.harness.runkit import run_cli, run_json, run_server_p90, summary_field
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def _sweep(tmp_path, synth_parquet, qps: str, *extra) -> int:
-    # judged at p90 (LoadGen's early stopping needs 459 queries for a VALID p99 run, 44 at p90)
-    conf = tmp_path / "user.conf"
-    conf.write_text("*.Server.target_latency_percentile = 90\n")
-    return run_cli(
-        [
-            "--backend",
-            "fake",
-            "--scenario",
-            "server",
-            "--input-file",
-            synth_parquet,
-            "--output-dir",
-            tmp_path,
-            "--qps-sweep",
-            qps,
-            "--min-duration",
-            0,
-            "--min-query-count",
-            48,
-            "--user-conf",
-            conf,
-            *extra,
-        ]
-    )
+    return run_server_p90(tmp_path, synth_parquet, "--qps-sweep", qps, *extra)
 
 
 def test_sweep_stops_at_the_first_invalid_qps_and_reports_the_highest_valid(

@@ -4,19 +4,13 @@ prompts, recorded in run.json; LoadGen's own queries are unchanged; all failing 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from harness.dataset import load_dataset
 from harness.runner import EXIT_FAILED_QUERIES, EXIT_OK, EXIT_USAGE
 from harness.warmup import OUTPUT_TOKENS, warmup_prompts, waves
-from tests.harness.runkit import run_cli, run_json
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.runkit import run_cli, run_json, run_quick_start, run_server_p90
 
 
 def test_prompts_span_the_lengths_and_are_random_ids_in_the_vocab():
@@ -38,29 +32,7 @@ def test_waves_double_and_add_up(n, sizes):
 
 
 def _server(tmp_path, synth_parquet, *extra) -> int:
-    conf = tmp_path / "user.conf"
-    conf.write_text("*.Server.target_latency_percentile = 90\n")
-    return run_cli(
-        [
-            "--backend",
-            "fake",
-            "--scenario",
-            "server",
-            "--input-file",
-            synth_parquet,
-            "--output-dir",
-            tmp_path,
-            "--target-qps",
-            50,
-            "--min-duration",
-            0,
-            "--min-query-count",
-            48,
-            "--user-conf",
-            conf,
-            *extra,
-        ]
-    )
+    return run_server_p90(tmp_path, synth_parquet, "--target-qps", 50, *extra)
 
 
 def test_warmup_queries_go_first_and_leave_loadgens_run_alone(fake_backend, synth_parquet, tmp_path):
@@ -106,18 +78,7 @@ def test_negative_warmup_is_a_flag_error(fake_backend, capsys):
 @pytest.mark.timeout(240)
 def test_gptoss_engine_takes_a_warmup(tmp_path):
     """The real engine on the tiny checkpoint (the quick start's) takes the warm-up, then a VALID run."""
-    env = dict(os.environ, MLPERF_DATA_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
-    env.pop("MLPERF_BACKEND", None)
-    done = subprocess.run(
-        [sys.executable, "run_mlperf.py", "--scenario", "offline", "--warmup", "3"]
-        + ["--output-dir", str(tmp_path / "out")],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=230,
-    )
+    done = run_quick_start(tmp_path, "--scenario", "offline", "--warmup", "3")
     assert done.returncode == 0, done.stdout + done.stderr
     record = json.loads((tmp_path / "out" / "offline" / "performance" / "run.json").read_text())
     assert record["warmup"]["queries"] == 3 and record["warmup"]["failed"] == 0
