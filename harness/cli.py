@@ -30,6 +30,10 @@ from harness.options import (
 ENV_BACKEND = "MLPERF_BACKEND"
 # Measured on an H100 (bench/results/2026-11-22_gptoss_gpu.md, v10): at 8 QPS, TPOT p99 108-141 ms in
 # process against 55 ms for the same vLLM as its own server through --backend openai.
+WARMUP_NOTE = (
+    "no --warmup: the first queries' TTFT includes the engine's one-off compiles and captures (vLLM on "
+    "an H100 at 4 QPS: TTFT p99 5.0 s without, 1.1 s with --warmup 64)"
+)
 VLLM_LATENCY_NOTE = (
     "--backend vllm runs vLLM's output handling in this process, which shares one interpreter with "
     "LoadGen and the SUT: its Server/Interactive latencies come out longer than vLLM's own (TPOT p99 "
@@ -318,6 +322,8 @@ def config_from_args(
         notes.append("--num-workers is ignored: every query runs on the SUT's one asyncio loop")
     if backend == "vllm" and ns.scenario != "offline":
         notes.append(VLLM_LATENCY_NOTE)
+    if ns.scenario != "offline" and not ns.accuracy and ns.warmup == 0 and not ns.qps_sweep:
+        notes.append(WARMUP_NOTE)
 
     def flag(name: str):
         value = getattr(ns, name)

@@ -362,3 +362,20 @@ def test_vllm_latency_scenarios_carry_the_in_process_note(monkeypatch, scenario,
     )
     assert (VLLM_LATENCY_NOTE in cfg.notes) is noted
     assert "TPOT p99 about 2x on an H100" in VLLM_LATENCY_NOTE
+
+
+@pytest.mark.parametrize(
+    "extra,noted",
+    [
+        (["--scenario", "server"], True),
+        (["--scenario", "interactive"], True),
+        (["--scenario", "server", "--warmup", "8"], False),
+        (["--scenario", "server", "--accuracy"], False),
+        (["--scenario", "offline"], False),
+    ],
+)
+def test_latency_runs_without_warmup_carry_a_note(fake_backend, monkeypatch, extra, noted):
+    from harness.cli import WARMUP_NOTE
+
+    cfg = _config(["--backend", "fake", "--input-file", "d.parquet", *extra], monkeypatch=monkeypatch)
+    assert (WARMUP_NOTE in cfg.notes) is noted
