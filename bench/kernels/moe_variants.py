@@ -20,39 +20,46 @@ class Variant:
 
 
 DECODE = 64  # M <= 64: BM 16 at E 32, top-4
+
+
+def _both(bucket: int, t: Tiles) -> dict[tuple[int, bool], Tiles]:
+    """The same tiles for gate_up and down at one M bucket."""
+    return {(bucket, True): t, (bucket, False): t}
+
+
 VARIANTS: dict[str, Variant] = {
     "v1": Variant("v1"),
     "v2": Variant("v2"),
     "v2-noasm": Variant("v2", asm=False),
     "v2-2d": Variant(
         "v2",
-        tiles={(16, True): Tiles(16, 32, 256, 2, 4), (16, False): Tiles(16, 32, 256, 2, 4)},
+        tiles=_both(16, Tiles(16, 32, 256, 2, 4)),
         max_m=DECODE,
     ),
     "v2-bn16": Variant(
         "v2",
-        tiles={(16, True): Tiles(16, 16, 512, 4, 3, 4), (16, False): Tiles(16, 16, 512, 4, 3, 4)},
+        tiles=_both(16, Tiles(16, 16, 512, 4, 3, 4)),
         max_m=DECODE,
     ),
     "v2-bn64": Variant(
         "v2",
-        tiles={(16, True): Tiles(16, 64, 512, 4, 3, 4), (16, False): Tiles(16, 64, 512, 4, 3, 4)},
+        tiles=_both(16, Tiles(16, 64, 512, 4, 3, 4)),
         max_m=DECODE,
     ),
     "v2-s2": Variant(
         "v2",
-        tiles={(16, True): Tiles(16, 32, 256, 2, 4, 2), (16, False): Tiles(16, 32, 256, 2, 4, 2)},
+        tiles=_both(16, Tiles(16, 32, 256, 2, 4, 2)),
         max_m=DECODE,
     ),
     "v2-b32-s2": Variant(
         "v2",
-        tiles={(32, True): Tiles(32, 32, 256, 2, 3, 2), (32, False): Tiles(32, 32, 256, 2, 3, 2)},
+        tiles=_both(32, Tiles(32, 32, 256, 2, 3, 2)),
         min_m=129,
         max_m=256,
     ),
     "v2-b32-wg": Variant(
         "v2",
-        tiles={(32, True): Tiles(32, 64, 128, 4, 3), (32, False): Tiles(32, 64, 128, 4, 3)},
+        tiles=_both(32, Tiles(32, 64, 128, 4, 3)),
         min_m=129,
         max_m=256,
     ),

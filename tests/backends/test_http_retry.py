@@ -43,16 +43,22 @@ def test_retry_waits_for_retry_after(name, retry_after, fault_url):
     assert 0.9 <= times[1] - times[0] < 30
 
 
+def _one_request(fault_url: str, fault: str, retries: int):
+    """One sglang request through the fault path with `retries`: (ids, error, the server's arrival times)."""
+
+    async def main():
+        async with make_backend("sglang", [f"{fault_url}/{fault}"], retries=retries) as b:
+            got, err = await collect(b, [1], PARAMS)
+            return got, err, await get_json(fault_url, f"/times/{fault}")
+
+    return asyncio.run(main())
+
+
 def test_retries_back_off_exponentially_without_retry_after(fault_url):
 
     fault = _busy(2, "none")
 
-    async def main():
-        async with make_backend("sglang", [f"{fault_url}/{fault}"], retries=2) as b:
-            got, err = await collect(b, [1], PARAMS)
-            return got, err, await get_json(fault_url, f"/times/{fault}")
-
-    got, err, times = asyncio.run(main())
+    got, err, times = _one_request(fault_url, fault, retries=2)
     assert err is None and got == sent_ids(N) and len(times) == 3
     gaps = [b - a for a, b in itertools.pairwise(times)]
     from backends.http_retry import BACKOFF_BASE_S as base
@@ -96,13 +102,8 @@ def test_retry_after_http_date():
 def test_too_long_retry_after_is_reported_not_waited_for(fault_url):
     fault = _busy(5, "s3600")
 
-    async def main():
-        async with make_backend("sglang", [f"{fault_url}/{fault}"], retries=3) as b:
-            got, err = await collect(b, [1], PARAMS)
-            return got, err, await get_json(fault_url, f"/times/{fault}")
-
     t0 = time.monotonic()
-    got, err, times = asyncio.run(main())
+    got, err, times = _one_request(fault_url, fault, retries=3)
     assert time.monotonic() - t0 < 30
     assert isinstance(err, ServerHTTPError) and err.status == 503 and err.retry_after_s == 3600.0
     assert "injected overload" in str(err) and got == [] and len(times) == 1

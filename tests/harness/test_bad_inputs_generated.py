@@ -76,6 +76,14 @@ def _in_process(argv: list[str]) -> Outcome:
     return Outcome(code, out.getvalue(), err.getvalue(), time.monotonic() - t0)
 
 
+def _refused_server_argv(tmp_path, input_file, *extra: str) -> list[str]:
+    """sglang at a free port nobody listens on: a bad value that slipped through reaches only a refused
+    server, never a model or LoadGen."""
+    argv = ["--backend", "sglang", "--input-file", str(input_file)]
+    argv += ["--server-url", f"http://127.0.0.1:{free_port()}", "--output-dir", str(tmp_path / "out")]
+    return [*argv, *extra]
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.one_of(
@@ -86,18 +94,7 @@ def _in_process(argv: list[str]) -> Outcome:
 def test_generated_bad_flag_values_are_one_error_line(tmp_path, case):
     (flag, name), value = case
     # A value that slipped through would reach only a refused server, never a model or LoadGen.
-    port = free_port()
-    argv = [
-        "--backend",
-        "sglang",
-        "--input-file",
-        SAMPLE,
-        "--server-url",
-        f"http://127.0.0.1:{port}",
-        "--output-dir",
-        str(tmp_path / "out"),
-        f"{flag}={value}",
-    ]
+    argv = _refused_server_argv(tmp_path, SAMPLE, f"{flag}={value}")
     assert_refused(_in_process(argv), 2, name)
 
 
@@ -115,17 +112,7 @@ def test_generated_bad_flag_values_are_one_error_line(tmp_path, case):
 )
 def test_generated_non_finite_flag_values_are_one_error_line(tmp_path, flag, value):
     # A subprocess each: an infinite rate that slipped through would crash LoadGen, not just fail.
-    argv = [
-        "--backend",
-        "sglang",
-        "--input-file",
-        SAMPLE,
-        "--server-url",
-        f"http://127.0.0.1:{free_port()}",
-        "--output-dir",
-        str(tmp_path / "out"),
-        f"{flag[0]}={value}",
-    ]
+    argv = _refused_server_argv(tmp_path, SAMPLE, f"{flag[0]}={value}")
     assert_refused(run_mlperf(argv, tmp_path), 2, flag[1])
 
 
@@ -183,15 +170,6 @@ def test_generated_malformed_dataset_cells_are_one_error_line(tmp_path, cell, ro
     df[column] = pd.Series(cells, dtype=object)
     path = tmp_path / "d.pkl"
     df.to_pickle(path)
-    argv = [
-        "--backend",
-        "sglang",
-        "--input-file",
-        str(path),
-        "--server-url",
-        f"http://127.0.0.1:{free_port()}",
-        "--output-dir",
-        str(tmp_path / "out"),
-    ]
+    argv = _refused_server_argv(tmp_path, path)
     out = _in_process(argv)
     assert_refused(out, 2, rf"d\.pkl: row {row}, column '{column}'")
