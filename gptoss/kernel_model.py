@@ -32,7 +32,6 @@ from gptoss.kernels.attention import paged_attention, write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
 from gptoss.kernels.moe_lora import MoELora, moe_forward_lora, prepare_moe_lora
-from gptoss.kernels.moe_routing import route_and_group
 from gptoss.kernels.norm_route import norm_route
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
@@ -251,7 +250,7 @@ class KernelModel:
                     )
                 else:
                     h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
-                    routing = route_and_group(F.linear(h, lay.router_w, lay.router_b), self.top_k)
+                    routing = moe_decode.route(h, lay.router_w, lay.router_b, self.top_k)
                 x = moe_decode.experts_dec(h, routing, lay.moe, self.alpha, self.limit, combined=False)
                 pending = routing.weights
             elif lay.lora_moe is not None:

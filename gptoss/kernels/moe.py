@@ -74,6 +74,7 @@ from gptoss.kernels.moe_tiles import (  # noqa: F401
 from gptoss.kernels.moe_v1 import down, gate_up
 from gptoss.kernels.moe_v2 import _BITS_TO_BF16_ASM, _dequant_bits, down_v2, gate_up_v2  # noqa: F401
 from gptoss.kernels.moe_v3 import down_v3, gate_up_v3
+from gptoss.kernels.rmsnorm import combine_rows
 
 __all__ = ["MoEWeights", "moe_forward", "moe_forward_from_logits", "prepare_moe_weights", "route"]
 
@@ -85,10 +86,7 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.conste
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     h_ok = h < H
-    acc = tl.zeros([BH], tl.float32)
-    for j in tl.static_range(TOP_K):
-        wj = tl.load(w_ptr + t * TOP_K + j)
-        acc += wj * tl.load(y_ptr + (t * TOP_K + j) * H + h, mask=h_ok, other=0.0).to(tl.float32)
+    acc = combine_rows(y_ptr, w_ptr, t, h, h_ok, H, TOP_K, BH)
     tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
 
 

@@ -383,6 +383,10 @@ def moe_decode(
     alpha: float,
     limit: float,
 ) -> Tensor:
-    """moe_forward for 0 < T <= MAX_T on bits weights: F.linear + route_and_group, then experts_dec."""
-    r = route_and_group(F.linear(x, router_weight, router_bias), top_k)  # logits [T, E]
-    return experts_dec(x, r, w, alpha, limit)
+    """moe_forward for 0 < T <= MAX_T on bits weights: route, then experts_dec."""
+    return experts_dec(x, route(x, router_weight, router_bias, top_k), w, alpha, limit)
+
+
+def route(x: Tensor, router_weight: Tensor, router_bias: Tensor, top_k: int) -> Routing:
+    """The decode router: F.linear (logits [T, E] in x.dtype, as the model) + route_and_group."""
+    return route_and_group(F.linear(x, router_weight, router_bias), top_k)

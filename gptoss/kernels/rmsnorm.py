@@ -25,6 +25,17 @@ from gptoss.kernels.rounding import round_to
 
 
 @triton.jit
+def combine_rows(y_ptr, w_ptr, t, cols, mask, stride_y, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """sum_j w[t, j] * y[t*k + j, cols] in float32, in slot order: the MoE combine's one definition
+    (moe._combine_kernel and the combine= path here), so both give the same bits."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(TOP_K):
+        wj = tl.load(w_ptr + t * TOP_K + j)
+        acc += wj * tl.load(y_ptr + (t * TOP_K + j) * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _rmsnorm_kernel(
     x_ptr,
     res_ptr,
@@ -49,13 +60,8 @@ def _rmsnorm_kernel(
     mask = cols < H
     if TOP_K == 0:
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    else:  # moe.combine's sum, in its order and rounding
-        acc = tl.zeros([BLOCK], tl.float32)
-        for j in tl.static_range(TOP_K):
-            wj = tl.load(cw_ptr + row * TOP_K + j)
-            yj = tl.load(x_ptr + (row * TOP_K + j) * stride_x + cols, mask=mask, other=0.0)
-            acc += wj * yj.to(tl.float32)
-        x = acc.to(x_ptr.dtype.element_ty)
+    else:  # moe.combine's sum (the same helper), rounded as it rounds
+        x = combine_rows(x_ptr, cw_ptr, row, cols, mask, stride_x, TOP_K, BLOCK).to(x_ptr.dtype.element_ty)
     if HAS_RESIDUAL:
         res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         # torch's bf16 add: exact float32 sum, one rounding to the storage dtype.
