@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import backends
 from harness.config import COMPLIANCE_TESTS, SCENARIOS, RunConfig
 from harness.generation import DEFAULT_GENERATION_CONFIG, GenerationConfigError, load_sampling
+from harness.notes import latency_notes
 from harness.options import (
     Parser,
     add_options,
@@ -26,19 +27,9 @@ from harness.options import (
     positive_int,
     qps_list,
 )
+from harness.smoke import embedded_default
 
 ENV_BACKEND = "MLPERF_BACKEND"
-# Measured on an H100 (bench/results/2026-11-22_gptoss_gpu.md, v10): at 8 QPS, TPOT p99 108-141 ms in
-# process against 55 ms for the same vLLM as its own server through --backend openai.
-WARMUP_NOTE = (
-    "no --warmup: the first queries' TTFT includes the engine's one-off compiles and captures (vLLM on "
-    "an H100 at 4 QPS: TTFT p99 5.0 s without, 1.1 s with --warmup 64)"
-)
-VLLM_LATENCY_NOTE = (
-    "--backend vllm runs vLLM's output handling in this process, which shares one interpreter with "
-    "LoadGen and the SUT: its Server/Interactive latencies come out longer than vLLM's own (TPOT p99 "
-    "about 2x on an H100). For latency figures run vLLM's server and --backend openai (README, vLLM)"
-)
 
 EPILOG = f"""\
 Settings apply in this order, each overriding the one before: the mlperf.conf built into the
@@ -272,36 +263,6 @@ def _refuse_foreign(rest: list[str], backend: str, parser: argparse.ArgumentPars
 # ----------------------------------------------------------------------------- flags -> RunConfig
 
 
-def _bundled_sample() -> Path:
-    import data
-
-    return Path(data.__file__).with_name("sample.parquet")
-
-
-def _rows(path: Path) -> int:
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(path).metadata.num_rows
-
-
-def _embedded_default(ns: argparse.Namespace) -> tuple[Path, dict[str, float | int], list[str]]:
-    """No --input-file: the bundled sample, plus short LoadGen settings for flags left unset
-    (unless a user.conf says what the user wants)."""
-    from harness.smoke import smoke_notes, smoke_settings
-
-    path = _bundled_sample()
-    rows = _rows(path)
-    notes = [f"no --input-file: using the bundled synthetic dataset {path} ({rows} rows)"]
-    if ns.user_conf is not None:
-        return path, {}, notes
-    short = {k: v for k, v in smoke_settings(ns.scenario, rows).items() if getattr(ns, k, None) is None}
-    if ns.qps_sweep:
-        short.pop("target_qps", None)  # the sweep gives each run its own
-    if short:
-        notes += smoke_notes(ns.scenario, short)
-    return path, short, notes
-
-
 def check_url(url: str) -> None:
     """--server-url must be http(s)://HOST[:PORT][/path]."""
     try:
@@ -317,13 +278,12 @@ def config_from_args(
     ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str], backend: str
 ) -> RunConfig:
     cls = backends.backend_class(backend)
-    input_file, short, notes = (ns.input_file, {}, []) if ns.input_file else _embedded_default(ns)
+    input_file, short, notes = (ns.input_file, {}, []) if ns.input_file else embedded_default(ns)
     if ns.num_workers is not None:
         notes.append("--num-workers is ignored: every query runs on the SUT's one asyncio loop")
-    if backend == "vllm" and ns.scenario != "offline":
-        notes.append(VLLM_LATENCY_NOTE)
-    if ns.scenario != "offline" and not ns.accuracy and ns.warmup == 0 and not ns.qps_sweep:
-        notes.append(WARMUP_NOTE)
+    notes += latency_notes(
+        backend, ns.scenario, accuracy=ns.accuracy, warmup=ns.warmup, sweep=bool(ns.qps_sweep)
+    )
 
     def flag(name: str):
         value = getattr(ns, name)

@@ -15,7 +15,7 @@ import mlperf_loadgen as lg
 from rich.console import Console
 
 import backends
-from backends.base import Backend, BackendError
+from backends.base import Backend
 from data.checksums import sha256
 from harness.config import VOCAB_SIZE, RunConfig, SamplingParams
 from harness.dataset import Dataset, check_model_limits, load_dataset, model_limits
@@ -27,7 +27,7 @@ from harness.record import config_dict, environment, write_json
 from harness.report import print_failures, print_summary, read_detail, summarize
 from harness.settings import build_log_settings, build_test_settings, describe
 from harness.sut import SUT
-from harness.warmup import warmup, warmup_prompts
+from harness.warmup import warm_up
 
 EXIT_OK = 0
 EXIT_FAILED_QUERIES = 1  # some queries failed (backend error, timeout): see the failure report
@@ -256,25 +256,6 @@ def attach(r: Run, backend: Backend) -> None:
             vocab_size=backend.vocab_size or VOCAB_SIZE,
         )
     r.save(status="running")
-
-
-def warm_up(r: Run, backend: Backend, loop: LoopThread) -> None:
-    """--warmup N: the untimed queries (harness/warmup.py), recorded in run.json. Some failing is a
-    warning; all failing stops the run before LoadGen, since the timed run would fail the same way."""
-    n = r.cfg.warmup
-    if n == 0:
-        return
-    prompts = warmup_prompts([len(p) for p in r.dataset.prompts], n, backend.vocab_size or VOCAB_SIZE)
-    r.console.print(f"warm-up: {n} untimed queries ...")
-    result = loop.run(warmup(backend, prompts))
-    r.record["warmup"] = result.as_dict()
-    r.save()
-    if result.failed == result.queries:
-        raise BackendError(f"all {n} warm-up queries failed; the first: {result.first_error}")
-    line = f"warm-up: {n} queries in {result.seconds:.1f} s"
-    if result.failed:
-        line += f", [bold yellow]{result.failed} failed[/] (first: {result.first_error})"
-    r.console.print(line, soft_wrap=True)
 
 
 def run_loadgen(r: Run, backend: Backend, loop: LoopThread) -> tuple[SUT, int | None]:

@@ -1,4 +1,5 @@
-"""The embedded default's short LoadGen settings: a smoke run of about a minute, not a submission.
+"""The embedded default (no --input-file): the bundled sample and short LoadGen settings, a smoke run
+of about a minute, not a submission.
 
 Offline runs every bundled row once, which is VALID whatever the speed. Server and Interactive
 keep the benchmark's latency limits (TTFT 3 s / TPOT 80 ms; TTFT 2 s / TPOT 15 ms) but judge them
@@ -12,6 +13,8 @@ usually end INVALID.
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
 SMOKE_LATENCY_PERCENTILE = 0.90
@@ -53,3 +56,31 @@ def smoke_notes(scenario: str, settings: dict[str, Any]) -> list[str]:
             "that holds its limits here)"
         )
     return notes
+
+
+def _bundled_sample() -> Path:
+    import data
+
+    return Path(data.__file__).with_name("sample.parquet")
+
+
+def _rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def embedded_default(ns: argparse.Namespace) -> tuple[Path, dict[str, float | int], list[str]]:
+    """No --input-file: the bundled sample, plus short LoadGen settings for flags left unset
+    (unless a user.conf says what the user wants)."""
+    path = _bundled_sample()
+    rows = _rows(path)
+    notes = [f"no --input-file: using the bundled synthetic dataset {path} ({rows} rows)"]
+    if ns.user_conf is not None:
+        return path, {}, notes
+    short = {k: v for k, v in smoke_settings(ns.scenario, rows).items() if getattr(ns, k, None) is None}
+    if ns.qps_sweep:
+        short.pop("target_qps", None)  # the sweep gives each run its own
+    if short:
+        notes += smoke_notes(ns.scenario, short)
+    return path, short, notes

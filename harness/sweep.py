@@ -22,8 +22,8 @@ from harness.runner import (
     finish,
     prepare,
     run_loadgen,
-    warm_up,
 )
+from harness.warmup import warm_up
 
 FILE_NAME = "qps_sweep.json"
 

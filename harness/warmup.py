@@ -16,10 +16,16 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.base import Backend, SamplingParams
+from backends.base import Backend, BackendError, SamplingParams
+from harness.config import VOCAB_SIZE
+
+if TYPE_CHECKING:
+    from harness.loop import LoopThread
+    from harness.runner import Run
 
 OUTPUT_TOKENS = 32  # enough decode steps at each wave's batch size; short next to a real query
 SEED = 20261123
@@ -82,3 +88,22 @@ async def warmup(backend: Backend, prompts: list[list[int]]) -> WarmupResult:
         errors += [e for e in results if e is not None]
         i += size
     return WarmupResult(len(prompts), len(errors), time.perf_counter() - start, errors[0] if errors else None)
+
+
+def warm_up(r: Run, backend: Backend, loop: LoopThread) -> None:
+    """--warmup N: the untimed queries (harness/warmup.py), recorded in run.json. Some failing is a
+    warning; all failing stops the run before LoadGen, since the timed run would fail the same way."""
+    n = r.cfg.warmup
+    if n == 0:
+        return
+    prompts = warmup_prompts([len(p) for p in r.dataset.prompts], n, backend.vocab_size or VOCAB_SIZE)
+    r.console.print(f"warm-up: {n} untimed queries ...")
+    result = loop.run(warmup(backend, prompts))
+    r.record["warmup"] = result.as_dict()
+    r.save()
+    if result.failed == result.queries:
+        raise BackendError(f"all {n} warm-up queries failed; the first: {result.first_error}")
+    line = f"warm-up: {n} queries in {result.seconds:.1f} s"
+    if result.failed:
+        line += f", [bold yellow]{result.failed} failed[/] (first: {result.first_error})"
+    r.console.print(line, soft_wrap=True)

@@ -354,7 +354,7 @@ def test_parse_options_builds_one_backends_options_from_its_flags():
 
 @pytest.mark.parametrize("scenario,noted", [("server", True), ("interactive", True), ("offline", False)])
 def test_vllm_latency_scenarios_carry_the_in_process_note(monkeypatch, scenario, noted):
-    from harness.cli import VLLM_LATENCY_NOTE
+    from harness.notes import VLLM_LATENCY_NOTE
 
     cfg = _config(
         ["--backend", "vllm", "--scenario", scenario, "--input-file", "d.parquet", "--model-path", "m"],
@@ -375,7 +375,7 @@ def test_vllm_latency_scenarios_carry_the_in_process_note(monkeypatch, scenario,
     ],
 )
 def test_latency_runs_without_warmup_carry_a_note(fake_backend, monkeypatch, extra, noted):
-    from harness.cli import WARMUP_NOTE
+    from harness.notes import WARMUP_NOTE
 
     cfg = _config(["--backend", "fake", "--input-file", "d.parquet", *extra], monkeypatch=monkeypatch)
     assert (WARMUP_NOTE in cfg.notes) is noted
