@@ -157,3 +157,14 @@ async def get_json(base: str, path: str):
 
     async with aiohttp.ClientSession() as s, s.get(f"{base}{path}") as r:
         return await r.json()
+
+
+# The fault-server tests' one request: N tokens from the sglang or the openai client.
+N = 8
+PARAMS = SamplingParams(max_new_tokens=N)
+BOTH = ["sglang", "openai"]
+
+
+async def run_one(name: str, url: str, params: SamplingParams = PARAMS, **opts):
+    async with make_backend(name, [url], **opts) as backend:
+        return await collect(backend, [1, 2, 3], params)

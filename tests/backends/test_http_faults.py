@@ -26,24 +26,19 @@ from backends.http import (
 from harness.config import SamplingParams
 from tests.backends.fault_server import before_fault, sent_ids
 from tests.backends.httpkit import (
+    BOTH,
     FAULT_SERVER,
+    PARAMS,
+    N,
     collect,
     get_json,
     make_backend,
+    run_one,
     start_process,
     stop_process,
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-N = 8
-PARAMS = SamplingParams(max_new_tokens=N)
-BOTH = ["sglang", "openai"]
-
-
-async def run_one(name: str, url: str, params: SamplingParams = PARAMS, **opts):
-    async with make_backend(name, [url], **opts) as backend:
-        return await collect(backend, [1, 2, 3], params)
 
 
 @pytest.mark.parametrize("name", BOTH)

@@ -11,15 +11,10 @@ import uuid
 import pytest
 
 from backends.http import ServerHTTPError
-from harness.config import SamplingParams
 from tests.backends.fault_server import sent_ids
-from tests.backends.httpkit import collect, get_json, make_backend
+from tests.backends.httpkit import BOTH, PARAMS, N, collect, get_json, make_backend
 
 pytestmark = pytest.mark.timeout(60)
-
-N = 8
-PARAMS = SamplingParams(max_new_tokens=N)
-BOTH = ["sglang", "openai"]
 
 
 def _busy(failures: int, retry: str) -> str:

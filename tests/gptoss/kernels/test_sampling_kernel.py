@@ -9,23 +9,19 @@ compiled on CUDA, plus the full-vocabulary one.
 from __future__ import annotations
 
 import math
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 import pytest
 import torch
 
 from gptoss.kernels import sampling
 from gptoss.kernels.sampling import sample
-
-INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
-DEV = "cpu" if INTERPRET else "cuda"
-# The interpreter turns a runtime loop bound (a 1-element array) into an int with a NumPy deprecation.
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-gpu = pytest.mark.skipif(
-    INTERPRET or not torch.cuda.is_available(), reason="needs CUDA and TRITON_INTERPRET=0"
+from tests.gptoss.kernels.kernelkit import (  # conftest set TRITON_INTERPRET before triton loaded
+    DEV,
+    INTERPRETER_WARNINGS,
+    gpu,
 )
+
+pytestmark = INTERPRETER_WARNINGS
 
 
 def params(

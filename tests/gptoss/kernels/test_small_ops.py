@@ -7,10 +7,6 @@ on CUDA, plus the full-shape ones.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
-
 import pytest
 import torch
 import triton
@@ -21,14 +17,14 @@ from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.kernels.rounding import round_to
 from gptoss.model import Rope, apply_rope, rms_norm
-
-INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
-DEV = "cpu" if INTERPRET else "cuda"
-# The interpreter turns a runtime loop bound (a 1-element array) into an int with a NumPy deprecation.
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-gpu = pytest.mark.skipif(
-    INTERPRET or not torch.cuda.is_available(), reason="needs CUDA and TRITON_INTERPRET=0"
+from tests.gptoss.kernels.kernelkit import (  # conftest set TRITON_INTERPRET before triton loaded
+    DEV,
+    INTERPRET,
+    INTERPRETER_WARNINGS,
+    gpu,
 )
+
+pytestmark = INTERPRETER_WARNINGS
 
 
 def assert_within_ulp(got: torch.Tensor, want: torch.Tensor, max_ulp: int, min_exact: float) -> None:
