@@ -85,6 +85,13 @@ class EngineConfig:
             "(CUDA graphs only; 1: a host round trip every step)"
         ),
     )
+    batch_invariant: bool = field(
+        default=False,
+        metadata=_flag(
+            "kernels chosen by shapes alone, never by batch size (gptoss.kernels.batch_invariant): a "
+            "sequence's tokens are the same alone and in any batch; triton kernels only, no LoRA; slower"
+        ),
+    )
     lora: tuple[str, ...] = field(
         default=(),
         metadata=_flag(
@@ -111,6 +118,10 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 2:
                 raise ValueError(f"{name} must be >= 2, got {value}")
+        if self.batch_invariant and self.kernels == "torch":
+            raise ValueError("batch_invariant needs the triton kernels (kernels triton), not torch")
+        if self.batch_invariant and self.lora:
+            raise ValueError("batch_invariant does not cover LoRA adapters")
         names = [split_lora_spec(s)[0] for s in self.lora]
         if dup := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"lora: two adapters are named {dup[0]!r}; name them NAME=PATH")

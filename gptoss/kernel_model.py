@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gptoss.kernels import batch_invariant as bi
 from gptoss.kernels import moe_decode, moe_layout
 from gptoss.kernels.attention import paged_attention, write_kv
 from gptoss.kernels.linear import linear
@@ -150,10 +151,16 @@ class KernelModel:
         block_size: int,
         max_positions: int,
         lora: LoraStack | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         cfg = ref.cfg
         if cfg.quant_method != "mxfp4":
             raise ValueError("--kernels triton needs MXFP4 experts; this checkpoint stores bf16 experts")
+        if batch_invariant and lora is not None:
+            raise ValueError("--batch-invariant does not cover LoRA adapters (their GEMMs run on cuBLAS)")
+        # gptoss.kernels.batch_invariant: every kernel choice fixed by shapes, none by the batch.
+        self.batch_invariant = batch_invariant
+        self.linear = bi.linear if batch_invariant else linear
         self.cfg = cfg
         self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.eps, self.top_k = cfg.rms_norm_eps, cfg.num_experts_per_tok
@@ -167,7 +174,7 @@ class KernelModel:
         self.embed, self.norm, self.lm_head = ref.embed, ref.norm, ref.lm_head
         self.cos_sin = build_cos_sin(ref.rope, max_positions)  # [P, D] float32
         counts = {"full": 0, "ring": 0}
-        large = _large_layout(ref)
+        large = None if batch_invariant else _large_layout(ref)  # invariant mode runs v2 only
         self.layers: list[_Layer] = []
         for li, block in enumerate(ref.layers):
             a, m = block.attn, block.mlp
@@ -229,7 +236,7 @@ class KernelModel:
             slots = meta.ring_slots if ring else meta.full_slots
             write_first = not ring or meta.decode_only
             h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps, combine=pending)
-            qkv = linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
+            qkv = self.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
             if lay.lora_qkv is not None:
                 qkv.addmm_(F.linear(h, lay.lora_qkv[0]) * mask3, lay.lora_qkv[1].t())
             if write_first:
@@ -239,11 +246,14 @@ class KernelModel:
             o = self._attention(q, k, v, kc, vc, table, meta, lay)  # [T, Hq, D]
             if not write_first:
                 write_kv(k, v, kc, vc, slots)
-            x = linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
+            x = self.linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
             if lay.lora_o is not None:
                 x.addmm_(F.linear(o.view(t, -1), lay.lora_o[0]) * mask, lay.lora_o[1].t())
             pending = None
-            if FUSED_DECODE and lay.lora_moe is None and moe_decode.use_decode(x, lay.moe):
+            if self.batch_invariant:
+                h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
+                x = bi.moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
+            elif FUSED_DECODE and lay.lora_moe is None and moe_decode.use_decode(x, lay.moe):
                 if NORM_ROUTE:
                     h, residual, routing = norm_route(
                         x, residual, lay.ln2, self.eps, lay.router_w, lay.router_b, self.top_k
@@ -306,6 +316,7 @@ class KernelModel:
                 max_q,
                 out=out,
                 max_context_hint=self.max_positions,
+                batch_invariant=self.batch_invariant,
             )
         return out
 
@@ -317,10 +328,11 @@ class KernelModel:
         machine that compiled them before)."""
         lay = self.layers[0]
         g = torch.Generator(device=self.embed.device).manual_seed(0)
+        forward = bi.moe_forward if self.batch_invariant else moe_forward
         t = 32
         while True:
             x = torch.randn(min(t, max_tokens), self.embed.shape[1], generator=g, device=self.embed.device)
-            moe_forward(
+            forward(
                 x.to(self.embed.dtype),
                 lay.router_w,
                 lay.router_b,
@@ -335,4 +347,6 @@ class KernelModel:
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, H] -> [N, V] float32."""
+        if self.batch_invariant:
+            return bi.linear(hidden, self.lm_head).float()
         return F.linear(hidden, self.lm_head).float()

@@ -98,13 +98,14 @@ class KernelRunner:
         cuda_graphs: bool,
         lora=None,  # gptoss.lora_stack.LoraStack
         max_step_tokens: int = 0,  # > 0 on CUDA: compile the MoE kernels of steps up to this size at start
+        batch_invariant: bool = False,  # gptoss.kernels.batch_invariant
     ) -> None:
         cfg = model.cfg
         self.device = model.embed.device
         self.bs = block_size
         hkv, d = cfg.num_key_value_heads, cfg.head_dim
         views = {k: c.view(c.shape[0], 2, -1, block_size, hkv, d) for k, c in caches.items()}
-        self.model = KernelModel(model, views, block_size, max_model_len, lora)
+        self.model = KernelModel(model, views, block_size, max_model_len, lora, batch_invariant)
         self.lora = lora is not None
         self.ring_len = self.model.ring_len
         self.engine_seed = engine_seed

@@ -39,6 +39,9 @@ class ModelRunner:
         self.kernels = config.kernels or ("triton" if self.device.type == "cuda" else "torch")
         if self.kernels == "triton":
             _check_triton(self.device)
+        elif config.batch_invariant:
+            raise ValueError(f"batch_invariant needs the triton kernels; {self.device.type} runs torch here")
+        self.batch_invariant = config.batch_invariant
         self.lora = None  # gptoss.lora_stack.LoraStack of the --lora adapters
         if config.lora:  # checked against config.json before the weights load: bad adapters fail fast
             from gptoss.lora_stack import LoraStack
@@ -121,12 +124,14 @@ class ModelRunner:
                 config.cuda_graphs,
                 self.lora,
                 max_step_tokens=config.max_num_batched_tokens,
+                batch_invariant=config.batch_invariant,
             )
 
     def _kv_budget(self) -> int:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            if self.kernels == "triton":  # the kernels' second copy of the experts, built after the cache
+            # the kernels' second copy of the experts (none in batch-invariant mode: v2 only)
+            if self.kernels == "triton" and not self.batch_invariant:
                 from gptoss.kernel_model import large_copy_bytes
 
                 free -= large_copy_bytes(self.model)

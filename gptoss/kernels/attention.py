@@ -89,6 +89,7 @@ def paged_attention(
     max_query_len: int,
     out: Tensor | None = None,
     max_context_hint: int | None = None,
+    batch_invariant: bool = False,
 ) -> Tensor:
     """Causal attention of S sequences' new tokens over their cached context and themselves.
 
@@ -115,6 +116,9 @@ def paged_attention(
     query_start holds absolute rows of q/out, so a mixed step runs as two launches over the same
     q/out with row slices, no rebasing: decodes (table[:n], query_start[:n + 1], context_lens[:n],
     max_query_len 1) on the split-K path, then chunks (table[n:], query_start[n:], ...).
+    batch_invariant: decode takes the splits of a lone sequence whatever S is, so a sequence's keys
+    fall into the same splits (and sums) alone and in a batch; larger batches then run more
+    programs than they need (late splits of short contexts exit at once).
     """
     t, hq, d = q.shape
     hkv = k_new.shape[1]
@@ -161,7 +165,7 @@ def paged_attention(
         if window is not None:
             max_keys = min(max_keys, window)
         sms = _num_sms(q.device.index or 0) if q.is_cuda else 132
-        splits = decode_splits(num_seqs, hkv, max_keys, sms)
+        splits = decode_splits(1 if batch_invariant else num_seqs, hkv, max_keys, sms)
     else:
         block_n, warps, stages = PREFILL_CFG
         block_q = max(1, PREFILL_ROWS // g_pad)

@@ -61,9 +61,12 @@ def _gemv_kernel(
     PDL: tl.constexpr,
 ):
     pdl.wait_then_release(PDL)
-    pid = tl.program_id(0)
+    # Token blocks vary fastest, so the programs that share a block of W run together and all but
+    # the first read it from L2 (more than one token block: batch-invariant mode's larger T).
+    pid_t = tl.program_id(0)
+    pid = tl.program_id(1)
     rows = pid * BN + tl.arange(0, BN)  # [BN]
-    toks = tl.arange(0, TB)  # [TB]
+    toks = pid_t * TB + tl.arange(0, TB)  # [TB]
     kk = tl.arange(0, BK)  # [BK]
     # Rows past N are clamped rather than masked, so W's loads carry only the K mask (none when
     # BK divides K); their results are dropped at the store.
@@ -112,9 +115,12 @@ def gemv(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    token_block: int | None = None,
 ) -> Tensor:
     """x [T, K], w [N, K], b [N] | None -> y [T, N] on the Triton kernel, whatever T is (the bench
-    times T past GEMV_MAX_T through this). Block sizes default to `block_sizes`."""
+    times T past GEMV_MAX_T through this). Block sizes default to `block_sizes`. token_block: tokens
+    per program (a power of two >= 16), the launch then tiling T; by default one block of T's next
+    power of two. With a fixed token_block, every row's instructions are the same whatever T is."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"need x [T, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.stride(1) != 1 or w.stride(1) != 1:
@@ -133,7 +139,10 @@ def gemv(
     bn, bk, warps, stages = block_sizes(N, K, x.device)
     bn, bk = block_n or bn, block_k or bk
     warps, stages = num_warps or warps, num_stages or stages
-    _gemv_kernel[(triton.cdiv(N, bn),)](
+    if token_block is not None and (token_block < 16 or token_block & (token_block - 1)):
+        raise ValueError(f"token_block must be a power of two >= 16, got {token_block}")
+    tb = token_block or max(16, triton.next_power_of_2(T))  # tl.dot's least N is 16
+    _gemv_kernel[(triton.cdiv(T, tb), triton.cdiv(N, bn))](
         x,
         w,
         b if b is not None else w,
@@ -145,7 +154,7 @@ def gemv(
         w.stride(0),
         y.stride(0),
         HAS_BIAS=b is not None,
-        TB=max(16, triton.next_power_of_2(T)),  # tl.dot's least N
+        TB=tb,
         BN=bn,
         BK=bk,
         # float32 engines (tests) get exact products, not tf32's 10-bit mantissas.

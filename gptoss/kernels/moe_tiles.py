@@ -75,8 +75,12 @@ TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 
 
 def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
     """choose_tiles for the v2 kernels: BK/split >= 128 (whole scale words) and BK <= 512 (scale pad)."""
-    rows = triton.cdiv(t * top_k, e)
-    bucket = min(128, max(16, triton.next_power_of_2(rows)))
+    bucket = min(128, max(16, triton.next_power_of_2(triton.cdiv(t * top_k, e))))
+    return tiles_v2(bucket, n, k, gate_up)
+
+
+def tiles_v2(bucket: int, n: int, k: int, gate_up: bool) -> Tiles:
+    """The v2 tiles of a BM bucket (16, 32, 64 or 128) fitted to n and k; TILE_OVERRIDE applies."""
     cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V2 if gate_up else _DOWN_TILES_V2)[bucket]
     bn = min(cfg.bn, max(16, triton.next_power_of_2(n)))
     split = cfg.split
