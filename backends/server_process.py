@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,7 +29,11 @@ READY_POLL_S = 0.5
 PROGRESS_S = 30.0  # a line on stderr this often while the server starts
 STOP_GRACE_S = 30.0  # after SIGTERM, before SIGKILL (vLLM shuts its engine and workers down in a few s)
 KILL_WAIT_S = 5.0
-TAIL_LINES = 25
+TAIL_LINES = 12
+MAX_ERRORS = 8
+# The last line of a traceback, bare or after a logger's "[file.py:123] " prefix: where vLLM's
+# root cause (in an engine or worker process) is, far above the server's own final traceback.
+_ERROR_LINE = re.compile(r"(?:^|\] )((?:[A-Za-z_][\w.]*)?(?:Error|Exception): .*)$")
 
 # Runs first in the child, then becomes the server (execv keeps the pid, the session and the death
 # signal). The signal is tied to the thread that forked: the harness's loop thread, which lives as
@@ -116,19 +121,23 @@ class ServerProcess:
             )
         atexit.register(self._kill_now)
 
-    def tail(self, lines: int = TAIL_LINES) -> str:
+    def _log_text(self) -> str:
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 64 * 1024))
-                text = f.read().decode("utf-8", "replace")
+                f.seek(max(0, f.tell() - (1 << 20)))
+                return f.read().decode("utf-8", "replace")
         except OSError as e:
             return f"(cannot read {self.log_path}: {e.strerror or e})"
-        return "\n".join(text.splitlines()[-lines:])
 
     def _failure(self, what_happened: str) -> ServerStartError:
+        """What happened, the exception lines of its log (each once, in order), and its last lines."""
+        lines = self._log_text().splitlines()
+        errors = list(dict.fromkeys(m.group(1) for line in lines if (m := _ERROR_LINE.search(line))))
+        found = "its errors:\n" + "\n".join(errors[:MAX_ERRORS]) + "\n" if errors else ""
         return ServerStartError(
-            f"{self.what} {what_happened} (log: {self.log_path}); its last lines:\n{self.tail()}"
+            f"{self.what} {what_happened} (log: {self.log_path}); {found}its last lines:\n"
+            + "\n".join(lines[-TAIL_LINES:])
         )
 
     async def wait_ready(self, url: str, timeout_s: float, hint: str) -> float:

@@ -74,7 +74,7 @@ class VllmOptions:
     )
     max_num_seqs: int | None = _engine(
         "most sequences per engine step",
-        "vLLM's: 1024 on H100/H200; on CPU 256 inline, 128 as a server",
+        "vLLM's: 1024 on H100/H200; 256 on CPU inline, 128 as a server",
     )
     max_num_batched_tokens: int | None = _engine(
         "token budget per engine step", "vLLM's: on H100/H200 16384 inline, 8192 as a server"

@@ -61,6 +61,31 @@ def test_a_server_that_exits_at_once_fails_with_its_log_tail(tmp_path):
     assert group_members(server.pid) == []
 
 
+def test_the_exception_lines_of_a_long_log_come_first(tmp_path):
+    # vLLM's root cause sits in an engine process's traceback, far above the server's own.
+    code = (
+        "import sys\n"
+        "print('(Worker pid=7) ERROR 11-23 [executor.py:953] OSError: header too large')\n"
+        "print('(APIServer pid=6) WARNING [utils.py:1] limits can cause `OSError: [Errno 24]`')\n"
+        "print('\\n'.join(f'  frame {i}' for i in range(40)))\n"
+        "raise RuntimeError('Engine core initialization failed. See root cause above.')\n"
+    )
+    server = ServerProcess("the test server", [sys.executable, "-c", code], tmp_path / "s.log")
+    server.start()
+    with pytest.raises(ServerStartError) as e:
+        shared_loop().run(
+            server.wait_ready(f"http://127.0.0.1:{free_port()}/health", 60, "--start"), timeout=60
+        )
+    head, tail = str(e.value).split("its last lines:\n")
+    assert head.endswith(
+        "; its errors:\nOSError: header too large\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
+    assert len(tail.splitlines()) == 12 and tail.endswith(
+        "RuntimeError: Engine core initialization failed. See root cause above."
+    )
+
+
 def test_a_server_not_ready_in_time_is_stopped_with_everything_it_started(tmp_path):
     server = ServerProcess("the test server", [sys.executable, "-c", STUCK], tmp_path / "s.log")
     server.start()
@@ -102,7 +127,7 @@ def test_ready_then_stopped(tmp_path):
 
 
 def test_a_server_that_ignores_sigterm_is_killed(tmp_path):
-    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(600)"
+    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up')\ntime.sleep(600)"
     server = ServerProcess("the test server", [sys.executable, "-c", code], tmp_path / "s.log")
     server.start()
     while "up" not in server.log_path.read_text():
