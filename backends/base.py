@@ -64,6 +64,8 @@ class RunSpec(Protocol):
     def timeout_s(self) -> float | None: ...
     @property
     def backend_options(self) -> Any: ...  # an instance of the backend's Options, or None: its defaults
+    @property
+    def log_dir(self) -> Path: ...  # the run's log folder, where a backend may write its own log
 
 
 class Backend(Protocol):
@@ -72,7 +74,7 @@ class Backend(Protocol):
     """
 
     name: ClassVar[str]
-    # Loads the model in this process: --server-url means nothing to it.
+    # Runs the model itself (in this process, or in a server it starts): --server-url means nothing to it.
     in_process: ClassVar[bool]
     # The frozen dataclass of the backend's flags; harness/cli.py turns its fields into flags
     # (field metadata: "help", optional "flag", "choices", "type", "metavar", "repeat", "default_help").

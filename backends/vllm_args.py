@@ -26,6 +26,8 @@ CPU_KV_CACHE_BYTES = 1 << 30
 DEFAULTS: dict[str, Any] = {"disable_log_stats": True}
 RESERVED = {"model": "--model-path", "skip_tokenizer_init": "(always on: token ids in and out)"}
 OUTPUT_KINDS = ("auto", "delta", "final")
+PROCESSES = ("auto", "server", "inline")
+DEFAULT_START_TIMEOUT_S = 1200.0  # vLLM 0.26 takes ~190 s for gpt-oss-20b on an H100, ~30 s on CPU
 MOE_IMPLS = ("vllm", "gptoss")  # gptoss.vllm_plugin.MODES, without importing it here
 
 
@@ -71,10 +73,11 @@ class VllmOptions:
         "shard MoE experts over the GPUs instead of tensor-slicing them", "vLLM's, off"
     )
     max_num_seqs: int | None = _engine(
-        "most sequences per engine step", "vLLM's LLM-class default: 1024 on H100/H200, 256 on CPU"
+        "most sequences per engine step",
+        "vLLM's: 1024 on H100/H200; 256 on CPU inline, 128 as a server",
     )
     max_num_batched_tokens: int | None = _engine(
-        "token budget per engine step", "vLLM's LLM-class default: 16384 on H100/H200"
+        "token budget per engine step", "vLLM's: on H100/H200 16384 inline, 8192 as a server"
     )
     dtype: str | None = _engine("weights and activations", "vLLM's, auto: the checkpoint's", choices=DTYPES)
     max_model_len: int | None = _engine("context length, prompt + output", "the checkpoint's")
@@ -126,6 +129,26 @@ class VllmOptions:
         },
     )
 
+    process: str = field(
+        default="auto",
+        metadata={
+            "help": "server: vLLM's OpenAI server (python -m vllm.entrypoints.openai.api_server) as a child "
+            "process on 127.0.0.1, driven over HTTP with token ids, so its output handling has its own "
+            "interpreter, not LoadGen's and the SUT's; inline: AsyncLLM in this process; auto: server "
+            "for the server and interactive scenarios, inline for offline",
+            "flag": "--vllm-process",
+            "choices": PROCESSES,
+        },
+    )
+    start_timeout_s: float = field(
+        default=DEFAULT_START_TIMEOUT_S,
+        metadata={
+            "help": "--vllm-process server: seconds vLLM's server may take until GET /health answers",
+            "flag": "--vllm-start-timeout",
+            "metavar": "S",
+        },
+    )
+
     moe_impl: str = field(
         default="vllm",
         metadata={
@@ -156,10 +179,21 @@ class VllmOptions:
                 raise ValueError("fallback_tokens applies to moe_impl gptoss only")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.process not in PROCESSES:
+            raise ValueError(f"process must be one of {', '.join(PROCESSES)}, got {self.process!r}")
+        if not 0 < self.start_timeout_s < float("inf"):
+            raise ValueError(f"start_timeout_s must be a number of seconds > 0, got {self.start_timeout_s}")
         if self.output_kind not in OUTPUT_KINDS:
             raise ValueError(
                 f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}"
             )
+
+    def resolved_process(self, scenario: str) -> str:
+        """ "server" or "inline": auto is inline for Offline (no latencies to spoil, no HTTP in the
+        way of throughput), server otherwise."""
+        if self.process != "auto":
+            return self.process
+        return "inline" if scenario == "offline" else "server"
 
     @property
     def engine_args(self) -> dict[str, Any]:

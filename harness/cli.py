@@ -66,7 +66,7 @@ class _FullHelp(argparse.Action):
 
 def _backend_group(name: str) -> tuple[str, str]:
     cls = backends.backend_class(name)
-    where = "runs the model in this process" if cls.in_process else "talks to the servers at --server-url"
+    where = "runs the model itself" if cls.in_process else "talks to the servers at --server-url"
     return f"--backend {name}", f"{name} {where}; its flags are an error with any other backend"
 
 
@@ -281,8 +281,12 @@ def config_from_args(
     input_file, short, notes = (ns.input_file, {}, []) if ns.input_file else embedded_default(ns)
     if ns.num_workers is not None:
         notes.append("--num-workers is ignored: every query runs on the SUT's one asyncio loop")
+    try:
+        options = options_from(ns, cls.Options)
+    except ValueError as e:  # the options' own checks
+        parser.error(str(e))
     notes += latency_notes(
-        backend, ns.scenario, accuracy=ns.accuracy, warmup=ns.warmup, sweep=bool(ns.qps_sweep)
+        backend, ns.scenario, options, accuracy=ns.accuracy, warmup=ns.warmup, sweep=bool(ns.qps_sweep)
     )
 
     def flag(name: str):
@@ -307,7 +311,7 @@ def config_from_args(
             max_concurrency=ns.max_concurrency,
             warmup=ns.warmup,
             timeout_s=ns.timeout,
-            backend_options=options_from(ns, cls.Options),
+            backend_options=options,
             mlperf_conf=ns.mlperf_conf,
             user_conf=ns.user_conf,
             target_qps=flag("target_qps"),

@@ -27,7 +27,7 @@ class RunConfig:
     """Everything one run needs, built once from flags (harness/cli.py) and passed whole.
 
     Backends read what backends.base.RunSpec lists: scenario, model_path, server_urls,
-    max_concurrency, timeout_s and backend_options (an instance of the backend's Options).
+    max_concurrency, timeout_s, backend_options (an instance of the backend's Options) and log_dir.
     """
 
     backend: str

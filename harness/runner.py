@@ -82,6 +82,7 @@ OWNED_FILES = (
     "verify_accuracy.txt",
     "verify_output_len.txt",
     "accuracy_result.json",
+    "vllm_server.log",  # --backend vllm --vllm-process server (backends/vllm_server.py)
     QUERIES_FILE,
 )
 OWNED_DIRS = ("report",)  # --report

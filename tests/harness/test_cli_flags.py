@@ -352,16 +352,39 @@ def test_parse_options_builds_one_backends_options_from_its_flags():
     assert opts.lora == ("a", "/x") and opts.extra_args == (("k", "1"), ("j", "2"))
 
 
-@pytest.mark.parametrize("scenario,noted", [("server", True), ("interactive", True), ("offline", False)])
-def test_vllm_latency_scenarios_carry_the_in_process_note(monkeypatch, scenario, noted):
+@pytest.mark.parametrize(
+    "scenario,process,noted",
+    [
+        ("server", "inline", True),
+        ("interactive", "inline", True),
+        ("offline", "inline", False),
+        ("server", None, False),  # the default there: vLLM's own server process
+        ("interactive", "auto", False),
+        ("server", "server", False),
+    ],
+)
+def test_only_inline_vllm_latency_runs_carry_the_in_process_note(monkeypatch, scenario, process, noted):
     from harness.notes import VLLM_LATENCY_NOTE
 
+    forced = ["--vllm-process", process] if process else []
     cfg = _config(
-        ["--backend", "vllm", "--scenario", scenario, "--input-file", "d.parquet", "--model-path", "m"],
+        [
+            "--backend",
+            "vllm",
+            "--scenario",
+            scenario,
+            "--input-file",
+            "d.parquet",
+            "--model-path",
+            "m",
+            *forced,
+        ],
         monkeypatch=monkeypatch,
     )
     assert (VLLM_LATENCY_NOTE in cfg.notes) is noted
+    assert cfg.backend_options.process == (process or "auto")
     assert "TPOT p99 about 2x on an H100" in VLLM_LATENCY_NOTE
+    assert "leave --vllm-process at its default, server" in VLLM_LATENCY_NOTE
 
 
 @pytest.mark.parametrize(

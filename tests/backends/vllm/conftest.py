@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.vllm.vllmkit import ENGINE_FLAGS, make_dataset, run_config
+from tests.backends.vllm.vllmkit import ENGINE_FLAGS, INLINE, make_dataset, run_config
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -66,7 +66,7 @@ def engine(checkpoints, loop):
 
     from backends import vllm as vllm_backend
 
-    backend = vllm_backend.create(run_config(checkpoints["bf16"], ENGINE_FLAGS))
+    backend = vllm_backend.create(run_config(checkpoints["bf16"], [*ENGINE_FLAGS, *INLINE]))
     loop.run(backend.__aenter__(), timeout=900)
     yield backend
     loop.run(backend.__aexit__(None, None, None), timeout=120)

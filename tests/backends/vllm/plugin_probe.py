@@ -42,10 +42,10 @@ def main(argv: list[str]) -> None:
     from backends import vllm as vllm_backend
     from harness.config import SamplingParams
     from harness.loop import shared_loop
-    from tests.backends.vllm.vllmkit import ENGINE_FLAGS, generate, run_config
+    from tests.backends.vllm.vllmkit import ENGINE_FLAGS, INLINE, generate, run_config
 
     ckpt, impl = argv
-    flags = [*ENGINE_FLAGS, "--vllm-moe", impl, "--vllm-arg", f"worker_extension_cls={PROBE}"]
+    flags = [*ENGINE_FLAGS, *INLINE, "--vllm-moe", impl, "--vllm-arg", f"worker_extension_cls={PROBE}"]
     loop = shared_loop()
     backend = vllm_backend.create(run_config(Path(ckpt), flags))
     loop.run(backend.__aenter__(), timeout=600)

@@ -18,7 +18,7 @@ from tests.backends.vllm.vllmkit import collect, run_config
 
 pytestmark = pytest.mark.slow  # one more vLLM start (30-60 s on 2 cores)
 
-FLAGS = ["--enforce-eager", "--max-model-len", "256", "--dtype", "float32"]
+FLAGS = ["--enforce-eager", "--max-model-len", "256", "--dtype", "float32", "--vllm-process", "inline"]
 
 
 def write_adapter(out: Path, base: Path, rank: int = 8) -> Path:

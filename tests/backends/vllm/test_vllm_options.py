@@ -10,7 +10,7 @@ import pytest
 from backends import vllm as vllm_backend
 from backends.vllm import VllmOptionError, VllmOptions, engine_kwargs
 from harness.config import SamplingParams
-from tests.backends.vllm.vllmkit import REPO, parse_flags, run_config
+from tests.backends.vllm.vllmkit import INLINE, REPO, parse_flags, run_config
 
 
 def test_module_and_flags_work_without_importing_vllm():
@@ -79,6 +79,8 @@ def test_flags_become_options_with_only_what_was_set():
         (["--vllm-arg", "=3"], "--vllm-arg: expected KEY=VALUE"),
         (["--max-num-seqs", "many"], "--max-num-seqs: expected an integer, got 'many'"),
         (["--vllm-output-kind", "sometimes"], "--vllm-output-kind: invalid choice: 'sometimes'"),
+        (["--vllm-process", "thread"], "--vllm-process: invalid choice: 'thread'"),
+        (["--vllm-start-timeout", "0"], "--vllm-start-timeout must be a number of seconds > 0, got 0.0"),
     ],
 )
 def test_malformed_flags_fail_at_parse_time(flags, message, capsys):
@@ -193,16 +195,43 @@ def test_create_resolves_vllm_config_and_output_kind(checkpoints):
     assert (offline.max_model_len, offline.vocab_size, offline.final_only) == (300, 201088, True)
     resolved = offline.describe()["resolved"]
     assert (resolved["max_num_seqs"], resolved["device"], resolved["quantization"]) == (5, "cpu", None)
-    server = vllm_backend.create(run_config(checkpoints["bf16"], []))
+    server = vllm_backend.create(run_config(checkpoints["bf16"], INLINE))
     assert server.final_only is False and server.max_model_len == 131072  # the checkpoint's own
     forced = vllm_backend.create(run_config(checkpoints["bf16"], ["--vllm-output-kind", "delta"], "offline"))
     assert forced.final_only is False
 
 
+def test_the_process_follows_the_scenario_unless_forced(checkpoints):
+    from backends.vllm import VllmBackend
+    from backends.vllm_server import VllmServerBackend
+
+    def kind(flags, scenario):
+        return type(vllm_backend.create(run_config(checkpoints["bf16"], flags, scenario)))
+
+    assert kind([], "offline") is VllmBackend
+    assert kind([], "server") is VllmServerBackend
+    assert kind([], "interactive") is VllmServerBackend
+    assert kind(INLINE, "server") is VllmBackend
+    assert kind(["--vllm-process", "server"], "offline") is VllmServerBackend
+    # Nothing starts before __aenter__; the server resolves vLLM's serving defaults, inline the LLM
+    # class's (on CPU: 128 and 256 sequences).
+    server = vllm_backend.create(run_config(checkpoints["bf16"], []))
+    inline = vllm_backend.create(run_config(checkpoints["bf16"], INLINE))
+    assert server.describe()["server"]["pid"] is None and server.describe()["process"] == "server"
+    assert inline.describe()["process"] == "inline"
+    assert (server.describe()["resolved"]["max_num_seqs"], inline.describe()["resolved"]["max_num_seqs"]) == (
+        128,
+        256,
+    )
+    assert server.final_only is False and server.max_model_len == 131072 and server.vocab_size == 201088
+    offline = vllm_backend.create(run_config(checkpoints["bf16"], ["--vllm-process", "server"], "offline"))
+    assert offline.final_only is True  # whole replies, no SSE
+
+
 def test_sampling_settings_map_exactly(checkpoints):
     from vllm.sampling_params import RequestOutputKind
 
-    backend = vllm_backend.create(run_config(checkpoints["bf16"], []))
+    backend = vllm_backend.create(run_config(checkpoints["bf16"], INLINE))
     sp = backend._vllm_params(SamplingParams(max_new_tokens=77, temperature=0.6, top_p=0.9, top_k=0, seed=5))
     assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed) == (77, 0.6, 0.9, 0, 5)
     assert sp.stop_token_ids == [200002, 200012, 199999]

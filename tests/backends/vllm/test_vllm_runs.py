@@ -19,6 +19,7 @@ import pytest
 from harness.config import SamplingParams
 from tests.backends.vllm.vllmkit import (
     ENGINE_FLAGS,
+    INLINE,
     REPO,
     accuracy_tokens,
     generate,
@@ -108,7 +109,7 @@ def in_process(engine, monkeypatch):
     monkeypatch.setattr(vllm_backend, "create", create)
 
     def run(args: list) -> int:
-        return main(["run_mlperf.py", "--backend", "vllm", *map(str, args), *ENGINE_FLAGS])
+        return main(["run_mlperf.py", "--backend", "vllm", *map(str, args), *ENGINE_FLAGS, *INLINE])
 
     return run
 

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 # The flags the session engine is started with, as a user would type them.
 ENGINE_FLAGS = ["--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "64", "--dtype", "float32"]
+INLINE = ["--vllm-process", "inline"]  # AsyncLLM in this process whatever the scenario
 MAX_MODEL_LEN = 512
 
 
@@ -46,12 +47,14 @@ def parse_flags(flags: list[str]):
     return parse_options(VllmOptions, flags)
 
 
-def run_config(model_path: Path, flags: list[str], scenario: str = "server", **kw) -> RunConfig:
+def run_config(
+    model_path: Path, flags: list[str], scenario: str = "server", output_dir: Path = Path("unused"), **kw
+) -> RunConfig:
     return RunConfig(
         backend="vllm",
         scenario=scenario,
         input_file=None,
-        output_dir=Path("unused"),
+        output_dir=output_dir,
         sampling=SamplingParams(max_new_tokens=16, temperature=0.0),
         model_path=model_path,
         backend_options=parse_flags(flags),
