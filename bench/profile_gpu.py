@@ -147,6 +147,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--diag", action="store_true")
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--batch-invariant", action="store_true", help="the engine's --batch-invariant mode")
     args = ap.parse_args()
     if args.diag:
         diag(args.model_path)
@@ -160,6 +161,7 @@ def main() -> None:
             kernels="triton",
             cuda_graphs=not args.eager,
             decode_steps=1,  # one engine step = one decode step, so per-step figures divide cleanly
+            batch_invariant=args.batch_invariant,
         )
     )
     print(f"engine up in {time.perf_counter() - t:.1f} s")

@@ -6,7 +6,7 @@ Everything at once compiles ~40 kernel configurations (minutes on a fresh machin
 inside one 10-minute call, split it, e.g. --ms 1,4,16,64 --variants v1,v2,v2-2d,v2-bn16,v2-bn64,v2-s2,vllm
 and --ms 256,512,1024,4096,16384 --variants v1,v2,v2-noasm,v2-b32-s2,v2-b32-wg,v2-bm64,vllm.
 
-CUDA only; E 32, H = I = 2880, top-4, bf16. Prints, in this order:
+CUDA only; E 32 (--experts 128: 120b), H = I = 2880, top-4, bf16. Prints, in this order:
   1. bf16 subnormal checks: the v2 dequant puts the e2m1 code 0.5 on the bf16 subnormal 2^-127 and
      multiplies it by 2^(s-1) (mul.rn.bf16x2); torch.matmul and tl.dot on subnormal inputs, that
      multiply, and the v2 dequant against gptoss.mxfp4.dequantize bit for bit.
@@ -411,11 +411,14 @@ def run(rows: list) -> None:
 
 
 def main() -> None:
+    global E  # the shapes every helper reads: 20b's 32 experts unless told
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--variants", default=",".join([*VARIANTS, "vllm"]))
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--experts", type=int, default=E, help="128: gpt-oss-120b's experts (e128-* variants)")
     args = ap.parse_args()
+    E = args.experts
     if not torch.cuda.is_available():
         sys.exit("moe_gpu.py needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")

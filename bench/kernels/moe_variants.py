@@ -142,6 +142,22 @@ for _gu, _dn in [
     )
 
 
+# gpt-oss-120b (moe_gpu.py --experts 128): Offline decode batches of ~1024 give 32 rows an expert
+# (bucket 32; 64 at M 2048), where the v2 GEMMs took 84 % of a 120b step on the H200 (bench/results
+# 2026-11-23 v11 profile). The same tile for gate_up and down, both buckets.
+for _t in [
+    Tiles(32, 64, 128, 4, 4, xa=True),
+    Tiles(32, 128, 128, 4, 3, xa=True),
+    Tiles(32, 64, 256, 4, 3, xa=True),
+    Tiles(32, 64, 128, 4, 3),
+    Tiles(32, 128, 128, 8, 3),
+    Tiles(32, 32, 512, 4, 3, 4),
+    Tiles(32, 64, 512, 8, 3, 4),
+]:
+    VARIANTS[f"e128-{_t.bn}-{_t.bk}-w{_t.warps}-s{_t.stages}-k{_t.split}{'-xa' if _t.xa else ''}"] = Variant(
+        "v2", tiles={**_both(32, _t), **_both(64, _t)}, min_m=513, max_m=2048
+    )
+
 # v3 (gptoss.kernels.moe_v3): "v3" its table (moe_tiles._GATE_UP_TILES_V3 / _DOWN_TILES_V3) on
 # weights in the v3 layout (MMA lane fragments); "v3ds" the same table on checkpoint-order weights
 # through tl.dot_scaled (the simplest version, for comparison); "dual" the engine's setup on 20b
