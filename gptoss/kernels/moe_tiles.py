@@ -70,18 +70,27 @@ _DOWN_TILES_V2 = {
     64: _XA32,
     128: Tiles(128, 128, 128, 8, 3),
 }
+# 120b (128 experts): Offline decode batches give 32-64 rows an expert, and there the down GEMM on
+# 128-column xa tiles measured faster on the H100 (bench/results 2026-11-23 v11, --experts 128): M 1024
+# 612 -> 514 us, M 2048 972 -> 806 us (the gate_up was not faster on them: 1070 -> 1118).
+# Untimed alone at 20b's 32 experts, which keep _XA32.
+MANY_EXPERTS = 128
+_DOWN_TILES_V2_MANY = {32: Tiles(32, 128, 128, 4, 3, xa=True), 64: Tiles(32, 128, 128, 4, 3, xa=True)}
 TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 or v3 tiles; for benchmarks
 
 
 def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
     """choose_tiles for the v2 kernels: BK/split >= 128 (whole scale words) and BK <= 512 (scale pad)."""
     bucket = min(128, max(16, triton.next_power_of_2(triton.cdiv(t * top_k, e))))
-    return tiles_v2(bucket, n, k, gate_up)
+    return tiles_v2(bucket, n, k, gate_up, many_experts=e >= MANY_EXPERTS)
 
 
-def tiles_v2(bucket: int, n: int, k: int, gate_up: bool) -> Tiles:
+def tiles_v2(bucket: int, n: int, k: int, gate_up: bool, many_experts: bool = False) -> Tiles:
     """The v2 tiles of a BM bucket (16, 32, 64 or 128) fitted to n and k; TILE_OVERRIDE applies."""
-    cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V2 if gate_up else _DOWN_TILES_V2)[bucket]
+    table = _GATE_UP_TILES_V2 if gate_up else _DOWN_TILES_V2
+    if many_experts and not gate_up:
+        table = table | _DOWN_TILES_V2_MANY
+    cfg = TILE_OVERRIDE.get((bucket, gate_up)) or table[bucket]
     bn = min(cfg.bn, max(16, triton.next_power_of_2(n)))
     split = cfg.split
     bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))  # past K: the masked tail

@@ -246,6 +246,7 @@ def test_every_tile_shape_gives_the_same_result(tiles):
         Tiles(64, 64, 128, 4, 3),
         Tiles(128, 128, 128, 8, 3),
         Tiles(32, 64, 128, 4, 3, xa=True),
+        Tiles(32, 128, 128, 4, 3, xa=True),  # 120b's down at 32-64 rows an expert
         Tiles(128, 32, 128, 4, 2, xa=True),
     ],
 )
@@ -309,6 +310,11 @@ def test_choose_tiles_v2_keeps_scale_words_whole_and_warps_on_distinct_weights()
                 assert c.warps == c.split if c.split > 1 else c.warps <= max(1, c.bn // 16)
     up = choose_tiles_v2(1, 4, 32, 2880, 2880, True)
     assert up.bm == 16 and moe._grid(1, 4, 32, 2880, up)[0] * 4 * up.warps >= 8 * 132  # >= 8 warps an SM
+    # 120b's 128 experts at 32-64 rows an expert: the wide down tile; its gate_up and 20b keep xa 32x64
+    for t in (1024, 2048):
+        assert choose_tiles_v2(t, 4, 128, 2880, 2880, False) == Tiles(32, 128, 128, 4, 3, xa=True)
+        assert choose_tiles_v2(t, 4, 128, 2880, 2880, True) == Tiles(32, 64, 128, 4, 3, xa=True)
+        assert choose_tiles_v2(t // 4, 4, 32, 2880, 2880, False) == Tiles(32, 64, 128, 4, 3, xa=True)
 
 
 def _e2m1(code: torch.Tensor) -> torch.Tensor:
