@@ -50,7 +50,9 @@ def create(cfg: RunSpec) -> VllmBackend | VllmServerBackend:
     from vllm.platforms import current_platform
     from vllm.usage.usage_lib import UsageContext
 
-    kwargs = engine_kwargs(Path(cfg.model_path), opts, on_cpu=current_platform.is_cpu())
+    kwargs = engine_kwargs(
+        Path(cfg.model_path), opts, on_cpu=current_platform.is_cpu(), latency=cfg.scenario != "offline"
+    )
     server = opts.resolved_process(cfg.scenario) == "server"
     try:
         args = AsyncEngineArgs(**kwargs)

@@ -21,8 +21,12 @@ from backends.base import BackendError
 # - skip_tokenizer_init: token ids in and out, no tokenizer files needed;
 # - disable_log_stats: as vLLM's own offline LLM class (periodic stat lines cost time);
 # - on CPU, a fixed KV cache (vLLM's gpu_memory_utilization share of a NUMA node minus the
-#   worker's resident size goes negative on small machines), unless memory is set by the user.
+#   worker's resident size goes negative on small machines), unless memory is set by the user;
+# - in Server and Interactive, at most 2048 prompt tokens a step unless the user says otherwise: a long
+#   prefill step stalls every running decode. On an H100 (bench/results 2026-11-23 v11, 500 x (1024 ->
+#   512)) vLLM's own default of 8192 made 8 QPS INVALID (TPOT p99 104.6 ms); 2048 kept 8-24 QPS VALID.
 CPU_KV_CACHE_BYTES = 1 << 30
+LATENCY_BATCHED_TOKENS = 2048
 DEFAULTS: dict[str, Any] = {"disable_log_stats": True}
 RESERVED = {"model": "--model-path", "skip_tokenizer_init": "(always on: token ids in and out)"}
 OUTPUT_KINDS = ("auto", "delta", "final")
@@ -249,8 +253,11 @@ def _convert_extra(pairs: tuple[tuple[str, str], ...]) -> dict[str, Any]:
     return out
 
 
-def engine_kwargs(model_path: Path, opts: VllmOptions, *, on_cpu: bool) -> dict[str, Any]:
-    """The AsyncEngineArgs keyword arguments: the user's settings plus our documented defaults."""
+def engine_kwargs(
+    model_path: Path, opts: VllmOptions, *, on_cpu: bool, latency: bool = False
+) -> dict[str, Any]:
+    """The AsyncEngineArgs keyword arguments: the user's settings plus our documented defaults.
+    latency: a Server or Interactive run (LATENCY_BATCHED_TOKENS)."""
     named = opts.engine_args
     extra = _convert_extra(opts.extra_args)
     for key in extra:
@@ -265,4 +272,6 @@ def engine_kwargs(model_path: Path, opts: VllmOptions, *, on_cpu: bool) -> dict[
     kwargs = dict(DEFAULTS) | user
     if on_cpu and not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & user.keys():
         kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    if latency:
+        kwargs.setdefault("max_num_batched_tokens", LATENCY_BATCHED_TOKENS)
     return {"model": str(model_path), "skip_tokenizer_init": True} | kwargs

@@ -126,6 +126,12 @@ def test_engine_kwargs_hold_the_user_settings_plus_the_documented_defaults(tmp_p
         ]
         == 2 << 30
     )
+    # Server and Interactive: 2048 prompt tokens a step unless the user sets it; Offline: vLLM's default.
+    latency = engine_kwargs(tmp_path, VllmOptions(), on_cpu=False, latency=True)
+    assert latency["max_num_batched_tokens"] == 2048
+    assert "max_num_batched_tokens" not in engine_kwargs(tmp_path, VllmOptions(), on_cpu=False)
+    given = parse_flags(["--max-num-batched-tokens", "8192"])
+    assert engine_kwargs(tmp_path, given, on_cpu=False, latency=True)["max_num_batched_tokens"] == 8192
     # --lora-modules implies --enable-lora; an explicit --no-enable-lora is left for vLLM to judge.
     assert (
         engine_kwargs(tmp_path, parse_flags(["--lora-modules", "a=/x"]), on_cpu=False)["enable_lora"] is True
