@@ -174,7 +174,12 @@ def test_warm_moe_runs_every_power_of_two_up_to_the_step_size(monkeypatch):
     monkeypatch.setattr(kernel_model, "moe_forward", lambda x, *rest: seen.append((x.shape[0], x.dtype)))
     lay = SimpleNamespace(router_w=None, router_b=None, moe=None)
     fake = SimpleNamespace(
-        layers=[lay], embed=torch.zeros(8, 16, dtype=torch.bfloat16), top_k=4, alpha=1.702, limit=7.0
+        layers=[lay],
+        embed=torch.zeros(8, 16, dtype=torch.bfloat16),
+        top_k=4,
+        alpha=1.702,
+        limit=7.0,
+        batch_invariant=False,
     )
     kernel_model.KernelModel.warm_moe(fake, 300)
     assert seen == [
