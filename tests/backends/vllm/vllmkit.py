@@ -13,8 +13,13 @@ from harness.config import RunConfig, SamplingParams
 
 REPO = Path(__file__).resolve().parents[3]
 
-# The flags the session engine is started with, as a user would type them.
-ENGINE_FLAGS = ["--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "64", "--dtype", "float32"]
+# The flags the session engine is started with, as a user would type them. The batched tokens are
+# given, so that Offline and Server runs build the same engine (unset, Server takes 2048 and Offline
+# vLLM's own default).
+ENGINE_FLAGS = [
+    *("--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "64", "--dtype", "float32"),
+    *("--max-num-batched-tokens", "2048"),
+]
 INLINE = ["--vllm-process", "inline"]  # AsyncLLM in this process whatever the scenario
 MAX_MODEL_LEN = 512
 
