@@ -63,6 +63,7 @@ def _gemv_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     PREFETCH: tl.constexpr,
+    NT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     # Token blocks vary fastest, so the programs that share a block of W run together and all but
@@ -73,7 +74,7 @@ def _gemv_kernel(
         first = pid * BN
         n_rows = tl.minimum(N - first, BN)
         esize: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        l2_prefetch(w_ptr + first.to(tl.int64) * stride_w, ((n_rows - 1) * stride_w + K) * esize)
+        l2_prefetch(w_ptr + first.to(tl.int64) * stride_w, ((n_rows - 1) * stride_w + K) * esize, NT)
     pdl.wait_then_release(PDL)
     rows = pid * BN + tl.arange(0, BN)  # [BN]
     toks = pid_t * TB + tl.arange(0, TB)  # [TB]
@@ -172,6 +173,7 @@ def gemv(
         UPCAST=bool(triton.knobs.runtime.interpret),
         # bulk prefetches need 16-byte aligned rows
         PREFETCH=prefetch.on(x, "gemv") and (w.data_ptr() | w.stride(0) * w.element_size()) % 16 == 0,
+        NT=32 * warps,
         num_warps=warps,
         num_stages=stages,
         **pdl.args(x),

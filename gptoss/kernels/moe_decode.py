@@ -116,11 +116,11 @@ def _x_tile_ok(valid, kx, k0, K: tl.constexpr, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_rows(ptr, first, N, BN: tl.constexpr, stride, row_len, ESIZE: tl.constexpr):
+def _prefetch_rows(ptr, first, N, BN: tl.constexpr, stride, row_len, ESIZE: tl.constexpr, NT: tl.constexpr):
     """L2 prefetch of rows [first, first + BN) of N (row_len elements of ESIZE bytes each, `stride`
     elements apart) starting at ptr; nothing past row N - 1's last element."""
     n_rows = tl.minimum(N - first, BN)
-    l2_prefetch(ptr + first.to(tl.int64) * stride, ((n_rows - 1) * stride + row_len) * ESIZE)
+    l2_prefetch(ptr + first.to(tl.int64) * stride, ((n_rows - 1) * stride + row_len) * ESIZE, NT)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -154,6 +154,7 @@ def _gate_up_dec_kernel(
     PREC: tl.constexpr,
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
+    NT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Program (column block, slot): act[rows of the slot's expert, block] = swiglu(x @ W13^T + b13)."""
@@ -167,9 +168,9 @@ def _gate_up_dec_kernel(
         first = pid_n * BN
         for p in tl.static_range(2):
             w_rows = w_ptr + e.to(tl.int64) * stride_we + p * stride_wp
-            _prefetch_rows(w_rows, first, N, BN, stride_wn, K // 2, 1)
+            _prefetch_rows(w_rows, first, N, BN, stride_wn, K // 2, 1, NT)
             s_rows = s_ptr + e.to(tl.int64) * stride_se + p * stride_sp
-            _prefetch_rows(s_rows, first, N, BN, stride_sn, stride_sn, 4)
+            _prefetch_rows(s_rows, first, N, BN, stride_sn, stride_sn, 4, NT)
     EVEN_K: tl.constexpr = K % BK == 0
     n = pid_n * BN + tl.arange(0, BN)
     n_ld = n % N  # past-the-end columns reload valid rows; never stored
@@ -256,6 +257,7 @@ def _down_dec_kernel(
     PREC: tl.constexpr,
     ASM: tl.constexpr,
     PREFETCH: tl.constexpr,
+    NT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Program (column block, slot): y[rows of the slot's expert, block] = act @ W2_e^T + b2_e."""
@@ -267,8 +269,8 @@ def _down_dec_kernel(
         # the wrong rows, never change a value.
         e, n_rows, _ = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
         if n_rows > 0:
-            _prefetch_rows(w_ptr + e.to(tl.int64) * stride_we, pid_n * BN, N, BN, stride_wn, K // 2, 1)
-            _prefetch_rows(s_ptr + e.to(tl.int64) * stride_se, pid_n * BN, N, BN, stride_sn, stride_sn, 4)
+            _prefetch_rows(w_ptr + e.to(tl.int64) * stride_we, pid_n * BN, N, BN, stride_wn, K // 2, 1, NT)
+            _prefetch_rows(s_ptr + e.to(tl.int64) * stride_se, pid_n * BN, N, BN, stride_sn, stride_sn, 4, NT)
     pdl.wait_then_release(PDL)
     e, n_rows, packed = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
     if n_rows == 0:  # past the active experts
@@ -353,6 +355,7 @@ def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float
         PREC=_precision(x),
         ASM=common._use_asm(x),
         PREFETCH=_prefetches(x, "gate_up", w.w13, s13),
+        NT=32 * t.warps,
         num_warps=t.warps,
         num_stages=t.stages,
         **pdl.args(x),
@@ -388,6 +391,7 @@ def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles) -> Tensor:
         PREC=_precision(act),
         ASM=common._use_asm(act),
         PREFETCH=_prefetches(act, "down", w.w2, s2),
+        NT=32 * t.warps,
         num_warps=t.warps,
         num_stages=t.stages,
         **pdl.args(act),

@@ -49,7 +49,7 @@ else:
     sig |= dict(alpha="fp32", limit="fp32") if gate_up else {}
     consts = dict(N=2880, K=2880, E=32, BE=32, BM=1, BN=16, BK=512, SPLIT=4, PREC="tf32", ASM=True)
     consts |= dict(TOP_K=4) if gate_up else {}
-consts |= dict(PREFETCH=on, PDL=True)
+consts |= dict(PREFETCH=on, NT=128, PDL=True)
 idx = kernel.arg_names.index
 src = ASTSource(kernel, {**sig, **dict.fromkeys(consts, "constexpr")},
                 constexprs={(idx(k),): v for k, v in consts.items()})
@@ -68,9 +68,7 @@ def test_switch_values():
     assert prefetch._parts("") == frozenset(prefetch.PARTS)
     assert prefetch._parts("0") == frozenset()
     assert prefetch._parts("gemv,down") == {"gemv", "down"}
-    with pytest.raises(
-        ValueError, match=r"GPTOSS_PREFETCH='gemv,qkv': expected 0, 1 or a list \(comma or \+\) of "
-    ):
+    with pytest.raises(ValueError, match=r"GPTOSS_PREFETCH='gemv,qkv': expected 0, 1 or a comma list of "):
         prefetch._parts("gemv,qkv")
 
 
@@ -79,10 +77,11 @@ def test_off_without_a_compiled_gpu():
     assert not prefetch.on(torch.zeros(1), "gemv")
 
 
-@pytest.mark.parametrize("which, prefetches", [("gemv", 1), ("gate_up", 4), ("down", 2)])
+@pytest.mark.parametrize("which, prefetches", [("gemv", 1), ("gate_up", 2), ("down", 2)])
 def test_bulk_prefetch_in_the_sass_exactly_when_on(which, prefetches):
-    """One UBLKPF.L2 per prefetched span, issued once (one thread, uniform operands: no loop over
-    lanes): gemv's W rows; down's weight and scale rows; gate_up's for the gate and the up half."""
+    """Each prefetched span is one waterfall loop of UBLKPF.L2 (a uniform-register instruction);
+    gemv has one span (its W rows), the MoE kernels two per loop (weights and scales; gate_up's
+    gate and up halves are one unrolled loop each)."""
     if not (Path(__import__("triton").__file__).parent / "backends/nvidia/bin/cuobjdump").exists():
         pytest.skip("Triton's bundled cuobjdump is missing")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO))
@@ -99,7 +98,7 @@ def test_bulk_prefetch_in_the_sass_exactly_when_on(which, prefetches):
         assert out.returncode == 0, out.stderr[-2000:]
         counts[on] = json.loads(out.stdout.strip().splitlines()[-1])["bulk_prefetches"]
     assert counts["0"] == 0
-    assert counts["1"] == prefetches
+    assert counts["1"] >= prefetches
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (compiled kernels)")
