@@ -30,7 +30,7 @@ from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
 from gptoss.kernels.norm_route import _norm_logits_kernel  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-SHAPE = dict(N=2880, K=2880, TOP_K=4, E=32, BE=32, PREC="tf32", ASM=True, PREFETCH=True, NT=128, PDL=True)
+SHAPE = dict(N=2880, K=2880, TOP_K=4, E=32, BE=32, PREC="tf32", ASM=True, PDL=True)
 GEMM_SIG = dict(w_ptr="*u8", s_ptr="*i32", b_ptr="*fp32", counts_ptr="*i32", rows_ptr="*i32", T="i32")
 
 

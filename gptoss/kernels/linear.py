@@ -23,7 +23,6 @@ interpreter multiplies their raw bits); products of bf16 values are exact in flo
 
 from __future__ import annotations
 
-import os
 from functools import cache
 
 import torch
@@ -32,16 +31,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels import pdl, prefetch
-from gptoss.kernels.prefetch import l2_prefetch
+from gptoss.kernels import pdl
 from gptoss.kernels.rounding import round_to
 
 # linear() hands larger T to F.linear: every program re-reads its T rows of x from L2, which at
 # T = 16 is half of W's bytes again (QKV, BN 32), and cuBLAS's GEMM tiles stop being mostly padding.
 # bench/kernels/linear_gpu.py times T = 16 too: raise this if ours still wins there.
 GEMV_MAX_T = 8
-# W taller than wide (QKV [5120, 2880]) too, not only K > N: for timing it with L2 prefetch against cuBLAS.
-GEMV_TALL = os.environ.get("GPTOSS_GEMV_TALL", "0") == "1"
 
 
 @triton.jit
@@ -62,20 +58,13 @@ def _gemv_kernel(
     BK: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    NT: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    pdl.wait_then_release(PDL)
     # Token blocks vary fastest, so the programs that share a block of W run together and all but
     # the first read it from L2 (more than one token block: batch-invariant mode's larger T).
     pid_t = tl.program_id(0)
     pid = tl.program_id(1)
-    if PREFETCH and pid_t == 0:  # W never depends on the kernel before: ask L2 for it before waiting
-        first = pid * BN
-        n_rows = tl.minimum(N - first, BN)
-        esize: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        l2_prefetch(w_ptr + first.to(tl.int64) * stride_w, ((n_rows - 1) * stride_w + K) * esize, NT)
-    pdl.wait_then_release(PDL)
     rows = pid * BN + tl.arange(0, BN)  # [BN]
     toks = pid_t * TB + tl.arange(0, TB)  # [TB]
     kk = tl.arange(0, BK)  # [BK]
@@ -171,9 +160,6 @@ def gemv(
         # float32 engines (tests) get exact products, not tf32's 10-bit mantissas.
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST=bool(triton.knobs.runtime.interpret),
-        # bulk prefetches need 16-byte aligned rows
-        PREFETCH=prefetch.on(x, "gemv") and (w.data_ptr() | w.stride(0) * w.element_size()) % 16 == 0,
-        NT=32 * warps,
         num_warps=warps,
         num_stages=stages,
         **pdl.args(x),
@@ -192,7 +178,7 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         x.is_cuda
         and x.dim() == 2
         and 1 <= x.shape[0] <= GEMV_MAX_T
-        and (GEMV_TALL or w.shape[1] > w.shape[0])
+        and w.shape[1] > w.shape[0]
         and x.stride(1) == 1
         and w.stride(1) == 1
         and x.dtype == w.dtype

@@ -33,8 +33,6 @@ results compiled (bf16 rel error up to 7 at some tiles), so it is gone.
 
 from __future__ import annotations
 
-import functools
-import operator
 from dataclasses import dataclass
 
 import torch
@@ -44,12 +42,11 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import moe_common as common
-from gptoss.kernels import pdl, prefetch
+from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing, route_and_group
 from gptoss.kernels.moe_v2 import _v2_ptrs, _v2_step
-from gptoss.kernels.prefetch import l2_prefetch
 
 ENABLED = True  # moe_forward / moe_forward_from_logits take this path for 0 < T <= MAX_T on bits weights
 MAX_T = 16  # T*k/E <= 2 rows an expert on average at 20b; past it v2's M tiles amortize the weights
@@ -115,14 +112,6 @@ def _x_tile_ok(valid, kx, k0, K: tl.constexpr, SPLIT: tl.constexpr):
         return valid[None, None, :] & ((k0 + kx) < K)
 
 
-@triton.jit
-def _prefetch_rows(ptr, first, N, BN: tl.constexpr, stride, row_len, ESIZE: tl.constexpr, NT: tl.constexpr):
-    """L2 prefetch of rows [first, first + BN) of N (row_len elements of ESIZE bytes each, `stride`
-    elements apart) starting at ptr; nothing past row N - 1's last element."""
-    n_rows = tl.minimum(N - first, BN)
-    l2_prefetch(ptr + first.to(tl.int64) * stride, ((n_rows - 1) * stride + row_len) * ESIZE, NT)
-
-
 @triton.jit(do_not_specialize=["T"])
 def _gate_up_dec_kernel(
     x_ptr,
@@ -153,8 +142,6 @@ def _gate_up_dec_kernel(
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    NT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Program (column block, slot): act[rows of the slot's expert, block] = swiglu(x @ W13^T + b13)."""
@@ -164,13 +151,6 @@ def _gate_up_dec_kernel(
     e, n_rows, packed = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
     if n_rows == 0:  # past the active experts
         return
-    if PREFETCH:  # the gate and up rows and their scales, all at once: more bytes in flight
-        first = pid_n * BN
-        for p in tl.static_range(2):
-            w_rows = w_ptr + e.to(tl.int64) * stride_we + p * stride_wp
-            _prefetch_rows(w_rows, first, N, BN, stride_wn, K // 2, 1, NT)
-            s_rows = s_ptr + e.to(tl.int64) * stride_se + p * stride_sp
-            _prefetch_rows(s_rows, first, N, BN, stride_sn, stride_sn, 4, NT)
     EVEN_K: tl.constexpr = K % BK == 0
     n = pid_n * BN + tl.arange(0, BN)
     n_ld = n % N  # past-the-end columns reload valid rows; never stored
@@ -256,22 +236,12 @@ def _down_dec_kernel(
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    NT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Program (column block, slot): y[rows of the slot's expert, block] = act @ W2_e^T + b2_e."""
+    pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
-    if PREFETCH:
-        # Before the wait: the routing ended before the gate_up kernel before us passed its own wait
-        # (which is what let us launch), so the counts are final; a stale read would only prefetch
-        # the wrong rows, never change a value.
-        e, n_rows, _ = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
-        if n_rows > 0:
-            _prefetch_rows(w_ptr + e.to(tl.int64) * stride_we, pid_n * BN, N, BN, stride_wn, K // 2, 1, NT)
-            _prefetch_rows(s_ptr + e.to(tl.int64) * stride_se, pid_n * BN, N, BN, stride_sn, stride_sn, 4, NT)
-    pdl.wait_then_release(PDL)
     e, n_rows, packed = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
     if n_rows == 0:  # past the active experts
         return
@@ -314,14 +284,6 @@ def _down_dec_kernel(
         )
 
 
-def _prefetches(x: Tensor, part: str, w: Tensor, s: Tensor) -> bool:
-    """Whether `part`'s kernel prefetches w's and s's rows: on, and every row starts 16-byte aligned."""
-    return prefetch.on(x, part) and all(
-        (t.data_ptr() | functools.reduce(operator.or_, t.stride()[:-1]) * t.element_size()) % 16 == 0
-        for t in (w, s)
-    )
-
-
 def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, t: DecTiles) -> Tensor:
     """x [T, H] -> act [T*k, I], expert-packed: expert e's rows (in r.rows[e] order) start after
     those of the experts below e, so down finds them without loading r.rows."""
@@ -354,8 +316,6 @@ def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float
         SPLIT=t.split,
         PREC=_precision(x),
         ASM=common._use_asm(x),
-        PREFETCH=_prefetches(x, "gate_up", w.w13, s13),
-        NT=32 * t.warps,
         num_warps=t.warps,
         num_stages=t.stages,
         **pdl.args(x),
@@ -390,8 +350,6 @@ def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles) -> Tensor:
         SPLIT=t.split,
         PREC=_precision(act),
         ASM=common._use_asm(act),
-        PREFETCH=_prefetches(act, "down", w.w2, s2),
-        NT=32 * t.warps,
         num_warps=t.warps,
         num_stages=t.stages,
         **pdl.args(act),
