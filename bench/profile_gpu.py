@@ -1,10 +1,13 @@
 """Where a decode step's time goes on the GPU, and how far our logits are from the reference.
 
     python bench/profile_gpu.py --model-path CKPT [--batch 1 --batch 64] [--steps 20] [--diag]
+    python bench/profile_gpu.py --model-path CKPT --batch 0 --prefill 64x1024 [--max-num-batched-tokens 16384]
 
 profile: B requests of 128 prompt tokens are prefilled, then `--steps` decode steps run under
 torch.profiler. Printed per batch size: wall ms per step (CUDA events), host ms per step (before the
 step's one synchronisation), and each kernel's GPU µs per step and share, largest first.
+prefill: N prompts of L tokens are added at once and the steps that prefill them all (each up to
+--max-num-batched-tokens) run under torch.profiler: wall ms and prefill tokens/s, kernels as above.
 diag: one prefill forward of 4 prompts x 64 tokens through (a) our kernels in bf16, (b) the torch
 reference in bf16, (c) the torch reference in float32; prints rel L2 error of (a) and (b) against (c)
 and top-1 agreement, so kernel error can be told apart from bf16 noise of a random-weight model.
@@ -64,6 +67,68 @@ def profile(eng: LLMEngine, batch: int, steps: int) -> None:
     print(f"  {'kernel':60} {'us/step':>9} {'calls':>6} {'share':>6}")
     for name, (us, n) in sorted(per.items(), key=lambda kv: -kv[1][0])[:14]:
         print(f"  {name:60} {us / steps:9.1f} {n / steps:6.1f} {us / steps / total:6.1%}")
+    while eng.has_work():
+        eng.step()
+
+
+def host_prefill(eng: LLMEngine, n: int, length: int) -> None:
+    """The same prefill without torch.profiler, under cProfile: wall per step and the host's hot spots."""
+    import cProfile
+    import pstats
+
+    rng = random.Random(n * length + 1)
+    sp = SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True)
+    for i in range(n):
+        eng.add(f"h{n}x{length}-{i}", [rng.randrange(200_000) for _ in range(length)], sp)
+    torch.cuda.synchronize()
+    steps = 0
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    while any(s.num_computed < s.num_prompt_tokens for s in eng.seqs.values()):
+        eng.step()
+        steps += 1
+    torch.cuda.synchronize()
+    prof.disable()
+    wall = time.perf_counter() - t0
+    print(f"\nprefill {n}x{length} under cProfile: {steps} steps, {1000 * wall / steps:.1f} ms/step wall")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+    while eng.has_work():
+        eng.step()
+
+
+def profile_prefill(eng: LLMEngine, n: int, length: int) -> None:
+    rng = random.Random(n * length)
+    sp = SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True)
+    for i in range(2):  # warm-up: the same kernels and shapes, compiled before the timed steps
+        eng.add(f"w{i}", [rng.randrange(200_000) for _ in range(length)], sp)
+    while eng.has_work():
+        eng.step()
+    for i in range(n):
+        eng.add(f"f{n}x{length}-{i}", [rng.randrange(200_000) for _ in range(length)], sp)
+    torch.cuda.synchronize()
+    steps = 0
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        while any(s.num_computed < s.num_prompt_tokens for s in eng.seqs.values()):
+            eng.step()
+            steps += 1
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            p = per[ev.name[:60]]
+            p[0] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+            p[1] += 1
+    total = sum(v[0] for v in per.values()) / steps
+    print(
+        f"\nprefill {n}x{length}: {steps} steps, {1000 * wall / steps:.1f} ms/step wall (profiler on), "
+        f"kernels {total / 1000:.1f} ms/step, {n * length / wall:.0f} prefill tok/s"
+    )
+    print(f"  {'kernel':60} {'ms/step':>9} {'calls':>6} {'share':>6}")
+    for name, (us, c) in sorted(per.items(), key=lambda kv: -kv[1][0])[:16]:
+        print(f"  {name:60} {us / steps / 1000:9.2f} {c / steps:6.1f} {us / steps / total:6.1%}")
     while eng.has_work():
         eng.step()
 
@@ -148,6 +213,9 @@ def main() -> None:
     ap.add_argument("--diag", action="store_true")
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--batch-invariant", action="store_true", help="the engine's --batch-invariant mode")
+    ap.add_argument("--prefill", action="append", default=[], help="NxL: N prompts of L tokens")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--cprofile", action="store_true", help="--prefill again under cProfile (host hot spots)")
     args = ap.parse_args()
     if args.diag:
         diag(args.model_path)
@@ -158,6 +226,7 @@ def main() -> None:
             device="cuda",
             max_num_seqs=max(256, *(args.batch or [])),
             max_model_len=4096,
+            max_num_batched_tokens=args.max_num_batched_tokens,
             kernels="triton",
             cuda_graphs=not args.eager,
             decode_steps=1,  # one engine step = one decode step, so per-step figures divide cleanly
@@ -166,7 +235,13 @@ def main() -> None:
     )
     print(f"engine up in {time.perf_counter() - t:.1f} s")
     for b in args.batch or [1, 64]:
-        profile(eng, b, args.steps)
+        if b > 0:
+            profile(eng, b, args.steps)
+    for spec in args.prefill:
+        n, length = map(int, spec.split("x"))
+        profile_prefill(eng, n, length)
+        if args.cprofile:
+            host_prefill(eng, n, length)
 
 
 if __name__ == "__main__":
