@@ -112,10 +112,14 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
         prompts = rand_prompts(n, lin, seed=lin * 7 + n)
         if runner is not None:
             runner.host_times.clear()
+        phases = trace_steps(eng) if args.trace else None
         torch.cuda.synchronize()
         t = time.perf_counter()
         outs = eng.generate(prompts, greedy(lout))
         dt = time.perf_counter() - t
+        if phases is not None:
+            del eng.step, eng.scheduler.schedule  # back to the classes'
+            print_phases(spec, phases)
         n_out = sum(map(len, outs))
         host = runner.host_times if runner is not None else []
         emit(
@@ -134,6 +138,46 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
             },
         )
     return rows
+
+
+def trace_steps(eng) -> dict[str, list[float]]:
+    """Wrap eng.step (instance attribute) to sum wall seconds, steps, decode rows and prefill tokens
+    by the kind of step: prefill only, mixed (decodes and prefill chunks), decode, multi-step decode."""
+    phases: dict[str, list[float]] = {}
+    schedule, step = eng.scheduler.schedule, eng.step
+    last: list = []
+
+    def sched():
+        batch = schedule()
+        last[:] = [batch]
+        return batch
+
+    def traced():
+        t = time.perf_counter()
+        out = step()
+        dt = time.perf_counter() - t
+        if last and last[0]:
+            b = last[0]
+            dec = sum(1 for m in b.num_new if m == 1)
+            pre = sum(m for m in b.num_new if m != 1)
+            multi = max((len(d.token_ids) for _, d in out), default=1) > 1
+            kind = "multi-step decode" if multi else "decode" if not pre else "mixed" if dec else "prefill"
+            acc = phases.setdefault(kind, [0.0, 0, 0, 0])
+            acc[0] += dt
+            acc[1] += 1
+            acc[2] += dec
+            acc[3] += pre
+        return out
+
+    eng.scheduler.schedule = sched
+    eng.step = traced
+    return phases
+
+
+def print_phases(spec: str, phases: dict[str, list[float]]) -> None:
+    print(f"steps of {spec} by kind: wall s, steps, ms/step, mean decode rows, prefill tokens")
+    for kind, (sec, steps, dec, pre) in phases.items():
+        print(f"  {kind:18} {sec:8.2f} s {steps:6d} {1000 * sec / steps:8.2f} {dec / steps:8.1f} {pre:9d}")
 
 
 def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
@@ -287,6 +331,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--kernels", default="triton")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs for our engine")
+    ap.add_argument("--trace", action="store_true", help="our Offline runs' wall time by kind of step")
     ap.add_argument("--batch-invariant", action="store_true", help="our engine with --batch-invariant")
     ap.add_argument("--vllm-script", default=str(REPO / ".wc1" / "bench_vllm.py"))
     ap.add_argument("--out", type=Path, default=None)
