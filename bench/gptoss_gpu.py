@@ -72,6 +72,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
             "what": "startup",
             "engine_init_s": round(init, 1),
             "first_token_s": round(time.perf_counter() - T_PROCESS, 1),
+            "kv_cache_tokens": eng.runner.kv_cache_tokens,
         },
     )
     runner = eng.runner.kernel_runner

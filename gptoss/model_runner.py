@@ -20,13 +20,35 @@ if TYPE_CHECKING:
     from gptoss.engine_config import EngineConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# Without --kv-cache-tokens, the KV cache takes this share of free device memory (CPU: of
-# MemAvailable, capped, since the host runs other things and the tiny model needs little).
-CUDA_KV_SHARE = 0.85
+# Without --kv-cache-tokens, the KV cache on CUDA gets the free memory left after the kernels' second
+# copy of the experts and a reserve for a step's activations (step_workspace_bytes), at most
+# CUDA_KV_MAX_SHARE of it. A flat 0.85 share before left ~8 GB idle on an 80 GB H100 (20b): 1000 x
+# (1024 -> 1024) then ran ~900 sequences at a time and ended on a second wave and preemptions. CPU:
+# a share of MemAvailable, capped, since the host runs other things and the tiny model needs little.
+CUDA_KV_MAX_SHARE = 0.95
+CUDA_RESERVE_BYTES = 1 << 30  # cuBLAS workspaces, CUDA graph pools, the allocator's slack
 CPU_KV_SHARE = 0.25
 CPU_KV_CAP_BYTES = 1 << 30
 # Models whose decoded experts fit in this run every expert on every token (gptoss.moe_dense).
 DENSE_MOE_MAX_BYTES = 256 << 20
+
+
+def step_workspace_bytes(mc, tokens: int, seqs: int, itemsize: int) -> int:
+    """A step's activations at its largest, twice over for the caching allocator's fragmentation: per
+    token the hidden rows (x, residual, normed, the MoE's sum), QKV and the attention output, the
+    MoE's k rows of act [I] and y [H]; per sequence its float32 logits and their source row."""
+    h, d = mc.hidden_size, mc.head_dim
+    qkv = (mc.num_attention_heads + 2 * mc.num_key_value_heads) * d
+    per_token = itemsize * (4 * h + qkv + mc.num_attention_heads * d)
+    per_token += itemsize * mc.num_experts_per_tok * (mc.intermediate_size + h)
+    logits = seqs * mc.vocab_size * (4 + itemsize)
+    return 2 * tokens * per_token + logits
+
+
+def cuda_kv_budget(free: int, large_copy: int, workspace: int) -> int:
+    """Bytes for the KV cache out of `free` device memory, the weights already loaded."""
+    left = free - large_copy
+    return max(0, min(int(left * CUDA_KV_MAX_SHARE), left - workspace - CUDA_RESERVE_BYTES))
 
 
 class ModelRunner:
@@ -76,7 +98,7 @@ class ModelRunner:
             # Enough for every sequence at full length, or what memory allows: full layers pay per
             # token, sliding layers a ring per sequence.
             ring_bytes = n_ring * config.max_num_seqs * ring_len * bs * per_slot
-            budget = self._kv_budget() - ring_bytes
+            budget = self._kv_budget(config) - ring_bytes
             tokens = min(config.max_num_seqs * max_model_len, budget // max(1, n_full * per_slot))
         self.num_full_blocks = tokens // bs
         if self.num_full_blocks < 1:
@@ -127,15 +149,18 @@ class ModelRunner:
                 batch_invariant=config.batch_invariant,
             )
 
-    def _kv_budget(self) -> int:
+    def _kv_budget(self, config: EngineConfig) -> int:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            # the kernels' second copy of the experts (none in batch-invariant mode: v2 only)
+            large = 0  # the kernels' second copy of the experts (none in batch-invariant mode: v2 only)
             if self.kernels == "triton" and not self.batch_invariant:
                 from gptoss.kernel_model import large_copy_bytes
 
-                free -= large_copy_bytes(self.model)
-            return int(free * CUDA_KV_SHARE)
+                large = large_copy_bytes(self.model)
+            work = step_workspace_bytes(
+                self.model.cfg, config.max_num_batched_tokens, config.max_num_seqs, self.dtype.itemsize
+            )
+            return cuda_kv_budget(free, large, work)
         with open("/proc/meminfo") as f:
             avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
         return min(int(avail * CPU_KV_SHARE), CPU_KV_CAP_BYTES)
