@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.." || exit 1
 S=$HOME/b120; mkdir -p "$S"
 CK=/mnt/ck120/gptoss-120b-random
 WORK=$S/work; mkdir -p "$WORK"
-SHAPES=(--decode 128x512 --throughput 2000x1024x1278 --max-model-len 4096)
+SHAPES=(--decode 128x512 --throughput 2000x1024x1278 --max-model-len 4096 --trace)
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_USE_FLASHINFER_SAMPLER=0
 
