@@ -56,6 +56,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        kv_cache_tokens=args.kv_cache_tokens,
         kernels=args.kernels,
         cuda_graphs=not args.eager,
         batch_invariant=args.batch_invariant,
@@ -332,6 +333,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--kernels", default="triton")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs for our engine")
+    ap.add_argument("--kv-cache-tokens", type=int, default=None, help="our engine's KV cache size")
     ap.add_argument("--trace", action="store_true", help="our Offline runs' wall time by kind of step")
     ap.add_argument("--batch-invariant", action="store_true", help="our engine with --batch-invariant")
     ap.add_argument("--vllm-script", default=str(REPO / ".wc1" / "bench_vllm.py"))

@@ -154,18 +154,23 @@ class LLMEngine:
 
         Only a pure decode batch on CUDA graphs, and only while no waiting request could join: a
         multi-step would delay its prefill. Capped by the longest remaining output (no step is
-        wasted on every sequence), by the context limit, and by free KV blocks."""
+        wasted on every sequence), by the context limit, and by free KV blocks; while requests
+        wait (for KV room: 120b Offline waits most of its run), by the shortest remaining output,
+        so the blocks a finished sequence frees admit the next at once. The ordinary steps this
+        replaces cost ~15 ms of host time each there (87 vs 72 ms a step at ~900 sequences)."""
         kr, k = self.runner.kernel_runner, self.config.decode_steps
         if k <= 1 or kr is None or not kr.can_multi_step(batch):
             return 1
         sch = self.scheduler
-        if sch.waiting and len(sch.running) < sch.max_num_seqs:
+        if sch.can_admit_next():
             return 1
         k = min(
             k,
             max(s.max_tokens - s.num_tokens for s in batch.seqs),
             min(self.max_model_len - s.num_computed for s in batch.seqs),
         )
+        if sch.waiting:
+            k = min(k, min(s.max_tokens - s.num_tokens for s in batch.seqs))
         return k if k > 1 and sch.extend_decode(batch, k) else 1
 
     def fail_all(self) -> list[str]:

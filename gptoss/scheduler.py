@@ -5,15 +5,26 @@ a chunk for a long prompt), oldest first, within `max_num_batched_tokens`; what 
 admits waiting requests, at most `max_num_seqs` running. When the KV cache cannot grow, the
 newest running sequence is preempted: its blocks are freed and it is recomputed later from its
 tokens (prompt + output so far), so the oldest request always makes progress.
+
+A request that ignores EOS has a known final length (Sequence.max_tokens), and admitting it when
+the cache cannot hold that would only buy a preemption later, whose recompute is pure waste
+(gpt-oss-120b, 2000 x (1024 -> 1278) on an H200: 480k of 2.5M prefill tokens were recomputes).
+So admission keeps the blocks such running sequences will still grow into (`_growth`) out of
+reach, and admits one of them only if its whole final length fits too. Other requests are
+admitted on their next chunk, as before, but never into that reserve. GPTOSS_RESERVE_KNOWN=0 turns
+it off (A/B timing: bench/gptoss_gpu.py --trace), with the engine's multi-step rule it goes with.
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass, field
 
-from gptoss.block_manager import BlockManager
+from gptoss.block_manager import BlockManager, cdiv
 from gptoss.sequence import Sequence, Status
+
+RESERVE_KNOWN = os.environ.get("GPTOSS_RESERVE_KNOWN", "1") != "0"
 
 
 @dataclass(slots=True)
@@ -115,18 +126,43 @@ class Scheduler:
         batch.num_new.append(n)
         return True
 
+    def _final_blocks(self, seq: Sequence) -> int:
+        """Full blocks a known-length sequence will hold at its end (0: its length is unknown)."""
+        return cdiv(seq.max_tokens, self.bm.block_size) if RESERVE_KNOWN and seq.params.ignore_eos else 0
+
+    def _growth(self) -> int:
+        """Full blocks the running known-length sequences will still take."""
+        return sum(max(0, self._final_blocks(s) - len(s.full_blocks)) for s in self.running)
+
+    def _fits(self, seq: Sequence, n: int, growth: int) -> bool:
+        """Whether admitting `seq` with an n-token first chunk keeps `growth` blocks and the
+        watermark free (a known-length `seq`: its whole final length, so it never preempts)."""
+        reserve = (self.watermark_blocks if self.running else 0) + growth
+        extra = max(0, self._final_blocks(seq) - cdiv(n, self.bm.block_size))
+        return self.bm.can_allocate(seq, n, reserve + extra)
+
+    def can_admit_next(self) -> bool:
+        """Whether the next waiting request could join now (engine: no multi-step if it could)."""
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return False
+        if not RESERVE_KNOWN:  # the rule before: any waiting request blocks multi-step
+            return True
+        seq = self.waiting[0]
+        return self._fits(seq, min(seq.num_tokens, self.max_num_batched_tokens), self._growth())
+
     def _admit(self, batch: Batch, budget: int) -> int:
+        growth = self._growth()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             n = min(seq.num_tokens, budget)
-            reserve = self.watermark_blocks if self.running else 0
-            if not self.bm.can_allocate(seq, n, reserve):
+            if not self._fits(seq, n, growth):
                 if not self.running:  # the whole cache is free and still too small
                     raise RuntimeError(
                         f"the KV cache ({self.bm.max_tokens_per_seq()} tokens) cannot "
                         f"hold {n} positions of {seq!r}"
                     )
                 break
+            growth += max(0, self._final_blocks(seq) - cdiv(n, self.bm.block_size))
             self.waiting.popleft()
             self.bm.allocate(seq, n)
             seq.status = Status.RUNNING

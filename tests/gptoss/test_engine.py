@@ -68,12 +68,25 @@ def test_batch_outputs_equal_each_request_alone(engine):
 def test_cache_pressure_preempts_and_recomputes_without_changing_outputs(tiny_checkpoint, engine):
     small = make_engine(tiny_checkpoint, kv_cache_tokens=400, max_num_batched_tokens=512)
     prompts = prompts_of([100, 90, 80, 70], seed=2)
-    params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    # no stop ids, but EOS not ignored: the final lengths are unknown to admission, so it overcommits
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, stop_token_ids=())
     outs = small.generate(prompts, params)
     assert small.scheduler.num_preemptions > 0
     assert outs == [alone(engine, p, params) for p in prompts]
     bm = small.scheduler.bm
     assert (bm.full.num_free, bm.ring.num_free) == (bm.full.num_blocks, bm.ring.num_blocks)
+
+
+def test_known_lengths_under_cache_pressure_wait_instead_of_preempting(tiny_checkpoint, engine):
+    """The same prompts ignoring EOS: admission reserves each one's final length, so none is
+    preempted (no recompute) and the outputs are the same as alone."""
+    small = make_engine(tiny_checkpoint, kv_cache_tokens=400, max_num_batched_tokens=512)
+    prompts = prompts_of([100, 90, 80, 70], seed=2)
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    outs = small.generate(prompts, params)
+    assert small.scheduler.num_preemptions == 0
+    assert outs == [alone(engine, p, params) for p in prompts]
+    assert list(map(len, outs)) == [40] * 4
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(engine):

@@ -160,7 +160,8 @@ def test_decode_continues_while_new_requests_prefill_in_chunks():
 def test_preempts_newest_and_recomputes_it_later():
     bm = BlockManager(num_full_blocks=4, block_size=4, window=8)  # 16 positions in all
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
-    a, b = (make_seq(i, 6, 20, max_model_len=16, ignore_eos=True) for i in range(2))
+    # stop ids on (the sampled 3 is none of them): the final lengths are unknown to admission
+    a, b = (make_seq(i, 6, 20, max_model_len=16) for i in range(2))
     sched.add(a)
     sched.add(b)
     preempted_at = []
@@ -174,6 +175,43 @@ def test_preempts_newest_and_recomputes_it_later():
     assert preempted_at == [([b], 9, 9)]  # feeding position 8 needs a third block
     assert b.num_preemptions == 1
     assert (a.finish_reason, len(a), b.finish_reason, len(b)) == ("length", 16, "length", 16)
+
+
+def test_known_final_lengths_are_reserved_so_nothing_is_preempted():
+    """The same two requests ignoring EOS (final length 16 = the whole cache): b waits for a's end
+    instead of being admitted, preempted and recomputed; meanwhile can_admit_next says no."""
+    bm = BlockManager(num_full_blocks=4, block_size=4, window=8)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    a, b = (make_seq(i, 6, 20, max_model_len=16, ignore_eos=True) for i in range(2))
+    sched.add(a)
+    sched.add(b)
+    admitted_b_at = None
+    steps = 0
+    while len(sched):
+        batch = sched.schedule()
+        assert not batch.preempted
+        if b in batch.seqs and admitted_b_at is None:
+            admitted_b_at = (steps, a.finish_reason)
+        if a.status is Status.RUNNING and b.status is Status.WAITING:
+            assert not sched.can_admit_next()
+        sched.postprocess(batch, [3] * sum(batch.sample))
+        bm.check_invariants(sched.running)
+        steps += 1
+    assert admitted_b_at == (10, "length")  # a: its prefill step (token 7) + 9 decodes to 16 tokens
+    assert sched.num_preemptions == 0
+    assert (len(a), len(b)) == (16, 16)
+
+
+def test_known_lengths_admit_together_when_they_fit():
+    """Room for both final lengths (2 x 3 blocks of 8): both join in the first step."""
+    bm = BlockManager(num_full_blocks=8, block_size=4, window=8)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    seqs = [make_seq(i, 6, 6, max_model_len=16, ignore_eos=True) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    batch = sched.schedule()
+    assert batch.seqs == seqs[:2]  # the third's 3 blocks would eat into the first two's growth
+    assert not sched.can_admit_next()
 
 
 def test_a_sequence_larger_than_the_whole_cache_fails_loudly():
