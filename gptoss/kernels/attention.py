@@ -10,7 +10,8 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import pdl
-from gptoss.kernels.attention_kernel import _attn_kernel, _reduce_kernel
+from gptoss.kernels.attention_kernel import _attn_kernel
+from gptoss.kernels.attention_reduce import _reduce_kernel
 
 LOG2E = 1.4426950408889634
 # Decode splits the keys of a (sequence, KV head) over several programs until about this many

@@ -23,11 +23,10 @@ from __future__ import annotations
 from torch import Tensor
 
 from gptoss.kernels.linear import gemv
-from gptoss.kernels.moe import combine
+from gptoss.kernels.moe import _v2_experts
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import route_and_group
 from gptoss.kernels.moe_tiles import tiles_v2
-from gptoss.kernels.moe_v2 import down_v2, gate_up_v2
 
 # Tokens per program of the projections: at decode the padding rows are masked loads (no bytes),
 # at prefill W is read once per 64 tokens, from L2 for all but the first token block.
@@ -66,6 +65,5 @@ def moe_forward(
         return x.clone()
     logits = linear(x, router_weight, router_bias)  # [T, E]
     r = route_and_group(logits, top_k)
-    act = gate_up_v2(x, r, w, alpha, limit, tiles_v2(MOE_BUCKET, i, h, gate_up=True))  # [T*k, I]
-    y = down_v2(act, r, w, tiles_v2(MOE_BUCKET, h, i, gate_up=False))  # [T*k, H]
-    return combine(y, r.weights, x.dtype)
+    gate_up_tiles = tiles_v2(MOE_BUCKET, i, h, gate_up=True)
+    return _v2_experts(x, r, w, alpha, limit, gate_up_tiles, tiles_v2(MOE_BUCKET, h, i, gate_up=False))

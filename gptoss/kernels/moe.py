@@ -100,6 +100,15 @@ def combine(y: Tensor, weights: Tensor, dtype: torch.dtype) -> Tensor:
     return out
 
 
+def _v2_experts(
+    x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, gate_up_tiles: Tiles, down_tiles: Tiles
+) -> Tensor:
+    """x [T, H] routed by r -> [T, H] in x.dtype: the v2 GEMMs (bits layout) on these tiles, then combine."""
+    act = gate_up_v2(x, r, w, alpha, limit, gate_up_tiles)  # [T*k, I]
+    y = down_v2(act, r, w, down_tiles)  # [T*k, H]
+    return combine(y, r.weights, x.dtype)
+
+
 def moe_forward(
     x: Tensor,
     router_weight: Tensor,
@@ -146,9 +155,10 @@ def moe_forward_from_logits(
         return moe_decode.experts_dec(x, r, w, alpha, limit)
     w = for_rows(w, t, top_k)  # the large-batch copy (MoEWeights.large) from LARGE_MIN_ROWS rows an expert
     if w.layout == "bits":
-        act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True))  # [T*k, I]
-        y = down_v2(act, r, w, choose_tiles_v2(t, top_k, e, h, i, gate_up=False))  # [T*k, H]
-    elif w.layout in ("v3", "v3ds"):
+        gate_up_tiles = choose_tiles_v2(t, top_k, e, i, h, gate_up=True)
+        down_tiles = choose_tiles_v2(t, top_k, e, h, i, gate_up=False)
+        return _v2_experts(x, r, w, alpha, limit, gate_up_tiles, down_tiles)
+    if w.layout in ("v3", "v3ds"):
         act = gate_up_v3(x, r, w, alpha, limit, choose_tiles_v3(t, top_k, e, i, h, gate_up=True))
         y = down_v3(act, r, w, choose_tiles_v3(t, top_k, e, h, i, gate_up=False))
     else:

@@ -19,7 +19,7 @@ from backends.http import (
     StreamBrokenError,
 )
 from harness.config import SamplingParams
-from tests.backends.fault_server import sent_ids
+from tests.backends.fault_handlers import sent_ids
 from tests.backends.httpkit import (
     BOTH,
     FAULT_SERVER,

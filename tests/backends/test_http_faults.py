@@ -24,7 +24,7 @@ from backends.http import (
     TokenLimitExceededError,
 )
 from harness.config import SamplingParams
-from tests.backends.fault_server import before_fault, sent_ids
+from tests.backends.fault_handlers import before_fault, sent_ids
 from tests.backends.httpkit import (
     BOTH,
     FAULT_SERVER,

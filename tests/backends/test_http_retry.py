@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from backends.http import ServerHTTPError
-from tests.backends.fault_server import sent_ids
+from tests.backends.fault_handlers import sent_ids
 from tests.backends.httpkit import BOTH, PARAMS, N, collect, get_json, make_backend
 
 pytestmark = pytest.mark.timeout(60)

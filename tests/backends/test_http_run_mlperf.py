@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.fault_server import before_fault, sent_ids
+from tests.backends.fault_handlers import before_fault, sent_ids
 from tests.backends.httpkit import (
     FAULT_SERVER,
     ROOT,

@@ -18,6 +18,17 @@ def run_cli(args: list[str]) -> int:
     return main(["run_mlperf.py", *map(str, args)])
 
 
+def parse_cli(argv: list, env: dict | None = None, monkeypatch=None):
+    """The RunConfig of `run_mlperf.py ARGV`; with monkeypatch, MLPERF_BACKEND unset and env set first."""
+    from harness.cli import parse_config
+
+    if monkeypatch is not None:
+        monkeypatch.delenv("MLPERF_BACKEND", raising=False)
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+    return parse_config(["run_mlperf.py", *map(str, argv)])
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -1,5 +1,5 @@
 """The CLI: a superset of the MLCommons reference's flags, the backend from the environment,
-generation settings, and the embedded default."""
+generation settings, and the embedded default (each backend's own flags: test_cli_backend_flags.py)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import build_parser, parse_config
+from harness.cli import build_parser
 from harness.generation import GenerationConfigError, load_sampling
+from tests.harness.runkit import parse_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _config(argv: list, env: dict | None = None, monkeypatch=None):
-    if monkeypatch is not None:
-        monkeypatch.delenv("MLPERF_BACKEND", raising=False)
-        for k, v in (env or {}).items():
-            monkeypatch.setenv(k, v)
-    return parse_config(["run_mlperf.py", *map(str, argv)])
 
 
 def test_help_works_without_heavy_imports_and_says_num_workers_is_ignored():
@@ -75,7 +68,7 @@ def test_a_reference_command_line_works_unchanged(fake_backend, tmp_path, monkey
     )
     conf = tmp_path / "user.conf"
     conf.write_text("gpt-oss-120b.Server.target_qps = 1\n")
-    cfg = _config(
+    cfg = parse_cli(
         [
             "--scenario",
             "server",
@@ -121,29 +114,29 @@ def test_a_reference_command_line_works_unchanged(fake_backend, tmp_path, monkey
 
 
 def test_backend_from_environment_and_the_flag_wins(fake_backend, monkeypatch):
-    assert _config([], env={"MLPERF_BACKEND": "fake"}, monkeypatch=monkeypatch).backend == "fake"
+    assert parse_cli([], env={"MLPERF_BACKEND": "fake"}, monkeypatch=monkeypatch).backend == "fake"
     monkeypatch.setenv("MLPERF_BACKEND", "nonsense")
-    assert _config(["--backend", "fake"]).backend == "fake"
+    assert parse_cli(["--backend", "fake"]).backend == "fake"
     with pytest.raises(SystemExit):
-        _config([])  # MLPERF_BACKEND=nonsense is refused by name
+        parse_cli([])  # MLPERF_BACKEND=nonsense is refused by name
 
 
 def test_embedded_default_uses_the_bundled_data_and_short_settings(fake_backend, monkeypatch):
-    cfg = _config(["--backend", "fake"], monkeypatch=monkeypatch)
+    cfg = parse_cli(["--backend", "fake"], monkeypatch=monkeypatch)
     assert cfg.input_file.name == "sample.parquet" and cfg.input_file.parent.name == "data"
     assert (cfg.min_duration_s, cfg.min_query_count, cfg.target_qps) == (0.0, 24, None)
     assert any("not a valid submission setting" in n for n in cfg.notes)
-    srv = _config(["--backend", "fake", "--scenario", "server", "--target-qps", 3])
+    srv = parse_cli(["--backend", "fake", "--scenario", "server", "--target-qps", 3])
     assert (srv.min_duration_s, srv.min_query_count, srv.target_qps) == (0.0, 120, 3.0)  # flags win
     assert srv.latency_percentile == 0.9
     assert any("judged at p90 instead of p99" in n for n in srv.notes)
-    inter = _config(["--backend", "fake", "--scenario", "interactive"])
+    inter = parse_cli(["--backend", "fake", "--scenario", "interactive"])
     assert (inter.min_query_count, inter.target_qps, inter.latency_percentile) == (48, 1.0, 0.9)
     assert any("usually ends INVALID (exit 3) on a busy one" in n for n in inter.notes)
-    real = _config(["--backend", "fake", "--input-file", "x.parquet"])
+    real = parse_cli(["--backend", "fake", "--input-file", "x.parquet"])
     assert (real.min_duration_s, real.min_query_count, real.target_qps) == (None, None, None)
     assert real.latency_percentile is None
-    own = _config(["--backend", "fake", "--scenario", "server", "--user-conf", "user.conf"])
+    own = parse_cli(["--backend", "fake", "--scenario", "server", "--user-conf", "user.conf"])
     assert (own.min_query_count, own.target_qps, own.latency_percentile) == (
         None,
         None,
@@ -226,165 +219,12 @@ def test_run_json_records_command_settings_backend_and_versions(fake_backend, tm
     assert record["result"]["validity"] == "VALID"
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (
-            ["--backend", "vllm", "--device", "cpu"],
-            "--device has no effect with --backend vllm; remove it or choose the backend it belongs to",
-        ),
-        (
-            ["--backend", "gptoss", "--server-url", "http://127.0.0.1:1", "--retries", "2"],
-            "--server-url, --retries have no effect with --backend gptoss; "
-            "remove them or choose the backend they belong to",
-        ),
-        (
-            ["--backend", "sglang", "--no-stream", "--seed", "3"],
-            "--seed has no effect with --backend sglang; remove it or choose the backend it belongs to "
-            "(gptoss)",
-        ),
-        (
-            ["--backend", "openai", "--max-num-seqs", "8"],
-            "--max-num-seqs has no effect with --backend openai",
-        ),
-    ],
-)
-def test_a_flag_of_another_backend_is_refused_not_ignored(argv, message, capsys, monkeypatch):
-    with pytest.raises(SystemExit) as e:
-        _config(argv, monkeypatch=monkeypatch)
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert message in err and err.startswith("error: ") and err.count("\n") == 1
-
-
-def test_a_flag_means_what_its_backend_says(monkeypatch):
-    from gptoss.engine import EngineConfig
-
-    vllm_cfg = _config(
-        ["--backend", "vllm", "--max-num-seqs", "8", "--dtype", "auto"], monkeypatch=monkeypatch
-    )
-    assert vllm_cfg.backend_options.engine_args == {"max_num_seqs": 8, "dtype": "auto"}  # only what was set
-    gptoss_cfg = _config(["--backend", "gptoss", "--max-num-seqs", "8", "--device", "cpu", "--seed", "5"])
-    # EngineConfig is the gptoss options, built whole; the model path is the runner's to fill in
-    assert gptoss_cfg.backend_options == EngineConfig(device="cpu", max_num_seqs=8, seed=5)
-    assert _config(["--backend", "gptoss"]).backend_options == EngineConfig()
-    sglang = _config(["--backend", "sglang", "--stream-interval", "4", "--first-token-timeout", "0"])
-    assert (sglang.backend_options.stream_interval, sglang.backend_options.first_token_timeout_s) == (4, None)
-
-
-def test_help_shows_each_backends_own_flags_and_defaults(capsys):
-    from harness.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(["run_mlperf.py", "--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
-    gptoss = " ".join(out[out.index("--backend gptoss:") : out.index("--backend vllm:")].split())
-    vllm = " ".join(out[out.index("--backend vllm:") : out.index("--backend sglang:")].split())
-    assert "--dtype {bfloat16,float32}" in gptoss and "most running requests (default: 256)" in gptoss
-    assert "--dtype {auto,half,float16,bfloat16,float,float32}" in vllm
-    assert "256 on CPU" in vllm and "(default: 256)" not in vllm
-    assert "--seed SEED" in gptoss and "--engine-seed" not in out
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--backend", "gptoss", "--dtype", "auto"], "argument --dtype: invalid choice: 'auto'"),
-        (["--backend", "gptoss", "--engine-seed", "3"], "unrecognized arguments: --engine-seed 3"),
-        (["--backend", "gptoss", "--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
-        (["--backend", "gptoss", "--max-model-len", "1"], "--max-model-len must be >= 2, got 1"),
-        (["--backend", "gptoss", "--device", "tpu"], "--device must be cpu or cuda, got 'tpu'"),
-        (["--target-qps", "inf"], "argument --target-qps: expected a finite number, got 'inf'"),
-        (["--target-qps", "1e400"], "argument --target-qps: expected a finite number, got '1e400'"),
-        (["--min-duration", "nan"], "argument --min-duration: expected a finite number, got 'nan'"),
-        (["--timeout=-inf"], "argument --timeout: expected a finite number, got '-inf'"),
-        (["--interrupt-grace", "-1"], "argument --interrupt-grace: must be >= 0, got -1"),
-        (["--max-samples", "1e3"], "argument --max-samples: expected an integer, got '1e3'"),
-        (["--backend", "vllm", "--gpu-memory-utilization", "nan"], "expected a finite number, got 'nan'"),
-        (["--backend", "sglang", "--ready-timeout", "Infinity"], "expected a finite number, got 'Infinity'"),
-        (["--backend", "sglang", "--first-token-timeout", "inf"], "expected a finite number, got 'inf'"),
-        (["--backend", "sglang", "--retries", "-1"], "--retries must be >= 0, got -1"),
-        (
-            ["--backend", "sglang", "--server-url", "not-a-url"],
-            "--server-url 'not-a-url' is not an http(s) URL",
-        ),
-        (
-            ["--backend", "openai", "--server-url", "http://:80"],
-            "--server-url 'http://:80' is not an http(s) URL",
-        ),
-        (
-            ["--backend", "openai", "--server-url", "http://h:99999"],
-            "--server-url 'http://h:99999': Port out of range",
-        ),
-        (
-            ["--backend", "openai", "--server-url", "ftp://h:1"],
-            "is not an http(s) URL; give http://HOST:PORT",
-        ),
-        (
-            ["--backend", "nope"],
-            "--backend='nope' is not a backend; choose one of gptoss, vllm, sglang, openai",
-        ),
-        (["--max-num"], "unrecognized arguments: --max-num"),  # no abbreviations: a prefix is not a flag
-    ],
-)
-def test_bad_flags_exit_2_with_one_error_line(argv, message, capsys, monkeypatch):
-    with pytest.raises(SystemExit) as e:
-        _config(argv, monkeypatch=monkeypatch)
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
-
-
 def test_nonfinite_numbers_in_the_generation_config_are_refused(tmp_path):
     for text in ('{"temperature": NaN}', '{"top_p": Infinity}', '{"temperature": 1e400}'):
         path = tmp_path / "g.json"
         path.write_text(text)
         with pytest.raises(GenerationConfigError, match="must be a number"):
             load_sampling(path, accuracy=False)
-
-
-def test_parse_options_builds_one_backends_options_from_its_flags():
-    from backends.vllm_args import VllmOptions
-    from harness.options import parse_options
-
-    opts = parse_options(VllmOptions, ["--lora-modules", "a=/x", "--vllm-arg", "k=1", "--vllm-arg", "j=2"])
-    assert opts.lora == ("a", "/x") and opts.extra_args == (("k", "1"), ("j", "2"))
-
-
-@pytest.mark.parametrize(
-    "scenario,process,noted",
-    [
-        ("server", "inline", True),
-        ("interactive", "inline", True),
-        ("offline", "inline", False),
-        ("server", None, False),  # the default there: vLLM's own server process
-        ("interactive", "auto", False),
-        ("server", "server", False),
-    ],
-)
-def test_only_inline_vllm_latency_runs_carry_the_in_process_note(monkeypatch, scenario, process, noted):
-    from harness.notes import VLLM_LATENCY_NOTE
-
-    forced = ["--vllm-process", process] if process else []
-    cfg = _config(
-        [
-            "--backend",
-            "vllm",
-            "--scenario",
-            scenario,
-            "--input-file",
-            "d.parquet",
-            "--model-path",
-            "m",
-            *forced,
-        ],
-        monkeypatch=monkeypatch,
-    )
-    assert (VLLM_LATENCY_NOTE in cfg.notes) is noted
-    assert cfg.backend_options.process == (process or "auto")
-    assert "TPOT p99 about 2x on an H100" in VLLM_LATENCY_NOTE
-    assert "leave --vllm-process at its default, server" in VLLM_LATENCY_NOTE
 
 
 @pytest.mark.parametrize(
@@ -400,5 +240,5 @@ def test_only_inline_vllm_latency_runs_carry_the_in_process_note(monkeypatch, sc
 def test_latency_runs_without_warmup_carry_a_note(fake_backend, monkeypatch, extra, noted):
     from harness.notes import WARMUP_NOTE
 
-    cfg = _config(["--backend", "fake", "--input-file", "d.parquet", *extra], monkeypatch=monkeypatch)
+    cfg = parse_cli(["--backend", "fake", "--input-file", "d.parquet", *extra], monkeypatch=monkeypatch)
     assert (WARMUP_NOTE in cfg.notes) is noted

@@ -17,6 +17,15 @@ from gptoss.engine import EngineConfig, LLMEngine  # noqa: E402
 from gptoss.kernels import batch_invariant as bi  # noqa: E402
 from gptoss.kernels.attention import decode_splits  # noqa: E402
 from gptoss.sampling import SamplingParams  # noqa: E402
+from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the autouse fixtures apply here too
+    ALPHA,
+    DEV,
+    LIMIT,
+    interpreter_like_the_gpu,
+    make_moe,
+    poisoned_buffers,
+)
+from tests.gptoss.kernels.moekit import reference as moe_reference  # noqa: E402
 from tests.gptoss.kernels.test_attention_kernel import (  # noqa: E402
     BS,
     TOL,
@@ -27,15 +36,6 @@ from tests.gptoss.kernels.test_attention_kernel import (  # noqa: E402
     table_tensor,
 )
 from tests.gptoss.kernels.test_kernel_engine import make_engine, prompts_of  # noqa: E402
-from tests.gptoss.kernels.test_moe_kernel import (  # noqa: E402, F401 - the autouse fixtures apply here too
-    ALPHA,
-    DEV,
-    LIMIT,
-    interpreter_like_the_gpu,
-    make_moe,
-    poisoned_buffers,
-)
-from tests.gptoss.kernels.test_moe_kernel import reference as moe_reference  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 

@@ -24,7 +24,7 @@ import triton  # noqa: E402
 from gptoss.kernels import moe, moe_decode  # noqa: E402
 from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
-from tests.gptoss.kernels.test_moe_kernel import (  # noqa: E402, F401 - fixtures used by name
+from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - fixtures used by name
     ALPHA,
     DEV,
     LIMIT,

@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 from gptoss.kernels import moe, moe_decode, moe_layout, moe_lora  # noqa: E402
 from gptoss.kernels.moe import MoEWeights, prepare_moe_weights  # noqa: E402
 from gptoss.kernels.moe_layout import for_rows  # noqa: E402
-from tests.gptoss.kernels.test_moe_kernel import (  # noqa: E402, F401 - the fixtures apply here too
+from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the fixtures apply here too
     DEV,
     check_against_reference,
     interpreter_like_the_gpu,

@@ -25,7 +25,7 @@ from gptoss.kernels.moe_lora import moe_forward_lora, prepare_moe_lora, shrink  
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.lora import LoraAdapter, LoraTarget  # noqa: E402
 from gptoss.lora_stack import LoraStack  # noqa: E402
-from tests.gptoss.kernels.test_moe_kernel import (  # noqa: E402, F401 (the autouse fixture applies here too)
+from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 (the autouse fixture applies here too)
     ALPHA,
     DEV,
     LIMIT,

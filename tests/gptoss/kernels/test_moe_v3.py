@@ -35,19 +35,19 @@ from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import TILE_OVERRIDE, choose_tiles_v3  # noqa: E402
 from gptoss.kernels.moe_v3 import _V3_ASM  # noqa: E402
 from gptoss.mxfp4 import E2M1_VALUES, dequantize  # noqa: E402
-from tests.gptoss.kernels.test_moe_kernel import (  # noqa: E402, F401 - the fixtures apply here too
+from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the fixtures apply here too
     ALPHA,
     DEV,
     LIMIT,
-    _e2m1,
-    _run_ptx,
     check_against_reference,
+    e2m1,
     gpu,
     interpreter_like_the_gpu,
     make_moe,
     poisoned_buffers,
     pytestmark,
     reference,
+    run_ptx,
 )
 
 TOL = 1e-2
@@ -107,7 +107,7 @@ def test_v3_layout_decodes_to_the_checkpoint_values():
 
 
 def test_v3_ptx_dequant_gives_exact_mxfp4_values_with_a_factor_per_row():
-    """_V3_ASM emulated instruction by instruction (test_moe_kernel's _run_ptx): a word in v2's bits
+    """_V3_ASM emulated instruction by instruction (moekit's run_ptx): a word in v2's bits
     order + the factors of rows g (registers 0, 2) and g + 8 (1, 3) -> e2m1 * 2^(s - 127) exactly."""
     g = torch.Generator().manual_seed(2)
     blocks = torch.randint(0, 256, (512, 4), dtype=torch.uint8, generator=g)  # byte j: register j
@@ -115,11 +115,11 @@ def test_v3_ptx_dequant_gives_exact_mxfp4_values_with_a_factor_per_row():
     s[:3] = torch.tensor([[0, MAX_SCALE_V2], [1, 127], [MAX_SCALE_V2, 0]])  # the range's edges
     words = _to_bits_layout(blocks).view(torch.int32).numpy().view(np.uint32)[:, 0]
     f0, f1 = ((s.numpy()[:, h] * 0x800080 + 0x3F003F00).astype(np.uint32) for h in (0, 1))
-    regs = _run_ptx(_V3_ASM.value, [words, f0, f1], 4)
+    regs = run_ptx(_V3_ASM.value, [words, f0, f1], 4)
     got = np.stack([np.stack([(r & 0xFFFF) << 16, r & 0xFFFF0000], -1) for r in regs], 1)  # [512, 4, 2]
     got = torch.from_numpy(got.astype(np.uint32).view(np.float32).astype(np.float64))
     codes = torch.stack([blocks & 15, blocks >> 4], -1)  # [512, 4, 2]
-    want = _e2m1(codes) * torch.exp2(s.double() - 127)[:, [0, 1, 0, 1], None]
+    want = e2m1(codes) * torch.exp2(s.double() - 127)[:, [0, 1, 0, 1], None]
     assert torch.equal(got, want)
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from gptoss.vllm_experts import GptossExperts
-from tests.gptoss.kernels.test_moe_kernel import (  # interpreter_like_the_gpu: autouse, fixes the interpreter
+from tests.gptoss.kernels.moekit import (  # interpreter_like_the_gpu: autouse, fixes the interpreter
     ALPHA,
     DEV,
     LIMIT,
