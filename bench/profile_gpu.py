@@ -32,6 +32,25 @@ from gptoss.engine import EngineConfig, LLMEngine  # noqa: E402
 from gptoss.sampling import SamplingParams  # noqa: E402
 
 
+def _kernel_times(prof) -> dict[str, list[float]]:
+    """Kernel name (first 60 characters) -> [GPU µs, calls] over the profiled steps."""
+    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            p = per[ev.name[:60]]
+            p[0] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+            p[1] += 1
+    return per
+
+
+def _print_kernels(per: dict[str, list[float]], steps: int, total: float, rows: int, ms: bool) -> None:
+    """The `rows` largest kernels: time a step (µs, or ms with `ms`), calls a step, share."""
+    print(f"  {'kernel':60} {'ms/step' if ms else 'us/step':>9} {'calls':>6} {'share':>6}")
+    for name, (us, n) in sorted(per.items(), key=lambda kv: -kv[1][0])[:rows]:
+        t = f"{us / steps / 1000:9.2f}" if ms else f"{us / steps:9.1f}"
+        print(f"  {name:60} {t} {n / steps:6.1f} {us / steps / total:6.1%}")
+
+
 def profile(eng: LLMEngine, batch: int, steps: int) -> None:
     rng = random.Random(batch)
     sp = SamplingParams(max_new_tokens=steps + 8, temperature=0, ignore_eos=True)
@@ -53,20 +72,13 @@ def profile(eng: LLMEngine, batch: int, steps: int) -> None:
         torch.cuda.synchronize()
     wall = start.elapsed_time(end) / steps
     host = 1000 * sum(runner.host_times) / max(1, len(runner.host_times))
-    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            p = per[ev.name[:60]]
-            p[0] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
-            p[1] += 1
+    per = _kernel_times(prof)
     total = sum(v[0] for v in per.values()) / steps
     print(
         f"\nbatch {batch}: {wall:.3f} ms/step wall, {host:.3f} ms host, kernels {total / 1000:.3f} ms "
         f"({batch / wall * 1000:.0f} tok/s)"
     )
-    print(f"  {'kernel':60} {'us/step':>9} {'calls':>6} {'share':>6}")
-    for name, (us, n) in sorted(per.items(), key=lambda kv: -kv[1][0])[:14]:
-        print(f"  {name:60} {us / steps:9.1f} {n / steps:6.1f} {us / steps / total:6.1%}")
+    _print_kernels(per, steps, total, 14, ms=False)
     while eng.has_work():
         eng.step()
 
@@ -115,20 +127,13 @@ def profile_prefill(eng: LLMEngine, n: int, length: int) -> None:
             steps += 1
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            p = per[ev.name[:60]]
-            p[0] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
-            p[1] += 1
+    per = _kernel_times(prof)
     total = sum(v[0] for v in per.values()) / steps
     print(
         f"\nprefill {n}x{length}: {steps} steps, {1000 * wall / steps:.1f} ms/step wall (profiler on), "
         f"kernels {total / 1000:.1f} ms/step, {n * length / wall:.0f} prefill tok/s"
     )
-    print(f"  {'kernel':60} {'ms/step':>9} {'calls':>6} {'share':>6}")
-    for name, (us, c) in sorted(per.items(), key=lambda kv: -kv[1][0])[:16]:
-        print(f"  {name:60} {us / steps / 1000:9.2f} {c / steps:6.1f} {us / steps / total:6.1%}")
+    _print_kernels(per, steps, total, 16, ms=True)
     while eng.has_work():
         eng.step()
 
