@@ -157,9 +157,10 @@ class Scheduler:
             n = min(seq.num_tokens, budget)
             if not self._fits(seq, n, growth):
                 if not self.running:  # the whole cache is free and still too small
+                    need = max(n, seq.max_tokens if self._final_blocks(seq) else 0)
                     raise RuntimeError(
                         f"the KV cache ({self.bm.max_tokens_per_seq()} tokens) cannot "
-                        f"hold {n} positions of {seq!r}"
+                        f"hold {need} positions of {seq!r}"
                     )
                 break
             growth += max(0, self._final_blocks(seq) - cdiv(n, self.bm.block_size))

@@ -220,3 +220,11 @@ def test_a_sequence_larger_than_the_whole_cache_fails_loudly():
     sched.add(make_seq(0, 12, 4))
     with pytest.raises(RuntimeError, match=r"KV cache \(8 tokens\) cannot hold 12 positions"):
         sched.schedule()
+
+
+def test_a_known_length_larger_than_the_whole_cache_names_its_final_length():
+    bm = BlockManager(num_full_blocks=2, block_size=4, window=8)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    sched.add(make_seq(0, 6, 4, ignore_eos=True))  # 6 prompt positions fit; its final 10 do not
+    with pytest.raises(RuntimeError, match=r"KV cache \(8 tokens\) cannot hold 10 positions"):
+        sched.schedule()
