@@ -2,6 +2,7 @@
 
     python bench/profile_gpu.py --model-path CKPT [--batch 1 --batch 64] [--steps 20] [--diag]
     python bench/profile_gpu.py --model-path CKPT --batch 0 --prefill 64x1024 [--max-num-batched-tokens 16384]
+        [--decoding 512]    # the prefill steps beside 512 decoding sequences (an Offline run's mixed steps)
 
 profile: B requests of 128 prompt tokens are prefilled, then `--steps` decode steps run under
 torch.profiler. Printed per batch size: wall ms per step (CUDA events), host ms per step (before the
@@ -109,12 +110,20 @@ def host_prefill(eng: LLMEngine, n: int, length: int) -> None:
         eng.step()
 
 
-def profile_prefill(eng: LLMEngine, n: int, length: int) -> None:
+def profile_prefill(eng: LLMEngine, n: int, length: int, decoding: int = 0) -> None:
+    """With `decoding` > 0, that many sequences (1024-token prompts) decode alongside the prompts:
+    the mixed steps of an Offline run, against the pure prefill steps without them."""
     rng = random.Random(n * length)
     sp = SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True)
     for i in range(2):  # warm-up: the same kernels and shapes, compiled before the timed steps
         eng.add(f"w{i}", [rng.randrange(200_000) for _ in range(length)], sp)
     while eng.has_work():
+        eng.step()
+    # no stop ids but not ignore_eos: an unknown length, so admission reserves nothing for them
+    long = SamplingParams(max_new_tokens=1 << 20, temperature=0, stop_token_ids=())
+    for i in range(decoding):
+        eng.add(f"d{i}", [rng.randrange(200_000) for _ in range(1024)], long)
+    while any(s.num_computed < s.num_prompt_tokens for s in eng.seqs.values()):
         eng.step()
     for i in range(n):
         eng.add(f"f{n}x{length}-{i}", [rng.randrange(200_000) for _ in range(length)], sp)
@@ -130,10 +139,12 @@ def profile_prefill(eng: LLMEngine, n: int, length: int) -> None:
     per = _kernel_times(prof)
     total = sum(v[0] for v in per.values()) / steps
     print(
-        f"\nprefill {n}x{length}: {steps} steps, {1000 * wall / steps:.1f} ms/step wall (profiler on), "
-        f"kernels {total / 1000:.1f} ms/step, {n * length / wall:.0f} prefill tok/s"
+        f"\nprefill {n}x{length} beside {decoding} decodes: {steps} steps, "
+        f"{1000 * wall / steps:.1f} ms/step wall (profiler on), kernels {total / 1000:.1f} ms/step, {n * length / wall:.0f} prefill tok/s"
     )
     _print_kernels(per, steps, total, 16, ms=True)
+    for i in range(decoding):
+        eng.abort(f"d{i}")
     while eng.has_work():
         eng.step()
 
@@ -220,6 +231,7 @@ def main() -> None:
     ap.add_argument("--batch-invariant", action="store_true", help="the engine's --batch-invariant mode")
     ap.add_argument("--prefill", action="append", default=[], help="NxL: N prompts of L tokens")
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--decoding", type=int, default=0, help="--prefill beside this many decoding sequences")
     ap.add_argument("--cprofile", action="store_true", help="--prefill again under cProfile (host hot spots)")
     args = ap.parse_args()
     if args.diag:
@@ -229,7 +241,7 @@ def main() -> None:
         EngineConfig(
             model_path=args.model_path,
             device="cuda",
-            max_num_seqs=max(256, *(args.batch or [])),
+            max_num_seqs=max(256, args.decoding + 64, *(args.batch or [])),
             max_model_len=4096,
             max_num_batched_tokens=args.max_num_batched_tokens,
             kernels="triton",
@@ -244,7 +256,7 @@ def main() -> None:
             profile(eng, b, args.steps)
     for spec in args.prefill:
         n, length = map(int, spec.split("x"))
-        profile_prefill(eng, n, length)
+        profile_prefill(eng, n, length, args.decoding)
         if args.cprofile:
             host_prefill(eng, n, length)
 
