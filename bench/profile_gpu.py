@@ -140,7 +140,8 @@ def profile_prefill(eng: LLMEngine, n: int, length: int, decoding: int = 0) -> N
     total = sum(v[0] for v in per.values()) / steps
     print(
         f"\nprefill {n}x{length} beside {decoding} decodes: {steps} steps, "
-        f"{1000 * wall / steps:.1f} ms/step wall (profiler on), kernels {total / 1000:.1f} ms/step, {n * length / wall:.0f} prefill tok/s"
+        f"{1000 * wall / steps:.1f} ms/step wall (profiler on), kernels {total / 1000:.1f} ms/step, "
+        f"{n * length / wall:.0f} prefill tok/s"
     )
     _print_kernels(per, steps, total, 16, ms=True)
     for i in range(decoding):
