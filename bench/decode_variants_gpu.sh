@@ -17,7 +17,7 @@ say "compiled kernel tests of the decode path"
 read -ra tests <<< "${TESTS:-tests/gptoss/kernels/test_norm_route.py tests/gptoss/kernels/test_small_ops.py \
 tests/gptoss/kernels/test_moe_decode.py}"
 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
-VARIANTS=${VARIANTS:-"default= normroute=GPTOSS_NORM_ROUTE=1 unfused=GPTOSS_FUSED_DECODE=0 nopdl=GPTOSS_PDL=0"}
+VARIANTS=${VARIANTS:-"fused= norm=GPTOSS_ROUTER=norm split=GPTOSS_ROUTER=split unfused=GPTOSS_FUSED_DECODE=0"}
 for v in $VARIANTS; do
   name=${v%%=*}; envs=${v#*=}
   say "decode 128x512: $name ($envs)"

@@ -4,8 +4,9 @@ The reference model (gptoss.model.GptOss) stays the oracle; this module takes it
 load time (q/k/v fused into one projection, experts prepared for the MoE kernel) and runs a step
 as a fixed sequence of launches with no host synchronisation, so a decode step can be captured
 in a CUDA graph. Per layer: add+RMSNorm, QKV GEMM, RoPE (+ KV write), paged attention with sinks,
-O GEMM, add+RMSNorm, router GEMM + MXFP4 MoE; at decode sizes the second add+RMSNorm, the router
-and its top-k are one launch (norm_route) and the MoE's combine joins the next add+RMSNorm. With
+O GEMM, add+RMSNorm, router GEMM + MXFP4 MoE; at decode sizes the second add+RMSNorm and the router
+GEMV are one launch (norm_logits), the gate_up GEMM routes (ROUTER below) and the MoE's combine
+joins the next add+RMSNorm. With
 LoRA adapters (gptoss.lora_stack) the QKV and O GEMMs each add one shrink/expand pair (x @ A^T,
 masked to each token's adapter, then addmm of B; the three QKV adapters run as one, B
 block-diagonal) and the MoE runs gptoss.kernels.moe_lora.
@@ -33,7 +34,7 @@ from gptoss.kernels.attention import paged_attention, write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
 from gptoss.kernels.moe_lora import MoELora, moe_forward_lora, prepare_moe_lora
-from gptoss.kernels.norm_route import norm_route
+from gptoss.kernels.norm_route import norm_logits, norm_route
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.model import GptOss
@@ -44,13 +45,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("gptoss.kernel_model")
 
 # Decode-sized steps (moe_decode.use_decode) fuse the MoE's combine into the next add+RMSNorm (1
-# launch for 2) and, with NORM_ROUTE, the post-attention add+RMSNorm with the router GEMV (norm_route:
-# 2 launches for 4, with the routing): at batch 1 a step is ~275 launches of a few µs each.
-# GPTOSS_FUSED_DECODE=0 turns both off, GPTOSS_NORM_ROUTE=0|1 the second. Measured on an H100
-# (bench/decode_variants_gpu.sh, batch 1, PDL on): combine fused 388.6 tok/s vs 384.3 unfused;
-# with norm_route 377.5 (its one-program first version 339), so NORM_ROUTE is off by default.
+# launch for 2) and take the router in fewer launches; at batch 1 a step is ~275 launches of a few
+# µs each. GPTOSS_FUSED_DECODE=0 turns both off. GPTOSS_ROUTER picks the router at decode:
+#   split  add+RMSNorm, F.linear (cuBLAS GEMV + its split-K reduce), route_and_group: 4 launches
+#   norm   norm_route: add+RMSNorm + router GEMV in one launch, then route_and_group: 2
+#   fused  norm_logits, then the gate_up GEMM routes the logits itself: 1, and no routing launch
+# Measured on an H100 (bench/decode_variants_gpu.sh, batch 1, PDL on): combine fused 388.6 tok/s vs
+# 384.3 unfused; norm with its earlier two-pass kernel 377.5 (one program: 339).
 FUSED_DECODE = os.environ.get("GPTOSS_FUSED_DECODE", "1") != "0"
-NORM_ROUTE = FUSED_DECODE and os.environ.get("GPTOSS_NORM_ROUTE", "0") == "1"
+ROUTERS = ("split", "norm", "fused")
+ROUTER = os.environ.get("GPTOSS_ROUTER", "fused")
+if ROUTER not in ROUTERS:
+    raise ValueError(f"GPTOSS_ROUTER={ROUTER!r}: choose one of {', '.join(ROUTERS)}")
 
 
 @dataclass(slots=True)
@@ -254,14 +260,22 @@ class KernelModel:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = bi.moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
             elif FUSED_DECODE and lay.lora_moe is None and moe_decode.use_decode(x, lay.moe):
-                if NORM_ROUTE:
-                    h, residual, routing = norm_route(
-                        x, residual, lay.ln2, self.eps, lay.router_w, lay.router_b, self.top_k
+                if ROUTER == "fused":
+                    h, residual, logits = norm_logits(
+                        x, residual, lay.ln2, self.eps, lay.router_w, lay.router_b
+                    )
+                    x, routing = moe_decode.experts_dec_logits(
+                        h, logits, self.top_k, lay.moe, self.alpha, self.limit
                     )
                 else:
-                    h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
-                    routing = moe_decode.route(h, lay.router_w, lay.router_b, self.top_k)
-                x = moe_decode.experts_dec(h, routing, lay.moe, self.alpha, self.limit, combined=False)
+                    if ROUTER == "norm":
+                        h, residual, routing = norm_route(
+                            x, residual, lay.ln2, self.eps, lay.router_w, lay.router_b, self.top_k
+                        )
+                    else:
+                        h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
+                        routing = moe_decode.route(h, lay.router_w, lay.router_b, self.top_k)
+                    x = moe_decode.experts_dec(h, routing, lay.moe, self.alpha, self.limit, combined=False)
                 pending = routing.weights
             elif lay.lora_moe is not None:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)

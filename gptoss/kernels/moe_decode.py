@@ -45,7 +45,7 @@ from gptoss.kernels import moe_common as common
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_layout import MoEWeights
-from gptoss.kernels.moe_routing import Routing, route_and_group
+from gptoss.kernels.moe_routing import Routing, _group, _topk, route_and_group, store_routing
 from gptoss.kernels.moe_v2 import _v2_ptrs, _v2_step
 
 ENABLED = True  # moe_forward / moe_forward_from_logits take this path for 0 < T <= MAX_T on bits weights
@@ -121,7 +121,11 @@ def _gate_up_dec_kernel(
     act_ptr,
     counts_ptr,
     rows_ptr,
+    logits_ptr,
+    ids_ptr,
+    wts_ptr,
     T,
+    stride_l,
     stride_x,
     stride_we,
     stride_wp,
@@ -142,13 +146,26 @@ def _gate_up_dec_kernel(
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
+    ROUTE: tl.constexpr,
+    KP: tl.constexpr,
+    BT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program (column block, slot): act[rows of the slot's expert, block] = swiglu(x @ W13^T + b13)."""
+    """Program (column block, slot): act[rows of the slot's expert, block] = swiglu(x @ W13^T + b13).
+    ROUTE: every program routes the [T, E] logits in registers (moe_routing._topk, _group: the
+    routing kernel's decisions) instead of loading counts and rows; program (0, 0) stores them."""
     pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
-    e, n_rows, packed = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
+    if ROUTE:
+        tt = tl.arange(0, BT)
+        ids, p = _topk(logits_ptr, tt, tt < T, stride_l, E, TOP_K, KP, BE)
+        flat, a, pos, cnt = _group(ids, TOP_K, KP, BE)
+        if (pid_n == 0) & (s == 0):
+            store_routing(ids, p, flat, a, pos, cnt, T, ids_ptr, wts_ptr, counts_ptr, rows_ptr, TOP_K, E)
+    else:
+        cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
+    e, n_rows, packed = _slot_expert(cnt, ex, s)
     if n_rows == 0:  # past the active experts
         return
     EVEN_K: tl.constexpr = K % BK == 0
@@ -160,7 +177,11 @@ def _gate_up_dec_kernel(
     for m0 in range(0, n_rows, BM):
         slot = m0 + tl.arange(0, BM)
         valid = slot < n_rows
-        rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # [BM] assignments t*k + j
+        if ROUTE:  # the slot-th assignment of expert e: its place in e's list is `slot`
+            sel = (flat[None, :] == e) & (pos[None, :] == slot[:, None])  # [BM, A]
+            rows = tl.sum(tl.where(sel, a[None, :], 0), axis=1)
+        else:
+            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # [BM] assignments t*k + j
         w_g, s_g, x_t, kw, kx = _v2_ptrs(
             w_ptr + e64 * stride_we,
             s_ptr + e64 * stride_se,
@@ -284,13 +305,23 @@ def _down_dec_kernel(
         )
 
 
-def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, t: DecTiles) -> Tensor:
+def gate_up_dec(
+    x: Tensor,
+    r: Routing,
+    w: MoEWeights,
+    alpha: float,
+    limit: float,
+    t: DecTiles,
+    logits: Tensor | None = None,
+) -> Tensor:
     """x [T, H] -> act [T*k, I], expert-packed: expert e's rows (in r.rows[e] order) start after
-    those of the experts below e, so down finds them without loading r.rows."""
+    those of the experts below e, so down finds them without loading r.rows. With logits [T, E], the
+    kernel routes them itself and fills r's buffers (empty on entry) for down and the combine."""
     (n_tok, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
     act = common._empty((n_tok * k, i), x.dtype, x.device)
     s13 = w.s13.view(torch.int32)
+    route = logits is not None
     _gate_up_dec_kernel[(triton.cdiv(i, t.bn), min(e, n_tok * k))](
         x,
         w.w13,
@@ -299,7 +330,11 @@ def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float
         act,
         r.counts,
         r.rows,
+        logits if route else r.weights,
+        r.ids,
+        r.weights,
         n_tok,
+        logits.stride(0) if route else 0,
         x.stride(0),
         *w.w13.stride()[:3],
         *s13.stride()[:3],
@@ -316,6 +351,9 @@ def gate_up_dec(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float
         SPLIT=t.split,
         PREC=_precision(x),
         ASM=common._use_asm(x),
+        ROUTE=route,
+        KP=triton.next_power_of_2(k),
+        BT=triton.next_power_of_2(n_tok) if route else 1,
         num_warps=t.warps,
         num_stages=t.stages,
         **pdl.args(x),
@@ -372,6 +410,31 @@ def experts_dec(
     act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h, t))  # [T*k, I]
     y = down_dec(act, r, w, tiles(False, i, t))  # [T*k, H]
     return combine(y, r.weights, x.dtype) if combined else y
+
+
+def experts_dec_logits(
+    x: Tensor, logits: Tensor, top_k: int, w: MoEWeights, alpha: float, limit: float
+) -> tuple[Tensor, Routing]:
+    """x [T, H], router logits [T, E] -> (y [T*k, H], Routing): experts_dec(combined=False) with the
+    routing done inside the gate_up GEMM (no routing launch); the Routing's buffers hold
+    route_and_group's decisions (each expert's rows in increasing order) once gate_up has run."""
+    n_tok, _ = x.shape
+    e, h, i = w.shape
+    if logits.shape != (n_tok, e) or logits.stride(-1) != 1 or not 1 <= top_k <= e:
+        raise ValueError(
+            f"experts_dec_logits: logits {tuple(logits.shape)} (contiguous rows) and top_k {top_k} "
+            f"must fit x {tuple(x.shape)} and E = {e}"
+        )
+    dev = x.device
+    r = Routing(
+        torch.empty(n_tok, top_k, dtype=torch.int32, device=dev),
+        torch.empty(n_tok, top_k, dtype=torch.float32, device=dev),
+        torch.empty(e, dtype=torch.int32, device=dev),
+        torch.empty(e, n_tok, dtype=torch.int32, device=dev),
+    )
+    t = n_tok if x.is_cuda and not triton.knobs.runtime.interpret else 1 << 30  # as experts_dec
+    act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h, t), logits=logits)  # [T*k, I]
+    return down_dec(act, r, w, tiles(False, i, t)), r
 
 
 def moe_decode(

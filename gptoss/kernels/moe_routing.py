@@ -30,6 +30,48 @@ class Routing:
     rows: Tensor  # [E, T] int32: rows[e, :counts[e]] are the assignments (t*k + j) routed to e
 
 
+@triton.jit
+def _topk(
+    logits_ptr, t, t_ok, stride_t, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr
+):
+    """The routing decision of tokens t [BT] (t_ok: real ones): ids [BT, KP] int32 (-1 in slots past
+    TOP_K and rows past T) and weights [BT, KP] float32 (0 there). The one definition both the
+    routing kernel and the decode GEMM that routes in registers (moe_decode) use."""
+    ex = tl.arange(0, BE)  # [BE]
+    # [BT, BE]; rows past T read as zeros (finite, so their masked-out softmax stays quiet)
+    v = tl.load(
+        logits_ptr + t[:, None] * stride_t + ex[None, :], mask=t_ok[:, None] & (ex < E)[None, :], other=0.0
+    ).to(tl.float32)
+    v = tl.where((ex < E)[None, :], v, float("-inf"))
+    kc = tl.arange(0, KP)  # [KP]
+    top = tl.full([t.shape[0], KP], float("-inf"), tl.float32)  # [BT, KP] chosen logits, descending
+    ids = tl.full([t.shape[0], KP], -1, tl.int32)
+    for j in tl.static_range(TOP_K):
+        m = tl.max(v, axis=1)  # [BT]
+        idx = tl.min(tl.where(v == m[:, None], ex[None, :], BE), axis=1)  # lowest id among the maxima
+        idx = tl.minimum(idx, E - 1)  # NaN rows never match; keep their writes in bounds
+        v = tl.where(ex[None, :] == idx[:, None], float("-inf"), v)
+        top = tl.where(kc[None, :] == j, m[:, None], top)
+        ids = tl.where((kc[None, :] == j) & t_ok[:, None], idx[:, None], ids)
+    p = tl.exp(top - tl.max(top, axis=1)[:, None])  # [BT, KP]; unused columns are exp(-inf) = 0
+    return ids, p / tl.sum(p, axis=1)[:, None]
+
+
+@triton.jit
+def _group(ids, TOP_K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr):
+    """ids [BT, KP] of tokens 0..BT-1 (-1: none) -> flat [A] ids, a [A] assignments t*k + j, pos [A]
+    (a's place in its expert's list: assignments in increasing order) and counts [BE]; A = BT*KP."""
+    BT: tl.constexpr = ids.shape[0]
+    A: tl.constexpr = BT * KP
+    flat = tl.reshape(ids, (A,))
+    a = tl.reshape(tl.arange(0, BT)[:, None] * TOP_K + tl.arange(0, KP)[None, :], (A,))
+    i = tl.arange(0, A)
+    before = (flat[:, None] == flat[None, :]) & (i[None, :] < i[:, None])  # [A, A]
+    pos = tl.sum(before.to(tl.int32), axis=1)
+    counts = tl.sum((flat[:, None] == tl.arange(0, BE)[None, :]).to(tl.int32), axis=0)  # [BE]
+    return flat, a, pos, counts
+
+
 @triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
 def _route_kernel(
     logits_ptr,
@@ -54,25 +96,43 @@ def _route_kernel(
     if ZERO_COUNTS:  # the only program: no memset launch needed
         tl.store(counts_ptr + ex, tl.zeros([BE], tl.int32), mask=ex < E)
         tl.debug_barrier()
-    # [BT, BE]; rows past T read as zeros (finite, so their masked-out softmax stays quiet)
-    v = tl.load(
-        logits_ptr + t[:, None] * stride_t + ex[None, :], mask=t_ok[:, None] & (ex < E)[None, :], other=0.0
-    ).to(tl.float32)
-    v = tl.where((ex < E)[None, :], v, float("-inf"))
-    kc = tl.arange(0, KP)  # [KP]
-    top = tl.full([BT, KP], float("-inf"), tl.float32)  # [BT, KP] chosen logits, descending
+    ids, p = _topk(logits_ptr, t, t_ok, stride_t, E, TOP_K, KP, BE)
+    kc = tl.arange(0, KP)
     for j in tl.static_range(TOP_K):
-        m = tl.max(v, axis=1)  # [BT]
-        idx = tl.min(tl.where(v == m[:, None], ex[None, :], BE), axis=1)  # lowest id among the maxima
-        idx = tl.minimum(idx, E - 1)  # NaN rows never match; keep their writes in bounds
-        v = tl.where(ex[None, :] == idx[:, None], float("-inf"), v)
-        top = tl.where(kc[None, :] == j, m[:, None], top)
+        idx = tl.sum(tl.where(kc[None, :] == j, ids, 0), axis=1)  # [BT]
         tl.store(ids_ptr + t * TOP_K + j, idx, mask=t_ok)
         slot = tl.atomic_add(counts_ptr + idx, 1, mask=t_ok)  # [BT] distinct per (expert, token)
         tl.store(rows_ptr + idx * T + slot, t * TOP_K + j, mask=t_ok)
-    p = tl.exp(top - tl.max(top, axis=1)[:, None])  # [BT, KP]; unused columns are exp(-inf) = 0
-    p = p / tl.sum(p, axis=1)[:, None]
     tl.store(w_ptr + t[:, None] * TOP_K + kc[None, :], p, mask=t_ok[:, None] & (kc < TOP_K)[None, :])
+
+
+@triton.jit
+def store_routing(
+    ids,
+    p,
+    flat,
+    a,
+    pos,
+    counts,
+    T,
+    ids_ptr,
+    w_ptr,
+    counts_ptr,
+    rows_ptr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+):
+    """Write a routing decided in registers (_topk, _group of tokens 0..T-1) as route_and_group's buffers."""
+    BT: tl.constexpr = ids.shape[0]
+    KP: tl.constexpr = ids.shape[1]
+    t = tl.arange(0, BT)
+    kc = tl.arange(0, KP)
+    ok = (t < T)[:, None] & (kc < TOP_K)[None, :]
+    tl.store(ids_ptr + t[:, None] * TOP_K + kc[None, :], ids, mask=ok)
+    tl.store(w_ptr + t[:, None] * TOP_K + kc[None, :], p, mask=ok)
+    ex = tl.arange(0, counts.shape[0])
+    tl.store(counts_ptr + ex, counts, mask=ex < E)
+    tl.store(rows_ptr + flat * T + pos, a, mask=flat >= 0)
 
 
 def route_and_group(logits: Tensor, top_k: int) -> Routing:

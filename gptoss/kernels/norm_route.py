@@ -1,19 +1,23 @@
-"""Decode (T <= 16): residual add + RMSNorm and the router GEMM in one launch, then the routing.
+"""Decode (T <= 16): residual add + RMSNorm and the router GEMV in one launch.
 
-norm_route(x, residual, ln2, eps, W, b, k) = (h, r, Routing) of
+norm_logits(x, residual, ln2, eps, W, b) = (h, r, logits) of
 
   h, r   = fused_add_rms_norm(x, residual, ln2, eps)     (rmsnorm.py)
   logits = F.linear(h, W, b)                              [T, E] (cuBLAS: a split-K GEMV + its reduce)
-  route_and_group(logits, k)                              (moe_routing.py)
 
-four launches whose cost at batch 1 (~10 us a layer on an H100: rmsnorm 2.4, cuBLAS 4.3 + 1.8,
-routing 3.8) is mostly launch latency and single-SM latency chains. Here _norm_logits_kernel runs
-one program per expert: each adds x to the residual and normalizes every token itself (T*H values,
-from L2 after the first program) and takes the dot of h with its one router row, so no program waits
-for another; program 0 also stores r and h. route_and_group then routes the [T, E] logits. A single
-program doing all of it (the first version: 184 KB of router weights through one SM, ~36 us a
-layer on the H100) and E programs handing the routing to the last one by an atomic ticket (the
-decode MoE's old fused router: wrong ids once, from a visibility race) were both worse.
+and norm_route adds route_and_group(logits, k) (moe_routing.py). The engine's decode path takes the
+logits alone and routes inside the first expert GEMM (moe_decode.experts_dec_logits), so a layer's
+router costs this one launch, against four unfused (~10 us a layer at batch 1 on an H100: rmsnorm
+2.4, cuBLAS 4.3 + 1.8, routing 3.8), which are mostly launch latency and single-SM latency chains.
+
+_norm_logits_kernel runs a program per (expert, token): it loads the token's x and residual row,
+the norm weight and its one router row in a single round (H <= 8192 in registers: one DRAM/L2
+latency, not a chain), adds and normalizes the row itself and takes the dot; program (0, t) also
+stores r[t] and h[t]. No program reads another's writes. The first versions were slower than the
+four launches: one program for all (184 KB of router weights through one SM, ~36 us a layer), and a
+program per expert looping over 512-column chunks of every token twice (a chain of ~12 dependent
+loads; 377.5 vs 388.6 tok/s at batch 1); E programs handing the routing to the last one by an atomic
+ticket gave wrong ids once (a visibility race).
 
 Numerics: r and h follow rmsnorm.py step by step (float32 add, one rounding; mean of squares,
 1/sqrt_rn, weight * (r * rstd), one rounding); only the order of the sum of squares differs, so h is
@@ -21,8 +25,8 @@ exact or 1 ulp off on a few elements. Logits are float32 sums of the bf16 h and 
 bias, rounded to x.dtype as F.linear's output; their summation order differs from cuBLAS's, so a
 logit can be 1 ulp off, which reorders experts only when two logits lie within that ulp.
 
-Bytes (20b: H 2880, E 32, bf16): the router weight E*H*2 = 184 KB once over E programs; x and the
-residual T*H*2 each, read twice by every program (L2); r and h written once.
+Bytes (20b: H 2880, E 32, bf16): the router weight E*H*2 = 184 KB once over the programs; x and the
+residual T*H*2 each, read by every expert's program (L2 after the first); r and h written once.
 """
 
 from __future__ import annotations
@@ -36,17 +40,9 @@ from gptoss.kernels import pdl
 from gptoss.kernels.moe_routing import Routing, route_and_group
 from gptoss.kernels.rounding import round_to
 
-MAX_T = 16  # route_and_group's single-program path covers far more; 16 is the decode MoE's limit
+MAX_T = 16  # the decode MoE's limit
 MAX_E = 256
-_BH = 512  # H per step: [BT, BH] float32 tiles stay in registers at BT 16 and 4 warps
-
-
-@triton.jit
-def _residual_chunk(x_ptr, res_ptr, t, hc, m, stride_x, stride_res, DT: tl.constexpr):
-    """r = residual + x for a [BT, BH] chunk: float32 sum, one rounding (torch's add)."""
-    xv = tl.load(x_ptr + t[:, None] * stride_x + hc[None, :], mask=m, other=0.0)
-    rv = tl.load(res_ptr + t[:, None] * stride_res + hc[None, :], mask=m, other=0.0)
-    return round_to(xv.to(tl.float32) + rv.to(tl.float32), DT)
+MAX_H = 8192  # a row in registers: 8192 / (32 * warps) floats a thread and tensor
 
 
 @triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
@@ -65,42 +61,31 @@ def _norm_logits_kernel(
     eps,
     H: tl.constexpr,
     E: tl.constexpr,
-    BT: tl.constexpr,
     BH: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program e: logits[:, e] = h @ W[e] + b[e] (rounded as F.linear's output); program 0 stores r, h."""
+    """Program (e, t): logits[t, e] = h[t] @ W[e] + b[e] (F.linear's output rounding); e == 0 stores r, h."""
     pdl.wait_then_release(PDL)
     e = tl.program_id(0)
-    first = e == 0
-    t = tl.arange(0, BT)  # [BT]
-    t_ok = t < T
+    t = tl.program_id(1).to(tl.int64)
     DT: tl.constexpr = r_ptr.dtype.element_ty
-    sq = tl.zeros([BT, BH], tl.float32)
-    for h0 in range(0, H, BH):
-        hc = h0 + tl.arange(0, BH)  # [BH]
-        m = t_ok[:, None] & (hc < H)[None, :]  # [BT, BH]; rows past T and columns past H read zeros
-        r = _residual_chunk(x_ptr, res_ptr, t, hc, m, stride_x, stride_res, DT)
-        tl.store(r_ptr + t[:, None] * H + hc[None, :], r, mask=m & first)
-        rf = r.to(tl.float32)
-        sq += rf * rf
-    # 1/sqrt_rn rather than the approximate rsqrt, as rmsnorm.py; padded rows get 1/sqrt(eps) * 0 = 0.
-    rstd = 1.0 / tl.sqrt_rn(tl.sum(sq, axis=1) / H + eps)  # [BT]
-    acc = tl.zeros([BT, BH], tl.float32)
-    for h0 in range(0, H, BH):
-        hc = h0 + tl.arange(0, BH)
-        h_ok = hc < H
-        m = t_ok[:, None] & h_ok[None, :]
-        # r again from x and the residual (not from program 0's store: no program reads another's writes)
-        rf = _residual_chunk(x_ptr, res_ptr, t, hc, m, stride_x, stride_res, DT).to(tl.float32)
-        nw = tl.load(nw_ptr + hc, mask=h_ok, other=0.0)  # [BH]
-        hv = round_to(nw[None, :] * (rf * rstd[:, None]), DT)  # [BT, BH]
-        tl.store(h_ptr + t[:, None] * H + hc[None, :], hv, mask=m & first)
-        wv = tl.load(rw_ptr + e * H + hc, mask=h_ok, other=0.0)  # [BH]
-        acc += hv.to(tl.float32) * wv.to(tl.float32)[None, :]  # exact products, float32 sums
-    logit = tl.sum(acc, axis=1) + tl.load(rb_ptr + e).to(tl.float32)  # [BT]
-    logit = round_to(logit, DT).to(tl.float32)  # F.linear's output rounding
-    tl.store(logits_ptr + t * E + e, logit, mask=t_ok)
+    hc = tl.arange(0, BH)
+    m = hc < H
+    # One round: the four loads are independent, so they are in flight together.
+    xv = tl.load(x_ptr + t * stride_x + hc, mask=m, other=0.0)
+    rv = tl.load(res_ptr + t * stride_res + hc, mask=m, other=0.0)
+    nw = tl.load(nw_ptr + hc, mask=m, other=0.0)
+    wv = tl.load(rw_ptr + e * H + hc, mask=m, other=0.0)
+    r = round_to(xv.to(tl.float32) + rv.to(tl.float32), DT)  # torch's add: float32 sum, one rounding
+    rf = r.to(tl.float32)
+    # 1/sqrt_rn rather than the approximate rsqrt, as rmsnorm.py.
+    rstd = 1.0 / tl.sqrt_rn(tl.sum(rf * rf, axis=0) / H + eps)
+    hv = round_to(nw * (rf * rstd), DT)  # [BH]
+    if e == 0:
+        tl.store(r_ptr + t * H + hc, r, mask=m)
+        tl.store(h_ptr + t * H + hc, hv, mask=m)
+    logit = tl.sum(hv.to(tl.float32) * wv.to(tl.float32), axis=0) + tl.load(rb_ptr + e).to(tl.float32)
+    tl.store(logits_ptr + t * E + e, round_to(logit, DT).to(tl.float32))  # F.linear's output rounding
 
 
 def _check(
@@ -113,7 +98,9 @@ def _check(
         )
     t, h = x.shape
     if not 1 <= t <= MAX_T:
-        raise ValueError(f"norm_route: T = {t} must be in [1, {MAX_T}] (one program routes every token)")
+        raise ValueError(f"norm_route: T = {t} must be in [1, {MAX_T}] (the decode MoE's sizes)")
+    if h > MAX_H:
+        raise ValueError(f"norm_route: H = {h} must be <= {MAX_H} (a row in registers)")
     if x.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"norm_route: x must be bfloat16 or float32, got {x.dtype}")
     if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
@@ -148,24 +135,24 @@ def _check(
         raise ValueError(f"norm_route: every tensor must be on x's device {x.device}")
 
 
-def norm_route(
+def norm_logits(
     x: Tensor,
     residual: Tensor,
     norm_weight: Tensor,
     eps: float,
     router_weight: Tensor,
     router_bias: Tensor,
-    top_k: int,
-) -> tuple[Tensor, Tensor, Routing]:
-    """x, residual [T, H] -> (h [T, H], r [T, H], Routing): fused_add_rms_norm, then
-    route_and_group(F.linear(h, W, b), k); T in [1, 16]."""
-    _check(x, residual, norm_weight, router_weight, router_bias, top_k)
+) -> tuple[Tensor, Tensor, Tensor]:
+    """x, residual [T, H] -> (h [T, H], r [T, H], logits [T, E] float32): fused_add_rms_norm, then
+    F.linear(h, W, b) (its output rounding kept); T in [1, 16]."""
+    _check(x, residual, norm_weight, router_weight, router_bias, 1)
     t, h = x.shape
     e = router_weight.shape[0]
     hn = torch.empty(t, h, dtype=x.dtype, device=x.device)  # [T, H]
     r = torch.empty(t, h, dtype=x.dtype, device=x.device)  # [T, H]
     logits = torch.empty(t, e, dtype=torch.float32, device=x.device)  # [T, E]
-    _norm_logits_kernel[(e,)](
+    bh = triton.next_power_of_2(h)
+    _norm_logits_kernel[(e, t)](
         x,
         residual,
         norm_weight,
@@ -180,9 +167,24 @@ def norm_route(
         eps,
         H=h,
         E=e,
-        BT=max(2, triton.next_power_of_2(t)),
-        BH=min(_BH, triton.next_power_of_2(h)),
-        num_warps=4,
+        BH=bh,
+        num_warps=max(1, min(8, bh // 512)),  # 16 floats a thread and tensor
         **pdl.args(x),
     )
+    return hn, r, logits
+
+
+def norm_route(
+    x: Tensor,
+    residual: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    router_weight: Tensor,
+    router_bias: Tensor,
+    top_k: int,
+) -> tuple[Tensor, Tensor, Routing]:
+    """x, residual [T, H] -> (h [T, H], r [T, H], Routing): fused_add_rms_norm, then
+    route_and_group(F.linear(h, W, b), k); T in [1, 16]."""
+    _check(x, residual, norm_weight, router_weight, router_bias, top_k)
+    hn, r, logits = norm_logits(x, residual, norm_weight, eps, router_weight, router_bias)
     return hn, r, route_and_group(logits, top_k)

@@ -166,3 +166,67 @@ def test_20b_shapes_on_gpu(tokens):
         err = _rel(_forward(ref, w, x), reference(ref, x))
         assert err <= TOL[torch.bfloat16]
     print(f"decode T={tokens}: rel error {err:.2e}")
+
+
+def _routed_in_gemm(ref, w, x):
+    logits = F.linear(x, ref.router_weight, ref.router_bias).float()  # [T, E], as norm_logits gives
+    y, r = moe_decode.experts_dec_logits(x, logits, ref.top_k, w, ALPHA, LIMIT)
+    return logits, y, r
+
+
+def _assert_same_routing(got, want):
+    """ids, weights and counts equal route_and_group's; each expert's list the same assignments, in
+    increasing order (route_and_group's order is atomic timing)."""
+    assert torch.equal(got.ids, want.ids) and torch.equal(got.weights, want.weights)
+    assert torch.equal(got.counts, want.counts)
+    for e, c in enumerate(want.counts.tolist()):
+        assert got.rows[e, :c].tolist() == sorted(want.rows[e, :c].tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens, experts", [(1, 8), (2, 8), (3, 20), (5, 8), (12, 32), (16, 8)])
+def test_routing_inside_gate_up_equals_the_routing_kernel(dtype, tokens, experts, monkeypatch):
+    """experts_dec_logits: the Routing that gate_up's program (0, 0) writes equals route_and_group's,
+    and y equals experts_dec's rows on it (buffers start poisoned: every row and entry is written)."""
+    ref, w = make_moe(experts, 64, 96, 4, dtype, seed=40 + tokens)
+    x = (torch.randn(tokens, 64, generator=torch.Generator(DEV).manual_seed(tokens), device=DEV) * 3).to(dtype)
+    want_r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    want_y = moe_decode.experts_dec(x, want_r, w, ALPHA, LIMIT, combined=False)
+    full = torch.full
+
+    def poisoned(*size, dtype, device):
+        return full(size, float("nan") if dtype.is_floating_point else -7, dtype=dtype, device=device)
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    _, y, r = _routed_in_gemm(ref, w, x)
+    monkeypatch.undo()
+    _assert_same_routing(r, want_r)
+    assert not y.isnan().any()
+    assert _rel(y, want_y) <= TOL[dtype] / 100  # the same GEMMs on the same rows, in another column order
+    out = moe.combine(y, r.weights, x.dtype)
+    assert _rel(out, reference(ref, x)) <= TOL[dtype]
+
+
+def test_routing_inside_gate_up_ties_and_an_expert_hit_by_every_token():
+    """Experts 3 and 4 tie for 4th place (the lower id wins, as the routing kernel); expert 0 gets all
+    16 tokens (two BM-8 chunks of its list), expert 7 none."""
+    ref, w = make_moe(8, 64, 64, 4, torch.float32, seed=4)
+    ref.router_weight[4] = ref.router_weight[3]
+    ref.router_bias.copy_(torch.tensor([100.0, 50.0, 40.0, 30.0, 30.0, 0.0, 0.0, -100.0]))
+    ref.router_weight.mul_(1e-3)  # logits stay near the bias: the order is the bias's
+    x = torch.randn(16, 64, generator=torch.Generator(DEV).manual_seed(4), device=DEV)
+    logits, y, r = _routed_in_gemm(ref, w, x)
+    assert r.ids.tolist() == [[0, 1, 2, 3]] * 16
+    assert r.counts.tolist() == [16, 16, 16, 16, 0, 0, 0, 0]
+    assert r.rows[0].tolist() == list(range(0, 64, 4)) and r.rows[3].tolist() == list(range(3, 64, 4))
+    _assert_same_routing(r, route_and_group(logits, 4))
+    assert _rel(moe.combine(y, r.weights, x.dtype), reference(ref, x)) <= TOL[torch.float32]
+
+
+def test_routing_inside_gate_up_argument_errors():
+    ref, w = make_moe(8, 64, 64, 4, torch.float32, seed=1)
+    x = torch.randn(3, 64, device=DEV)
+    with pytest.raises(ValueError, match=r"logits \(3, 7\) \(contiguous rows\) and top_k 4 must fit"):
+        moe_decode.experts_dec_logits(x, torch.zeros(3, 7, device=DEV), 4, w, ALPHA, LIMIT)
+    with pytest.raises(ValueError, match="top_k 9 must fit"):
+        moe_decode.experts_dec_logits(x, torch.zeros(3, 8, device=DEV), 9, w, ALPHA, LIMIT)
