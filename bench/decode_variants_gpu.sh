@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU side, one device call, no vLLM needed: our engine's batch-1 decode under switch variants
-# (PDL, the fused decode path), the compiled kernel tests of the decode path, greedy agreement and
-# batch invariance, a batch-1 profile, then Offline throughput. One table last.
+# (the decode router GPTOSS_ROUTER, the fused QKV + RoPE GPTOSS_QKV; split2/both2 repeat two of them
+# for the run-to-run spread), the compiled kernel tests of the decode path, greedy agreement and
+# batch invariance, batch-1 kernel profiles of PROFILE_VARIANTS, then Offline throughput. One table last.
 #   bash bench/decode_variants_gpu.sh [THROUGHPUT ...]     e.g. 1000x1024x1024 1000x128x1024
 # Variants: name=ENV assignments (space separated) in VARIANTS, default below.
 set -uo pipefail
@@ -15,9 +16,10 @@ nvidia-smi -L
   > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
 say "compiled kernel tests of the decode path"
 read -ra tests <<< "${TESTS:-tests/gptoss/kernels/test_norm_route.py tests/gptoss/kernels/test_small_ops.py \
-tests/gptoss/kernels/test_moe_decode.py}"
+tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_qkv_rope.py}"
 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
-VARIANTS=${VARIANTS:-"fused= norm=GPTOSS_ROUTER=norm split=GPTOSS_ROUTER=split unfused=GPTOSS_FUSED_DECODE=0"}
+VARIANTS=${VARIANTS:-"split= fused=GPTOSS_ROUTER=fused qkv=GPTOSS_QKV=fused \
+both=GPTOSS_ROUTER=fused,GPTOSS_QKV=fused split2= both2=GPTOSS_ROUTER=fused,GPTOSS_QKV=fused"}
 for v in $VARIANTS; do
   name=${v%%=*}; envs=${v#*=}
   say "decode 128x512: $name ($envs)"
@@ -31,9 +33,16 @@ done
 say "agreement and batch invariance (default switches)"
 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine agreement --decode 128x512 > "$RES/agreement.txt" 2>&1
 grep -E "greedy_agreement|batch_invariance" "$RES/agreement.txt" | tail -2
-say "profile batch 1 (default switches)"
-python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 --steps 10 > "$RES/profile_b1.txt" 2>&1
-head -24 "$RES/profile_b1.txt"
+# Batch-1 kernel tables of chosen variants (names from VARIANTS), without PDL: with it a kernel's
+# time includes its wait for the one before.
+for v in ${PROFILE_VARIANTS:-split both}; do
+  envs=$(tr ' ' '\n' <<< "$VARIANTS" | sed -n "s/^$v=//p" | head -1)
+  read -ra assigns <<< "${envs//,/ }"
+  say "profile batch 1: $v ($envs), GPTOSS_PDL=0"
+  env GPTOSS_PDL=0 "${assigns[@]}" python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 --steps 10 \
+    > "$RES/profile_b1_$v.txt" 2>&1
+  head -30 "$RES/profile_b1_$v.txt"
+done
 if [ $# -gt 0 ]; then
   say "offline $*"
   flags=(); for w in "$@"; do flags+=(--throughput "$w"); done

@@ -35,6 +35,8 @@ from gptoss.kernels.linear import linear
 from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
 from gptoss.kernels.moe_lora import MoELora, moe_forward_lora, prepare_moe_lora
 from gptoss.kernels.norm_route import norm_logits, norm_route
+from gptoss.kernels.qkv_rope import qkv_rope
+from gptoss.kernels.qkv_rope import suits as qkv_rope_suits
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.model import GptOss
@@ -54,9 +56,14 @@ log = logging.getLogger("gptoss.kernel_model")
 # 384.3 unfused; norm with its earlier two-pass kernel 377.5 (one program: 339).
 FUSED_DECODE = os.environ.get("GPTOSS_FUSED_DECODE", "1") != "0"
 ROUTERS = ("split", "norm", "fused")
-ROUTER = os.environ.get("GPTOSS_ROUTER", "fused")
+ROUTER = os.environ.get("GPTOSS_ROUTER", "split")
 if ROUTER not in ROUTERS:
     raise ValueError(f"GPTOSS_ROUTER={ROUTER!r}: choose one of {', '.join(ROUTERS)}")
+# GPTOSS_QKV=fused: at T <= 8 the QKV GEMV, its bias, RoPE and the KV write are one launch
+# (gptoss.kernels.qkv_rope) instead of cuBLAS's GEMM + rope_qkv. "norm", "fused" and this are
+# tested (interpreter, sm_90a SASS) but not yet timed on a GPU: off until bench/decode_variants_gpu.sh
+# has measured them.
+QKV_FUSED = os.environ.get("GPTOSS_QKV", "split") == "fused"
 
 
 @dataclass(slots=True)
@@ -242,13 +249,18 @@ class KernelModel:
             slots = meta.ring_slots if ring else meta.full_slots
             write_first = not ring or meta.decode_only
             h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps, combine=pending)
-            qkv = self.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
-            if lay.lora_qkv is not None:
-                qkv.addmm_(F.linear(h, lay.lora_qkv[0]) * mask3, lay.lora_qkv[1].t())
-            if write_first:
-                q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots)
+            if self._qkv_fused(h, lay, write_first):
+                q, k, v = qkv_rope(
+                    h, lay.wqkv, lay.bqkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots
+                )
             else:
-                q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d)
+                qkv = self.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
+                if lay.lora_qkv is not None:
+                    qkv.addmm_(F.linear(h, lay.lora_qkv[0]) * mask3, lay.lora_qkv[1].t())
+                if write_first:
+                    q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots)
+                else:
+                    q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d)
             o = self._attention(q, k, v, kc, vc, table, meta, lay)  # [T, Hq, D]
             if not write_first:
                 write_kv(k, v, kc, vc, slots)
@@ -295,6 +307,16 @@ class KernelModel:
                 x = moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
         out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps, combine=pending)
         return out
+
+    def _qkv_fused(self, h: Tensor, lay: _Layer, write_first: bool) -> bool:
+        """Whether this layer's QKV + RoPE + KV write take qkv_rope (GPTOSS_QKV=fused, decode sizes)."""
+        return (
+            QKV_FUSED
+            and write_first
+            and lay.lora_qkv is None
+            and not self.batch_invariant
+            and qkv_rope_suits(h, lay.wqkv)
+        )
 
     def _attention(
         self,

@@ -1,4 +1,4 @@
-"""SASS statistics of the decode MoE kernels (moe_decode) and norm_route, compiled for sm_90a on CPU.
+"""SASS statistics of the decode kernels (moe_decode, norm_logits, qkv_rope), compiled for sm_90a on CPU.
 
     python bench/kernels/moe_decode_sass.py
 
@@ -13,6 +13,7 @@ instructions a weight value = loop / (2 * HMUL2).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 import subprocess
 import sys
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gptoss.kernels import moe_decode as d  # noqa: E402
 from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
 from gptoss.kernels.norm_route import _norm_logits_kernel  # noqa: E402
+from gptoss.kernels.qkv_rope import _qkv_rope_kernel  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 SHAPE = dict(N=2880, K=2880, TOP_K=4, E=32, BE=32, PREC="tf32", ASM=True, PDL=True)
@@ -37,7 +39,9 @@ GEMM_SIG = dict(w_ptr="*u8", s_ptr="*i32", b_ptr="*fp32", counts_ptr="*i32", row
 def _compile(kernel, sig: dict[str, str], consts: dict, warps: int, stages: int):
     idx = kernel.arg_names.index
     attrs = {
-        (idx(k),): [["tt.divisibility", 16]] for k, t in sig.items() if t[0] == "*" or k.startswith("stride")
+        (idx(k),): [["tt.divisibility", 16]]
+        for k, t in sig.items()
+        if t[0] == "*" or k.startswith("stride") or k == "K"  # as Triton specializes 2880 at run time
     }
     src = ASTSource(
         kernel,
@@ -50,10 +54,13 @@ def _compile(kernel, sig: dict[str, str], consts: dict, warps: int, stages: int)
     )
 
 
-def gate_up(t: DecTiles):
+def gate_up(t: DecTiles, route_tokens: int = 0):
+    """route_tokens > 0: the kernel routes [T, E] logits itself (ROUTE) with BT = that many rows."""
     sig = dict(x_ptr="*bf16", act_ptr="*bf16", **GEMM_SIG, stride_x="i32", alpha="fp32", limit="fp32")
+    sig.update(logits_ptr="*fp32", ids_ptr="*i32", wts_ptr="*fp32", stride_l="i32")
     sig.update({f"stride_{s}": "i32" for s in ("we", "wp", "wn", "se", "sp", "sn")})
     consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
+    consts.update(ROUTE=route_tokens > 0, KP=4, BT=max(1, route_tokens))
     return _compile(d._gate_up_dec_kernel, sig, consts, t.warps, t.stages)
 
 
@@ -64,12 +71,23 @@ def down(t: DecTiles):
     return _compile(d._down_dec_kernel, sig, consts, t.warps, t.stages)
 
 
-def norm_route(pdl: bool):
+def norm_logits(pdl: bool):
     sig = dict(x_ptr="*bf16", res_ptr="*bf16", nw_ptr="*fp32", h_ptr="*bf16", r_ptr="*bf16")
     sig.update(rw_ptr="*bf16", rb_ptr="*bf16", logits_ptr="*fp32")
     sig.update(T="i32", stride_x="i32", stride_res="i32", eps="fp32")
-    consts = dict(H=2880, E=32, BT=16, BH=512, PDL=pdl)
-    return _compile(_norm_logits_kernel, sig, consts, 4, 3)
+    consts = dict(H=2880, E=32, BH=4096, PDL=pdl)
+    return _compile(_norm_logits_kernel, sig, consts, 8, 3)
+
+
+def qkv_rope():
+    sig = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", pos_ptr="*i64", cs_ptr="*fp32", out_ptr="*bf16")
+    sig.update(kc_ptr="*bf16", vc_ptr="*bf16", slot_ptr="*i64", T="i32", K="i32", stride_x="i32")
+    sig.update(stride_w="i32", stride_out="i32", block_size="i32", stride_cb="i32", stride_cs="i32")
+    sig.update(stride_ch="i32")
+    consts = dict(
+        HQ=64, HKV=8, D=64, TB=16, BK=128, WRITE_CACHE=True, PRECISION="tf32", UPCAST=False, PDL=True
+    )
+    return _compile(_qkv_rope_kernel, sig, consts, 4, 6)
 
 
 def stats(k, name: str) -> None:
@@ -104,10 +122,14 @@ def stats(k, name: str) -> None:
 def main() -> None:
     for t in [d.GATE_UP_TILES, DecTiles(1, 16, 512, 4, 4, 4), DecTiles(8, 32, 512, 4, 4, 3)]:
         stats(gate_up(t), f"gate_up {t}")
+    for bm, tokens in ((1, 1), (8, 16)):  # the engine's decode router (GPTOSS_ROUTER=fused)
+        t = dataclasses.replace(d.GATE_UP_TILES, bm=bm)
+        stats(gate_up(t, tokens), f"gate_up routing T {tokens} in registers {t}")
     for t in [d.DOWN_TILES, DecTiles(1, 32, 512, 4, 4, 3), DecTiles(8, 16, 1024, 8, 8, 3)]:
         stats(down(t), f"down {t}")
     for pdl in (False, True):
-        stats(norm_route(pdl), f"norm_route's logits kernel, T 16, PDL {pdl}")
+        stats(norm_logits(pdl), f"norm_logits kernel (a program per expert and token), PDL {pdl}")
+    stats(qkv_rope(), "qkv_rope (QKV GEMV + RoPE + KV write), 20b")
 
 
 if __name__ == "__main__":

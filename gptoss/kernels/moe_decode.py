@@ -2,8 +2,9 @@
 
 moe_decode(x, router, ...) = moe_forward for small T, in 5 launches:
 
-  router              F.linear + route_and_group (the engine's decode path instead fuses them with
-                      the residual add + RMSNorm before: norm_route.py, one program)
+  router              F.linear + route_and_group (or, experts_dec_logits: no routing launch, the
+                      gate_up kernel routes the logits itself, ROUTE; the engine's GPTOSS_ROUTER=fused
+                      takes the logits from norm_route.norm_logits, fused with the add + RMSNorm)
   _gate_up_dec_kernel act = swiglu(x_rows @ W13_e^T + b13_e)   grid (I / BN, slots)
   _down_dec_kernel    y = act @ W2_e^T + b2_e per slot         grid (H / BN, slots)
   moe.combine         out[t] = sum over t's k rows of w * y

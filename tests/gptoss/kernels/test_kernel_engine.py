@@ -52,6 +52,31 @@ def test_triton_greedy_equals_torch_reference(engines):
     assert bm.full.num_free == bm.full.num_blocks
 
 
+@pytest.mark.parametrize("router", ["norm", "fused"])
+def test_decode_routers_give_the_reference_tokens(engines, monkeypatch, router):
+    """GPTOSS_ROUTER's other decode routers: norm_route (add+RMSNorm + router GEMV, then the routing
+    kernel) and norm_logits with the routing inside the gate_up GEMM."""
+    from gptoss import kernel_model
+    from gptoss.kernels import moe_decode
+
+    monkeypatch.setattr(kernel_model, "ROUTER", router)
+    calls = {"norm_route": 0, "experts_dec_logits": 0}
+    for owner, name in ((kernel_model, "norm_route"), (moe_decode, "experts_dec_logits")):
+        fn = getattr(owner, name)
+
+        def counted(*a, _fn=fn, _name=name, **kw):
+            calls[_name] += 1
+            return _fn(*a, **kw)
+
+        monkeypatch.setattr(owner, name, counted)
+    triton_eng, torch_eng = engines
+    prompts = prompts_of([3, 21], seed=8)
+    params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
+    assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
+    took = "norm_route" if router == "norm" else "experts_dec_logits"
+    assert calls[took] > 0 and sum(calls.values()) == calls[took]  # the decode steps took that router
+
+
 def test_triton_sampling_is_seeded(engines):
     triton_eng, _ = engines
     prompts = prompts_of([12, 30, 7], seed=4)

@@ -189,7 +189,9 @@ def test_routing_inside_gate_up_equals_the_routing_kernel(dtype, tokens, experts
     """experts_dec_logits: the Routing that gate_up's program (0, 0) writes equals route_and_group's,
     and y equals experts_dec's rows on it (buffers start poisoned: every row and entry is written)."""
     ref, w = make_moe(experts, 64, 96, 4, dtype, seed=40 + tokens)
-    x = (torch.randn(tokens, 64, generator=torch.Generator(DEV).manual_seed(tokens), device=DEV) * 3).to(dtype)
+    x = (torch.randn(tokens, 64, generator=torch.Generator(DEV).manual_seed(tokens), device=DEV) * 3).to(
+        dtype
+    )
     want_r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
     want_y = moe_decode.experts_dec(x, want_r, w, ALPHA, LIMIT, combined=False)
     full = torch.full
