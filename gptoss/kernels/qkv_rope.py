@@ -10,8 +10,8 @@ the rotation is done in registers: grid ((Hq + 2 Hkv) * D / 32,) = 160 programs 
 as the GEMV's BN 32. Rows of the K and V heads also go to the token's cache slot.
 
 Numerics are the two launches': the GEMV's float32 sums plus the bias, rounded to x.dtype (F.linear's
-output), then rope.py's (x1*cos - x2*sin, x2*cos + x1*sin) in float32 and one rounding. The sums run
-in another order than cuBLAS's, so q, k and v can differ from the unfused path by an ulp.
+output), then rope.py's (x1*cos - x2*sin, x2*cos + x1*sin) in float32, no FMA, and one rounding. The
+sums run in another order than cuBLAS's, so q, k and v can differ from the unfused path by an ulp.
 
 Bytes: W (N*K*e: 29.5 MB a layer at gpt-oss's shapes), x (T*K*e a program, from L2), the bias, the
 cos/sin rows, and q|k|v (T*N*e) plus the cache's 2*T*Hkv*D*e.
@@ -224,6 +224,7 @@ def qkv_rope(
         UPCAST=bool(triton.knobs.runtime.interpret),
         num_warps=WARPS,
         num_stages=STAGES,
+        enable_fp_fusion=False,  # RoPE's products rounded as rope.py's (the GEMV is on the MMA)
         **pdl.args(x),
     )
     q = out[:, : hq * d].view(t, hq, d)

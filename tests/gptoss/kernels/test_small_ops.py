@@ -19,7 +19,6 @@ from gptoss.kernels.rounding import round_to
 from gptoss.model import Rope, apply_rope, rms_norm
 from tests.gptoss.kernels.kernelkit import (  # conftest set TRITON_INTERPRET before triton loaded
     DEV,
-    INTERPRET,
     INTERPRETER_WARNINGS,
     gpu,
 )
@@ -167,13 +166,8 @@ def test_rope_qkv_matches_apply_rope(preset: str, dtype: torch.dtype) -> None:
     wq, wk, wv = rope_ref(qkv, positions, rope, hq, hkv, d)
     assert q.is_contiguous() and q.shape == (T, hq, d) and k.shape == v.shape == (T, hkv, d)
     assert torch.equal(v, wv)
-    for got, want in ((q, wq), (k, wk)):
-        if INTERPRET:  # no FMA contraction on CPU: bit-exact
-            assert torch.equal(got, want)
-        elif dtype == torch.float32:
-            torch.testing.assert_close(got, want, rtol=1e-6, atol=2e-6)
-        else:
-            assert_within_ulp(got, want, max_ulp=1, min_exact=0.99)
+    # bit-exact compiled too: the kernel is built without FMA contraction (rope.py's docstring)
+    assert torch.equal(q, wq) and torch.equal(k, wk)
 
 
 def test_cos_sin_table_is_the_reference_rope() -> None:
@@ -197,7 +191,7 @@ def test_rope_qkv_writes_cache_and_skips_padding() -> None:
     v_cache = torch.full((blocks, bs, hkv, d), -777.0, device=DEV).bfloat16()
     _, k, v = rope_qkv(qkv, positions, cos_sin, hq, hkv, d, k_cache, v_cache, slots)
     _, wk, _ = rope_ref(qkv, positions, rope, hq, hkv, d)
-    assert_within_ulp(k, wk, max_ulp=1, min_exact=0.99)
+    assert torch.equal(k, wk)
     kf, vf = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
     written = [s for s in slots.tolist() if s >= 0]
     for t, s in enumerate(slots.tolist()):
@@ -241,6 +235,7 @@ def test_gpu_full_shapes() -> None:
     positions = torch.randint(0, 131072, (512,), device="cuda")
     q, k, v = rope_qkv(qkv, positions, cos_sin, hq, hkv, d)
     wq, wk, wv = rope_ref(qkv, positions, rope, hq, hkv, d)
-    assert_within_ulp(q, wq, max_ulp=1, min_exact=0.99)
-    assert_within_ulp(k, wk, max_ulp=1, min_exact=0.99)
+    # Exact: with FMA contraction a product and a difference that nearly cancel were 12 bf16 ulps off
+    # (H100, 2026-11-23); the kernel now rounds each product as torch does.
+    assert torch.equal(q, wq) and torch.equal(k, wk)
     assert torch.equal(v, wv)
