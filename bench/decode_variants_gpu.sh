@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU side, one device call, no vLLM needed: our engine's batch-1 decode under switch variants
-# (the decode router GPTOSS_ROUTER, the fused QKV + RoPE GPTOSS_QKV; split2/both2 repeat two of them
-# for the run-to-run spread), the compiled kernel tests of the decode path, greedy agreement and
-# batch invariance, batch-1 kernel profiles of PROFILE_VARIANTS, then Offline throughput. One table last.
+# GPU side, one device call, no vLLM needed: our engine's batch-1 decode under switch variants (the
+# decode router GPTOSS_ROUTER, the fused QKV + RoPE GPTOSS_QKV, gate_up's register cap
+# GPTOSS_GATE_UP_MAXNREG, all three; split2/all2 repeat two of them for the run-to-run spread), the
+# compiled kernel tests of the decode path, greedy agreement and batch invariance, batch-1 kernel
+# profiles of PROFILE_VARIANTS, then Offline throughput. One table last.
 #   bash bench/decode_variants_gpu.sh [THROUGHPUT ...]     e.g. 1000x1024x1024 1000x128x1024
 # Variants: name=ENV assignments (space separated) in VARIANTS, default below.
 set -uo pipefail
@@ -18,8 +19,9 @@ say "compiled kernel tests of the decode path"
 read -ra tests <<< "${TESTS:-tests/gptoss/kernels/test_norm_route.py tests/gptoss/kernels/test_small_ops.py \
 tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_qkv_rope.py}"
 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
-VARIANTS=${VARIANTS:-"split= fused=GPTOSS_ROUTER=fused qkv=GPTOSS_QKV=fused \
-both=GPTOSS_ROUTER=fused,GPTOSS_QKV=fused split2= both2=GPTOSS_ROUTER=fused,GPTOSS_QKV=fused"}
+ALL=GPTOSS_ROUTER=fused,GPTOSS_QKV=fused,GPTOSS_GATE_UP_MAXNREG=80
+VARIANTS=${VARIANTS:-"split= fused=GPTOSS_ROUTER=fused qkv=GPTOSS_QKV=fused cap=GPTOSS_GATE_UP_MAXNREG=80 \
+all=$ALL split2= all2=$ALL"}
 for v in $VARIANTS; do
   name=${v%%=*}; envs=${v#*=}
   say "decode 128x512: $name ($envs)"
@@ -35,7 +37,7 @@ python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine agreement --decode 128
 grep -E "greedy_agreement|batch_invariance" "$RES/agreement.txt" | tail -2
 # Batch-1 kernel tables of chosen variants (names from VARIANTS), without PDL: with it a kernel's
 # time includes its wait for the one before.
-for v in ${PROFILE_VARIANTS:-split both}; do
+for v in ${PROFILE_VARIANTS:-split all}; do
   envs=$(tr ' ' '\n' <<< "$VARIANTS" | sed -n "s/^$v=//p" | head -1)
   read -ra assigns <<< "${envs//,/ }"
   say "profile batch 1: $v ($envs), GPTOSS_PDL=0"

@@ -36,7 +36,7 @@ SHAPE = dict(N=2880, K=2880, TOP_K=4, E=32, BE=32, PREC="tf32", ASM=True, PDL=Tr
 GEMM_SIG = dict(w_ptr="*u8", s_ptr="*i32", b_ptr="*fp32", counts_ptr="*i32", rows_ptr="*i32", T="i32")
 
 
-def _compile(kernel, sig: dict[str, str], consts: dict, warps: int, stages: int):
+def _compile(kernel, sig: dict[str, str], consts: dict, warps: int, stages: int, maxnreg: int | None = None):
     idx = kernel.arg_names.index
     attrs = {
         (idx(k),): [["tt.divisibility", 16]]
@@ -50,7 +50,9 @@ def _compile(kernel, sig: dict[str, str], consts: dict, warps: int, stages: int)
         attrs=attrs,
     )
     return triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+        src,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": warps, "num_stages": stages} | ({"maxnreg": maxnreg} if maxnreg else {}),
     )
 
 
@@ -61,7 +63,7 @@ def gate_up(t: DecTiles, route_tokens: int = 0):
     sig.update({f"stride_{s}": "i32" for s in ("we", "wp", "wn", "se", "sp", "sn")})
     consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
     consts.update(ROUTE=route_tokens > 0, KP=4, BT=max(1, route_tokens))
-    return _compile(d._gate_up_dec_kernel, sig, consts, t.warps, t.stages)
+    return _compile(d._gate_up_dec_kernel, sig, consts, t.warps, t.stages, t.maxnreg)
 
 
 def down(t: DecTiles):
@@ -112,9 +114,11 @@ def stats(k, name: str) -> None:
     )
     regs = re.search(r"REG:(\d+)", res)[1]
     spills = sum(bool(re.search(r"\b(STL|LDL)\b", x)) for _, x in ins)
+    loop_spills = sum(bool(re.search(r"\b(STL|LDL)\b", x)) for x in k_loop)
     ftz = len(re.findall(r"\.FTZ", sass))
     print(
-        f"{name}: regs {regs}, smem {k.metadata.shared}, spills {spills}, ftz {ftz}, "
+        f"{name}: regs {regs}, smem {k.metadata.shared}, spills {spills} ({loop_spills} in the K loop), "
+        f"ftz {ftz}, "
         f"K loop {len(k_loop)} ins / {hmul2} HMUL2 ({per_value})\n    loads {dict(loads)}"
     )
 
@@ -125,6 +129,8 @@ def main() -> None:
     for bm, tokens in ((1, 1), (8, 16)):  # the engine's decode router (GPTOSS_ROUTER=fused)
         t = dataclasses.replace(d.GATE_UP_TILES, bm=bm)
         stats(gate_up(t, tokens), f"gate_up routing T {tokens} in registers {t}")
+    t = dataclasses.replace(d.GATE_UP_TILES, bm=1, maxnreg=80)  # GPTOSS_GATE_UP_MAXNREG=80
+    stats(gate_up(t, 1), f"gate_up routing T 1 in registers {t}")
     for t in [d.DOWN_TILES, DecTiles(1, 32, 512, 4, 4, 3), DecTiles(8, 16, 1024, 8, 8, 3)]:
         stats(down(t), f"down {t}")
     for pdl in (False, True):

@@ -34,6 +34,7 @@ results compiled (bf16 rel error up to 7 at some tiles), so it is gone.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,7 @@ class DecTiles:
     split: int
     warps: int  # = split when split > 1 (fewer warps would dequantize some weights twice)
     stages: int
+    maxnreg: int | None = None  # a register cap (ptxas .maxnreg): more programs resident an SM
 
 
 # In the sm_90a SASS at 20b (bf16, compiled on CPU by bench/kernels/moe_decode_sass.py; no spills,
@@ -73,6 +75,11 @@ class DecTiles:
 # 158 registers, 33 KB shared (BN 16, BK 1024: 3.6 a value).
 GATE_UP_TILES = DecTiles(8, 16, 512, 4, 4, 4)
 DOWN_TILES = DecTiles(8, 32, 512, 4, 4, 3)
+# GPTOSS_GATE_UP_MAXNREG=80 caps gate_up's registers at BM <= 4 (T <= 4): 6 programs an SM instead
+# of 4 (122 registers), so T = 1's 720 programs (180 column blocks x 4 experts) run as one wave of
+# 792 slots instead of 1.36 waves of 528. In the sm_90a SASS the cap spills 50 instructions, none in
+# the K loop (bench/kernels/moe_decode_sass.py). Not yet timed on a GPU: off by default.
+GATE_UP_MAXNREG = int(os.environ.get("GPTOSS_GATE_UP_MAXNREG", "0")) or None
 TILE_OVERRIDE: dict[bool, DecTiles] = {}  # gate_up? -> tiles; for benchmarks
 
 
@@ -92,7 +99,10 @@ def tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
         bk //= 2
         split = max(1, min(split, bk // 128))
     bm = min(cfg.bm, triton.next_power_of_2(t))
-    return DecTiles(bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages)
+    maxnreg = cfg.maxnreg
+    if maxnreg is None and gate_up and bm <= 4:
+        maxnreg = GATE_UP_MAXNREG
+    return DecTiles(bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages, maxnreg)
 
 
 @triton.jit
@@ -357,6 +367,7 @@ def gate_up_dec(
         BT=triton.next_power_of_2(n_tok) if route else 1,
         num_warps=t.warps,
         num_stages=t.stages,
+        maxnreg=t.maxnreg,
         **pdl.args(x),
     )
     return act

@@ -232,3 +232,24 @@ def test_routing_inside_gate_up_argument_errors():
         moe_decode.experts_dec_logits(x, torch.zeros(3, 7, device=DEV), 4, w, ALPHA, LIMIT)
     with pytest.raises(ValueError, match="top_k 9 must fit"):
         moe_decode.experts_dec_logits(x, torch.zeros(3, 8, device=DEV), 9, w, ALPHA, LIMIT)
+
+
+def test_gate_up_register_cap_applies_to_small_batches_only(monkeypatch):
+    """GPTOSS_GATE_UP_MAXNREG (GATE_UP_MAXNREG): gate_up at BM <= 4 gets the cap, BM 8 and down none
+    (the capped kernel's results: test_gate_up_register_cap_on_gpu)."""
+    monkeypatch.setattr(moe_decode, "GATE_UP_MAXNREG", 80)
+    assert [moe_decode.tiles(True, 2880, t).maxnreg for t in (1, 2, 4, 5, 16)] == [80, 80, 80, None, None]
+    assert moe_decode.tiles(False, 2880, 1).maxnreg is None
+    monkeypatch.setattr(moe_decode, "GATE_UP_MAXNREG", None)
+    assert moe_decode.tiles(True, 2880, 1).maxnreg is None
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="needs CUDA (compiled kernels)")
+@pytest.mark.parametrize("tokens", [1, 2, 4])
+def test_gate_up_register_cap_on_gpu(tokens, monkeypatch):
+    """Compiled with the cap (spills outside the K loop): bit-equal to the uncapped kernel."""
+    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=tokens)
+    x = torch.randn(tokens, 2880, device=DEV).bfloat16()
+    want = _forward(ref, w, x)
+    monkeypatch.setattr(moe_decode, "GATE_UP_MAXNREG", 80)
+    assert torch.equal(_forward(ref, w, x), want)
