@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU side, one device call, no vLLM needed: our engine's batch-1 decode under switch variants (the
 # decode router GPTOSS_ROUTER, the fused QKV + RoPE GPTOSS_QKV, gate_up's register cap
-# GPTOSS_GATE_UP_MAXNREG, all three; split2/all2 repeat two of them for the run-to-run spread), the
+# GPTOSS_GATE_UP_MAXNREG, attention's in-kernel split merge GPTOSS_ATTN_REDUCE, all four;
+# split2/all2 repeat two of them for the run-to-run spread), the
 # compiled kernel tests of the decode path, greedy agreement and batch invariance, batch-1 kernel
 # profiles of PROFILE_VARIANTS, then Offline throughput. One table last.
 #   bash bench/decode_variants_gpu.sh [THROUGHPUT ...]     e.g. 1000x1024x1024 1000x128x1024
@@ -17,11 +18,12 @@ nvidia-smi -L
   > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
 say "compiled kernel tests of the decode path"
 read -ra tests <<< "${TESTS:-tests/gptoss/kernels/test_norm_route.py tests/gptoss/kernels/test_small_ops.py \
-tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_qkv_rope.py}"
+tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_qkv_rope.py \
+tests/gptoss/kernels/test_attention_kernel.py::test_gpu_decode_merge_in_kernel}"
 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
-ALL=GPTOSS_ROUTER=fused,GPTOSS_QKV=fused,GPTOSS_GATE_UP_MAXNREG=80
+ALL=GPTOSS_ROUTER=fused,GPTOSS_QKV=fused,GPTOSS_GATE_UP_MAXNREG=80,GPTOSS_ATTN_REDUCE=fused
 VARIANTS=${VARIANTS:-"split= fused=GPTOSS_ROUTER=fused qkv=GPTOSS_QKV=fused cap=GPTOSS_GATE_UP_MAXNREG=80 \
-all=$ALL split2= all2=$ALL"}
+merge=GPTOSS_ATTN_REDUCE=fused all=$ALL split2= all2=$ALL"}
 for v in $VARIANTS; do
   name=${v%%=*}; envs=${v#*=}
   say "decode 128x512: $name ($envs)"

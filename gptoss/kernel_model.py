@@ -30,7 +30,7 @@ from torch import Tensor
 
 from gptoss.kernels import batch_invariant as bi
 from gptoss.kernels import moe_decode, moe_layout
-from gptoss.kernels.attention import paged_attention, write_kv
+from gptoss.kernels.attention import paged_attention, reserve_tickets, write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
 from gptoss.kernels.moe_lora import MoELora, moe_forward_lora, prepare_moe_lora
@@ -186,6 +186,7 @@ class KernelModel:
         self.caches = caches  # pool -> [layers, 2, num_blocks, bs, Hkv, D]
         self.embed, self.norm, self.lm_head = ref.embed, ref.norm, ref.lm_head
         self.cos_sin = build_cos_sin(ref.rope, max_positions)  # [P, D] float32
+        reserve_tickets(self.embed.device)  # before any CUDA-graph capture (GPTOSS_ATTN_REDUCE)
         counts = {"full": 0, "ring": 0}
         large = None if batch_invariant else _large_layout(ref)  # invariant mode runs v2 only
         self.layers: list[_Layer] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -27,6 +28,30 @@ PREFILL_ROWS = 128  # BLOCK_M of prefill: query tokens x padded GQA group
 # Triton 3.6's interpreter multiplies the raw bits of bf16 dot operands; passed to the kernel as
 # UPCAST, it makes it upcast dot operands (after the same bf16 rounding) there.
 INTERPRETED = bool(triton.knobs.runtime.interpret)
+# GPTOSS_ATTN_REDUCE=fused: decode's split-K partials are merged by the last split program of each
+# (sequence, KV head) inside the attention kernel (a ticket, as a split-K semaphore) instead of a
+# second launch: one launch fewer a full layer at batch 1 (the reduce: ~4.9 us on an H100, v9).
+# Tested in the interpreter, not yet timed on a GPU: off by default.
+FUSED_REDUCE = os.environ.get("GPTOSS_ATTN_REDUCE", "split") == "fused"
+MAX_TICKETS = 1 << 16  # (sequence, KV head) pairs one launch can merge in-kernel; more take the reduce
+_tickets: dict[torch.device, Tensor] = {}
+
+
+def reserve_tickets(device: torch.device) -> None:
+    """Make the ticket buffer now (a model's init), so CUDA-graph captures later find it made."""
+    if FUSED_REDUCE:
+        _ticket_buffer(device, 0)
+
+
+def _ticket_buffer(device: torch.device, n: int) -> Tensor | None:
+    """The zeroed int32 tickets of in-kernel merging on `device`, made once (never while a CUDA graph
+    is being captured: memory allocated there belongs to the graph); None where they cannot serve."""
+    buf = _tickets.get(device)
+    if buf is None:
+        if n > MAX_TICKETS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return None
+        buf = _tickets[device] = torch.zeros(MAX_TICKETS, dtype=torch.int32, device=device)
+    return buf if n <= buf.numel() else None
 
 
 @triton.jit
@@ -91,6 +116,7 @@ def paged_attention(
     out: Tensor | None = None,
     max_context_hint: int | None = None,
     batch_invariant: bool = False,
+    merge_in_kernel: bool | None = None,
 ) -> Tensor:
     """Causal attention of S sequences' new tokens over their cached context and themselves.
 
@@ -120,9 +146,12 @@ def paged_attention(
     batch_invariant: decode takes the splits of a lone sequence whatever S is, so a sequence's keys
     fall into the same splits (and sums) alone and in a batch; larger batches then run more
     programs than they need (late splits of short contexts exit at once).
+    merge_in_kernel (default FUSED_REDUCE): the last split to finish merges the partials in the
+    attention kernel, no reduce launch; the same arithmetic, so the same output bits.
     """
     t, hq, d = q.shape
     hkv = k_new.shape[1]
+    merge_in_kernel = FUSED_REDUCE if merge_in_kernel is None else merge_in_kernel
     nb, bs, hkv_c, d_c = k_cache.shape
     if hq % hkv or hkv != hkv_c or d != d_c or v_cache.shape != k_cache.shape:
         raise ValueError(
@@ -171,10 +200,13 @@ def paged_attention(
         block_n, warps, stages = PREFILL_CFG
         block_q = max(1, PREFILL_ROWS // g_pad)
         splits = 1
+    tickets = None
     if splits > 1:
         pm = torch.empty(num_seqs, hq, splits, device=q.device, dtype=torch.float32)
         pl = torch.empty_like(pm)
         pacc = torch.empty(num_seqs, hq, splits, d, device=q.device, dtype=torch.float32)
+        if merge_in_kernel:
+            tickets = _ticket_buffer(q.device, num_seqs * hkv)
     else:
         pm = pl = pacc = out  # unused
     grid = (triton.cdiv(max_query_len, block_q) * splits, num_seqs, hkv)
@@ -192,6 +224,7 @@ def paged_attention(
         pm,
         pl,
         pacc,
+        tickets if tickets is not None else pm,
         qk_scale,
         win,
         ring_len or 1,
@@ -210,12 +243,14 @@ def paged_attention(
         BLOCK_Q=block_q,
         BLOCK_N=block_n,
         SPLIT=splits > 1,
+        MERGE=tickets is not None,
+        NS_PAD=triton.next_power_of_2(splits),
         num_warps=warps,
         num_stages=stages,
         **common,
         **pdl.args(q),
     )
-    if splits > 1:
+    if splits > 1 and tickets is None:
         _reduce_kernel[(num_seqs, hkv)](
             query_start,
             sinks,

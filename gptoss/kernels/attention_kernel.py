@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from gptoss.kernels import pdl
+from gptoss.kernels.attention_reduce import merge_splits
 
 
 @triton.jit
@@ -280,6 +281,7 @@ def _attn_kernel(
     pm_ptr,
     pl_ptr,
     pacc_ptr,
+    lock_ptr,
     qk_scale,
     window,
     ring_len,
@@ -304,11 +306,14 @@ def _attn_kernel(
     RING: tl.constexpr,
     WINDOWED: tl.constexpr,
     SPLIT: tl.constexpr,
+    MERGE: tl.constexpr,
+    NS_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads."""
+    """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads. MERGE
+    (decode splits): the last split of a (sequence, KV head) to finish merges the partials itself."""
     pdl.wait_then_release(PDL)
     BM: tl.constexpr = BLOCK_Q * G_PAD
     pid0 = tl.program_id(0)
@@ -429,6 +434,34 @@ def _attn_kernel(
         tl.store(pm_ptr + part, m, mask=row_ok)
         tl.store(pl_ptr + part, l, mask=row_ok)
         tl.store(pacc_ptr + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+        if MERGE:
+            # A ticket per (sequence, KV head), as a split-K semaphore: the barrier orders every
+            # thread's partial stores before the ticket, whose release (gpu scope) publishes them;
+            # the program that draws the last ticket acquires them all, merges (reading past L1)
+            # and zeroes the ticket for the next launch (launches in a stream never overlap).
+            tl.debug_barrier()
+            lock = lock_ptr + s_idx * tl.num_programs(2) + h
+            if tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+                tl.store(lock, 0)
+                merge_splits(
+                    sink_ptr,
+                    out_ptr,
+                    pm_ptr,
+                    pl_ptr,
+                    pacc_ptr,
+                    s_idx,
+                    h,
+                    q0,
+                    num_splits,
+                    hq,
+                    stride_ot,
+                    stride_oh,
+                    G,
+                    G_PAD,
+                    NS_PAD,
+                    D,
+                    ".cg",
+                )
     else:
         sink = tl.load(sink_ptr + head, mask=g < G, other=float("-inf")) * 1.4426950408889634
         m_f = tl.maximum(m, sink)

@@ -196,6 +196,24 @@ def test_decode_splits_and_neutral_partials(hint):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("hint", [None, 4096])
+def test_decode_merges_splits_in_kernel_as_the_reduce_does(hint, dtype):
+    """merge_in_kernel: the last split program of each (sequence, KV head) merges the partials (a
+    ticket per pair, zeroed again for the next launch) and gives the reduce kernel's output bits;
+    twice in a row, so the tickets left by the first launch serve the second."""
+    from gptoss.kernels import attention
+
+    ctx = [300, 0, 129, 17]
+    st = make_step(ctx, [1] * 4, 16, 2, dtype, seed=11, fill=float("nan"))
+    want = run_kernel(st, "full", max_context_hint=hint, merge_in_kernel=False)
+    for _ in range(2):
+        got = run_kernel(st, "full", max_context_hint=hint, merge_in_kernel=True)
+        assert torch.equal(got, want)
+        assert not attention._tickets[got.device].any()  # every ticket back to zero
+    assert_rows_close(got, reference(st, "full"), TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("pool", ["full", "ring"])
 @pytest.mark.parametrize("seqs", PREFILLS, ids=str)
 def test_prefill_matches_reference_and_oracle(seqs, pool, dtype):
@@ -305,6 +323,18 @@ def test_gpu_decode_full_shapes(batch, ctx):
         st = make_step(lens, [1] * batch, 64, 8, torch.bfloat16, seed=batch, fill=float("nan"))
         got = run_kernel(st, pool, max_context_hint=8192)
         assert_rows_close(got, reference(st, pool), TOL[torch.bfloat16])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("batch", [1, 64])
+def test_gpu_decode_merge_in_kernel(batch):
+    """Compiled, 64 splits at batch 1: the in-kernel merge equals the reduce kernel's output, launch
+    after launch (a partial read before its store was visible would show as a moving error)."""
+    lens = [max(1, 8000 - 37 * i % 900) for i in range(batch)]
+    st = make_step(lens, [1] * batch, 64, 8, torch.bfloat16, seed=batch, fill=float("nan"))
+    want = run_kernel(st, "full", max_context_hint=131072, merge_in_kernel=False)
+    for _ in range(20):
+        assert torch.equal(run_kernel(st, "full", max_context_hint=131072, merge_in_kernel=True), want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -77,6 +77,27 @@ def test_decode_routers_give_the_reference_tokens(engines, monkeypatch, router):
     assert calls[took] > 0 and sum(calls.values()) == calls[took]  # the decode steps took that router
 
 
+def test_attention_split_merge_in_kernel_gives_the_reference_tokens(engines, monkeypatch):
+    """GPTOSS_ATTN_REDUCE=fused: decode steps merge attention's split partials in the attention kernel."""
+    from gptoss.kernels import attention
+
+    monkeypatch.setattr(attention, "FUSED_REDUCE", True)
+    merged = []
+    buffer = attention._ticket_buffer
+
+    def counted(device, n):
+        got = buffer(device, n)
+        merged.append(got is not None)
+        return got
+
+    monkeypatch.setattr(attention, "_ticket_buffer", counted)
+    triton_eng, torch_eng = engines
+    prompts = prompts_of([3, 21], seed=9)
+    params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
+    assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
+    assert merged and all(merged)  # split decode launches took the in-kernel merge
+
+
 def test_triton_sampling_is_seeded(engines):
     triton_eng, _ = engines
     prompts = prompts_of([12, 30, 7], seed=4)
