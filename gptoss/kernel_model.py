@@ -273,23 +273,7 @@ class KernelModel:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = bi.moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
             elif FUSED_DECODE and lay.lora_moe is None and moe_decode.use_decode(x, lay.moe):
-                if ROUTER == "fused":
-                    h, residual, logits = norm_logits(
-                        x, residual, lay.ln2, self.eps, lay.router_w, lay.router_b
-                    )
-                    x, routing = moe_decode.experts_dec_logits(
-                        h, logits, self.top_k, lay.moe, self.alpha, self.limit
-                    )
-                else:
-                    if ROUTER == "norm":
-                        h, residual, routing = norm_route(
-                            x, residual, lay.ln2, self.eps, lay.router_w, lay.router_b, self.top_k
-                        )
-                    else:
-                        h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
-                        routing = moe_decode.route(h, lay.router_w, lay.router_b, self.top_k)
-                    x = moe_decode.experts_dec(h, routing, lay.moe, self.alpha, self.limit, combined=False)
-                pending = routing.weights
+                x, residual, pending = self._decode_moe(x, residual, lay)
             elif lay.lora_moe is not None:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = moe_forward_lora(
@@ -308,6 +292,22 @@ class KernelModel:
                 x = moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
         out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps, combine=pending)
         return out
+
+    def _decode_moe(self, x: Tensor, residual: Tensor, lay: _Layer) -> tuple[Tensor, Tensor, Tensor]:
+        """Decode sizes: add + RMSNorm, the router (ROUTER) and the expert GEMMs -> (the experts' rows
+        y [T*k, H], the new residual, the routing weights [T, k] the next add+RMSNorm combines with)."""
+        a = (lay.router_w, lay.router_b)
+        if ROUTER == "fused":
+            h, residual, logits = norm_logits(x, residual, lay.ln2, self.eps, *a)
+            y, r = moe_decode.experts_dec_logits(h, logits, self.top_k, lay.moe, self.alpha, self.limit)
+            return y, residual, r.weights
+        if ROUTER == "norm":
+            h, residual, r = norm_route(x, residual, lay.ln2, self.eps, *a, self.top_k)
+        else:
+            h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
+            r = moe_decode.route(h, *a, self.top_k)
+        y = moe_decode.experts_dec(h, r, lay.moe, self.alpha, self.limit, combined=False)
+        return y, residual, r.weights
 
     def _qkv_fused(self, h: Tensor, lay: _Layer, write_first: bool) -> bool:
         """Whether this layer's QKV + RoPE + KV write take qkv_rope (GPTOSS_QKV=fused, decode sizes)."""

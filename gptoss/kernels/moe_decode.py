@@ -408,18 +408,24 @@ def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles) -> Tensor:
 
 
 def experts_dec(
-    x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, combined: bool = True
+    x: Tensor,
+    r: Routing,
+    w: MoEWeights,
+    alpha: float,
+    limit: float,
+    combined: bool = True,
+    logits: Tensor | None = None,
 ) -> Tensor:
     """x [T, H] routed by r -> [T, H]: the two decode GEMMs and moe.combine. combined False returns
     the experts' rows y [T*k, H] instead, for a caller that fuses the combine into its next kernel
-    (rmsnorm.fused_add_rms_norm's combine)."""
+    (rmsnorm.fused_add_rms_norm's combine). With logits, gate_up routes them and fills r first."""
     from gptoss.kernels.moe import combine  # moe imports this module
 
     _, h, i = w.shape
     # BM follows T when compiled (the MMA pads BM to 8 columns and sums each alike: batch-invariant);
     # the interpreter's numpy matmul sums in a shape-dependent order, so there BM stays fixed.
     t = x.shape[0] if x.is_cuda and not triton.knobs.runtime.interpret else 1 << 30
-    act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h, t))  # [T*k, I]
+    act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h, t), logits=logits)  # [T*k, I]
     y = down_dec(act, r, w, tiles(False, i, t))  # [T*k, H]
     return combine(y, r.weights, x.dtype) if combined else y
 
@@ -430,23 +436,15 @@ def experts_dec_logits(
     """x [T, H], router logits [T, E] -> (y [T*k, H], Routing): experts_dec(combined=False) with the
     routing done inside the gate_up GEMM (no routing launch); the Routing's buffers hold
     route_and_group's decisions (each expert's rows in increasing order) once gate_up has run."""
-    n_tok, _ = x.shape
-    e, h, i = w.shape
+    n_tok = x.shape[0]
+    e = w.shape[0]
     if logits.shape != (n_tok, e) or logits.stride(-1) != 1 or not 1 <= top_k <= e:
         raise ValueError(
             f"experts_dec_logits: logits {tuple(logits.shape)} (contiguous rows) and top_k {top_k} "
             f"must fit x {tuple(x.shape)} and E = {e}"
         )
-    dev = x.device
-    r = Routing(
-        torch.empty(n_tok, top_k, dtype=torch.int32, device=dev),
-        torch.empty(n_tok, top_k, dtype=torch.float32, device=dev),
-        torch.empty(e, dtype=torch.int32, device=dev),
-        torch.empty(e, n_tok, dtype=torch.int32, device=dev),
-    )
-    t = n_tok if x.is_cuda and not triton.knobs.runtime.interpret else 1 << 30  # as experts_dec
-    act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h, t), logits=logits)  # [T*k, I]
-    return down_dec(act, r, w, tiles(False, i, t)), r
+    r = Routing.empty(n_tok, top_k, e, x.device)
+    return experts_dec(x, r, w, alpha, limit, combined=False, logits=logits), r
 
 
 def moe_decode(

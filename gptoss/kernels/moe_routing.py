@@ -29,14 +29,24 @@ class Routing:
     counts: Tensor  # [E] int32 assignments per expert
     rows: Tensor  # [E, T] int32: rows[e, :counts[e]] are the assignments (t*k + j) routed to e
 
+    @classmethod
+    def empty(cls, t: int, top_k: int, e: int, device: torch.device) -> Routing:
+        """Unwritten buffers for T tokens, top-k of E experts: a routing kernel fills them."""
+        return cls(
+            torch.empty(t, top_k, dtype=torch.int32, device=device),
+            torch.empty(t, top_k, dtype=torch.float32, device=device),
+            torch.empty(e, dtype=torch.int32, device=device),
+            torch.empty(e, t, dtype=torch.int32, device=device),
+        )
+
 
 @triton.jit
 def _topk(
     logits_ptr, t, t_ok, stride_t, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr
 ):
     """The routing decision of tokens t [BT] (t_ok: real ones): ids [BT, KP] int32 (-1 in slots past
-    TOP_K and rows past T) and weights [BT, KP] float32 (0 there). The one definition both the
-    routing kernel and the decode GEMM that routes in registers (moe_decode) use."""
+    TOP_K and rows past T) and weights [BT, KP] float32 (0 in slots past TOP_K). The one definition
+    both the routing kernel and the decode GEMM that routes in registers (moe_decode) use."""
     ex = tl.arange(0, BE)  # [BE]
     # [BT, BE]; rows past T read as zeros (finite, so their masked-out softmax stays quiet)
     v = tl.load(
@@ -146,17 +156,16 @@ def route_and_group(logits: Tensor, top_k: int) -> Routing:
     dev = logits.device
     single = t <= SINGLE_PROGRAM_MAX_TOKENS
     block_t = max(16, triton.next_power_of_2(t)) if single else _BLOCK_T
-    ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
-    weights = torch.empty(t, top_k, dtype=torch.float32, device=dev)
-    counts = (torch.empty if single else torch.zeros)(e, dtype=torch.int32, device=dev)
-    rows = torch.empty(e, t, dtype=torch.int32, device=dev)
+    r = Routing.empty(t, top_k, e, dev)
+    if not single:  # several programs count with atomics: from zero
+        r.counts.zero_()
     if t:
         _route_kernel[(triton.cdiv(t, block_t),)](
             logits,
-            ids,
-            weights,
-            counts,
-            rows,
+            r.ids,
+            r.weights,
+            r.counts,
+            r.rows,
             t,
             logits.stride(0),
             E=e,
@@ -168,8 +177,8 @@ def route_and_group(logits: Tensor, top_k: int) -> Routing:
             **pdl.args(logits),
         )
     elif single:
-        counts.zero_()
-    return Routing(ids, weights, counts, rows)
+        r.counts.zero_()
+    return r
 
 
 def route(logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:

@@ -89,7 +89,7 @@ def _norm_logits_kernel(
 
 
 def _check(
-    x: Tensor, residual: Tensor, norm_weight: Tensor, router_weight: Tensor, router_bias: Tensor, top_k: int
+    x: Tensor, residual: Tensor, norm_weight: Tensor, router_weight: Tensor, router_bias: Tensor
 ) -> None:
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(
@@ -128,8 +128,6 @@ def _check(
             f"norm_route: router weight and bias must be x's dtype {x.dtype} (as F.linear), got "
             f"{router_weight.dtype}, {router_bias.dtype}"
         )
-    if not 1 <= top_k <= e:
-        raise ValueError(f"norm_route: top_k must be in [1, {e}], got {top_k}")
     others = (residual, norm_weight, router_weight, router_bias)
     if any(o.device != x.device for o in others):
         raise ValueError(f"norm_route: every tensor must be on x's device {x.device}")
@@ -145,7 +143,7 @@ def norm_logits(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """x, residual [T, H] -> (h [T, H], r [T, H], logits [T, E] float32): fused_add_rms_norm, then
     F.linear(h, W, b) (its output rounding kept); T in [1, 16]."""
-    _check(x, residual, norm_weight, router_weight, router_bias, 1)
+    _check(x, residual, norm_weight, router_weight, router_bias)
     t, h = x.shape
     e = router_weight.shape[0]
     hn = torch.empty(t, h, dtype=x.dtype, device=x.device)  # [T, H]
@@ -185,6 +183,8 @@ def norm_route(
 ) -> tuple[Tensor, Tensor, Routing]:
     """x, residual [T, H] -> (h [T, H], r [T, H], Routing): fused_add_rms_norm, then
     route_and_group(F.linear(h, W, b), k); T in [1, 16]."""
-    _check(x, residual, norm_weight, router_weight, router_bias, top_k)
+    e = router_weight.shape[0]
+    if not 1 <= top_k <= e:  # before the launch; norm_logits checks the rest
+        raise ValueError(f"norm_route: top_k must be in [1, {e}], got {top_k}")
     hn, r, logits = norm_logits(x, residual, norm_weight, eps, router_weight, router_bias)
     return hn, r, route_and_group(logits, top_k)
