@@ -27,7 +27,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gptoss.kernels import moe_decode as d  # noqa: E402
-from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
+from gptoss.kernels.moe_tiles import DOWN_DEC_TILES, GATE_UP_DEC_TILES, DecTiles  # noqa: E402
 from gptoss.kernels.norm_route import _norm_logits_kernel  # noqa: E402
 from gptoss.kernels.qkv_rope import _qkv_rope_kernel  # noqa: E402
 
@@ -124,14 +124,14 @@ def stats(k, name: str) -> None:
 
 
 def main() -> None:
-    for t in [d.GATE_UP_TILES, DecTiles(1, 16, 512, 4, 4, 4), DecTiles(8, 32, 512, 4, 4, 3)]:
+    for t in [GATE_UP_DEC_TILES, DecTiles(1, 16, 512, 4, 4, 4), DecTiles(8, 32, 512, 4, 4, 3)]:
         stats(gate_up(t), f"gate_up {t}")
     for bm, tokens in ((1, 1), (8, 16)):  # the engine's decode router (GPTOSS_ROUTER=fused)
-        t = dataclasses.replace(d.GATE_UP_TILES, bm=bm)
+        t = dataclasses.replace(GATE_UP_DEC_TILES, bm=bm)
         stats(gate_up(t, tokens), f"gate_up routing T {tokens} in registers {t}")
-    t = dataclasses.replace(d.GATE_UP_TILES, bm=1, maxnreg=80)  # GPTOSS_GATE_UP_MAXNREG=80
+    t = dataclasses.replace(GATE_UP_DEC_TILES, bm=1, maxnreg=80)  # GPTOSS_GATE_UP_MAXNREG=80
     stats(gate_up(t, 1), f"gate_up routing T 1 in registers {t}")
-    for t in [d.DOWN_TILES, DecTiles(1, 32, 512, 4, 4, 3), DecTiles(8, 16, 1024, 8, 8, 3)]:
+    for t in [DOWN_DEC_TILES, DecTiles(1, 32, 512, 4, 4, 3), DecTiles(8, 16, 1024, 8, 8, 3)]:
         stats(down(t), f"down {t}")
     for pdl in (False, True):
         stats(norm_logits(pdl), f"norm_logits kernel (a program per expert and token), PDL {pdl}")

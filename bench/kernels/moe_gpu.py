@@ -44,7 +44,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gptoss.kernels import moe, moe_common, moe_decode  # noqa: E402
+from gptoss.kernels import moe, moe_common, moe_decode, moe_tiles  # noqa: E402
 from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.mxfp4 import dequantize  # noqa: E402
@@ -62,23 +62,25 @@ EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # pa
 
 @contextmanager
 def _dec_switches(v: DecVariant) -> Iterator[None]:
-    saved = moe_decode.ENABLED, dict(moe_decode.TILE_OVERRIDE)
+    saved = moe_decode.ENABLED, dict(moe_tiles.DEC_TILE_OVERRIDE)
     moe_decode.ENABLED = True
-    moe_decode.TILE_OVERRIDE.clear()
-    moe_decode.TILE_OVERRIDE.update({k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None})
+    moe_tiles.DEC_TILE_OVERRIDE.clear()
+    moe_tiles.DEC_TILE_OVERRIDE.update(
+        {k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None}
+    )
     try:
         yield
     finally:
         moe_decode.ENABLED = saved[0]
-        moe_decode.TILE_OVERRIDE.clear()
-        moe_decode.TILE_OVERRIDE.update(saved[1])
+        moe_tiles.DEC_TILE_OVERRIDE.clear()
+        moe_tiles.DEC_TILE_OVERRIDE.update(saved[1])
 
 
 def _dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
     """The decode forward, its router and each GEMM alone (routing and act precomputed)."""
     rw, rb = ck["router_w"], ck["router_b"]
     r = route_and_group(F.linear(x, rw, rb), TOP_K)
-    gu, dn = moe_decode.tiles(True, H, x.shape[0]), moe_decode.tiles(False, I, x.shape[0])
+    gu, dn = moe_tiles.dec_tiles(True, H, x.shape[0]), moe_tiles.dec_tiles(False, I, x.shape[0])
     act = moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu)
 
     return {

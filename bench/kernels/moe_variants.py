@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gptoss.kernels.moe import Tiles
-from gptoss.kernels.moe_decode import DecTiles
+from gptoss.kernels.moe_tiles import DecTiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,8 +188,8 @@ for _name, _buckets, _gu, _dn, _lo, _hi in [
 # (F.linear + route_and_group). E.g. --no-vllm --ms 1,2,4,8,16 --variants v2,dec,dec-dn16,dec-gu32
 @dataclass(frozen=True, slots=True)
 class DecVariant:
-    gate_up: DecTiles | None = None  # None: moe_decode.GATE_UP_TILES
-    down: DecTiles | None = None  # None: moe_decode.DOWN_TILES
+    gate_up: DecTiles | None = None  # None: moe_tiles.GATE_UP_DEC_TILES
+    down: DecTiles | None = None  # None: moe_tiles.DOWN_DEC_TILES
     max_m: int = 16
 
 

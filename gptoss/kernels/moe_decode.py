@@ -34,9 +34,6 @@ results compiled (bf16 rel error up to 7 at some tiles), so it is gone.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -48,61 +45,16 @@ from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing, _group, _topk, route_and_group, store_routing
+from gptoss.kernels.moe_tiles import DecTiles, dec_tiles
 from gptoss.kernels.moe_v2 import _v2_ptrs, _v2_step
 
 ENABLED = True  # moe_forward / moe_forward_from_logits take this path for 0 < T <= MAX_T on bits weights
 MAX_T = 16  # T*k/E <= 2 rows an expert on average at 20b; past it v2's M tiles amortize the weights
 
 
-@dataclass(frozen=True, slots=True)
-class DecTiles:
-    bm: int  # rows per dot (the narrow N of the MMA); an expert's rows past BM loop
-    bn: int  # output columns per program (gate_up: act columns, each a gate and an up weight row)
-    bk: int  # K per step, split over `split` warps (BK/split >= 128: whole scale words)
-    split: int
-    warps: int  # = split when split > 1 (fewer warps would dequantize some weights twice)
-    stages: int
-    maxnreg: int | None = None  # a register cap (ptxas .maxnreg): more programs resident an SM
-
-
-# In the sm_90a SASS at 20b (bf16, compiled on CPU by bench/kernels/moe_decode_sass.py; no spills,
-# 16-byte cp.async weight loads), K loop: gate_up BN 16 at BM 8 (T >= 5): 3.1 instructions a
-# weight value, 157 registers, 50 KB shared (3 programs an SM); at BM 1-4 (T <= 4): 3.0, ~122
-# registers, 29-38 KB (4 an SM); BN 32: 2.8 a value but 218 registers (2 an SM), and 360 programs at
-# T = 1 are 1.4 waves of 264. BM 16 (v2's): 4.0 a value. down (grid H / BN x slots): BN 32 with 4
-# warps of 128 K and 3 stages beat BN 16 with 8 warps, BK 1024 and 4 stages (H100, whole MoE at T = 1:
-# 52.8 against 55.2 us; down alone 17.1-64.8 us at T = 1-16); SASS at BM 8: 3.0 instructions a value,
-# 158 registers, 33 KB shared (BN 16, BK 1024: 3.6 a value).
-GATE_UP_TILES = DecTiles(8, 16, 512, 4, 4, 4)
-DOWN_TILES = DecTiles(8, 32, 512, 4, 4, 3)
-# GPTOSS_GATE_UP_MAXNREG=80 caps gate_up's registers at BM <= 4 (T <= 4): 6 programs an SM instead
-# of 4 (122 registers), so T = 1's 720 programs (180 column blocks x 4 experts) run as one wave of
-# 792 slots instead of 1.36 waves of 528. In the sm_90a SASS the cap spills 50 instructions, none in
-# the K loop (bench/kernels/moe_decode_sass.py). Not yet timed on a GPU: off by default.
-GATE_UP_MAXNREG = int(os.environ.get("GPTOSS_GATE_UP_MAXNREG", "0")) or None
-TILE_OVERRIDE: dict[bool, DecTiles] = {}  # gate_up? -> tiles; for benchmarks
-
-
 def use_decode(x: Tensor, w: MoEWeights) -> bool:
     """Whether moe_forward takes this path for x [T, H] on w."""
     return ENABLED and w.layout == "bits" and 0 < x.shape[0] <= MAX_T
-
-
-def tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
-    """The tiles for a GEMM with K = k at T = t: BM shrinks to T's power of 2 (an expert has <= T
-    rows; the x tile in shared memory shrinks with it), BK toward K (no empty steps) and to where the
-    last step's scale words stay inside the row (rows hold ceil(K/512)*512 K of scales); warps = split."""
-    cfg = TILE_OVERRIDE.get(gate_up) or (GATE_UP_TILES if gate_up else DOWN_TILES)
-    split = cfg.split
-    bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))
-    while triton.cdiv(k, bk) * bk > triton.cdiv(k, 512) * 512:  # ends at BK <= 512
-        bk //= 2
-        split = max(1, min(split, bk // 128))
-    bm = min(cfg.bm, triton.next_power_of_2(t))
-    maxnreg = cfg.maxnreg
-    if maxnreg is None and gate_up and bm <= 4:
-        maxnreg = GATE_UP_MAXNREG
-    return DecTiles(bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages, maxnreg)
 
 
 @triton.jit
@@ -425,8 +377,8 @@ def experts_dec(
     # BM follows T when compiled (the MMA pads BM to 8 columns and sums each alike: batch-invariant);
     # the interpreter's numpy matmul sums in a shape-dependent order, so there BM stays fixed.
     t = x.shape[0] if x.is_cuda and not triton.knobs.runtime.interpret else 1 << 30
-    act = gate_up_dec(x, r, w, alpha, limit, tiles(True, h, t), logits=logits)  # [T*k, I]
-    y = down_dec(act, r, w, tiles(False, i, t))  # [T*k, H]
+    act = gate_up_dec(x, r, w, alpha, limit, dec_tiles(True, h, t), logits=logits)  # [T*k, I]
+    y = down_dec(act, r, w, dec_tiles(False, i, t))  # [T*k, H]
     return combine(y, r.weights, x.dtype) if combined else y
 
 

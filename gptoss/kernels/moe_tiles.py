@@ -1,8 +1,10 @@
 """Block sizes of the MoE GEMMs, from the shapes (no autotuning): Tiles, the tables by rows per
-expert, choose_tiles (v1), choose_tiles_v2 and choose_tiles_v3, and the grid they give."""
+expert, choose_tiles (v1), choose_tiles_v2 and choose_tiles_v3, and the grid they give; DecTiles and
+dec_tiles for the decode path (moe_decode)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import triton
@@ -146,3 +148,50 @@ def _grid(t: int, top_k: int, e: int, n: int, tiles: Tiles) -> tuple[int, int]:
     # Each expert's rows fill whole tiles but its last: at most (A + min(E, A)*(BM-1)) / BM tiles.
     max_tiles = min(a, (a + min(e, a) * (tiles.bm - 1)) // tiles.bm)
     return triton.cdiv(n, tiles.bn), max_tiles
+
+
+# The decode path (moe_decode, T <= 16): expert-slot GEMMs, one tile of rows an expert.
+@dataclass(frozen=True, slots=True)
+class DecTiles:
+    bm: int  # rows per dot (the narrow N of the MMA); an expert's rows past BM loop
+    bn: int  # output columns per program (gate_up: act columns, each a gate and an up weight row)
+    bk: int  # K per step, split over `split` warps (BK/split >= 128: whole scale words)
+    split: int
+    warps: int  # = split when split > 1 (fewer warps would dequantize some weights twice)
+    stages: int
+    maxnreg: int | None = None  # a register cap (ptxas .maxnreg): more programs resident an SM
+
+
+# In the sm_90a SASS at 20b (bf16, compiled on CPU by bench/kernels/moe_decode_sass.py; no spills,
+# 16-byte cp.async weight loads), K loop: gate_up BN 16 at BM 8 (T >= 5): 3.1 instructions a
+# weight value, 157 registers, 50 KB shared (3 programs an SM); at BM 1-4 (T <= 4): 3.0, ~122
+# registers, 29-38 KB (4 an SM); BN 32: 2.8 a value but 218 registers (2 an SM), and 360 programs at
+# T = 1 are 1.4 waves of 264. BM 16 (v2's): 4.0 a value. down (grid H / BN x slots): BN 32 with 4
+# warps of 128 K and 3 stages beat BN 16 with 8 warps, BK 1024 and 4 stages (H100, whole MoE at T = 1:
+# 52.8 against 55.2 us; down alone 17.1-64.8 us at T = 1-16); SASS at BM 8: 3.0 instructions a value,
+# 158 registers, 33 KB shared (BN 16, BK 1024: 3.6 a value).
+GATE_UP_DEC_TILES = DecTiles(8, 16, 512, 4, 4, 4)
+DOWN_DEC_TILES = DecTiles(8, 32, 512, 4, 4, 3)
+# GPTOSS_GATE_UP_MAXNREG=80 caps gate_up's registers at BM <= 4 (T <= 4): 6 programs an SM instead
+# of 4 (122 registers), so T = 1's 720 programs (180 column blocks x 4 experts) run as one wave of
+# 792 slots instead of 1.36 waves of 528. In the sm_90a SASS the cap spills 50 instructions, none in
+# the K loop (bench/kernels/moe_decode_sass.py). Not yet timed on a GPU: off by default.
+GATE_UP_MAXNREG = int(os.environ.get("GPTOSS_GATE_UP_MAXNREG", "0")) or None
+DEC_TILE_OVERRIDE: dict[bool, DecTiles] = {}  # gate_up? -> tiles; for benchmarks
+
+
+def dec_tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
+    """The decode tiles for a GEMM with K = k at T = t: BM shrinks to T's power of 2 (an expert has <= T
+    rows; the x tile in shared memory shrinks with it), BK toward K (no empty steps) and to where the
+    last step's scale words stay inside the row (rows hold ceil(K/512)*512 K of scales); warps = split."""
+    cfg = DEC_TILE_OVERRIDE.get(gate_up) or (GATE_UP_DEC_TILES if gate_up else DOWN_DEC_TILES)
+    split = cfg.split
+    bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))
+    while triton.cdiv(k, bk) * bk > triton.cdiv(k, 512) * 512:  # ends at BK <= 512
+        bk //= 2
+        split = max(1, min(split, bk // 128))
+    bm = min(cfg.bm, triton.next_power_of_2(t))
+    maxnreg = cfg.maxnreg
+    if maxnreg is None and gate_up and bm <= 4:
+        maxnreg = GATE_UP_MAXNREG
+    return DecTiles(bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages, maxnreg)

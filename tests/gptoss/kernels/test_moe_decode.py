@@ -21,9 +21,9 @@ pytest.importorskip("triton")
 
 import triton  # noqa: E402
 
-from gptoss.kernels import moe, moe_decode  # noqa: E402
-from gptoss.kernels.moe_decode import DecTiles  # noqa: E402
+from gptoss.kernels import moe, moe_decode, moe_tiles  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
+from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
 from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - fixtures used by name
     ALPHA,
     DEV,
@@ -115,26 +115,26 @@ def test_every_decode_tile_shape_gives_the_same_result(gu, dn, dtype, monkeypatc
     column blocks), 12 tokens: rows past BM 1, 2, 4, 8 loop; moe_forward_from_logits's entry."""
     ref, w = make_moe(8, 160, 96, 4, dtype, seed=7)
     x = (torch.randn(12, 160, device=DEV) * 3).to(dtype)
-    monkeypatch.setattr(moe_decode, "TILE_OVERRIDE", {True: gu, False: dn})
+    monkeypatch.setattr(moe_tiles, "DEC_TILE_OVERRIDE", {True: gu, False: dn})
     logits = F.linear(x, ref.router_weight, ref.router_bias)
     got = moe.moe_forward_from_logits(x, logits, 4, w, ALPHA, LIMIT)
     assert _rel(got, reference(ref, x)) <= TOL[dtype]
 
 
 def test_tiles_keep_scale_reads_in_the_row_and_warps_on_distinct_weights(monkeypatch):
-    assert moe_decode.tiles(False, 2880) == DecTiles(8, 32, 512, 4, 4, 3)  # 6 steps: 3072 = 96 scales
-    assert moe_decode.tiles(False, 64) == DecTiles(8, 32, 512, 4, 4, 3)  # one 16-byte scale row
+    assert moe_tiles.dec_tiles(False, 2880) == DecTiles(8, 32, 512, 4, 4, 3)  # 6 steps: 3072 = 96 scales
+    assert moe_tiles.dec_tiles(False, 64) == DecTiles(8, 32, 512, 4, 4, 3)  # one 16-byte scale row
     big = DecTiles(8, 16, 1024, 8, 8, 4)
-    monkeypatch.setattr(moe_decode, "TILE_OVERRIDE", {False: big})
-    assert moe_decode.tiles(False, 2880) == big  # 3 steps of 1024: 3072 = 96 scales
-    assert moe_decode.tiles(False, 2048 + 320) == DecTiles(8, 16, 512, 4, 4, 4)  # 3072 > 2560 of scales
-    assert moe_decode.tiles(False, 64) == DecTiles(8, 16, 512, 4, 4, 4)
-    monkeypatch.setattr(moe_decode, "TILE_OVERRIDE", {})
-    assert moe_decode.tiles(True, 2880) == DecTiles(8, 16, 512, 4, 4, 4)
-    assert [moe_decode.tiles(True, 2880, t).bm for t in (1, 2, 3, 4, 5, 16)] == [1, 2, 4, 4, 8, 8]
+    monkeypatch.setattr(moe_tiles, "DEC_TILE_OVERRIDE", {False: big})
+    assert moe_tiles.dec_tiles(False, 2880) == big  # 3 steps of 1024: 3072 = 96 scales
+    assert moe_tiles.dec_tiles(False, 2048 + 320) == DecTiles(8, 16, 512, 4, 4, 4)  # 3072 > 2560 of scales
+    assert moe_tiles.dec_tiles(False, 64) == DecTiles(8, 16, 512, 4, 4, 4)
+    monkeypatch.setattr(moe_tiles, "DEC_TILE_OVERRIDE", {})
+    assert moe_tiles.dec_tiles(True, 2880) == DecTiles(8, 16, 512, 4, 4, 4)
+    assert [moe_tiles.dec_tiles(True, 2880, t).bm for t in (1, 2, 3, 4, 5, 16)] == [1, 2, 4, 4, 8, 8]
     for k in (64, 160, 1000, 2880, 4096):
         for gate_up in (True, False):
-            t = moe_decode.tiles(gate_up, k)
+            t = moe_tiles.dec_tiles(gate_up, k)
             assert triton.cdiv(k, t.bk) * t.bk <= triton.cdiv(k, 512) * 512
             assert t.bk // t.split >= 128 and t.warps == t.split
 
@@ -237,11 +237,11 @@ def test_routing_inside_gate_up_argument_errors():
 def test_gate_up_register_cap_applies_to_small_batches_only(monkeypatch):
     """GPTOSS_GATE_UP_MAXNREG (GATE_UP_MAXNREG): gate_up at BM <= 4 gets the cap, BM 8 and down none
     (the capped kernel's results: test_gate_up_register_cap_on_gpu)."""
-    monkeypatch.setattr(moe_decode, "GATE_UP_MAXNREG", 80)
-    assert [moe_decode.tiles(True, 2880, t).maxnreg for t in (1, 2, 4, 5, 16)] == [80, 80, 80, None, None]
-    assert moe_decode.tiles(False, 2880, 1).maxnreg is None
-    monkeypatch.setattr(moe_decode, "GATE_UP_MAXNREG", None)
-    assert moe_decode.tiles(True, 2880, 1).maxnreg is None
+    monkeypatch.setattr(moe_tiles, "GATE_UP_MAXNREG", 80)
+    assert [moe_tiles.dec_tiles(True, 2880, t).maxnreg for t in (1, 2, 4, 5, 16)] == [80, 80, 80, None, None]
+    assert moe_tiles.dec_tiles(False, 2880, 1).maxnreg is None
+    monkeypatch.setattr(moe_tiles, "GATE_UP_MAXNREG", None)
+    assert moe_tiles.dec_tiles(True, 2880, 1).maxnreg is None
 
 
 @pytest.mark.skipif(DEV.type != "cuda", reason="needs CUDA (compiled kernels)")
@@ -251,5 +251,5 @@ def test_gate_up_register_cap_on_gpu(tokens, monkeypatch):
     ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=tokens)
     x = torch.randn(tokens, 2880, device=DEV).bfloat16()
     want = _forward(ref, w, x)
-    monkeypatch.setattr(moe_decode, "GATE_UP_MAXNREG", 80)
+    monkeypatch.setattr(moe_tiles, "GATE_UP_MAXNREG", 80)
     assert torch.equal(_forward(ref, w, x), want)

@@ -1,0 +1,264 @@
+"""Paged attention's key loop (gptoss.kernels.attention_kernel runs it): one online-softmax step over a
+tile of keys (_tile, from the cache through the block table or ring, or from this step's new keys)
+and a key range in tiles (_phase: masked tiles at the window's and the causal edges, unmasked ones
+between)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        r = tl.dot(a, b, input_precision=PRECISION)
+    return r
+
+
+@triton.jit
+def _tile(
+    acc,
+    m,
+    l,
+    q,
+    qpos,
+    s_idx,
+    h,
+    j,
+    ps,
+    pe,
+    ctx,
+    q0,
+    window,
+    ring_len,
+    qk_scale,
+    kc_ptr,
+    vc_ptr,
+    kn_ptr,
+    vn_ptr,
+    table_ptr,
+    stride_nt,
+    stride_nh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_tb,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FROM_CACHE: tl.constexpr,
+    RING: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    MASKED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """One online-softmax step over keys [ps + j*BLOCK_N, +BLOCK_N) (log2 domain, float32)."""
+    kp = ps + j * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] key positions
+    d = tl.arange(0, D)
+    kv_ok = kp < pe
+    if FROM_CACHE:
+        if RING:
+            slot = (kp // BS) % ring_len
+        else:
+            slot = kp // BS
+        if MASKED:
+            page = tl.load(table_ptr + s_idx * stride_tb + slot, mask=kv_ok, other=0)
+        else:
+            page = tl.load(table_ptr + s_idx * stride_tb + slot)
+        off = page.to(tl.int64) * stride_cb + (kp % BS) * stride_cs + h * stride_ch  # [BN]
+        k_ptrs = kc_ptr + off[:, None] + d[None, :]
+        v_ptrs = vc_ptr + off[:, None] + d[None, :]
+    else:
+        off = (q0 + kp - ctx).to(tl.int64) * stride_nt + h * stride_nh  # this step's token rows
+        k_ptrs = kn_ptr + off[:, None] + d[None, :]
+        v_ptrs = vn_ptr + off[:, None] + d[None, :]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=kv_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    s = _dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale  # [BM, BN]
+    if MASKED:
+        seen = kv_ok[None, :] & (kp[None, :] <= qpos[:, None])
+        if WINDOWED:
+            seen = seen & (qpos[:, None] - kp[None, :] < window)
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+    return acc, m_new, l
+
+
+@triton.jit
+def _phase(
+    acc,
+    m,
+    l,
+    q,
+    qpos,
+    q_first,
+    q_last,
+    s_idx,
+    h,
+    ps,
+    pe,
+    ctx,
+    q0,
+    window,
+    ring_len,
+    qk_scale,
+    kc_ptr,
+    vc_ptr,
+    kn_ptr,
+    vn_ptr,
+    table_ptr,
+    stride_nt,
+    stride_nh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_tb,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FROM_CACHE: tl.constexpr,
+    RING: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Keys [ps, pe) in tiles from ps: masked tiles at the window's lower edge, unmasked tiles
+    every row sees whole, masked tiles at the causal edge and the range's end."""
+    span = tl.maximum(pe - ps, 0)
+    n_tot = (span + BLOCK_N - 1) // BLOCK_N
+    lo_all = ps  # first key every row of the tile sees (window edge)
+    if WINDOWED:
+        lo_all = tl.maximum(ps, q_last - window + 1)
+    hi_all = tl.minimum(pe, q_first + 1)  # keys below it are causally visible to every row
+    n_lead = tl.minimum(n_tot, (tl.maximum(lo_all - ps, 0) + BLOCK_N - 1) // BLOCK_N)
+    n_mid = tl.maximum(tl.maximum(hi_all - ps, 0) // BLOCK_N - n_lead, 0)
+    for j in range(0, n_lead):
+        acc, m, l = _tile(
+            acc,
+            m,
+            l,
+            q,
+            qpos,
+            s_idx,
+            h,
+            j,
+            ps,
+            pe,
+            ctx,
+            q0,
+            window,
+            ring_len,
+            qk_scale,
+            kc_ptr,
+            vc_ptr,
+            kn_ptr,
+            vn_ptr,
+            table_ptr,
+            stride_nt,
+            stride_nh,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_tb,
+            D,
+            BS,
+            BLOCK_N,
+            FROM_CACHE,
+            RING,
+            WINDOWED,
+            True,
+            PRECISION,
+            UPCAST,
+        )
+    for j in range(n_lead, n_lead + n_mid):
+        acc, m, l = _tile(
+            acc,
+            m,
+            l,
+            q,
+            qpos,
+            s_idx,
+            h,
+            j,
+            ps,
+            pe,
+            ctx,
+            q0,
+            window,
+            ring_len,
+            qk_scale,
+            kc_ptr,
+            vc_ptr,
+            kn_ptr,
+            vn_ptr,
+            table_ptr,
+            stride_nt,
+            stride_nh,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_tb,
+            D,
+            BS,
+            BLOCK_N,
+            FROM_CACHE,
+            RING,
+            WINDOWED,
+            False,
+            PRECISION,
+            UPCAST,
+        )
+    for j in range(n_lead + n_mid, n_tot):
+        acc, m, l = _tile(
+            acc,
+            m,
+            l,
+            q,
+            qpos,
+            s_idx,
+            h,
+            j,
+            ps,
+            pe,
+            ctx,
+            q0,
+            window,
+            ring_len,
+            qk_scale,
+            kc_ptr,
+            vc_ptr,
+            kn_ptr,
+            vn_ptr,
+            table_ptr,
+            stride_nt,
+            stride_nh,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_tb,
+            D,
+            BS,
+            BLOCK_N,
+            FROM_CACHE,
+            RING,
+            WINDOWED,
+            True,
+            PRECISION,
+            UPCAST,
+        )
+    return acc, m, l
