@@ -42,9 +42,9 @@ def ran(monkeypatch) -> list[tuple[str, str]]:
                 continue
             real = getattr(mod, name)
 
-            def spy(x, r, w, *rest, _real=real, _name=name):
+            def spy(x, r, w, *rest, _real=real, _name=name, **kw):
                 calls.append((_name, w.layout))
-                return _real(x, r, w, *rest)
+                return _real(x, r, w, *rest, **kw)
 
             monkeypatch.setattr(mod, name, spy)
     return calls
