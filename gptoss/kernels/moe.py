@@ -28,7 +28,8 @@ USE_ASM (gptoss.kernels.moe_common) and TILE_OVERRIDE (moe_tiles) switch the res
 prepare_moe_weights(large="v3") adds a v3 copy that batches of >= LARGE_MIN_ROWS rows an expert
 run (moe_layout.for_rows): v2 is faster at decode and small batches, v3 in prefill.
 Files: moe_layout (weights), moe_tiles (block sizes), moe_common (switches, shared helpers),
-moe_v1 and moe_v2 (the two GEMM families), moe_routing, moe_lora; this one the forward and combine.
+moe_v1, moe_v2 and moe_v3 (the GEMM families; moe_v2_step and moe_v3_step their K steps), moe_decode,
+moe_routing, moe_lora; this one the forward and combine.
 
 Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4):
   gate_up  FLOPs 4*A*H*I; weight bytes d * (2I*H/2 + 2I*H/32) = d * 8.8 MB
@@ -72,7 +73,8 @@ from gptoss.kernels.moe_tiles import (  # noqa: F401
     choose_tiles_v3,
 )
 from gptoss.kernels.moe_v1 import down, gate_up
-from gptoss.kernels.moe_v2 import _BITS_TO_BF16_ASM, _dequant_bits, down_v2, gate_up_v2  # noqa: F401
+from gptoss.kernels.moe_v2 import down_v2, gate_up_v2
+from gptoss.kernels.moe_v2_step import _BITS_TO_BF16_ASM, _dequant_bits  # noqa: F401 - for tests and bench
 from gptoss.kernels.moe_v3 import down_v3, gate_up_v3
 from gptoss.kernels.rmsnorm import combine_rows
 

@@ -46,7 +46,7 @@ from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing, _group, _topk, route_and_group, store_routing
 from gptoss.kernels.moe_tiles import DecTiles, dec_tiles
-from gptoss.kernels.moe_v2 import _v2_ptrs, _v2_step
+from gptoss.kernels.moe_v2_step import _v2_ptrs, _v2_step
 
 ENABLED = True  # moe_forward / moe_forward_from_logits take this path for 0 < T <= MAX_T on bits weights
 MAX_T = 16  # T*k/E <= 2 rows an expert on average at 20b; past it v2's M tiles amortize the weights

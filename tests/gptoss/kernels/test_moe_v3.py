@@ -33,7 +33,7 @@ from gptoss.kernels.moe import Tiles, moe_forward, prepare_moe_weights  # noqa: 
 from gptoss.kernels.moe_layout import MAX_SCALE_V2, _to_bits_layout, _to_v3_layout, _to_v3_scales  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import TILE_OVERRIDE, choose_tiles_v3  # noqa: E402
-from gptoss.kernels.moe_v3 import _V3_ASM  # noqa: E402
+from gptoss.kernels.moe_v3_step import _V3_ASM  # noqa: E402
 from gptoss.mxfp4 import E2M1_VALUES, dequantize  # noqa: E402
 from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the fixtures apply here too
     ALPHA,
