@@ -53,16 +53,17 @@ log = logging.getLogger("gptoss.kernel_model")
 #   norm   norm_route: add+RMSNorm + router GEMV in one launch, then route_and_group: 2
 #   fused  norm_logits, then the gate_up GEMM routes the logits itself: 1, and no routing launch
 # Measured on an H100 (bench/decode_variants_gpu.sh, batch 1, PDL on): combine fused 388.6 tok/s vs
-# 384.3 unfused; norm with its earlier two-pass kernel 377.5 (one program: 339).
+# 384.3 unfused; norm with its earlier two-pass kernel 377.5 (one program: 339); 2026-11-26: fused
+# 405.2 vs split 390.7 / 383.0 (the router's 4 launches, ~12.6 us a layer, became norm_logits' 2.8).
 FUSED_DECODE = os.environ.get("GPTOSS_FUSED_DECODE", "1") != "0"
 ROUTERS = ("split", "norm", "fused")
-ROUTER = os.environ.get("GPTOSS_ROUTER", "split")
+ROUTER = os.environ.get("GPTOSS_ROUTER", "fused")
 if ROUTER not in ROUTERS:
     raise ValueError(f"GPTOSS_ROUTER={ROUTER!r}: choose one of {', '.join(ROUTERS)}")
 # GPTOSS_QKV=fused: at T <= 8 the QKV GEMV, its bias, RoPE and the KV write are one launch
-# (gptoss.kernels.qkv_rope) instead of cuBLAS's GEMM + rope_qkv. "norm", "fused" and this are
-# tested (interpreter, sm_90a SASS) but not yet timed on a GPU: off until bench/decode_variants_gpu.sh
-# has measured them.
+# (gptoss.kernels.qkv_rope) instead of cuBLAS's GEMM + rope_qkv. Off: on the H100 it was slower
+# (371.0 vs 383-391 tok/s; 19.0 us a layer against cuBLAS's 12.9 + RoPE's 3.0): its 160 programs,
+# each streaming 184 KB of W alone, are 1.2 waves on 132 SMs where cuBLAS splits K.
 QKV_FUSED = os.environ.get("GPTOSS_QKV", "split") == "fused"
 
 

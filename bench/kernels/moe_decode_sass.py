@@ -104,7 +104,7 @@ def stats(k, name: str) -> None:
         m = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
         if m and int(m[1], 16) < addr:
             body = [x for a, x in ins if int(m[1], 16) <= a <= addr]
-            if any("HMMA" in x for x in body):
+            if any("HMMA" in x or "HGMMA" in x for x in body):
                 loops.append(body)
     k_loop = min(loops, key=len) if loops else []
     hmul2 = sum("HMUL2" in x for x in k_loop)

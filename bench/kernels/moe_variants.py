@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gptoss.kernels.moe import Tiles
-from gptoss.kernels.moe_tiles import DecTiles
+from gptoss.kernels.moe_tiles import WIDE_V3, DecTiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +179,21 @@ for _name, _buckets, _gu, _dn, _lo, _hi in [
 ]:
     _tiles = {(b, True): _gu for b in _buckets} | ({(b, False): _dn for b in _buckets} if _dn else {})
     VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=_lo, max_m=_hi)
+
+# BM-256 tiles (gate_up on its interleaved rows: 128 weight rows a program, one dot), "h": tiles of
+# <= 128 rows on the BM-128 body (Tiles.half). Bucket 128 (M 513-4088 at 20b) and 512 (M >= 4096).
+# "v3-wide" is moe_tiles.WIDE_V3 (GPTOSS_V3_WIDE=1) in the engine's setup (v2, then v3 from 65 rows).
+_GU256, _DN256 = Tiles(256, 64, 64, 8, 3), Tiles(256, 128, 64, 8, 3)
+_half = lambda t: Tiles(t.bm, t.bn, t.bk, t.warps, t.stages, half=True)  # noqa: E731
+for _name, _gu, _dn in [
+    ("v3-256", _GU256, _DN256),
+    ("v3-256h", _half(_GU256), _half(_DN256)),
+    ("v3-256h-gu", _half(_GU256), None),
+    ("v3-128h", Tiles(128, 128, 64, 8, 4, half=True), Tiles(128, 256, 64, 8, 4, half=True)),
+]:
+    _tiles = {(b, True): _gu for b in (128, 512)} | ({(b, False): _dn for b in (128, 512)} if _dn else {})
+    VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=513)
+VARIANTS["v3-wide"] = Variant("dual", tiles=WIDE_V3, decode=True)
 
 
 # ---- The decode path (gptoss.kernels.moe_decode: router, expert-slot GEMMs, moe.combine) for

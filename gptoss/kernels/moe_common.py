@@ -33,8 +33,8 @@ def _lora_args(lora: tuple[Tensor, Tensor] | None, x: Tensor, planes: bool) -> t
 
 
 @triton.jit
-def _expert_tile(counts_ptr, rows_ptr, T, pid_m, E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr):
-    """Tile pid_m -> (expert, its assignment rows [BM], valid [BM], tiles in all)."""
+def _expert_tile_at(counts_ptr, pid_m, E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr):
+    """Tile pid_m -> (expert, the tile's first slot in the expert's rows, the expert's rows, tiles in all)."""
     ex = tl.arange(0, BE)
     cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)  # [BE]
     tiles = (cnt + BM - 1) // BM
@@ -42,10 +42,24 @@ def _expert_tile(counts_ptr, rows_ptr, T, pid_m, E: tl.constexpr, BE: tl.constex
     e = tl.sum((ends <= pid_m).to(tl.int32), 0)  # E when pid_m is past the last tile
     first = tl.sum(tl.where(ex == e, ends - tiles, 0), 0)
     n_rows = tl.sum(tl.where(ex == e, cnt, 0), 0)
-    slot = (pid_m - first) * BM + tl.arange(0, BM)
+    return e, (pid_m - first) * BM, n_rows, tl.sum(tiles, 0)
+
+
+@triton.jit
+def _tile_rows(rows_ptr, T, e, slot0, n_rows, BM: tl.constexpr):
+    """An expert's slots slot0 .. slot0 + BM - 1 -> (their assignment rows [BM], valid [BM])."""
+    slot = slot0 + tl.arange(0, BM)
     valid = slot < n_rows
     rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # invalid -> row 0, never stored
-    return e, rows, valid, tl.sum(tiles, 0)
+    return rows, valid
+
+
+@triton.jit
+def _expert_tile(counts_ptr, rows_ptr, T, pid_m, E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr):
+    """Tile pid_m -> (expert, its assignment rows [BM], valid [BM], tiles in all)."""
+    e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
+    rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
+    return e, rows, valid, n_tiles
 
 
 @triton.jit

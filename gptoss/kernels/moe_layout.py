@@ -22,8 +22,11 @@ LARGE_MIN_ROWS = 65
 
 @dataclass(frozen=True, slots=True)
 class MoEWeights:
-    w13: Tensor  # [E, 2, I, H/2] uint8: [:, 0] gate rows, [:, 1] up rows; 8 e2m1 per 4 bytes (see layout)
-    s13: Tensor  # [E, 2, I, >= H/32] uint8 e8m0 scales (rows padded to 16 bytes: aligned loads)
+    # w13 [E, 2, I, H/2] uint8: [:, 0] gate rows, [:, 1] up rows; 8 e2m1 per 4 bytes (see layout).
+    # "v3" / "v3ds": [E, 2I, Kp/2], gate and up rows interleaved by 8 (_interleave8): row 16b + 8h + g
+    # is plane h's row 8b + g, so one wgmma fragment holds a gate row and its up row (moe_v3).
+    w13: Tensor
+    s13: Tensor  # as w13: [E, 2, I, >= H/32] (or [E, 2I, ...]) e8m0 scales (rows padded to 16 bytes)
     b13: Tensor  # [E, 2, I] float32
     w2: Tensor  # [E, H, I/2] uint8
     s2: Tensor  # [E, H, >= I/32] uint8
@@ -38,7 +41,7 @@ class MoEWeights:
     @property
     def shape(self) -> tuple[int, int, int]:
         """(E, H, I)."""
-        e, _, i, _ = self.w13.shape
+        e, _, i = self.b13.shape
         return e, self.w2.shape[1], i
 
 
@@ -118,6 +121,9 @@ def prepare_moe_weights(
     def padded(s: Tensor) -> Tensor:  # the kernels never read the pad
         return F.pad(s, (0, -s.shape[-1] % 16)).contiguous()
 
+    def interleaved(t: Tensor) -> Tensor:  # [E, 2I, ...] checkpoint rows -> [E, 2I, X], _interleave8
+        return _interleave8(planes(t)).reshape(e, 2 * i, -1)
+
     w13 = planes(gate_up_blocks).view(e, 2, i, h // 2)
     w2 = down_blocks.reshape(e, h, i // 2).contiguous()
     if kernels in ("v2", "v3"):
@@ -129,15 +135,17 @@ def prepare_moe_weights(
             )
     if kernels == "v2":
         w13, w2 = _to_bits_layout(w13), _to_bits_layout(w2)
-    if kernels == "v3":
+    if kernels in ("v3", "v3ds"):
+        w13_il, s13_il = interleaved(gate_up_blocks), interleaved(gate_up_scales)
+        v3 = kernels == "v3"
         return MoEWeights(
-            w13=_to_v3_layout(w13),
-            s13=_to_v3_scales(planes(gate_up_scales)),
+            w13=_to_v3_layout(w13_il) if v3 else w13_il,
+            s13=_to_v3_scales(s13_il) if v3 else padded(s13_il),
             b13=planes(gate_up_bias.float()).view(e, 2, i),
-            w2=_to_v3_layout(w2),
-            s2=_to_v3_scales(down_scales.contiguous()),
+            w2=_to_v3_layout(w2) if v3 else w2,
+            s2=_to_v3_scales(down_scales.contiguous()) if v3 else padded(down_scales),
             b2=down_bias.float().contiguous(),
-            layout="v3",
+            layout=kernels,
         )
     return MoEWeights(
         w13=w13,
@@ -148,6 +156,14 @@ def prepare_moe_weights(
         b2=down_bias.float().contiguous(),
         layout=_LAYOUTS[kernels],
     )
+
+
+def _interleave8(p: Tensor) -> Tensor:
+    """[E, 2, I, ...] gate / up planes -> [E, I/8, 2, 8, ...]: rows 16b + 8h + g of the flattened [E, 2I]
+    are plane h's row 8b + g. In a 16-row MMA fragment lane g holds rows g and g + 8, so a program
+    that owns 16b .. 16b + 15 has gate row 8b + g and its up row in one thread (moe_v3's SwiGLU)."""
+    e, _, i, *rest = p.shape
+    return p.reshape(e, 2, i // 8, 8, *rest).transpose(1, 2).contiguous()
 
 
 # The v2 layout. The kernels turn each 4-byte word (8 values of one row, in K order) into the 4

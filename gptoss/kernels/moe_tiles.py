@@ -19,6 +19,7 @@ class Tiles:
     stages: int
     split: int = 1  # v2 only: warps splitting each BK step along K (a batched MMA, summed at the end)
     xa: bool = False  # v2, split 1: x is the MMA's A operand, the dequantized weights B (through smem)
+    half: bool = False  # v3: a tile with <= BM/2 rows runs a BM/2-wide body (one weight pass, less MMA)
 
 
 # By BM, the token rows an expert gets if routing is even (16..128). Each warp owns distinct weight
@@ -128,6 +129,20 @@ _DOWN_TILES_V3 = {
 }
 
 
+# GPTOSS_V3_WIDE=1: BM-256 tiles in buckets 128 and 512, short tiles on the BM-128 body (Tiles.half).
+# Offline's decode batches of ~1000 give 125 +- 11 rows an expert (random routing): at BM 128 about
+# half the experts take a second, nearly empty tile, which dequantizes and streams all their weights
+# again; a 256-row tile passes them once. gate_up's interleaved rows (moe_v3) keep its two halves in
+# 128 accumulator registers at BM 256. Off until bench/kernels/moe_gpu.py has timed it on the GPU.
+WIDE_V3 = {
+    (128, True): Tiles(256, 64, 64, 8, 3, half=True),
+    (128, False): Tiles(256, 128, 64, 8, 3, half=True),
+    (512, True): Tiles(256, 64, 64, 8, 3, half=True),
+    (512, False): Tiles(256, 128, 64, 8, 3, half=True),
+}
+V3_TILES = WIDE_V3 if os.environ.get("GPTOSS_V3_WIDE", "0") == "1" else {}  # v3 only (v2 reads TILE_OVERRIDE)
+
+
 def bucket_v3(rows: int) -> int:
     """The v3 tables' key for the rows an expert gets: 16..128 as v1/v2, 512 from 512 rows on."""
     return 512 if rows >= 512 else min(128, max(16, triton.next_power_of_2(rows)))
@@ -137,10 +152,16 @@ def choose_tiles_v3(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -
     """choose_tiles for the v3 kernels (TILE_OVERRIDE applies): BN >= 64 (a warpgroup's wgmma rows),
     BK a multiple of 64 (the "v3" layout's K chunk; past K the masked tail)."""
     bucket = bucket_v3(triton.cdiv(t * top_k, e))
-    cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
+    key = (bucket, gate_up)
+    cfg = (
+        TILE_OVERRIDE.get(key)
+        or V3_TILES.get(key)
+        or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
+    )
     bn = min(cfg.bn, max(64, triton.next_power_of_2(n)))
     bk = min(cfg.bk, max(64, triton.next_power_of_2(k)))  # a multiple of 32; past K the masked tail
-    return Tiles(cfg.bm, bn, bk, min(cfg.warps, max(4, bn // 16)), cfg.stages)
+    rows = 2 * bn if gate_up else bn  # gate_up's dot covers a gate and an up row per act column
+    return Tiles(cfg.bm, bn, bk, min(cfg.warps, max(4, rows // 16)), cfg.stages, half=cfg.half)
 
 
 def _grid(t: int, top_k: int, e: int, n: int, tiles: Tiles) -> tuple[int, int]:

@@ -52,10 +52,10 @@ def test_triton_greedy_equals_torch_reference(engines):
     assert bm.full.num_free == bm.full.num_blocks
 
 
-@pytest.mark.parametrize("router", ["norm", "fused"])
+@pytest.mark.parametrize("router", ["split", "norm", "fused"])
 def test_decode_routers_give_the_reference_tokens(engines, monkeypatch, router):
-    """GPTOSS_ROUTER's other decode routers: norm_route (add+RMSNorm + router GEMV, then the routing
-    kernel) and norm_logits with the routing inside the gate_up GEMM."""
+    """GPTOSS_ROUTER's decode routers: F.linear + the routing kernel, norm_route (add+RMSNorm + router
+    GEMV, then the routing kernel) and norm_logits with the routing inside the gate_up GEMM (default)."""
     from gptoss import kernel_model
     from gptoss.kernels import moe_decode
 
@@ -73,8 +73,11 @@ def test_decode_routers_give_the_reference_tokens(engines, monkeypatch, router):
     prompts = prompts_of([3, 21], seed=8)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
-    took = "norm_route" if router == "norm" else "experts_dec_logits"
-    assert calls[took] > 0 and sum(calls.values()) == calls[took]  # the decode steps took that router
+    if router == "split":
+        assert calls == {"norm_route": 0, "experts_dec_logits": 0}
+    else:
+        took = "norm_route" if router == "norm" else "experts_dec_logits"
+        assert calls[took] > 0 and sum(calls.values()) == calls[took]  # the decode steps took that router
 
 
 def test_attention_split_merge_in_kernel_gives_the_reference_tokens(engines, monkeypatch):

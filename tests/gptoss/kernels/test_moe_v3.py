@@ -123,17 +123,32 @@ def test_v3_ptx_dequant_gives_exact_mxfp4_values_with_a_factor_per_row():
     assert torch.equal(got, want)
 
 
+def _interleaved(planes: torch.Tensor) -> torch.Tensor:
+    """[E, 2, I, X] -> [E, 2I, X] with row 16b + 8h + g = planes[:, h, 8b + g], built row by row."""
+    e, _, i, _ = planes.shape
+    out = torch.empty(e, 2 * i, planes.shape[-1], dtype=planes.dtype)
+    for row in range(2 * i):
+        out[:, row] = planes[:, (row // 8) % 2, (row // 16) * 8 + row % 8]
+    return out
+
+
 def test_prepare_v3_and_v3ds_layouts():
+    """v3ds: the checkpoint's nibble order (v1's bytes), gate_up's rows interleaved by 8; v3: the same
+    rows in lane-fragment order. Biases and down as v1's."""
     ref, w = make_moe(4, 64, 96, 2, torch.bfloat16, seed=11, kernels="v3ds")
     _, w1 = make_moe(4, 64, 96, 2, torch.bfloat16, seed=11, kernels="v1")
     assert w.layout == "v3ds" and w.shape == (4, 64, 96)
-    for name in ("w13", "s13", "b13", "w2", "s2", "b2"):
-        assert torch.equal(getattr(w, name), getattr(w1, name)), name  # v3ds: checkpoint order, as v1
+    assert torch.equal(w.w13, _interleaved(w1.w13))
+    assert torch.equal(w.s13[..., :2], _interleaved(w1.s13[..., :2]))  # H 64: 2 scale bytes a row
+    for name in ("b13", "w2", "s2", "b2"):
+        assert torch.equal(getattr(w, name), getattr(w1, name)), name
     _, w3 = make_moe(4, 64, 96, 2, torch.bfloat16, seed=11, kernels="v3")
     assert w3.layout == "v3" and w3.shape == (4, 64, 96)
-    assert w3.w13.shape == (4, 2, 96, 32) and w3.s13.shape == (4, 2, 96, 2)  # H 64: one chunk
+    assert w3.w13.shape == (4, 192, 32) and w3.s13.shape == (4, 192, 2)  # H 64: one chunk
     assert w3.w2.shape == (4, 64, 64) and w3.s2.shape == (4, 64, 4)  # I 96 -> 128
     assert torch.equal(w3.w2[1], _to_v3_layout(w1.w2[1:2])[0])
+    assert torch.equal(w3.w13, _to_v3_layout(_interleaved(w1.w13)))
+    assert torch.equal(w3.s13, _to_v3_scales(_interleaved(w1.s13[..., :2])))
 
 
 def test_prepare_rejects_unknown_kernels_and_v3_scales_above_128():
@@ -185,6 +200,7 @@ def test_v3_an_expert_with_every_token_and_one_with_none(kernels):
         Tiles(32, 64, 64, 4, 2),  # K 160: two whole steps and a half one (v3: none, 192 = 3 x 64)
         Tiles(64, 128, 128, 8, 3),  # N 96: one partial N tile
         Tiles(16, 32, 256, 4, 2),  # one step past both Ks; v3: BN 32 = 2 row blocks
+        Tiles(32, 64, 64, 4, 2, half=True),  # ~6 rows an expert: every tile takes the BM/2 body
     ],
 )
 def test_every_v3_tile_shape_with_k_and_n_tails(tiles, kernels):
@@ -194,6 +210,24 @@ def test_every_v3_tile_shape_with_k_and_n_tails(tiles, kernels):
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
     y = moe.down_v3(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles), r, w, tiles)  # [T*k, H]
     assert y.shape == (48, 160)
+    assert _rel(moe.combine(y, r.weights, x.dtype), reference(ref, x)) <= TOL
+
+
+@pytest.mark.parametrize("bm", [32, 64])
+def test_v3_half_tiles_with_full_and_short_tiles(bm, kernels):
+    """Tiles.half: expert 0 has every token (40 rows: a full tile, then 8 rows at BM 32; one tile of
+    40 > 32 rows at BM 64), the others a few: the BM/2 body for short tiles, the BM one for the rest."""
+    ref, w = make_moe(16, 160, 96, 4, torch.bfloat16, seed=12, kernels=kernels)
+    ref.router_bias[0] = 50.0
+    x = (torch.randn(40, 160, device=DEV) * 3).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    assert r.counts[0].item() == 40 and 0 < r.counts[1:].max().item() <= bm // 2
+    t = Tiles(bm, 64, 64, 4, 2, half=True)
+    act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, t)
+    full = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, Tiles(bm, 64, 64, 4, 2))
+    assert _rel(act, full) <= 1e-6  # the same sums, row by row; only the MMA width differs
+    y = moe.down_v3(act, r, w, t)
+    assert _rel(y, moe.down_v3(act, r, w, Tiles(bm, 64, 64, 4, 2))) <= 1e-6
     assert _rel(moe.combine(y, r.weights, x.dtype), reference(ref, x)) <= TOL
 
 
@@ -289,7 +323,14 @@ def test_v3_20b_shape_on_gpu_matches_v2(tokens, kernels):
 
 @gpu
 @pytest.mark.parametrize(
-    "tiles", [Tiles(128, 128, 128, 8, 3), Tiles(128, 256, 128, 8, 3), Tiles(64, 128, 64, 4, 4)]
+    "tiles",
+    [
+        Tiles(128, 128, 128, 8, 3),
+        Tiles(128, 256, 128, 8, 3),
+        Tiles(64, 128, 64, 4, 4),
+        Tiles(256, 64, 64, 8, 3, half=True),  # 512 tokens: 64 rows an expert, all on the BM 128 body
+        Tiles(128, 64, 64, 8, 3, half=True),  # ... all on the BM 128 body, some 64-row halves
+    ],
 )
 def test_v3_prefill_tiles_on_gpu(tiles, kernels):
     ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=3, kernels=kernels)

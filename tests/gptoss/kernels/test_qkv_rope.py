@@ -115,7 +115,7 @@ def test_argument_errors():
 @pytest.mark.parametrize("t", [1, 2, 5, 8])
 def test_20b_shapes_on_gpu(t):
     x, w, b, positions, rope, cos_sin, (hq, hkv, d) = _case("20b", t, 2880, torch.bfloat16, seed=t)
-    slots = torch.arange(t, device=DEV) * 3
+    slots = torch.arange(t, device=DEV) * 3 % (BLOCKS * BS)  # distinct slots inside the cache
     kc, vc = _caches(hkv, d, torch.bfloat16)
     q, k, v = qkv_rope(x, w, b, positions, cos_sin, hq, hkv, d, kc, vc, slots)
     wq, wk, wv = rope_qkv(gemv(x, w, b), positions, cos_sin, hq, hkv, d)
