@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gptoss.kernels.moe import Tiles
-from gptoss.kernels.moe_tiles import WIDE_V3, DecTiles
+from gptoss.kernels.moe_tiles import NARROW_V3, DecTiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +181,8 @@ for _name, _buckets, _gu, _dn, _lo, _hi in [
     VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=_lo, max_m=_hi)
 
 # BM-256 tiles (gate_up on its interleaved rows: 128 weight rows a program, one dot), "h": tiles of
-# <= 128 rows on the BM-128 body (Tiles.half). Bucket 128 (M 513-4088 at 20b) and 512 (M >= 4096).
-# "v3-wide" is moe_tiles.WIDE_V3 (GPTOSS_V3_WIDE=1) in the engine's setup (v2, then v3 from 65 rows).
+# <= 128 rows on the BM-128 body (Tiles.half; "v3-256h" is the table since 2026-11-26). Bucket 128
+# (M 513-4088 at 20b) and 512 (M >= 4096). "v3-128" the tiles before it (moe_tiles.NARROW_V3).
 _GU256, _DN256 = Tiles(256, 64, 64, 8, 3), Tiles(256, 128, 64, 8, 3)
 _half = lambda t: Tiles(t.bm, t.bn, t.bk, t.warps, t.stages, half=True)  # noqa: E731
 for _name, _gu, _dn in [
@@ -193,7 +193,7 @@ for _name, _gu, _dn in [
 ]:
     _tiles = {(b, True): _gu for b in (128, 512)} | ({(b, False): _dn for b in (128, 512)} if _dn else {})
     VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=513)
-VARIANTS["v3-wide"] = Variant("dual", tiles=WIDE_V3, decode=True)
+VARIANTS["v3-128"] = Variant("v3", tiles=NARROW_V3, min_m=513)
 
 
 # ---- The decode path (gptoss.kernels.moe_decode: router, expert-slot GEMMs, moe.combine) for

@@ -110,37 +110,38 @@ def tiles_v2(bucket: int, n: int, k: int, gate_up: bool, many_experts: bool = Fa
 # Measured on the H100 (bench/kernels/moe_gpu.py, whole MoE in a CUDA graph, 2026-11-22 round 1):
 # gate_up 128x128 BK 64, 4 stages (v3-k64) 598 -> 520 us at M 1024, 1736 -> 1413 at M 4096, 6478
 # -> 5215 at M 16384; down 256x128 BK 64 (v3-bm256) 923 -> 672 us at M 4096, 3370 -> 2381 at M
-# 16384; whole MoE M 1024 852 us (v2 1096); the two together not yet timed (M 4096 expected
-# ~2130 us, v2 2993). Buckets 16-64: untimed or slower than v2 (M 256: v3 667 us, v2 428), so
-# small batches run v2 (MoEWeights.large, moe_layout.LARGE_MIN_ROWS).
+# 16384. Buckets 16-64: untimed or slower than v2 (M 256: v3 667 us, v2 428), so small batches run
+# v2 (MoEWeights.large, moe_layout.LARGE_MIN_ROWS).
+# Buckets 128 and 512 take BM-256 tiles, tiles of <= 128 rows on the BM-128 body (Tiles.half):
+# Offline's decode batches of ~1000 give 125 +- 11 rows an expert (random routing), so at BM 128
+# about half the experts took a second, nearly empty tile that dequantized and streamed all their
+# weights again; a 256-row tile passes them once. gate_up's rows interleaved by 8 (moe_v3) keep its
+# gate and up halves in 128 accumulator registers at BM 256 (sm_90a: 255 registers, no spills; the
+# SwiGLU's split stays in registers, no convert_layout). H100, whole MoE (2026-11-26, v14; before:
+# gate_up 128x128 / down 128x256, bucket 512's down 256x128): M 1024 917 -> 816 us, 2048 1478 ->
+# 1115, 4096 2451 -> 1899, 16384 8734 -> 6782.
+_WIDE_GU, _WIDE_DN = Tiles(256, 64, 64, 8, 3, half=True), Tiles(256, 128, 64, 8, 3, half=True)
 _GATE_UP_TILES_V3 = {
     16: Tiles(16, 64, 128, 4, 4),
     32: Tiles(32, 64, 128, 4, 4),
     64: Tiles(64, 128, 128, 8, 3),
-    128: Tiles(128, 128, 64, 8, 4),
-    512: Tiles(128, 128, 64, 8, 4),
+    128: _WIDE_GU,
+    512: _WIDE_GU,
 }
 _DOWN_TILES_V3 = {
     16: Tiles(16, 64, 128, 4, 4),
     32: Tiles(32, 64, 128, 4, 4),
     64: Tiles(64, 256, 64, 8, 4),
-    128: Tiles(128, 256, 64, 8, 4),
-    512: Tiles(256, 128, 64, 8, 3),
+    128: _WIDE_DN,
+    512: _WIDE_DN,
 }
-
-
-# GPTOSS_V3_WIDE=1: BM-256 tiles in buckets 128 and 512, short tiles on the BM-128 body (Tiles.half).
-# Offline's decode batches of ~1000 give 125 +- 11 rows an expert (random routing): at BM 128 about
-# half the experts take a second, nearly empty tile, which dequantizes and streams all their weights
-# again; a 256-row tile passes them once. gate_up's interleaved rows (moe_v3) keep its two halves in
-# 128 accumulator registers at BM 256. Off until bench/kernels/moe_gpu.py has timed it on the GPU.
-WIDE_V3 = {
-    (128, True): Tiles(256, 64, 64, 8, 3, half=True),
-    (128, False): Tiles(256, 128, 64, 8, 3, half=True),
-    (512, True): Tiles(256, 64, 64, 8, 3, half=True),
-    (512, False): Tiles(256, 128, 64, 8, 3, half=True),
+# The tiles of buckets 128 and 512 before (2026-11-22 to 26), for benchmarks (moe_variants "v3-128").
+NARROW_V3 = {
+    (128, True): Tiles(128, 128, 64, 8, 4),
+    (128, False): Tiles(128, 256, 64, 8, 4),
+    (512, True): Tiles(128, 128, 64, 8, 4),
+    (512, False): Tiles(256, 128, 64, 8, 3),
 }
-V3_TILES = WIDE_V3 if os.environ.get("GPTOSS_V3_WIDE", "0") == "1" else {}  # v3 only (v2 reads TILE_OVERRIDE)
 
 
 def bucket_v3(rows: int) -> int:
@@ -152,12 +153,7 @@ def choose_tiles_v3(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -
     """choose_tiles for the v3 kernels (TILE_OVERRIDE applies): BN >= 64 (a warpgroup's wgmma rows),
     BK a multiple of 64 (the "v3" layout's K chunk; past K the masked tail)."""
     bucket = bucket_v3(triton.cdiv(t * top_k, e))
-    key = (bucket, gate_up)
-    cfg = (
-        TILE_OVERRIDE.get(key)
-        or V3_TILES.get(key)
-        or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
-    )
+    cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
     bn = min(cfg.bn, max(64, triton.next_power_of_2(n)))
     bk = min(cfg.bk, max(64, triton.next_power_of_2(k)))  # a multiple of 32; past K the masked tail
     rows = 2 * bn if gate_up else bn  # gate_up's dot covers a gate and an up row per act column
