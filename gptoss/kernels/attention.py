@@ -31,7 +31,9 @@ INTERPRETED = bool(triton.knobs.runtime.interpret)
 # GPTOSS_ATTN_REDUCE=fused: decode's split-K partials are merged by the last split program of each
 # (sequence, KV head) inside the attention kernel (a ticket, as a split-K semaphore) instead of a
 # second launch: one launch fewer a full layer at batch 1 (the reduce: ~4.9 us on an H100, v9).
-# Tested in the interpreter, not yet timed on a GPU: off by default.
+# Off: on the H100 (2026-11-26, batch-1 decode 128 -> 512) 407.7 / 406.9 tok/s against 413.3 / 415.6
+# without; the profile's attention grew from 7.3 to 8.4 us a layer (the ticket's atomic, bar.sync and
+# the winner's merge), which eats the reduce launch it saves. Compiled merge test: passes.
 FUSED_REDUCE = os.environ.get("GPTOSS_ATTN_REDUCE", "split") == "fused"
 MAX_TICKETS = 1 << 16  # (sequence, KV head) pairs one launch can merge in-kernel; more take the reduce
 _tickets: dict[torch.device, Tensor] = {}

@@ -192,7 +192,9 @@ DOWN_DEC_TILES = DecTiles(8, 32, 512, 4, 4, 3)
 # GPTOSS_GATE_UP_MAXNREG=80 caps gate_up's registers at BM <= 4 (T <= 4): 6 programs an SM instead
 # of 4 (122 registers), so T = 1's 720 programs (180 column blocks x 4 experts) run as one wave of
 # 792 slots instead of 1.36 waves of 528. In the sm_90a SASS the cap spills 50 instructions, none in
-# the K loop (bench/kernels/moe_decode_sass.py). Not yet timed on a GPU: off by default.
+# the K loop (bench/kernels/moe_decode_sass.py). Off: slower on the H100 (2026-11-26, batch 1: 363.9
+# tok/s against 383-391; all switches' profile: gate_up 24.9 us a layer with the cap and routing, 20.4
+# without either): one wave of 6 programs an SM, each on fewer registers, streams slower.
 GATE_UP_MAXNREG = int(os.environ.get("GPTOSS_GATE_UP_MAXNREG", "0")) or None
 DEC_TILE_OVERRIDE: dict[bool, DecTiles] = {}  # gate_up? -> tiles; for benchmarks
 
