@@ -5,8 +5,6 @@ streams it to asyncio."""
 from __future__ import annotations
 
 import itertools
-import random
-import time
 from dataclasses import dataclass, replace
 
 from gptoss.engine_config import DTYPES, EngineConfig  # noqa: F401 - the config, importable from here
@@ -67,29 +65,6 @@ class LLMEngine:
         self.scheduler = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, watermark)
         self.seqs: dict = {}  # request_id -> Sequence, until it finishes
         self._ids = itertools.count()
-        self.warmup_s = self.warmup() if config.compile_warmup and self.runner.device.type == "cuda" else 0.0
-
-    def warmup(self) -> float:
-        """Run a throwaway batch through each kind of step an Offline run takes, so Triton compiles
-        their kernels during start-up: a full prefill chunk, the rest of that prompt beside another
-        request's decode (a mixed step), then ordinary and multi-step decode. Graph capture covers
-        decode alone and warm_moe the MoE; the prefill and mixed-step attention, RoPE, norms and
-        sampling at those sizes were compiled inside the first timed run on a fresh machine (H100,
-        2026-11-26: Offline 1000 x (1024 -> 1024) 16,949 tok/s cold against 18,054-18,161 warm). Leaves
-        no trace: request numbers restart at 0 and the host-time log is cleared. Returns seconds."""
-        t0 = time.perf_counter()
-        params = SamplingParams(max_new_tokens=self.config.decode_steps + 4, temperature=0.0, ignore_eos=True)
-        room = min(self.max_model_len, self.runner.kv_cache_tokens // 2) - params.max_new_tokens - 1
-        long_len = min(self.config.max_num_batched_tokens + 64, room)
-        if long_len < 1:
-            return 0.0
-        rng = random.Random(0)
-        prompts = [[rng.randrange(self.vocab_size) for _ in range(n)] for n in (long_len, min(256, long_len))]
-        self.generate(prompts, params)
-        self._ids = itertools.count()
-        if self.runner.kernel_runner is not None:
-            self.runner.kernel_runner.host_times.clear()
-        return time.perf_counter() - t0
 
     def check_prompt(self, prompt: list[int]) -> None:
         check_prompt(prompt, self.max_model_len, self.vocab_size)
@@ -109,7 +84,6 @@ class LLMEngine:
             "dense_moe": r.dense_moe,
             "kernels": r.kernels,
             "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else [],
-            "compile_warmup_s": round(self.warmup_s, 2),
             "lora": {} if r.lora is None else {a.name: str(a.path) for a in r.lora.adapters},
         }
 

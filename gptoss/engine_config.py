@@ -85,14 +85,6 @@ class EngineConfig:
             "(CUDA graphs only; 1: a host round trip every step)"
         ),
     )
-    compile_warmup: bool = field(
-        default=True,
-        metadata=_flag(
-            "on CUDA, run a throwaway batch at start-up (a full prefill chunk, a chunk continued beside "
-            "a decode, decode steps) so Triton compiles those kernels before the first request, not "
-            "inside a timed run"
-        ),
-    )
     batch_invariant: bool = field(
         default=False,
         metadata=_flag(

@@ -153,35 +153,3 @@ def test_kv_cache_smaller_than_max_model_len_is_refused(tiny_checkpoint):
         make_engine(tiny_checkpoint, kv_cache_tokens=512, max_model_len=1024)
     # Without an explicit max_model_len the cache size caps it.
     assert make_engine(tiny_checkpoint, kv_cache_tokens=512).max_model_len == 512
-
-
-def test_compile_warmup_runs_a_chunked_prefill_and_leaves_no_trace(tiny_checkpoint):
-    """LLMEngine.warmup (start-up on CUDA, --compile-warmup): a prompt longer than one step's tokens,
-    prefilled in chunks beside a short one that decodes; afterwards the engine is as new: every KV
-    block free, and a request without a seed samples as on a fresh engine (its number restarts at 0)."""
-    fresh = make_engine(tiny_checkpoint)
-    warmed = make_engine(tiny_checkpoint)
-    steps = []
-    step = warmed.step
-
-    def counted():
-        batch = step()
-        steps.append(len(batch))
-        return batch
-
-    warmed.step = counted
-    assert warmed.warmup_s == 0.0  # not at start-up on CPU
-    assert warmed.warmup() > 0
-    assert len(steps) >= 4  # two 192-token prompts at 128 tokens a step: 3 chunk steps, then decode
-    assert not warmed.seqs and not warmed.has_work()
-    bm = warmed.scheduler.bm
-    assert bm.full.num_free == bm.full.num_blocks
-    unseeded = SamplingParams(max_new_tokens=10, temperature=1.0, ignore_eos=True)
-    prompts = prompts_of([7, 30], seed=11)
-    assert warmed.generate(prompts, unseeded) == fresh.generate(prompts, unseeded)
-    assert warmed.info()["compile_warmup_s"] == 0.0
-
-
-def test_compile_warmup_is_skipped_when_no_prompt_fits(tiny_checkpoint):
-    eng = make_engine(tiny_checkpoint, max_model_len=12, kv_cache_tokens=64)
-    assert eng.warmup() == 0.0

@@ -53,7 +53,7 @@ def test_triton_greedy_equals_torch_reference(engines):
 
 
 @pytest.mark.parametrize("router", ["split", "norm", "fused"])
-def test_decode_routers_give_the_reference_tokens(engines, monkeypatch, router):
+def test_decode_routers_give_the_reference_tokens(tiny_checkpoint, engines, monkeypatch, router):
     """GPTOSS_ROUTER's decode routers: F.linear + the routing kernel, norm_route (add+RMSNorm + router
     GEMV, then the routing kernel) and norm_logits with the routing inside the gate_up GEMM (default)."""
     from gptoss import kernel_model
@@ -69,7 +69,8 @@ def test_decode_routers_give_the_reference_tokens(engines, monkeypatch, router):
             return _fn(*a, **kw)
 
         monkeypatch.setattr(owner, name, counted)
-    triton_eng, torch_eng = engines
+    # A fresh engine without CUDA graphs: a graph captured before the patch would replay its router.
+    triton_eng, torch_eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False), engines[1]
     prompts = prompts_of([3, 21], seed=8)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
@@ -80,7 +81,7 @@ def test_decode_routers_give_the_reference_tokens(engines, monkeypatch, router):
         assert calls[took] > 0 and sum(calls.values()) == calls[took]  # the decode steps took that router
 
 
-def test_attention_split_merge_in_kernel_gives_the_reference_tokens(engines, monkeypatch):
+def test_attention_split_merge_in_kernel_gives_the_reference_tokens(tiny_checkpoint, engines, monkeypatch):
     """GPTOSS_ATTN_REDUCE=fused: decode steps merge attention's split partials in the attention kernel."""
     from gptoss.kernels import attention
 
@@ -94,7 +95,7 @@ def test_attention_split_merge_in_kernel_gives_the_reference_tokens(engines, mon
         return got
 
     monkeypatch.setattr(attention, "_ticket_buffer", counted)
-    triton_eng, torch_eng = engines
+    triton_eng, torch_eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False), engines[1]
     prompts = prompts_of([3, 21], seed=9)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
