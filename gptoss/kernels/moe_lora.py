@@ -50,7 +50,7 @@ class MoELora:
     """One layer's stacked expert adapters, laid out for the kernels; a target none adapts is None."""
 
     a13: Tensor | None  # [E, W, H]
-    b13: Tensor | None  # [E, 2, I, W] contiguous: [:, 0] gate rows, [:, 1] up rows (planes, as MoEWeights.b13)
+    b13: Tensor | None  # [E, 2, I, W] contiguous: [:, 0] gate rows, [:, 1] up rows (as MoEWeights.b13)
     a2: Tensor | None  # [E, W, I]
     b2: Tensor | None  # [E, H, W]
     rank: int  # R: adapter i owns columns [(i-1) R, i R)
