@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU side, one device call, no vLLM needed: our engine's batch-1 decode under switch variants (the
-# decode router GPTOSS_ROUTER, the fused QKV + RoPE GPTOSS_QKV, gate_up's register cap
-# GPTOSS_GATE_UP_MAXNREG, attention's in-kernel split merge GPTOSS_ATTN_REDUCE, all four;
-# split2/all2 repeat two of them for the run-to-run spread), the
+# defaults; the split router GPTOSS_ROUTER=split, the fused QKV + RoPE GPTOSS_QKV, gate_up's register
+# cap GPTOSS_GATE_UP_MAXNREG, attention's in-kernel split merge GPTOSS_ATTN_REDUCE, the last three
+# together; default2/all2 repeat two of them for the run-to-run spread), the
 # compiled kernel tests of the decode path, greedy agreement and batch invariance, batch-1 kernel
 # profiles of PROFILE_VARIANTS, then Offline throughput. One table last.
 #   bash bench/decode_variants_gpu.sh [THROUGHPUT ...]     e.g. 1000x1024x1024 1000x128x1024
@@ -22,8 +22,8 @@ tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_qkv_rope.py \
 tests/gptoss/kernels/test_attention_kernel.py::test_gpu_decode_merge_in_kernel}"
 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
 ALL=GPTOSS_ROUTER=fused,GPTOSS_QKV=fused,GPTOSS_GATE_UP_MAXNREG=80,GPTOSS_ATTN_REDUCE=fused
-VARIANTS=${VARIANTS:-"split= fused=GPTOSS_ROUTER=fused qkv=GPTOSS_QKV=fused cap=GPTOSS_GATE_UP_MAXNREG=80 \
-merge=GPTOSS_ATTN_REDUCE=fused all=$ALL split2= all2=$ALL"}
+VARIANTS=${VARIANTS:-"default= split=GPTOSS_ROUTER=split qkv=GPTOSS_QKV=fused cap=GPTOSS_GATE_UP_MAXNREG=80 \
+merge=GPTOSS_ATTN_REDUCE=fused all=$ALL default2= all2=$ALL"}
 for v in $VARIANTS; do
   name=${v%%=*}; envs=${v#*=}
   say "decode 128x512: $name ($envs)"
@@ -39,7 +39,7 @@ python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine agreement --decode 128
 grep -E "greedy_agreement|batch_invariance" "$RES/agreement.txt" | tail -2
 # Batch-1 kernel tables of chosen variants (names from VARIANTS), without PDL: with it a kernel's
 # time includes its wait for the one before.
-for v in ${PROFILE_VARIANTS:-split all}; do
+for v in ${PROFILE_VARIANTS:-default all}; do
   envs=$(tr ' ' '\n' <<< "$VARIANTS" | sed -n "s/^$v=//p" | head -1)
   read -ra assigns <<< "${envs//,/ }"
   say "profile batch 1: $v ($envs), GPTOSS_PDL=0"
