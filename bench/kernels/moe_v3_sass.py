@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moe_decode_sass import _compile, stats  # noqa: E402
 
-from gptoss.kernels import moe_v3  # noqa: E402
+from gptoss.kernels import moe_v3_kernels as moe_v3  # noqa: E402
 from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3, Tiles  # noqa: E402
 
 SHAPE = dict(N=2880, K=2880, E=32, BE=32, SCALED=True, SWZ=True, PREC="tf32", LORA=False, LW=16)

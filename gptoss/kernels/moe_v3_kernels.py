@@ -1,0 +1,263 @@
+"""The v3 MoE GEMMs' Triton kernels (moe_v3 launches them): gate_up and down, each a kernel that finds
+its expert tile and a tile body (a BM-wide one, or the BM/2 one for short tiles: Tiles.half) that runs
+the K loop on moe_v3_step's dequant + dot and the epilogue (gate_up's SwiGLU on its interleaved rows,
+down's bias), with the LoRA expand before it."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from gptoss.kernels.moe_common import _expert_tile_at, _lora_expand, _tile_rows
+from gptoss.kernels.moe_v3_step import _v3_ptrs, _v3_step
+
+
+@triton.jit
+def _gate_up_v3_tile(
+    x_ptr,
+    w_g,
+    s_g,
+    g,
+    b_e,
+    act_ptr,
+    rows_ptr,
+    lb_e,
+    ls_ptr,
+    stride_lbp,
+    e,
+    slot0,
+    n_rows,
+    pid_n,
+    T,
+    stride_x,
+    alpha,
+    limit,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SCALED: tl.constexpr,
+    SWZ: tl.constexpr,
+    PREC: tl.constexpr,
+    LORA: tl.constexpr,
+    LW: tl.constexpr,
+):
+    """One tile: act[rows, pid_n's BN columns] = swiglu(x[rows // k] @ W13_e^T + b13_e), BM rows from
+    slot0. The 2*BN weight rows are gate and up interleaved by 8 (moe_layout._interleave8), one dot."""
+    rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
+    kk = tl.arange(0, BK)
+    x_t = x_ptr + (rows // TOP_K).to(tl.int64)[None, :] * stride_x + kk[:, None]  # [BK, BM]
+    acc = tl.zeros([2 * BN, BM], tl.float32)
+    for k0 in range(0, K, BK):
+        xt = tl.load(x_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
+        acc = _v3_step(acc, xt, w_g, s_g, g, k0, K, 2 * BN, BK, EVEN_K, SCALED, SWZ, PREC)
+    r = tl.arange(0, 2 * BN)  # acc row r: plane (r // 8) % 2, act column pid_n * BN + (r // 16) * 8 + r % 8
+    plane = (r // 8) % 2
+    col = (pid_n * BN + (r // 16) * 8 + r % 8) % N  # past-the-end columns read valid rows; never stored
+    if LORA:  # + B_e @ s^T: B's planes [2, N, LW] are contiguous, so plane p's row c is row p N + c
+        acc = _lora_expand(acc, lb_e, ls_ptr, rows, valid, plane * (stride_lbp // LW) + col, LW, PREC)
+    acc += tl.load(b_e + plane * N + col)[:, None]
+    # rows 16b + 8h + g -> [b, g, BM, h]: h sits in a thread's registers (the fragment's rows g, g + 8)
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (2 * BN // 16, 2, 8, BM)), (0, 2, 3, 1)))
+    gate = tl.minimum(tl.reshape(gate, (BN, BM)), limit)  # act column pid_n * BN + 8b + g
+    up = tl.minimum(tl.maximum(tl.reshape(up, (BN, BM)), -limit), limit)
+    act = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+    n = pid_n * BN + tl.arange(0, BN)
+    tl.store(
+        act_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+        act.to(act_ptr.dtype.element_ty),
+        mask=(n < N)[:, None] & valid[None, :],
+    )
+
+
+@triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
+def _gate_up_v3_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    act_ptr,
+    counts_ptr,
+    rows_ptr,
+    lb_ptr,
+    ls_ptr,
+    stride_lbe,
+    stride_lbp,
+    T,
+    stride_x,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    alpha,
+    limit,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    HALF: tl.constexpr,
+    SCALED: tl.constexpr,
+    SWZ: tl.constexpr,
+    PREC: tl.constexpr,
+    LORA: tl.constexpr,
+    LW: tl.constexpr,
+):
+    """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H.
+    HALF: a tile with <= BM/2 rows runs the BM/2 body (its weights still pass once)."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
+    if pid_m >= n_tiles:
+        return
+    EVEN_K: tl.constexpr = ((K + 63) // 64 * 64 if SWZ else K) % BK == 0  # SWZ: K padded to 64
+    e64 = e.to(tl.int64)
+    w_g, s_g, g = _v3_ptrs(
+        w_ptr + e64 * stride_we,
+        s_ptr + e64 * stride_se,
+        pid_n * 2 * BN,
+        stride_wn,
+        stride_sn,
+        2 * N,
+        2 * BN,
+        BK,
+        SWZ,
+    )
+    args = (
+        w_g,
+        s_g,
+        g,
+        b_ptr + e64 * 2 * N,
+        act_ptr,
+        rows_ptr,
+        lb_ptr + e64 * stride_lbe,
+        ls_ptr,
+        stride_lbp,
+    )
+    if HALF and n_rows - slot0 <= BM // 2:
+        _gate_up_v3_tile(
+            x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
+            N, K, TOP_K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW,
+        )  # fmt: skip
+    else:
+        _gate_up_v3_tile(
+            x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
+            N, K, TOP_K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW,
+        )  # fmt: skip
+
+
+@triton.jit
+def _down_v3_tile(
+    a_ptr,
+    w_t,
+    s_t,
+    g,
+    bias,
+    y_ptr,
+    rows_ptr,
+    lb_e,
+    ls_ptr,
+    n_ld,
+    e,
+    slot0,
+    n_rows,
+    n,
+    T,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SCALED: tl.constexpr,
+    SWZ: tl.constexpr,
+    PREC: tl.constexpr,
+    LORA: tl.constexpr,
+    LW: tl.constexpr,
+):
+    """One tile: y[rows, n] = act[rows] @ W2_e[n]^T + bias, BM rows from slot0."""
+    rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
+    kk = tl.arange(0, BK)
+    a_t = a_ptr + rows.to(tl.int64)[None, :] * K + kk[:, None]  # [BK, BM]
+    acc = tl.zeros([BN, BM], tl.float32)
+    for k0 in range(0, K, BK):
+        at = tl.load(a_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
+        acc = _v3_step(acc, at, w_t, s_t, g, k0, K, BN, BK, EVEN_K, SCALED, SWZ, PREC)
+    if LORA:
+        acc = _lora_expand(acc, lb_e, ls_ptr, rows, valid, n_ld, LW, PREC)
+    tl.store(
+        y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+        (acc + bias).to(y_ptr.dtype.element_ty),
+        mask=(n < N)[:, None] & valid[None, :],
+    )
+
+
+@triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
+def _down_v3_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    counts_ptr,
+    rows_ptr,
+    lb_ptr,
+    ls_ptr,
+    stride_lbe,
+    T,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    HALF: tl.constexpr,
+    SCALED: tl.constexpr,
+    SWZ: tl.constexpr,
+    PREC: tl.constexpr,
+    LORA: tl.constexpr,
+    LW: tl.constexpr,
+):
+    """y[a, n] = act[a] @ W2_e^T + b2_e for the rows a of tile pid_m; N = H, K = I. HALF as gate_up's."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
+    if pid_m >= n_tiles:
+        return
+    EVEN_K: tl.constexpr = ((K + 63) // 64 * 64 if SWZ else K) % BK == 0
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ld = n % N
+    e64 = e.to(tl.int64)
+    w_t, s_t, g = _v3_ptrs(
+        w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN, stride_wn, stride_sn, N, BN, BK, SWZ
+    )
+    bias = tl.load(b_ptr + e64 * N + n_ld)[:, None]  # [BN, 1]
+    args = (
+        w_t,
+        s_t,
+        g,
+        bias,
+        y_ptr,
+        rows_ptr,
+        lb_ptr + e64 * stride_lbe,
+        ls_ptr,
+        n_ld,
+        e,
+        slot0,
+        n_rows,
+        n,
+        T,
+    )
+    if HALF and n_rows - slot0 <= BM // 2:
+        _down_v3_tile(a_ptr, *args, N, K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW)
+    else:
+        _down_v3_tile(a_ptr, *args, N, K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW)
