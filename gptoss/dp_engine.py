@@ -326,7 +326,7 @@ class DPEngine:
             while True:
                 call(self._deliver, rep.outbox.recv())
         except (EOFError, OSError):
-            pass
+            pass  # the pipe closed: the replica exited; its exit reason is reported below
         except RuntimeError:  # the loop is closed: nobody is listening any more
             return
         rep.process.join(5.0)

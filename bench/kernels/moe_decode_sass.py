@@ -26,7 +26,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gptoss.kernels import moe_decode as d  # noqa: E402
+from gptoss.kernels import moe_decode_kernels as d  # noqa: E402
 from gptoss.kernels.moe_tiles import DOWN_DEC_TILES, GATE_UP_DEC_TILES, DecTiles  # noqa: E402
 from gptoss.kernels.norm_route import _norm_logits_kernel  # noqa: E402
 from gptoss.kernels.qkv_rope import _qkv_rope_kernel  # noqa: E402
