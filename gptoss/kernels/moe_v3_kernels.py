@@ -13,6 +13,34 @@ from gptoss.kernels.moe_v3_step import _v3_ptrs, _v3_step
 
 
 @triton.jit
+def _v3_gemm(
+    x_ptr,
+    row_off,
+    valid,
+    w_ptrs,
+    s_ptrs,
+    g,
+    K: tl.constexpr,
+    ROWS: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SCALED: tl.constexpr,
+    SWZ: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """acc [ROWS, BM] = W [ROWS, K] @ x[rows]^T: the K loop both GEMMs share; row_off [BM] the element
+    offsets of the tile's x rows (invalid ones load zeros)."""
+    kk = tl.arange(0, BK)
+    x_t = x_ptr + row_off[None, :] + kk[:, None]  # [BK, BM]
+    acc = tl.zeros([ROWS, BM], tl.float32)
+    for k0 in range(0, K, BK):
+        xt = tl.load(x_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
+        acc = _v3_step(acc, xt, w_ptrs, s_ptrs, g, k0, K, ROWS, BK, EVEN_K, SCALED, SWZ, PREC)
+    return acc
+
+
+@triton.jit
 def _gate_up_v3_tile(
     x_ptr,
     w_g,
@@ -48,12 +76,8 @@ def _gate_up_v3_tile(
     """One tile: act[rows, pid_n's BN columns] = swiglu(x[rows // k] @ W13_e^T + b13_e), BM rows from
     slot0. The 2*BN weight rows are gate and up interleaved by 8 (moe_layout._interleave8), one dot."""
     rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
-    kk = tl.arange(0, BK)
-    x_t = x_ptr + (rows // TOP_K).to(tl.int64)[None, :] * stride_x + kk[:, None]  # [BK, BM]
-    acc = tl.zeros([2 * BN, BM], tl.float32)
-    for k0 in range(0, K, BK):
-        xt = tl.load(x_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
-        acc = _v3_step(acc, xt, w_g, s_g, g, k0, K, 2 * BN, BK, EVEN_K, SCALED, SWZ, PREC)
+    x_rows = (rows // TOP_K).to(tl.int64) * stride_x
+    acc = _v3_gemm(x_ptr, x_rows, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
     r = tl.arange(0, 2 * BN)  # acc row r: plane (r // 8) % 2, act column pid_n * BN + (r // 16) * 8 + r % 8
     plane = (r // 8) % 2
     col = (pid_n * BN + (r // 16) * 8 + r % 8) % N  # past-the-end columns read valid rows; never stored
@@ -182,12 +206,7 @@ def _down_v3_tile(
 ):
     """One tile: y[rows, n] = act[rows] @ W2_e[n]^T + bias, BM rows from slot0."""
     rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
-    kk = tl.arange(0, BK)
-    a_t = a_ptr + rows.to(tl.int64)[None, :] * K + kk[:, None]  # [BK, BM]
-    acc = tl.zeros([BN, BM], tl.float32)
-    for k0 in range(0, K, BK):
-        at = tl.load(a_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
-        acc = _v3_step(acc, at, w_t, s_t, g, k0, K, BN, BK, EVEN_K, SCALED, SWZ, PREC)
+    acc = _v3_gemm(a_ptr, rows.to(tl.int64) * K, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
     if LORA:
         acc = _lora_expand(acc, lb_e, ls_ptr, rows, valid, n_ld, LW, PREC)
     tl.store(
