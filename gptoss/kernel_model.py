@@ -33,7 +33,7 @@ from gptoss.kernels import moe_decode, moe_layout
 from gptoss.kernels.attention import paged_attention, reserve_tickets, write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
-from gptoss.kernels.moe_lora import MoELora, moe_forward_lora, prepare_moe_lora
+from gptoss.kernels.moe_lora import MoELora, experts_dec_lora, moe_forward_lora, prepare_moe_lora
 from gptoss.kernels.norm_route import norm_logits, norm_route
 from gptoss.kernels.qkv_rope import qkv_rope
 from gptoss.kernels.qkv_rope import suits as qkv_rope_suits
@@ -273,8 +273,8 @@ class KernelModel:
             if self.batch_invariant:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = bi.moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
-            elif FUSED_DECODE and lay.lora_moe is None and moe_decode.use_decode(x, lay.moe):
-                x, residual, pending = self._decode_moe(x, residual, lay)
+            elif FUSED_DECODE and moe_decode.use_decode(x, lay.moe):
+                x, residual, pending = self._decode_moe(x, residual, lay, lora_index)
             elif lay.lora_moe is not None:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = moe_forward_lora(
@@ -294,10 +294,22 @@ class KernelModel:
         out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps, combine=pending)
         return out
 
-    def _decode_moe(self, x: Tensor, residual: Tensor, lay: _Layer) -> tuple[Tensor, Tensor, Tensor]:
+    def _decode_moe(
+        self, x: Tensor, residual: Tensor, lay: _Layer, lora_index: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Decode sizes: add + RMSNorm, the router (ROUTER) and the expert GEMMs -> (the experts' rows
-        y [T*k, H], the new residual, the routing weights [T, k] the next add+RMSNorm combines with)."""
+        y [T*k, H], the new residual, the routing weights [T, k] the next add+RMSNorm combines with).
+        A layer with expert adapters routes before the GEMMs (their shrink needs the routing), by
+        norm_route unless ROUTER is split, and its GEMMs add the LoRA expand (moe_lora)."""
         a = (lay.router_w, lay.router_b)
+        if lay.lora_moe is not None:
+            if ROUTER == "split":
+                h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
+                r = moe_decode.route(h, *a, self.top_k)
+            else:
+                h, residual, r = norm_route(x, residual, lay.ln2, self.eps, *a, self.top_k)
+            y = experts_dec_lora(h, r, lay.moe, lay.lora_moe, lora_index, self.alpha, self.limit)
+            return y, residual, r.weights
         if ROUTER == "fused":
             h, residual, logits = norm_logits(x, residual, lay.ln2, self.eps, *a)
             y, r = moe_decode.experts_dec_logits(h, logits, self.top_k, lay.moe, self.alpha, self.limit)

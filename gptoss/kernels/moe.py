@@ -51,7 +51,6 @@ from torch import Tensor
 
 from gptoss.kernels import moe_common as common
 from gptoss.kernels import moe_decode, pdl
-from gptoss.kernels.moe_common import _expert_tile, _precision  # noqa: F401 - re-exported for moe_lora
 from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-exported
     _BIT_FROM,
     _E2M1_TO_BF16_BIT,

@@ -64,15 +64,20 @@ def gate_up_dec(
     limit: float,
     t: DecTiles,
     logits: Tensor | None = None,
+    lora: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """x [T, H] -> act [T*k, I], expert-packed: expert e's rows (in r.rows[e] order) start after
     those of the experts below e, so down finds them without loading r.rows. With logits [T, E], the
-    kernel routes them itself and fills r's buffers (empty on entry) for down and the combine."""
+    kernel routes them itself and fills r's buffers (empty on entry) for down and the combine.
+    lora (B planes [E, 2, I, W], s [T*k, W] by assignment; moe_lora) adds the LoRA expand."""
+    if lora is not None and logits is not None:
+        raise ValueError("gate_up_dec: a LoRA shrink needs the routing first; pass r, not logits")
     (n_tok, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
     act = common._empty((n_tok * k, i), x.dtype, x.device)
     s13 = w.s13.view(torch.int32)
     route = logits is not None
+    largs, lkw = common._lora_args(lora, x, planes=True)
     _gate_up_dec_kernel[(triton.cdiv(i, t.bn), min(e, n_tok * k))](
         x,
         w.w13,
@@ -84,6 +89,7 @@ def gate_up_dec(
         logits if route else r.weights,
         r.ids,
         r.weights,
+        *largs,
         n_tok,
         logits.stride(0) if route else 0,
         x.stride(0),
@@ -105,6 +111,7 @@ def gate_up_dec(
         ROUTE=route,
         KP=triton.next_power_of_2(k),
         BT=triton.next_power_of_2(n_tok) if route else 1,
+        **lkw,
         num_warps=t.warps,
         num_stages=t.stages,
         maxnreg=t.maxnreg,
@@ -113,12 +120,16 @@ def gate_up_dec(
     return act
 
 
-def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles) -> Tensor:
-    """act [T*k, I] (gate_up_dec's expert-packed rows) -> y [T*k, H] (rows t*k + j: moe.combine's input)."""
+def down_dec(
+    act: Tensor, r: Routing, w: MoEWeights, t: DecTiles, lora: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
+    """act [T*k, I] (gate_up_dec's expert-packed rows) -> y [T*k, H] (rows t*k + j: moe.combine's input).
+    lora (B [E, H, W], s [T*k, W] by assignment) adds the LoRA expand."""
     n_tok, k = r.ids.shape
     e, h, i = w.shape
     y = common._empty((n_tok * k, h), act.dtype, act.device)
     s2 = w.s2.view(torch.int32)
+    largs, lkw = common._lora_args(lora, act, planes=False)
     _down_dec_kernel[(triton.cdiv(h, t.bn), min(e, n_tok * k))](
         act,
         w.w2,
@@ -127,6 +138,7 @@ def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles) -> Tensor:
         y,
         r.counts,
         r.rows,
+        *largs,
         n_tok,
         *w.w2.stride()[:2],
         *s2.stride()[:2],
@@ -140,6 +152,7 @@ def down_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles) -> Tensor:
         SPLIT=t.split,
         PREC=_precision(act),
         ASM=common._use_asm(act),
+        **lkw,
         num_warps=t.warps,
         num_stages=t.stages,
         **pdl.args(act),
@@ -162,12 +175,17 @@ def experts_dec(
     from gptoss.kernels.moe import combine  # moe imports this module
 
     _, h, i = w.shape
-    # BM follows T when compiled (the MMA pads BM to 8 columns and sums each alike: batch-invariant);
-    # the interpreter's numpy matmul sums in a shape-dependent order, so there BM stays fixed.
-    t = x.shape[0] if x.is_cuda and not triton.knobs.runtime.interpret else 1 << 30
+    t = tiles_t(x)
     act = gate_up_dec(x, r, w, alpha, limit, dec_tiles(True, h, t), logits=logits)  # [T*k, I]
     y = down_dec(act, r, w, dec_tiles(False, i, t))  # [T*k, H]
     return combine(y, r.weights, x.dtype) if combined else y
+
+
+def tiles_t(x: Tensor) -> int:
+    """The T that dec_tiles sizes BM by. BM follows T when compiled (the MMA pads BM to 8 columns and
+    sums each alike: batch-invariant); the interpreter's numpy matmul sums in a shape-dependent order,
+    so there BM stays fixed."""
+    return x.shape[0] if x.is_cuda and not triton.knobs.runtime.interpret else 1 << 30
 
 
 def experts_dec_logits(

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from gptoss.kernels import pdl
+from gptoss.kernels.moe_common import _lora_expand
 from gptoss.kernels.moe_routing import _group, _topk, store_routing
 from gptoss.kernels.moe_v2_step import _v2_ptrs, _v2_step
 
@@ -42,6 +43,10 @@ def _gate_up_dec_kernel(
     logits_ptr,
     ids_ptr,
     wts_ptr,
+    lb_ptr,
+    ls_ptr,
+    stride_lbe,
+    stride_lbp,
     T,
     stride_l,
     stride_x,
@@ -67,11 +72,14 @@ def _gate_up_dec_kernel(
     ROUTE: tl.constexpr,
     KP: tl.constexpr,
     BT: tl.constexpr,
+    LORA: tl.constexpr,
+    LW: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Program (column block, slot): act[rows of the slot's expert, block] = swiglu(x @ W13^T + b13).
     ROUTE: every program routes the [T, E] logits in registers (moe_routing._topk, _group: the
-    routing kernel's decisions) instead of loading counts and rows; program (0, 0) stores them."""
+    routing kernel's decisions) instead of loading counts and rows; program (0, 0) stores them.
+    LORA: + B13_e @ s^T before the SwiGLU, s the rows' shrunk x (moe_lora.shrink, by assignment)."""
     pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
@@ -141,6 +149,10 @@ def _gate_up_dec_kernel(
         if SPLIT > 1:
             acc_g = tl.sum(acc_g, 0)
             acc_u = tl.sum(acc_u, 0)
+        if LORA:
+            lb = lb_ptr + e64 * stride_lbe
+            acc_g = _lora_expand(acc_g, lb, ls_ptr, rows, valid, n_ld, LW, PREC)
+            acc_u = _lora_expand(acc_u, lb + stride_lbp, ls_ptr, rows, valid, n_ld, LW, PREC)
         gate = tl.minimum(acc_g + b_g, limit)  # [BN, BM]
         up = tl.minimum(tl.maximum(acc_u + b_u, -limit), limit)
         act = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
@@ -160,6 +172,9 @@ def _down_dec_kernel(
     y_ptr,
     counts_ptr,
     rows_ptr,
+    lb_ptr,
+    ls_ptr,
+    stride_lbe,
     T,
     stride_we,
     stride_wn,
@@ -175,9 +190,12 @@ def _down_dec_kernel(
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     ASM: tl.constexpr,
+    LORA: tl.constexpr,
+    LW: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program (column block, slot): y[rows of the slot's expert, block] = act @ W2_e^T + b2_e."""
+    """Program (column block, slot): y[rows of the slot's expert, block] = act @ W2_e^T + b2_e
+    (LORA: + B2_e @ s^T, s the rows' shrunk act by assignment)."""
     pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
@@ -216,6 +234,8 @@ def _down_dec_kernel(
             acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
         if SPLIT > 1:
             acc = tl.sum(acc, 0)
+        if LORA:
+            acc = _lora_expand(acc, lb_ptr + e64 * stride_lbe, ls_ptr, rows, valid, n_ld, LW, PREC)
         tl.store(
             y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
             (acc + bias).to(y_ptr.dtype.element_ty),  # [BN, BM]

@@ -26,10 +26,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gptoss.kernels import moe_decode
 from gptoss.kernels.moe import (
     MoEWeights,
-    _expert_tile,
-    _precision,
     choose_tiles,
     choose_tiles_v2,
     combine,
@@ -38,10 +37,10 @@ from gptoss.kernels.moe import (
     gate_up,
     gate_up_v2,
 )
-from gptoss.kernels.moe_common import _empty
+from gptoss.kernels.moe_common import _empty, _expert_tile_at, _precision, _tile_rows
 from gptoss.kernels.moe_layout import for_rows
 from gptoss.kernels.moe_routing import Routing, route_and_group
-from gptoss.kernels.moe_tiles import choose_tiles_v3
+from gptoss.kernels.moe_tiles import choose_tiles_v3, dec_tiles
 from gptoss.kernels.moe_v3 import down_v3, gate_up_v3
 
 
@@ -84,6 +83,7 @@ def _shrink_kernel(
     stride_x,
     stride_ae,
     TOKEN_DIV: tl.constexpr,
+    PACKED: tl.constexpr,
     TOP_K: tl.constexpr,
     E: tl.constexpr,
     BE: tl.constexpr,
@@ -94,14 +94,22 @@ def _shrink_kernel(
     PREC: tl.constexpr,
 ):
     """s[a] = mask(a) * (x[a // TOKEN_DIV] @ A_e^T) for the rows a of tile pid_m; mask(a) keeps the
-    columns of the adapter idx[a // TOP_K] (block (col // R) + 1; index 0, the base model: none)."""
+    columns of the adapter idx[a // TOP_K] (block (col // R) + 1; index 0, the base model: none).
+    PACKED: x's rows are expert-packed (moe_decode's act: expert e's slots after the experts below e)."""
     pid_m = tl.program_id(0)
-    e, rows, valid, n_tiles = _expert_tile(counts_ptr, rows_ptr, T, pid_m, E, BE, BM)
+    e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
     if pid_m >= n_tiles:
         return
+    rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
+    if PACKED:
+        ex = tl.arange(0, BE)
+        cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
+        x_row = tl.sum(tl.where(ex < e, cnt, 0), 0) + slot0 + tl.arange(0, BM)
+    else:
+        x_row = rows // TOKEN_DIV
     kk = tl.arange(0, BK)
     w = tl.arange(0, W)
-    x_rows = x_ptr + (rows // TOKEN_DIV).to(tl.int64)[:, None] * stride_x + kk[None, :]  # [BM, BK]
+    x_rows = x_ptr + x_row.to(tl.int64)[:, None] * stride_x + kk[None, :]  # [BM, BK]
     a_cols = a_ptr + e.to(tl.int64) * stride_ae + w[None, :] * K + kk[:, None]  # [BK, W]
     acc = tl.zeros([BM, W], tl.float32)
     for k0 in range(0, K, BK):
@@ -119,9 +127,12 @@ def _shrink_kernel(
     )
 
 
-def shrink(x: Tensor, a: Tensor, r: Routing, index: Tensor, rank: int, token_div: int) -> Tensor:
-    """Rows of x (row a // token_div for assignment a) through their expert's stacked A [E, W, K],
-    masked to their token's adapter -> s [T*k, W] in x.dtype. index [T]: each token's adapter."""
+def shrink(
+    x: Tensor, a: Tensor, r: Routing, index: Tensor, rank: int, token_div: int, packed: bool = False
+) -> Tensor:
+    """Rows of x (row a // token_div for assignment a; packed: x holds expert-packed rows, as
+    moe_decode's act) through their expert's stacked A [E, W, K], masked to their token's adapter
+    -> s [T*k, W] in x.dtype, by assignment. index [T]: each token's adapter."""
     t, k = r.ids.shape
     e, w, kdim = a.shape
     s = _empty((t * k, w), x.dtype, x.device)
@@ -140,6 +151,7 @@ def shrink(x: Tensor, a: Tensor, r: Routing, index: Tensor, rank: int, token_div
         x.stride(0),
         a.stride(0),
         TOKEN_DIV=token_div,
+        PACKED=packed,
         TOP_K=k,
         E=e,
         BE=triton.next_power_of_2(e),
@@ -171,6 +183,8 @@ def moe_forward_lora(
     if t == 0:
         return torch.empty_like(x)
     r = route_and_group(F.linear(x, router_weight, router_bias), top_k)
+    if moe_decode.use_decode(x, w):
+        return combine(experts_dec_lora(x, r, w, lora, index, alpha, limit), r.weights, x.dtype)
     w = for_rows(w, t, top_k)
     lora13 = None if lora.a13 is None else (lora.b13, shrink(x, lora.a13, r, index, lora.rank, top_k))
     if w.layout == "bits":
@@ -187,3 +201,19 @@ def moe_forward_lora(
     else:
         y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False), lora2)
     return combine(y, r.weights, x.dtype)
+
+
+def experts_dec_lora(
+    x: Tensor, r: Routing, w: MoEWeights, lora: MoELora, index: Tensor, alpha: float, limit: float
+) -> Tensor:
+    """moe_decode.experts_dec(combined=False) plus the LoRA deltas: x [T, H] routed by r -> the
+    experts' rows y [T*k, H]. The expand runs in the decode GEMMs' epilogues (T <= moe_decode.MAX_T),
+    so a LoRA decode step streams the weights as the base model's does."""
+    _, h, i = w.shape
+    t = moe_decode.tiles_t(x)
+    lora13 = (
+        None if lora.a13 is None else (lora.b13, shrink(x, lora.a13, r, index, lora.rank, r.ids.shape[1]))
+    )
+    act = moe_decode.gate_up_dec(x, r, w, alpha, limit, dec_tiles(True, h, t), lora=lora13)
+    lora2 = None if lora.a2 is None else (lora.b2, shrink(act, lora.a2, r, index, lora.rank, 1, packed=True))
+    return moe_decode.down_dec(act, r, w, dec_tiles(False, i, t), lora=lora2)

@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from gptoss.config import PRESETS  # noqa: E402
-from gptoss.kernels import moe_common, moe_lora  # noqa: E402
+from gptoss.kernels import moe_common, moe_decode, moe_lora  # noqa: E402
 from gptoss.kernels.moe import moe_forward  # noqa: E402
 from gptoss.kernels.moe_lora import moe_forward_lora, prepare_moe_lora, shrink  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
@@ -122,3 +122,57 @@ def test_shrink_masks_each_row_to_its_tokens_adapter():
             torch.testing.assert_close(s[t * 4 + j], want, rtol=1e-5, atol=1e-6)
     assert s[4:8].abs().max() == 0  # token 1 runs the base model
     assert s[8:16, 8:].abs().max() == 0 and s[0:4, :8].abs().max() == 0  # other adapters' columns
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [1, 5, 16])
+def test_decode_sizes_take_the_decode_kernels_with_the_expand(monkeypatch, dtype, t):
+    """T <= moe_decode.MAX_T on the bits layout: the decode GEMMs add the LoRA expand in their epilogue
+    (both of them called with a LoRA pair), and the tokens match the reference with the adapters."""
+    calls = []
+    for name in ("gate_up_dec", "down_dec"):
+        real = getattr(moe_decode, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            calls.append((_name, kw.get("lora") is not None))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(moe_decode, name, spy)
+    ref, w = make_moe(8, 64, 64, 4, dtype, seed=21, kernels="v2")
+    assert moe_decode.use_decode(torch.empty(t, 64, device=DEV), w)
+    stack = stack_of([adapter("a", 4, 1), adapter("b", 8, 2)], dtype)
+    x = (torch.randn(t, 64, generator=torch.Generator().manual_seed(30 + t)) * 3).to(DEV, dtype)
+    index = torch.tensor(([1, 0, 2] * 6)[:t], device=DEV)
+    got = check(ref, w, stack, x, index)
+    assert calls == [("gate_up_dec", True), ("down_dec", True)]
+    base = moe_forward(x, ref.router_weight, ref.router_bias, ref.top_k, w, ALPHA, LIMIT)
+    mine = index == 0
+    assert torch.equal(got[mine], base[mine])  # the base model's tokens get no delta
+    assert ((got[~mine].float() - base[~mine].float()).norm() / base[~mine].float().norm()) > 0.05
+
+
+def test_decode_with_a_down_only_adapter():
+    ref, w = make_moe(8, 64, 64, 4, torch.float32, seed=22, kernels="v2")
+    stack = stack_of([adapter("a", 8, 3, targets=("down_proj",))], torch.float32)
+    lora = prepare_moe_lora(stack.layers[0].experts, stack.rank)
+    assert lora.a13 is None and lora.a2 is not None
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(9)).to(DEV) * 3
+    check(ref, w, stack, x, torch.tensor([1, 1, 0], device=DEV))
+
+
+def test_packed_shrink_reads_the_expert_packed_rows():
+    """shrink(packed=True) on rows stored expert by expert (moe_decode's act) gives, by assignment,
+    what shrink gives on the same rows stored by assignment."""
+    stack = stack_of([adapter("a", 4, 1), adapter("b", 8, 2)], torch.float32)
+    a2 = stack.layers[0].experts["down_proj"][0]  # [E, W, I]
+    logits = torch.randn(6, 8, generator=torch.Generator().manual_seed(10)).to(DEV)
+    r = route_and_group(logits, 4)
+    by_assignment = torch.randn(24, 64, generator=torch.Generator().manual_seed(11)).to(DEV)
+    order = [int(r.rows[e, s]) for e in range(8) for s in range(int(r.counts[e]))]  # packed -> assignment
+    assert sorted(order) == list(range(24))
+    packed = by_assignment[order]
+    index = torch.tensor([2, 0, 1, 1, 2, 1], device=DEV)
+    want = shrink(by_assignment, a2, r, index, stack.rank, token_div=1)
+    got = shrink(packed, a2, r, index, stack.rank, token_div=1, packed=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert want.abs().max() > 0
