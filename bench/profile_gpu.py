@@ -1,6 +1,7 @@
 """Where a decode step's time goes on the GPU, and how far our logits are from the reference.
 
     python bench/profile_gpu.py --model-path CKPT [--batch 1 --batch 64] [--steps 20] [--diag]
+        [--lora ADAPTER]    # the --batch requests through a PEFT adapter
     python bench/profile_gpu.py --model-path CKPT --batch 0 --prefill 64x1024 [--max-num-batched-tokens 16384]
         [--decoding 512]    # the prefill steps beside 512 decoding sequences (an Offline run's mixed steps)
 
@@ -52,11 +53,11 @@ def _print_kernels(per: dict[str, list[float]], steps: int, total: float, rows: 
         print(f"  {name:60} {t} {n / steps:6.1f} {us / steps / total:6.1%}")
 
 
-def profile(eng: LLMEngine, batch: int, steps: int) -> None:
+def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None) -> None:
     rng = random.Random(batch)
     sp = SamplingParams(max_new_tokens=steps + 8, temperature=0, ignore_eos=True)
     for i in range(batch):
-        eng.add(f"p{batch}-{i}", [rng.randrange(200_000) for _ in range(128)], sp)
+        eng.add(f"p{batch}-{i}", [rng.randrange(200_000) for _ in range(128)], sp, lora)
     while any(s.num_computed < s.num_prompt_tokens for s in eng.seqs.values()):
         eng.step()
     for _ in range(3):
@@ -76,7 +77,8 @@ def profile(eng: LLMEngine, batch: int, steps: int) -> None:
     per = _kernel_times(prof)
     total = sum(v[0] for v in per.values()) / steps
     print(
-        f"\nbatch {batch}: {wall:.3f} ms/step wall, {host:.3f} ms host, kernels {total / 1000:.3f} ms "
+        f"\nbatch {batch}{' with LoRA' if lora else ''}: {wall:.3f} ms/step wall, {host:.3f} ms host, "
+        f"kernels {total / 1000:.3f} ms "
         f"({batch / wall * 1000:.0f} tok/s)"
     )
     _print_kernels(per, steps, total, 14, ms=False)
@@ -234,6 +236,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--decoding", type=int, default=0, help="--prefill beside this many decoding sequences")
     ap.add_argument("--cprofile", action="store_true", help="--prefill again under cProfile (host hot spots)")
+    ap.add_argument("--lora", default=None, help="a PEFT adapter: the --batch requests run through it")
     args = ap.parse_args()
     if args.diag:
         diag(args.model_path)
@@ -249,12 +252,13 @@ def main() -> None:
             cuda_graphs=not args.eager,
             decode_steps=1,  # one engine step = one decode step, so per-step figures divide cleanly
             batch_invariant=args.batch_invariant,
+            lora=(f"lora={args.lora}",) if args.lora else (),
         )
     )
     print(f"engine up in {time.perf_counter() - t:.1f} s")
     for b in args.batch or [1, 64]:
         if b > 0:
-            profile(eng, b, args.steps)
+            profile(eng, b, args.steps, "lora" if args.lora else None)
     for spec in args.prefill:
         n, length = map(int, spec.split("x"))
         profile_prefill(eng, n, length, args.decoding)
