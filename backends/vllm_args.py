@@ -269,6 +269,13 @@ def engine_kwargs(
     user = named | extra
     if opts.lora is not None:
         user.setdefault("enable_lora", True)
+    if user.get("enable_lora") and user.get("enforce_eager") and not on_cpu:
+        # Its first step dies in the q/k/v LoRA shrink (lora_shrink_op: `assert inputs.is_contiguous()`,
+        # EngineDeadError for every query; H100, 2026-11-26); the compiled path runs the adapter.
+        raise VllmOptionError(
+            "--enforce-eager with LoRA: vLLM 0.26 fails gpt-oss's first step in eager mode (its LoRA "
+            "shrink gets non-contiguous q/k/v input); drop --enforce-eager"
+        )
     kwargs = dict(DEFAULTS) | user
     if on_cpu and not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & user.keys():
         kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES

@@ -190,6 +190,7 @@ def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
 
     import torch
 
+    from bench.agreement import prefix_rate as rate
     from gptoss.engine import EngineConfig, LLMEngine
     from gptoss.sampling import SamplingParams
 
@@ -216,14 +217,6 @@ def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
         del eng
         gc.collect()
         torch.cuda.empty_cache()
-
-    def rate(a: list[list[int]], b: list[list[int]]) -> float:
-        """Share of tokens equal up to the first divergence of each continuation (then all differ)."""
-        same = 0
-        for x, y in zip(a, b, strict=False):
-            k = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), len(x))
-            same += k
-        return same / sum(map(len, a))
 
     emit(
         rows,

@@ -13,7 +13,7 @@ DIR/lora-r16 (or --adapter). Parts, each engine in its own process (the whole GP
   vllm    vLLM LLM(enable_lora, max_lora_rank R, max_num_seqs 16).generate(the --c16 prompts,
           lora_request) (--vllm-moe-backend: vLLM's kernel_config.moe_backend, e.g. triton_unfused,
           the seed's path; auto lets vLLM choose: Marlin on H100 when LoRA is on)
-  mlperf  run_mlperf.py --backend vllm --lora-modules lora=ADAPTER --accuracy (--enforce-eager) on
+  mlperf  run_mlperf.py --backend vllm --lora-modules lora=ADAPTER --accuracy (compiled, not eager) on
           16 synthetic prompts, greedy, 32 new tokens: it must run; its tokens' agreement with ours
 All runs are greedy with ignore_eos (but the agreement rows), random prompt ids. Results:
 DIR/results.jsonl (one JSON per line; --table re-prints the table from it).
@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.agreement import prefix_rate  # noqa: E402
 from bench.gptoss_gpu import emit, rand_prompts  # noqa: E402
 
 AGREE = (16, 32)  # prompts, new tokens of the agreement runs
@@ -181,8 +182,7 @@ def run_mlperf_vllm(args: argparse.Namespace) -> None:
         f"lora={args.adapter}",
         "--vllm-arg",
         f"max_lora_rank={args.rank}",
-        "--enforce-eager",
-    ]
+    ]  # not --enforce-eager: vLLM 0.26's eager LoRA step fails (backends/vllm_args.py refuses it)
     t = time.perf_counter()
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0")
@@ -204,15 +204,6 @@ def run_mlperf_vllm(args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------------- table
-
-
-def agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    """Share of tokens equal up to each continuation's first divergence."""
-    same = sum(
-        next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), len(x))
-        for x, y in zip(a, b, strict=True)
-    )
-    return same / max(1, sum(map(len, a)))
 
 
 def table(rows: list[dict]) -> None:
@@ -249,7 +240,7 @@ def table(rows: list[dict]) -> None:
     if g_vllm:
         runs = "runs" if g_vllm.get("tokens") else f"FAILED (exit {g_vllm['exit']}, see mlperf_vllm_lora.log)"
         if g_ours and g_vllm.get("tokens"):
-            rate = agreement(g_ours["tokens"], g_vllm["tokens"])
+            rate = prefix_rate(g_ours["tokens"], g_vllm["tokens"])
             runs += f", greedy agreement with ours {rate:.1%} (target >= 90%)"
         print(f"run_mlperf --backend vllm --lora-modules: {runs}")
 

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from agreement import position_rate, prefix_rate  # noqa: E402
 from gptoss_gpu import emit, rand_prompts  # noqa: E402
 
 AGREEMENT = (16, 64, 32)  # prompts, prompt tokens, new tokens
@@ -150,16 +151,6 @@ def run_child(args: argparse.Namespace) -> None:
         )
 
 
-def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
-    """(prefix rate: tokens equal up to each pair's first difference; position-by-position rate)."""
-    prefix = same = total = 0
-    for x, y in zip(a, b, strict=True):
-        prefix += next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), len(x))
-        same += sum(u == v for u, v in zip(x, y, strict=False))
-        total += len(x)
-    return prefix / total, same / total
-
-
 def table(rows: list[dict]) -> None:
     engines = list(dict.fromkeys(r["engine"] for r in rows))
     by = {(r["engine"], r["what"], r.get("input_len"), r.get("num_prompts")): r for r in rows}
@@ -175,7 +166,7 @@ def table(rows: list[dict]) -> None:
                 if r is None or ref is None:
                     cells.append("-")
                 else:
-                    p, s = agreement(r["tokens"], ref["tokens"])
+                    p, s = prefix_rate(r["tokens"], ref["tokens"]), position_rate(r["tokens"], ref["tokens"])
                     cells.append(f"{p:.1%}/{s:.1%}")
             print(f"{'greedy agreement 16x32 (pfx/pos)':34} " + " ".join(f"{c:>14}" for c in cells))
             continue

@@ -175,6 +175,17 @@ def test_options_vllm_does_not_know_or_rejects_are_clear_errors(tmp_path, flags,
     assert str(e.value).startswith(message), str(e.value)
 
 
+def test_eager_lora_on_a_gpu_is_refused_before_vllm_starts(tmp_path):
+    """vLLM 0.26 kills its engine on the first LoRA step under enforce_eager (seen on an H100)."""
+    flags = ["--lora-modules", f"a={tmp_path}", "--enforce-eager"]
+    with pytest.raises(VllmOptionError, match="--enforce-eager with LoRA: vLLM 0.26 fails"):
+        engine_kwargs(tmp_path, parse_flags(flags), on_cpu=False)
+    with pytest.raises(VllmOptionError, match="drop --enforce-eager"):
+        engine_kwargs(tmp_path, parse_flags(["--enable-lora", "--enforce-eager"]), on_cpu=False)
+    assert engine_kwargs(tmp_path, parse_flags(flags[:2]), on_cpu=False)["enable_lora"] is True
+    assert engine_kwargs(tmp_path, parse_flags(flags), on_cpu=True)["enforce_eager"] is True
+
+
 def test_create_rejects_bad_values_before_starting_anything(checkpoints, tmp_path):
     with pytest.raises(
         VllmOptionError,
