@@ -102,9 +102,9 @@ def run_ours(args: argparse.Namespace) -> None:
         outs = eng.generate(prompts, sp, lora)
         return time.perf_counter() - t, sum(map(len, outs))
 
-    n, lin, lout = spec(args.offline)
+    n, lin, lout = spec(args.offline) if args.offline else (0, 0, 0)
     prompts = rand_prompts(n, lin, seed=lin * 7 + n)
-    for lora in (False, True):
+    for lora in (False, True) if args.offline else ():
         eng, init = engine(lora, 1024)
         wall, toks = timed(eng, prompts, lout, "lora" if lora else None)
         emit(args.rows, args.out, record("gptoss", "offline", args.offline, init, wall, toks, lora=lora))
@@ -252,7 +252,7 @@ def main() -> None:
     ap.add_argument("--parts", default="ours,vllm,mlperf", help="comma list of ours, vllm, mlperf")
     ap.add_argument("--adapter", default=None, help="default: OUT/lora-rR, written by gptoss.make_lora")
     ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--offline", default="1000x1024x1024", help="NxINxOUT")
+    ap.add_argument("--offline", default="1000x1024x1024", help="NxINxOUT ('': skip the Offline runs)")
     ap.add_argument(
         "--c16", default="1000x215x199", help="NxINxOUT at concurrency 16 (the seed's ShareGPT means)"
     )

@@ -18,6 +18,7 @@ MXFP4) has the same shape: it unfuses the activation and the sum of matmul_ogs t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -166,29 +167,25 @@ def shrink(
 
 
 @triton.jit(do_not_specialize=["T"])
-def _shrink_row_kernel(
-    x_ptr,
-    a_ptr,
+def _gather_kernel(
+    full_ptr,
     idx_ptr,
     s_ptr,
     counts_ptr,
     rows_ptr,
     T,
-    K,
-    stride_x,
-    stride_ae,
+    stride_f,
     TOKEN_DIV: tl.constexpr,
     PACKED: tl.constexpr,
     TOP_K: tl.constexpr,
     E: tl.constexpr,
     BE: tl.constexpr,
-    BK: tl.constexpr,
     W: tl.constexpr,
     R: tl.constexpr,
 ):
-    """_shrink_kernel with a program per routed row: program p takes the p-th row in expert order
-    (expert e's rows after those of the experts below e; PACKED: x's row p), its assignment a and
-    expert e, and stores s[a] = mask(a) * (x row @ A_e^T), summed in float32."""
+    """Program p, the p-th routed row in expert order (expert e's rows after those of the experts
+    below e, as moe_decode packs act), with its expert e and assignment a:
+    s[a] = mask(a) * full[row, e W : (e + 1) W], row p (PACKED) or a // TOKEN_DIV."""
     p = tl.program_id(0)
     ex = tl.arange(0, BE)
     cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
@@ -196,58 +193,58 @@ def _shrink_row_kernel(
     e = tl.sum((ends <= p).to(tl.int32), 0)
     start = tl.sum(tl.where(ex == e, ends - cnt, 0), 0)
     a = tl.load(rows_ptr + e * T + (p - start))
+    row = p if PACKED else a // TOKEN_DIV
     w = tl.arange(0, W)
     adapter = tl.load(idx_ptr + a // TOP_K)
-    out = s_ptr + a.to(tl.int64) * W + w
-    if adapter == 0:  # the base model: no columns, no weights to read
-        tl.store(out, tl.zeros([W], s_ptr.dtype.element_ty))
-        return
-    x_row = p if PACKED else a // TOKEN_DIV
-    kk = tl.arange(0, BK)
-    x_base = x_ptr + x_row.to(tl.int64) * stride_x + kk
-    a_base = a_ptr + e.to(tl.int64) * stride_ae + w[:, None] * K + kk[None, :]
-    acc = tl.zeros([W], tl.float32)
-    for k0 in range(0, K, BK):
-        ok = k0 + kk < K
-        xv = tl.load(x_base + k0, mask=ok, other=0.0).to(tl.float32)
-        at = tl.load(a_base + k0, mask=ok[None, :], other=0.0).to(tl.float32)  # [W, BK]
-        acc += tl.sum(at * xv[None, :], 1)
-    acc = tl.where(w // R + 1 == adapter, acc, 0.0)
-    tl.store(out, acc.to(s_ptr.dtype.element_ty))
+    v = tl.load(full_ptr + row.to(tl.int64) * stride_f + e * W + w)
+    v = tl.where(w // R + 1 == adapter, v, 0.0)
+    tl.store(s_ptr + a.to(tl.int64) * W + w, v.to(s_ptr.dtype.element_ty))
 
 
-def shrink_rows(
+def shrink_dense(
     x: Tensor, a: Tensor, r: Routing, index: Tensor, rank: int, token_div: int, packed: bool = False
 ) -> Tensor:
-    """shrink for decode sizes: one program per routed row. The grouped shrink's programs (one per
-    expert tile of up to 64 rows) each walk all K in 64-wide steps, one after another: 33 us a call
-    on the H100 at T = 16 (2026-11-26, 10 % of a LoRA step); here T*k programs each read their
-    expert's A (92 KB at rank 16, 20b) in a few wide steps, and rows of base-model tokens read none."""
+    """shrink for decode sizes: every row of x through every expert's A at once on cuBLAS ([rows, K]
+    @ [K, E*W]: all of A read once, 2.9 MB at 20b rank 16), then one program per routed row gathers
+    its expert's W columns, masked to its token's adapter. Same arguments and result as shrink."""
     t, k = r.ids.shape
     e, w, kdim = a.shape
+    full = F.linear(x, a.view(e * w, kdim))  # [rows of x, E*W] in x.dtype, as shrink rounds
     s = _empty((t * k, w), x.dtype, x.device)
-    _shrink_row_kernel[(t * k,)](
-        x,
-        a,
+    _gather_kernel[(t * k,)](
+        full,
         index,
         s,
         r.counts,
         r.rows,
         t,
-        kdim,
-        x.stride(0),
-        a.stride(0),
+        full.stride(0),
         TOKEN_DIV=token_div,
         PACKED=packed,
         TOP_K=k,
         E=e,
         BE=triton.next_power_of_2(e),
-        BK=max(32, min(512, 8192 // w)),  # the [W, BK] tile: <= 64 float32 a thread
         W=w,
         R=rank,
-        num_warps=4,
+        num_warps=1,
     )
     return s
+
+
+# The decode-size shrink (experts_dec_lora). grouped: shrink, whose programs (one an expert's tile
+# of rows) walk all K in 64-wide steps, one after another: 16.6 us a call on the H100 at T 16 (20b,
+# rank 16; 2026-11-26: 10 % of a LoRA decode step). A program per routed row summing [W, 512] tiles
+# without tl.dot was slower (24.8 us: its loads are not pipelined). dense: shrink_dense, when E*W
+# <= DENSE_MAX_COLS (A stays a few MB).
+LORA_SHRINK = os.environ.get("GPTOSS_LORA_SHRINK", "dense")
+DENSE_MAX_COLS = 1024
+
+
+def _decode_shrink(
+    x: Tensor, a: Tensor, r: Routing, index: Tensor, rank: int, token_div: int, packed: bool = False
+) -> Tensor:
+    dense = LORA_SHRINK == "dense" and a.shape[0] * a.shape[1] <= DENSE_MAX_COLS
+    return (shrink_dense if dense else shrink)(x, a, r, index, rank, token_div, packed)
 
 
 def moe_forward_lora(
@@ -296,7 +293,7 @@ def experts_dec_lora(
     so a LoRA decode step streams the weights as the base model's does."""
     _, h, i = w.shape
     t, k = moe_decode.tiles_t(x), r.ids.shape[1]
-    lora13 = None if lora.a13 is None else (lora.b13, shrink_rows(x, lora.a13, r, index, lora.rank, k))
+    lora13 = None if lora.a13 is None else (lora.b13, _decode_shrink(x, lora.a13, r, index, lora.rank, k))
     act = moe_decode.gate_up_dec(x, r, w, alpha, limit, dec_tiles(True, h, t), lora=lora13)
-    lora2 = None if lora.a2 is None else (lora.b2, shrink_rows(act, lora.a2, r, index, lora.rank, 1, True))
+    lora2 = None if lora.a2 is None else (lora.b2, _decode_shrink(act, lora.a2, r, index, lora.rank, 1, True))
     return moe_decode.down_dec(act, r, w, dec_tiles(False, i, t), lora=lora2)

@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 from gptoss.config import PRESETS  # noqa: E402
 from gptoss.kernels import moe_common, moe_decode, moe_lora  # noqa: E402
 from gptoss.kernels.moe import moe_forward  # noqa: E402
-from gptoss.kernels.moe_lora import moe_forward_lora, prepare_moe_lora, shrink, shrink_rows  # noqa: E402
+from gptoss.kernels.moe_lora import moe_forward_lora, prepare_moe_lora, shrink, shrink_dense  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.lora import LoraAdapter, LoraTarget  # noqa: E402
 from gptoss.lora_stack import LoraStack  # noqa: E402
@@ -124,11 +124,20 @@ def test_shrink_masks_each_row_to_its_tokens_adapter():
     assert s[8:16, 8:].abs().max() == 0 and s[0:4, :8].abs().max() == 0  # other adapters' columns
 
 
+@pytest.mark.parametrize("shrink_mode", ["dense", "grouped"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t", [1, 5, 16])
-def test_decode_sizes_take_the_decode_kernels_with_the_expand(monkeypatch, dtype, t):
+def test_decode_sizes_take_the_decode_kernels_with_the_expand(monkeypatch, dtype, t, shrink_mode):
     """T <= moe_decode.MAX_T on the bits layout: the decode GEMMs add the LoRA expand in their epilogue
-    (both of them called with a LoRA pair), and the tokens match the reference with the adapters."""
+    (both of them called with a LoRA pair), and the tokens match the reference with the adapters,
+    with either decode shrink (GPTOSS_LORA_SHRINK)."""
+    monkeypatch.setattr(moe_lora, "LORA_SHRINK", shrink_mode)
+    used = []
+    for name in ("shrink", "shrink_dense"):
+        real = getattr(moe_lora, name)
+        monkeypatch.setattr(
+            moe_lora, name, lambda *a, _r=real, _n=name, **kw: used.append(_n) or _r(*a, **kw)
+        )
     calls = []
     for name in ("gate_up_dec", "down_dec"):
         real = getattr(moe_decode, name)
@@ -145,6 +154,7 @@ def test_decode_sizes_take_the_decode_kernels_with_the_expand(monkeypatch, dtype
     index = torch.tensor(([1, 0, 2] * 6)[:t], device=DEV)
     got = check(ref, w, stack, x, index)
     assert calls == [("gate_up_dec", True), ("down_dec", True)]
+    assert used == ["shrink_dense" if shrink_mode == "dense" else "shrink"] * 2
     base = moe_forward(x, ref.router_weight, ref.router_bias, ref.top_k, w, ALPHA, LIMIT)
     mine = index == 0
     assert torch.equal(got[mine], base[mine])  # the base model's tokens get no delta
@@ -161,8 +171,8 @@ def test_decode_with_a_down_only_adapter():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_row_shrink_equals_the_grouped_shrink_and_reads_packed_rows(dtype):
-    """shrink_rows (decode sizes) gives what the grouped shrink gives, by assignment, and with
+def test_dense_shrink_equals_the_grouped_shrink_and_reads_packed_rows(dtype):
+    """shrink_dense (decode sizes) gives what the grouped shrink gives, by assignment, and with
     packed=True reads rows stored expert by expert (moe_decode's act); base-model rows are zero."""
     stack = stack_of([adapter("a", 4, 1), adapter("b", 8, 2)], dtype)
     a2 = stack.layers[0].experts["down_proj"][0]  # [E, W, I]
@@ -177,8 +187,8 @@ def test_row_shrink_equals_the_grouped_shrink_and_reads_packed_rows(dtype):
     tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     for got in (
         shrink(packed, a2, r, index, stack.rank, token_div=1, packed=True),
-        shrink_rows(by_assignment, a2, r, index, stack.rank, token_div=1),
-        shrink_rows(packed, a2, r, index, stack.rank, token_div=1, packed=True),
+        shrink_dense(by_assignment, a2, r, index, stack.rank, token_div=1),
+        shrink_dense(packed, a2, r, index, stack.rank, token_div=1, packed=True),
     ):
         assert not got.isnan().any()
         torch.testing.assert_close(got, want, **tol)
