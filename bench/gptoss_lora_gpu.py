@@ -121,6 +121,9 @@ def run_ours(args: argparse.Namespace) -> None:
     emit(
         args.rows, args.out, {"engine": "gptoss", "what": "greedy", "tokens": eng.generate(agree, sp, "lora")}
     )
+    # The control of the teacher-forced check (run_vllm): the base model's tokens for the same prompts.
+    base = eng.generate(agree, sp, None)
+    emit(args.rows, args.out, {"engine": "gptoss", "what": "greedy_base", "tokens": base})
 
 
 # ----------------------------------------------------------------------------- vLLM
@@ -167,6 +170,53 @@ def run_vllm(args: argparse.Namespace) -> None:
     toks = sum(len(o.outputs[0].token_ids) for o in outs)
     info = {"vllm": vllm.__version__, "moe_backend": args.vllm_moe_backend}
     emit(args.rows, args.out, record("vllm", "c16", args.c16, init, wall, toks, **info))
+    teacher_forced(args, llm, lora)
+
+
+def teacher_forced(args: argparse.Namespace, llm, lora) -> None:
+    """vLLM with the adapter scores our greedy continuations (prompt_logprobs): at each of our
+    tokens, is it vLLM's top-1, and how many nats below vLLM's top-1 is it? Each position sees the
+    same prefix in both engines, so bf16 differences do not compound as in free-running greedy,
+    where the random checkpoint's near-ties make two engines part at the first few tokens. The base
+    model's tokens (greedy_base) are the control: an adapter vLLM applied differently would score
+    our adapted tokens no better than those."""
+    from vllm import SamplingParams
+
+    from harness.dataset import load_dataset
+
+    ours = {r["what"]: r["tokens"] for r in _rows(args.out) if r["engine"] == "gptoss" and "tokens" in r}
+    prompts = [p.tolist() for p in load_dataset(agree_dataset(args.out)).prompts]
+    sp = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1, detokenize=False)
+    for what in ("greedy", "greedy_base"):
+        if what not in ours:
+            continue
+        seqs = [{"prompt_token_ids": p + c} for p, c in zip(prompts, ours[what], strict=True)]
+        try:
+            outs = llm.generate(seqs, sp, lora_request=lora, use_tqdm=False)
+        except Exception as e:  # report it in the table rather than lose the c16 row
+            emit(
+                args.rows,
+                args.out,
+                {"engine": "vllm", "what": "teacher_forced", "of": what, "error": repr(e)},
+            )
+            continue
+        top1 = 0
+        all_gaps: list[float] = []
+        for p, c, o in zip(prompts, ours[what], outs, strict=True):
+            for i, tok in enumerate(c):
+                lps = o.prompt_logprobs[len(p) + i]  # {token id: Logprob} at our token's position
+                gap = max(v.logprob for v in lps.values()) - lps[tok].logprob
+                top1 += lps[tok].rank == 1
+                all_gaps.append(gap)
+        gaps = sorted(all_gaps)
+        r = {"engine": "vllm", "what": "teacher_forced", "of": what, "positions": len(gaps)}
+        r |= {"top1": round(top1 / max(1, len(gaps)), 4), "median_gap": round(gaps[len(gaps) // 2], 4)}
+        emit(args.rows, args.out, r | {"p90_gap": round(gaps[int(0.9 * (len(gaps) - 1))], 4)})
+
+
+def _rows(out: Path) -> list[dict]:
+    path = out / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def run_mlperf_vllm(args: argparse.Namespace) -> None:
@@ -243,6 +293,19 @@ def table(rows: list[dict]) -> None:
             rate = prefix_rate(g_ours["tokens"], g_vllm["tokens"])
             runs += f", greedy agreement with ours {rate:.1%} (target >= 90%)"
         print(f"run_mlperf --backend vllm --lora-modules: {runs}")
+    for what, label in (
+        ("greedy", "our +LoRA greedy tokens"),
+        ("greedy_base", "our base-model tokens (control)"),
+    ):
+        tf = [r for r in rows if r["what"] == "teacher_forced" and r.get("of") == what]
+        if tf and "error" in tf[-1]:
+            print(f"teacher-forced, {label}: vLLM failed: {tf[-1]['error'][:200]}")
+        elif tf:
+            t = tf[-1]
+            print(
+                f"teacher-forced, {label}: vLLM +LoRA's top-1 at {t['top1']:.1%} of {t['positions']} "
+                f"positions, gap to its top-1 median {t['median_gap']:.3f} / p90 {t['p90_gap']:.3f} nats"
+            )
 
 
 def main() -> None:
@@ -268,7 +331,6 @@ def main() -> None:
     if args.child:
         {"ours": run_ours, "vllm": run_vllm, "mlperf": run_mlperf_vllm}[args.child](args)
         return
-    results = args.out / "results.jsonl"
     if not args.table:
         if not (Path(args.adapter) / "adapter_config.json").exists():
             from gptoss.tools.make_lora import write_adapter
@@ -292,8 +354,7 @@ def main() -> None:
                     f"{part} exited {proc.returncode}; the end of {part}.log:\n"
                     + "\n".join(proc.stdout.splitlines()[-15:])
                 )
-    rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
-    table(rows)
+    table(_rows(args.out))
     if not args.table and failed:
         sys.exit(1)
 
