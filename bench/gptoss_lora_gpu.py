@@ -113,9 +113,10 @@ def run_ours(args: argparse.Namespace) -> None:
         if args.device == "cuda":
             torch.cuda.empty_cache()
     eng, init = engine(True, 16)
-    n, lin, lout = spec(args.c16)
-    wall, toks = timed(eng, rand_prompts(n, lin, seed=lin * 11 + n), lout, "lora")
-    emit(args.rows, args.out, record("gptoss", "c16", args.c16, init, wall, toks))
+    if args.c16:
+        n, lin, lout = spec(args.c16)
+        wall, toks = timed(eng, rand_prompts(n, lin, seed=lin * 11 + n), lout, "lora")
+        emit(args.rows, args.out, record("gptoss", "c16", args.c16, init, wall, toks))
     agree = [p.tolist() for p in load_dataset(agree_dataset(args.out)).prompts]
     sp = SamplingParams(max_new_tokens=AGREE[1], temperature=0, stop_token_ids=STOP_IDS)
     emit(
@@ -157,6 +158,9 @@ def run_vllm(args: argparse.Namespace) -> None:
     llm = LLM(**kwargs)
     init = time.perf_counter() - t
     lora = LoRARequest("lora", 1, str(Path(args.adapter).resolve()))
+    if not args.c16:
+        teacher_forced(args, llm, lora)
+        return
     n, lin, lout = spec(args.c16)
     prompts = [{"prompt_token_ids": p} for p in rand_prompts(n, lin, seed=lin * 11 + n)]
     sp = SamplingParams(max_tokens=lout, temperature=0, ignore_eos=True, detokenize=False)
@@ -187,17 +191,24 @@ def teacher_forced(args: argparse.Namespace, llm, lora) -> None:
     ours = {r["what"]: r["tokens"] for r in _rows(args.out) if r["engine"] == "gptoss" and "tokens" in r}
     prompts = [p.tolist() for p in load_dataset(agree_dataset(args.out)).prompts]
     sp = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1, detokenize=False)
-    for what in ("greedy", "greedy_base"):
+    # (our tokens, vLLM's adapter, label): the third is the calibration, base model against base model:
+    # how far apart the two engines' bf16 numerics put our tokens with no adapter involved.
+    runs = (
+        ("greedy", lora, "greedy"),
+        ("greedy_base", lora, "greedy_base"),
+        ("greedy_base", None, "base_base"),
+    )
+    for what, req, label in runs:
         if what not in ours:
             continue
         seqs = [{"prompt_token_ids": p + c} for p, c in zip(prompts, ours[what], strict=True)]
         try:
-            outs = llm.generate(seqs, sp, lora_request=lora, use_tqdm=False)
+            outs = llm.generate(seqs, sp, lora_request=req, use_tqdm=False)
         except Exception as e:  # report it in the table rather than lose the c16 row
             emit(
                 args.rows,
                 args.out,
-                {"engine": "vllm", "what": "teacher_forced", "of": what, "error": repr(e)},
+                {"engine": "vllm", "what": "teacher_forced", "of": label, "error": repr(e)},
             )
             continue
         top1 = 0
@@ -209,7 +220,7 @@ def teacher_forced(args: argparse.Namespace, llm, lora) -> None:
                 top1 += lps[tok].rank == 1
                 all_gaps.append(gap)
         gaps = sorted(all_gaps)
-        r = {"engine": "vllm", "what": "teacher_forced", "of": what, "positions": len(gaps)}
+        r = {"engine": "vllm", "what": "teacher_forced", "of": label, "positions": len(gaps)}
         r |= {"top1": round(top1 / max(1, len(gaps)), 4), "median_gap": round(gaps[len(gaps) // 2], 4)}
         emit(args.rows, args.out, r | {"p90_gap": round(gaps[int(0.9 * (len(gaps) - 1))], 4)})
 
@@ -294,8 +305,9 @@ def table(rows: list[dict]) -> None:
             runs += f", greedy agreement with ours {rate:.1%} (target >= 90%)"
         print(f"run_mlperf --backend vllm --lora-modules: {runs}")
     for what, label in (
-        ("greedy", "our +LoRA greedy tokens"),
-        ("greedy_base", "our base-model tokens (control)"),
+        ("greedy", "our +LoRA tokens, vLLM +LoRA"),
+        ("greedy_base", "our base tokens, vLLM +LoRA (control)"),
+        ("base_base", "our base tokens, vLLM base (calibration)"),
     ):
         tf = [r for r in rows if r["what"] == "teacher_forced" and r.get("of") == what]
         if tf and "error" in tf[-1]:
@@ -303,7 +315,7 @@ def table(rows: list[dict]) -> None:
         elif tf:
             t = tf[-1]
             print(
-                f"teacher-forced, {label}: vLLM +LoRA's top-1 at {t['top1']:.1%} of {t['positions']} "
+                f"teacher-forced, {label}: vLLM's top-1 at {t['top1']:.1%} of {t['positions']} "
                 f"positions, gap to its top-1 median {t['median_gap']:.3f} / p90 {t['p90_gap']:.3f} nats"
             )
 
@@ -317,7 +329,9 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--offline", default="1000x1024x1024", help="NxINxOUT ('': skip the Offline runs)")
     ap.add_argument(
-        "--c16", default="1000x215x199", help="NxINxOUT at concurrency 16 (the seed's ShareGPT means)"
+        "--c16",
+        default="1000x215x199",
+        help="NxINxOUT at concurrency 16 (the seed's ShareGPT means; '': skip)",
     )
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--vllm-moe-backend", default="auto")
