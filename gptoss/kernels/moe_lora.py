@@ -128,6 +128,19 @@ def _shrink_kernel(
     )
 
 
+def _routed_rows(token_div: int, packed: bool, k: int, e: int, w: int, rank: int) -> dict:
+    """The constexprs both shrinks take: where a routed row's x row is; the routing's and stack's sizes."""
+    return {
+        "TOKEN_DIV": token_div,
+        "PACKED": packed,
+        "TOP_K": k,
+        "E": e,
+        "BE": triton.next_power_of_2(e),
+        "W": w,
+        "R": rank,
+    }
+
+
 def shrink(
     x: Tensor, a: Tensor, r: Routing, index: Tensor, rank: int, token_div: int, packed: bool = False
 ) -> Tensor:
@@ -151,15 +164,9 @@ def shrink(
         kdim,
         x.stride(0),
         a.stride(0),
-        TOKEN_DIV=token_div,
-        PACKED=packed,
-        TOP_K=k,
-        E=e,
-        BE=triton.next_power_of_2(e),
         BM=bm,
         BK=64,
-        W=w,
-        R=rank,
+        **_routed_rows(token_div, packed, k, e, w, rank),
         PREC=_precision(x),
         num_warps=4,
     )
@@ -219,13 +226,7 @@ def shrink_dense(
         r.rows,
         t,
         full.stride(0),
-        TOKEN_DIV=token_div,
-        PACKED=packed,
-        TOP_K=k,
-        E=e,
-        BE=triton.next_power_of_2(e),
-        W=w,
-        R=rank,
+        **_routed_rows(token_div, packed, k, e, w, rank),
         num_warps=1,
     )
     return s
