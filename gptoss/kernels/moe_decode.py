@@ -9,6 +9,10 @@ moe_decode(x, router, ...) = moe_forward for small T, in 5 launches:
   _down_dec_kernel    y = act @ W2_e^T + b2_e per slot         grid (H / BN, slots)
   moe.combine         out[t] = sum over t's k rows of w * y
 
+With LoRA adapters (moe_lora.experts_dec_lora) both GEMMs add the expand B_e @ s^T in their
+epilogue (gate_up before the SwiGLU), s the routed rows' shrunk input, so a LoRA decode step streams
+the experts as the base model's does.
+
 Why these shapes. At T <= 16 every expert gets <= 16 rows and the step is bound by the weights:
 d * 13.2 MB for d distinct experts (20b). A slot is the s-th expert with rows (the active experts
 in id order), so the grids depend on T and the shapes only (slots = min(E, T*k); programs past the

@@ -193,3 +193,14 @@ def test_dense_shrink_equals_the_grouped_shrink_and_reads_packed_rows(dtype):
         assert not got.isnan().any()
         torch.testing.assert_close(got, want, **tol)
     assert want.abs().max() > 0 and want[4:8].abs().max() == 0  # token 1 runs the base model
+
+
+def test_decode_gate_up_refuses_a_shrink_without_the_routing():
+    """With logits the gate_up kernel routes itself, after a LoRA shrink would have needed the routing."""
+    _, w = make_moe(8, 64, 64, 4, torch.float32, seed=23, kernels="v2")
+    x = torch.zeros(2, 64, device=DEV)
+    r = route_and_group(torch.zeros(2, 8, device=DEV), 4)
+    lora = (torch.zeros(8, 2, 64, 16, device=DEV), torch.zeros(8, 16, device=DEV))
+    tiles = moe_decode.dec_tiles(True, 64)
+    with pytest.raises(ValueError, match="a LoRA shrink needs the routing first"):
+        moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, tiles, logits=torch.zeros(2, 8, device=DEV), lora=lora)
