@@ -198,18 +198,20 @@ def teacher_forced(args: argparse.Namespace, llm, lora) -> None:
         ("greedy_base", lora, "greedy_base"),
         ("greedy_base", None, "base_base"),
     )
+    failed: list[str] = []
     for what, req, label in runs:
         if what not in ours:
             continue
         seqs = [{"prompt_token_ids": p + c} for p, c in zip(prompts, ours[what], strict=True)]
         try:
             outs = llm.generate(seqs, sp, lora_request=req, use_tqdm=False)
-        except Exception as e:  # report it in the table rather than lose the c16 row
+        except Exception as e:  # the table shows it; the part still fails, after the other scorings
             emit(
                 args.rows,
                 args.out,
                 {"engine": "vllm", "what": "teacher_forced", "of": label, "error": repr(e)},
             )
+            failed.append(f"{label}: {e!r}")
             continue
         top1 = 0
         all_gaps: list[float] = []
@@ -223,6 +225,8 @@ def teacher_forced(args: argparse.Namespace, llm, lora) -> None:
         r = {"engine": "vllm", "what": "teacher_forced", "of": label, "positions": len(gaps)}
         r |= {"top1": round(top1 / max(1, len(gaps)), 4), "median_gap": round(gaps[len(gaps) // 2], 4)}
         emit(args.rows, args.out, r | {"p90_gap": round(gaps[int(0.9 * (len(gaps) - 1))], 4)})
+    if failed:
+        raise RuntimeError(f"teacher-forced scoring failed: {'; '.join(failed)}")
 
 
 def _rows(out: Path) -> list[dict]:

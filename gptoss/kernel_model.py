@@ -1,15 +1,14 @@
 """gpt-oss forward on our Triton kernels: the same weights as gptoss.model, laid out for speed.
 
-The reference model (gptoss.model.GptOss) stays the oracle; this module takes its tensors once at
-load time (q/k/v fused into one projection, experts prepared for the MoE kernel) and runs a step
-as a fixed sequence of launches with no host synchronisation, so a decode step can be captured
-in a CUDA graph. Per layer: add+RMSNorm, QKV GEMM, RoPE (+ KV write), paged attention with sinks,
-O GEMM, add+RMSNorm, router GEMM + MXFP4 MoE; at decode sizes the second add+RMSNorm and the router
-GEMV are one launch (norm_logits), the gate_up GEMM routes (ROUTER below) and the MoE's combine
-joins the next add+RMSNorm. With
-LoRA adapters (gptoss.lora_stack) the QKV and O GEMMs each add one shrink/expand pair (x @ A^T,
-masked to each token's adapter, then addmm of B; the three QKV adapters run as one, B
-block-diagonal) and the MoE runs gptoss.kernels.moe_lora.
+The reference model (gptoss.model.GptOss) stays the oracle; gptoss.kernel_layers takes its tensors
+once at load time (q/k/v fused into one projection, experts prepared for the MoE kernel) and this
+module runs a step as a fixed sequence of launches with no host synchronisation, so a decode step
+can be captured in a CUDA graph. Per layer: add+RMSNorm, QKV GEMM, RoPE (+ KV write), paged
+attention with sinks, O GEMM, add+RMSNorm, router GEMM + MXFP4 MoE; at decode sizes the second
+add+RMSNorm and the router GEMV are one launch (norm_logits), the gate_up GEMM routes (ROUTER below)
+and the MoE's combine joins the next add+RMSNorm. With LoRA adapters (gptoss.lora_stack) the QKV and
+O GEMMs each add one shrink/expand pair (x @ A^T, masked to each token's adapter, then addmm of B;
+the three QKV adapters run as one, B block-diagonal) and the MoE runs gptoss.kernels.moe_lora.
 
 KV writes: full layers and decode-only steps write the step's K/V in the RoPE kernel, before
 attention (attention reads the step's own keys from k/v, never from the cache). A prefill chunk
@@ -19,7 +18,6 @@ write after attention.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,12 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gptoss.kernel_layers import Layer, build_layers, large_layout
 from gptoss.kernels import batch_invariant as bi
-from gptoss.kernels import moe_decode, moe_layout
+from gptoss.kernels import moe_decode
 from gptoss.kernels.attention import paged_attention, reserve_tickets, write_kv
 from gptoss.kernels.linear import linear
-from gptoss.kernels.moe import MoEWeights, moe_forward, prepare_moe_weights
-from gptoss.kernels.moe_lora import MoELora, experts_dec_lora, moe_forward_lora, prepare_moe_lora
+from gptoss.kernels.moe import moe_forward
+from gptoss.kernels.moe_lora import experts_dec_lora, moe_forward_lora
 from gptoss.kernels.norm_route import norm_logits, norm_route
 from gptoss.kernels.qkv_rope import qkv_rope
 from gptoss.kernels.qkv_rope import suits as qkv_rope_suits
@@ -42,9 +41,7 @@ from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.model import GptOss
 
 if TYPE_CHECKING:
-    from gptoss.lora_stack import LayerLora, LoraStack
-
-log = logging.getLogger("gptoss.kernel_model")
+    from gptoss.lora_stack import LoraStack
 
 # Decode-sized steps (moe_decode.use_decode) fuse the MoE's combine into the next add+RMSNorm (1
 # launch for 2) and take the router in fewer launches; at batch 1 a step is ~275 launches of a few
@@ -85,76 +82,6 @@ class StepMeta:
         return self.num_decode == self.context_lens.shape[0]
 
 
-@dataclass(slots=True)
-class _Layer:
-    ln1: Tensor  # [H] float32
-    wqkv: Tensor  # [(Hq + 2 Hkv) D, H]
-    bqkv: Tensor  # [(Hq + 2 Hkv) D]
-    sinks: Tensor  # [Hq] float32
-    wo: Tensor  # [H, Hq D]
-    bo: Tensor  # [H]
-    ln2: Tensor  # [H] float32
-    router_w: Tensor  # [E, H]
-    router_b: Tensor  # [E]
-    moe: MoEWeights
-    window: int | None
-    pool: str  # "full" | "ring"
-    index: int  # layer index inside its pool's cache
-    lora_qkv: tuple[Tensor, Tensor] | None = None  # A [3W, H], B [(Hq + 2 Hkv) D, 3W] block-diagonal
-    lora_o: tuple[Tensor, Tensor] | None = None  # A [W, Hq D], B [H, W]
-    lora_moe: MoELora | None = None
-
-
-def _experts_and_device_bytes(ref: GptOss) -> tuple[int, int]:
-    """The packed experts' bytes over all layers, and the device's total memory (0 on CPU)."""
-    experts = [block.mlp.experts for block in ref.layers]
-    blocks = experts[0].gate_up_blocks
-    if not blocks.is_cuda:
-        return 0, 0
-    size = sum(
-        t.numel() * t.element_size()
-        for ex in experts
-        for t in (ex.gate_up_blocks, ex.gate_up_scales, ex.down_blocks, ex.down_scales)
-    )
-    return size, torch.cuda.get_device_properties(blocks.device).total_memory
-
-
-def large_copy_bytes(ref: GptOss) -> int:
-    """The device bytes KernelModel will add for the experts' large-batch copy (0 for none): the KV
-    cache, sized before the KernelModel is built, leaves them free."""
-    size, total = _experts_and_device_bytes(ref)
-    return size if total and moe_layout.large_copy(size, total) else 0
-
-
-def _large_layout(ref: GptOss) -> str | None:
-    """moe_layout.large_copy for this model on its device (None on CPU); logs which."""
-    size, total = _experts_and_device_bytes(ref)
-    if not total:
-        return None
-    large = moe_layout.large_copy(size, total)
-    what = f"a second ({large}) copy for large batches" if large else f"one copy ({moe_layout.KERNELS}) only"
-    log.info("MoE experts %.1f GB, device %.1f GB: %s", size / 1e9, total / 1e9, what)
-    return large
-
-
-def _attn_lora(ll: LayerLora, out_sizes: tuple[int, int, int]) -> tuple[Tensor, Tensor] | None:
-    """q/k/v adapters as one shrink (A stacked) and one expand (B block-diagonal); absent ones are 0."""
-    present = [ll.attn.get(p) for p in ("q_proj", "k_proj", "v_proj")]
-    if not any(present):
-        return None
-    ref = next(ab for ab in present if ab is not None)
-    w, h = ref[0].shape
-    a = ref[0].new_zeros(3 * w, h)
-    b = ref[0].new_zeros(sum(out_sizes), 3 * w)
-    row = 0
-    for j, (ab, n) in enumerate(zip(present, out_sizes, strict=True)):
-        if ab is not None:
-            a[j * w : (j + 1) * w] = ab[0]
-            b[row : row + n, j * w : (j + 1) * w] = ab[1]
-        row += n
-    return a, b
-
-
 class KernelModel:
     """forward(ids, positions, meta) -> hidden [T, H]; logits(hidden) -> [N, V] float32."""
 
@@ -188,47 +115,8 @@ class KernelModel:
         self.embed, self.norm, self.lm_head = ref.embed, ref.norm, ref.lm_head
         self.cos_sin = build_cos_sin(ref.rope, max_positions)  # [P, D] float32
         reserve_tickets(self.embed.device)  # before any CUDA-graph capture (GPTOSS_ATTN_REDUCE)
-        counts = {"full": 0, "ring": 0}
-        large = None if batch_invariant else _large_layout(ref)  # invariant mode runs v2 only
-        self.layers: list[_Layer] = []
-        for li, block in enumerate(ref.layers):
-            a, m = block.attn, block.mlp
-            ll = lora.layers[li] if lora is not None else None
-            pool = "full" if a.window is None else "ring"
-            ex = m.experts
-            self.layers.append(
-                _Layer(
-                    ln1=block.input_norm,
-                    wqkv=torch.cat([a.q_proj_weight, a.k_proj_weight, a.v_proj_weight]).contiguous(),
-                    bqkv=torch.cat([a.q_proj_bias, a.k_proj_bias, a.v_proj_bias]).contiguous(),
-                    sinks=a.sinks.float().contiguous(),
-                    wo=a.o_proj_weight,
-                    bo=a.o_proj_bias,
-                    ln2=block.post_attention_norm,
-                    router_w=m.router_weight,
-                    router_b=m.router_bias,
-                    moe=prepare_moe_weights(
-                        ex.gate_up_blocks,
-                        ex.gate_up_scales,
-                        ex.gate_up_bias,
-                        ex.down_blocks,
-                        ex.down_scales,
-                        ex.down_bias,
-                        large=large,
-                    ),
-                    window=a.window,
-                    pool=pool,
-                    index=counts[pool],
-                    lora_qkv=None if ll is None else _attn_lora(ll, (cfg.q_size, cfg.kv_size, cfg.kv_size)),
-                    lora_o=None if ll is None else ll.attn.get("o_proj"),
-                    lora_moe=None if ll is None else prepare_moe_lora(ll.experts, lora.rank),
-                )
-            )
-            counts[pool] += 1
-            # The reference layout of the experts is not needed any more: free it layer by layer,
-            # so a repacked copy never doubles the experts' memory (120b: 60 GB).
-            for name in ("gate_up_blocks", "gate_up_scales", "down_blocks", "down_scales"):
-                setattr(ex, name, None)
+        large = None if batch_invariant else large_layout(ref)  # invariant mode runs v2 only
+        self.layers = build_layers(ref, lora, large)
 
     def forward(
         self, input_ids: Tensor, positions: Tensor, meta: StepMeta, lora_index: Tensor | None = None
@@ -295,7 +183,7 @@ class KernelModel:
         return out
 
     def _decode_moe(
-        self, x: Tensor, residual: Tensor, lay: _Layer, lora_index: Tensor | None
+        self, x: Tensor, residual: Tensor, lay: Layer, lora_index: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Decode sizes: add + RMSNorm, the router (ROUTER) and the expert GEMMs -> (the experts' rows
         y [T*k, H], the new residual, the routing weights [T, k] the next add+RMSNorm combines with).
@@ -322,7 +210,7 @@ class KernelModel:
         y = moe_decode.experts_dec(h, r, lay.moe, self.alpha, self.limit, combined=False)
         return y, residual, r.weights
 
-    def _qkv_fused(self, h: Tensor, lay: _Layer, write_first: bool) -> bool:
+    def _qkv_fused(self, h: Tensor, lay: Layer, write_first: bool) -> bool:
         """Whether this layer's QKV + RoPE + KV write take qkv_rope (GPTOSS_QKV=fused, decode sizes)."""
         return (
             QKV_FUSED
@@ -341,7 +229,7 @@ class KernelModel:
         vc: Tensor,
         table: Tensor,
         meta: StepMeta,
-        lay: _Layer,
+        lay: Layer,
     ) -> Tensor:
         """Decodes and prefill chunks in separate launches when a step mixes them: the decode launch
         splits long contexts over programs, the chunk launch tiles queries."""

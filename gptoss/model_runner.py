@@ -154,7 +154,7 @@ class ModelRunner:
             free, _ = torch.cuda.mem_get_info(self.device)
             large = 0  # the kernels' second copy of the experts (none in batch-invariant mode: v2 only)
             if self.kernels == "triton" and not self.batch_invariant:
-                from gptoss.kernel_model import large_copy_bytes
+                from gptoss.kernel_layers import large_copy_bytes
 
                 large = large_copy_bytes(self.model)
             work = step_workspace_bytes(

@@ -128,7 +128,7 @@ def test_kernel_model_builds_the_v3_copy_when_experts_take_under_a_quarter(
     """20b-like: 24 layers x 0.5 GB of experts = 12 GB; 80 GB device -> two copies, 40 GB -> one."""
     from types import SimpleNamespace
 
-    from gptoss import kernel_model
+    from gptoss import kernel_layers
 
     class FakeTensor:  # 0.125 GB, on "CUDA"
         is_cuda, device = True, "cuda:0"
@@ -144,12 +144,12 @@ def test_kernel_model_builds_the_v3_copy_when_experts_take_under_a_quarter(
     ref = SimpleNamespace(layers=[SimpleNamespace(mlp=SimpleNamespace(experts=ex))] * 24)
     props = SimpleNamespace(total_memory=device_gb * 10**9)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
-    with caplog.at_level("INFO", logger="gptoss.kernel_model"):
-        assert kernel_model._large_layout(ref) == want
+    with caplog.at_level("INFO", logger="gptoss.kernel_layers"):
+        assert kernel_layers.large_layout(ref) == want
     msg = "a second (v3) copy for large batches" if want else "one copy (v2) only"
     assert caplog.messages == [f"MoE experts 12.0 GB, device {device_gb:.1f} GB: {msg}"]
     # what the KV cache leaves free for that copy (it is sized before the copy is built)
-    assert kernel_model.large_copy_bytes(ref) == (12 * 10**9 if want else 0)
+    assert kernel_layers.large_copy_bytes(ref) == (12 * 10**9 if want else 0)
 
 
 @pytest.mark.parametrize(
