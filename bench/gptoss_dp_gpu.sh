@@ -10,12 +10,18 @@
 # Results accumulate in $RES/results.jsonl and the table shows every run there, so the two can go in two device calls when one is too short
 # (each Offline run of 2000 x 1278 tokens takes minutes). The checkpoint (CKPT, default
 # /tmp/ck120) is written once, on the GPU, and kept for the next call on the same machine.
+# Detached over several calls (the machine stays warm between them): VLLM_READY=FILE makes the vLLM
+# runs wait (up to 15 min) for that file, which the call that installs vLLM writes; RUN_LIMIT (s,
+# default 900) ends a run that hangs, and the leftover check then shows what it left.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 N=${1:-2000} IN=${2:-1024} OUTLEN=${3:-1278} RUNS=${4:-"dp1 dp2"}
 RES=${OUT:-$PWD/gptoss_dp_gpu_out}; mkdir -p "$RES"
 CKPT=${CKPT:-/tmp/ck120}; DATA=/tmp/dp_${N}x${IN}x${OUTLEN}.parquet; PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+# NVLink multicast stays off on these shared hosts (KINDS.md), also in the processes vLLM starts
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+RUN_LIMIT=${RUN_LIMIT:-900}
 # vLLM runs: the payload carries no flashinfer (its sampler would import it), and nothing phones home
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 t0=$(date +%s)
@@ -42,9 +48,13 @@ for run in $RUNS; do
     vllm-tp2ep) devices=(--backend vllm --tensor-parallel-size 2 --enable-expert-parallel) ;;
     *) echo "unknown run $run (dp1, dp2, vllm-tp2, vllm-dp2, vllm-tp2ep)"; exit 2 ;;
   esac
+  if [[ $run == vllm-* && -n ${VLLM_READY:-} ]]; then
+    until [ -f "$VLLM_READY" ] || [ $(( $(date +%s) - t0 )) -ge 900 ]; do sleep 5; done
+    [ -f "$VLLM_READY" ] || { say "$run: vLLM never installed ($VLLM_READY)"; failed=1; continue; }
+  fi
   say "$run: ${devices[*]}"
   start=$(date +%s.%N)
-  "$PY" run_mlperf.py "${devices[@]}" --model-path "$CKPT" --scenario offline \
+  timeout --kill-after=30 "$RUN_LIMIT" "$PY" run_mlperf.py "${devices[@]}" --model-path "$CKPT" --scenario offline \
     --input-file "$DATA" --min-duration 0 --min-query-count "$N" --generation-config /tmp/greedy.json \
     --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-model-len 4096 \
     --output-dir "$RES/$run" > "$RES/$run.log" 2>&1
@@ -52,7 +62,9 @@ for run in $RUNS; do
   end=$(date +%s.%N)
   grep -E "^gptoss: replica|Result is|error" "$RES/$run.log" | head -8
   # Shutdown leaves nothing behind: no replica process, no GPU memory held.
-  left=$(pgrep -fc "multiprocessing.spawn" || true)
+  sleep 3  # a process still there 3 s after the harness exited is a leftover
+  # replicas and vLLM's workers are spawned; vLLM renames its own (VLLM::EngineCore, VLLM::Worker_TP0)
+  left=$(pgrep -fc "multiprocessing.spawn|VLLM::" || true)
   held=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)
   "$PY" - "$RES" "$run" "$rc" "$start" "$end" "$N" "$IN" "$OUTLEN" "$left" "$held" <<'PY'
 import json, os, sys
@@ -60,8 +72,11 @@ res, run, rc, start, end, n, lin, out, left, held = sys.argv[1:]
 path = f"{res}/{run}/offline/performance/run.json"
 r = json.load(open(path)) if os.path.exists(path) else {}
 result = r.get("result") or {}
-row = {"run": run, "exit": int(rc), "wall_s": round(float(end) - float(start), 1),
-       "devices": (r.get("backend") or {}).get("device"), "validity": result.get("validity", "error"),
+backend = r.get("backend") or {}
+devices = backend.get("device")
+if (v := backend.get("resolved")) is not None:  # vLLM: what it made of the parallel flags
+    devices = f"tp{v['tensor_parallel_size']} dp{v['data_parallel_size']}" + (" ep" if v["enable_expert_parallel"] else "")
+row = {"run": run, "exit": int(rc), "wall_s": round(float(end) - float(start), 1), "devices": devices, "validity": result.get("validity", "error"),
        "tok_s": result.get("tokens_per_s") or 0.0, "samples_s": result.get("samples_per_s"),
        "failed": (r.get("failures") or {}).get("count"), "workload": f"{n} x ({lin} -> {out})",
        "procs_left": int(left), "gpu_procs_left": int(held)}
@@ -78,14 +93,20 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     rows[r["run"]] = r  # the latest of each
 base = rows.get("dp1", {}).get("tok_s")
-print(f"\n{'run':5} {'devices':16} {'workload':22} {'validity':9} {'out tok/s':>11} {'vs dp1':>7} "
-      f"{'wall s':>7} {'failed':>6} {'left':>5}")
-for name in ("dp1", "dp2"):
+vllm = [r for name, r in rows.items() if name.startswith("vllm-") and r["validity"] == "VALID"]
+best = max(vllm, key=lambda r: r["tok_s"], default=None)
+print(f"\n{'run':10} {'devices':16} {'workload':22} {'validity':9} {'out tok/s':>11} {'vs dp1':>7} "
+      f"{'vs best vLLM':>12} {'wall s':>7} {'exit':>4} {'failed':>6} {'left':>5}")
+for name in ("dp1", "dp2", "vllm-tp2", "vllm-dp2", "vllm-tp2ep"):
     if (r := rows.get(name)) is None:
         continue
     ratio = f"{r['tok_s'] / base:.2f}x" if base and r["tok_s"] else "-"
-    print(f"{name:5} {str(r['devices']):16} {r['workload']:22} {r['validity']:9} {r['tok_s']:11,.0f} "
-          f"{ratio:>7} {r['wall_s']:7.1f} {str(r['failed']):>6} {r['procs_left'] + r['gpu_procs_left']:5}")
+    vs = f"{r['tok_s'] / best['tok_s']:.2f}x" if best and r["tok_s"] else "-"
+    print(f"{name:10} {str(r['devices']):16} {r['workload']:22} {r['validity']:9} {r['tok_s']:11,.0f} "
+          f"{ratio:>7} {vs:>12} {r['wall_s']:7.1f} {r['exit']:4} {str(r['failed']):>6} "
+          f"{r['procs_left'] + r['gpu_procs_left']:5}")
+if best:
+    print(f"best vLLM: {best['run']}")
 PY
 say "done"
 exit $failed
