@@ -31,6 +31,7 @@ from gptoss.kernels import batch_invariant as bi
 from gptoss.kernels import moe_decode
 from gptoss.kernels.attention import paged_attention, reserve_tickets, write_kv
 from gptoss.kernels.linear import linear
+from gptoss.kernels.lora_attn import lora_add
 from gptoss.kernels.moe import moe_forward
 from gptoss.kernels.moe_lora import experts_dec_lora, moe_forward_lora
 from gptoss.kernels.norm_route import norm_logits, norm_route
@@ -124,10 +125,7 @@ class KernelModel:
         """input_ids, positions [T] int64 -> hidden [T, H] after the final norm. With adapters loaded,
         lora_index [T] int64 gives each token's (0: none)."""
         x = F.embedding(input_ids, self.embed)  # [T, H]
-        mask = mask3 = None
-        if self.lora is not None:
-            mask = self.lora.mask(lora_index)  # [T, W]
-            mask3 = mask.repeat(1, 3)  # [T, 3W] for the q/k/v shrink
+        mask = None if self.lora is None else self.lora.mask(lora_index)  # [T, W]
         residual: Tensor | None = None
         pending: Tensor | None = None  # [T, k] expert weights while x holds the MoE's uncombined rows
         t = x.shape[0]
@@ -146,7 +144,7 @@ class KernelModel:
             else:
                 qkv = self.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
                 if lay.lora_qkv is not None:
-                    qkv.addmm_(F.linear(h, lay.lora_qkv[0]) * mask3, lay.lora_qkv[1].t())
+                    lora_add(qkv, h, *lay.lora_qkv, mask, fused=not self.batch_invariant)
                 if write_first:
                     q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots)
                 else:
@@ -156,7 +154,7 @@ class KernelModel:
                 write_kv(k, v, kc, vc, slots)
             x = self.linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
             if lay.lora_o is not None:
-                x.addmm_(F.linear(o.view(t, -1), lay.lora_o[0]) * mask, lay.lora_o[1].t())
+                lora_add(x, o.view(t, -1), *lay.lora_o, mask, fused=not self.batch_invariant)
             pending = None
             if self.batch_invariant:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)

@@ -22,3 +22,16 @@ def round_to(x, dtype: tl.constexpr):
         return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return x.to(dtype)
+
+
+@triton.jit
+def rounded(x, dtype: tl.constexpr):
+    """x float32 rounded to dtype's precision (nearest even), kept in float32: for a value used again
+    in the kernel. (The interpreter mis-reads arithmetic on round_to's bitcast bf16; a float32 that
+    holds a bf16 value converts to bf16 exactly, by truncation or not.)"""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))  # noqa: PLR0124 (NaN test)
+    else:
+        return x.to(dtype).to(tl.float32)
