@@ -22,13 +22,13 @@ pytestmark = INTERPRETER_WARNINGS
 
 def _case(t: int, k: int, n: int, w: int, reps: int, dtype: torch.dtype, seed: int = 0):
     """out, x, A [reps*w, k], B [n, reps*w], and a mask [t, w] mixing two adapters of rank w/2 and the
-    base model (rows t % 3 == 0: no adapter)."""
+    base model (rows i % 3 == 2: no adapter; row 0 has adapter 1)."""
     g = torch.Generator().manual_seed(seed)
     out = torch.randn(t, n, generator=g).to(dtype).to(DEV)
     x = torch.randn(t, k, generator=g).to(dtype).to(DEV)
     a = (torch.randn(reps * w, k, generator=g) / k**0.5).to(dtype).to(DEV)
     b = (torch.randn(n, reps * w, generator=g) * 0.5).to(dtype).to(DEV)
-    which = torch.arange(t) % 3  # 0: base, 1: adapter 1, 2: adapter 2
+    which = (torch.arange(t) + 1) % 3  # 0: base, 1: adapter 1, 2: adapter 2
     cols = torch.arange(w) // (w // 2) + 1
     mask = (cols[None, :] == which[:, None]).to(dtype).to(DEV)
     return out, x, a, b, mask
@@ -53,11 +53,10 @@ def test_lora_add_matches_the_reference(t: int, reps: int, dtype: torch.dtype) -
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     else:
         assert_within_ulp(out, want, max_ulp=1, min_exact=0.97)
-    base = torch.arange(t, device=out.device) % 3 == 0
+    base = torch.arange(t, device=out.device) % 3 == 2
     # Tokens of the base model keep their projection bit for bit; adapted ones change.
     assert torch.equal(out[base], before[base])
-    if t > 1:
-        assert not torch.equal(out[~base], before[~base])
+    assert not torch.equal(out[~base], before[~base])
 
 
 def test_a_mixed_batch_gives_each_row_what_it_gets_alone() -> None:
@@ -90,7 +89,11 @@ def test_a_width_that_is_not_a_multiple_of_the_mask_is_refused() -> None:
 @pytest.mark.parametrize(("k", "n", "reps"), [(2880, 5120, 3), (4096, 2880, 1)])
 @pytest.mark.parametrize("t", [1, 16])
 def test_lora_add_at_the_20b_shapes(t: int, k: int, n: int, reps: int) -> None:
+    """At K 2880 the float32 shrink and float64's round a few u to neighbouring bf16 values (seen on an
+    H100: 1 u of 768 at T 16, 1.8 % of out then 1-2 ulp off, up to 2^-5 where the sum nears 0), so:
+    >= 97 % bit-equal and within one bf16 step of u times B (2^-4)."""
     out, x, a, b, mask = _case(t, k, n, 16, reps, torch.bfloat16, seed=2)
     want = _reference(out, x, a, b, mask)
     lora_add(out, x, a, b, mask)
-    assert_within_ulp(out, want, max_ulp=1, min_exact=0.97)
+    assert (out == want).float().mean().item() >= 0.97
+    torch.testing.assert_close(out.float(), want.float(), rtol=2**-7, atol=2**-4)
