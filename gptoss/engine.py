@@ -58,8 +58,9 @@ class LLMEngine:
         self.runner = ModelRunner(config)
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.vocab_size
+        r = self.runner
         bm = BlockManager(
-            self.runner.num_full_blocks, config.block_size, self.runner.window, self.runner.num_ring_blocks
+            r.num_full_blocks, config.block_size, r.window, r.num_ring_blocks, shared=r.kv_shared
         )
         watermark = max(1, self.runner.num_full_blocks // 100)
         self.scheduler = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, watermark)
@@ -77,6 +78,8 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             "kv_cache_tokens": r.kv_cache_tokens,
             "kv_ring_blocks": r.num_ring_blocks,
+            "kv_pool": "shared" if r.kv_shared else "split",  # shared: full and ring blocks are one pool
+            "kv_blocks": r.num_full_blocks,
             "block_size": c.block_size,
             "max_num_seqs": c.max_num_seqs,
             "max_num_batched_tokens": c.max_num_batched_tokens,

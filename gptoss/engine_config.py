@@ -41,7 +41,12 @@ class EngineConfig:
         metadata=_flag("prompt + output limit", default_help="the checkpoint's, capped by the KV cache"),
     )
     kv_cache_tokens: int | None = field(
-        default=None, metadata=_flag("KV cache size in tokens", default_help="sized from free memory")
+        default=None,
+        metadata=_flag(
+            "KV cache size in tokens (gpt-oss: one pool for full and sliding layers; a sequence takes its "
+            "length plus up to one window)",
+            default_help="sized from free memory",
+        ),
     )
     block_size: int = 16
     data_parallel_size: int = field(

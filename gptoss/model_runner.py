@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from gptoss.block_manager import cdiv
+from gptoss.block_manager import cdiv, longest_seq_blocks
 from gptoss.checkpoint import load_config
 from gptoss.model import GptOss
 from gptoss.moe_dense import DenseMoE, dense_nbytes
@@ -49,6 +50,38 @@ def cuda_kv_budget(free: int, large_copy: int, workspace: int) -> int:
     """Bytes for the KV cache out of `free` device memory, the weights already loaded."""
     left = free - large_copy
     return max(0, min(int(left * CUDA_KV_MAX_SHARE), left - workspace - CUDA_RESERVE_BYTES))
+
+
+@dataclass(frozen=True, slots=True)
+class KvGeometry:
+    n_full: int  # full-attention layers
+    n_ring: int  # sliding-window layers
+    per_slot: int  # bytes of one layer's K and V for one token
+    block_size: int
+    ring_len: int  # blocks of a sequence's ring
+
+    @property
+    def shared(self) -> bool:
+        """One pool for both kinds (block_manager.py): when they are as many, as in gpt-oss."""
+        return self.n_full == self.n_ring > 0
+
+
+def kv_blocks(g: KvGeometry, budget: int, tokens: int | None, max_num_seqs: int, max_model_len: int) -> int:
+    """Blocks of the full pool (shared: of the one pool) for `budget` bytes, or for --kv-cache-tokens.
+
+    Shared: --kv-cache-tokens N is the pool's N token slots, which a sequence fills with its length
+    plus up to one window; unset, enough for every sequence at full length with its ring, or what
+    memory allows. Split: the full layers pay per token after a ring for every sequence."""
+    bs = g.block_size
+    if g.shared:
+        if tokens is not None:
+            return tokens // bs
+        per_seq = cdiv(max_model_len, bs) + g.ring_len
+        return min(max_num_seqs * per_seq, budget // (g.n_full * bs * g.per_slot))
+    if tokens is None:
+        rings = g.n_ring * max_num_seqs * g.ring_len * bs * g.per_slot
+        tokens = min(max_num_seqs * max_model_len, (budget - rings) // max(1, g.n_full * g.per_slot))
+    return tokens // bs
 
 
 class ModelRunner:
@@ -93,28 +126,29 @@ class ModelRunner:
         ring_len = cdiv(self.window, self.block_size) if self.window else 0
         bs = self.block_size
 
+        geometry = KvGeometry(n_full, n_ring, per_slot, bs, ring_len)
+        self.kv_shared = geometry.shared
         tokens = config.kv_cache_tokens
-        if tokens is None:
-            # Enough for every sequence at full length, or what memory allows: full layers pay per
-            # token, sliding layers a ring per sequence.
-            ring_bytes = n_ring * config.max_num_seqs * ring_len * bs * per_slot
-            budget = self._kv_budget(config) - ring_bytes
-            tokens = min(config.max_num_seqs * max_model_len, budget // max(1, n_full * per_slot))
-        self.num_full_blocks = tokens // bs
-        if self.num_full_blocks < 1:
-            raise ValueError(f"KV cache of {tokens} tokens holds no block of {bs}")
-        # A sequence never holds more ring blocks than full blocks, nor more than ring_len.
-        self.num_ring_blocks = min(self.num_full_blocks, config.max_num_seqs * ring_len)
-        capacity = self.num_full_blocks * bs
+        budget = self._kv_budget(config) if tokens is None else 0
+        blocks = kv_blocks(geometry, budget, tokens, config.max_num_seqs, max_model_len)
+        if blocks < 1:
+            raise ValueError(f"KV cache of {tokens or blocks * bs} tokens holds no block of {bs}")
+        self.num_full_blocks = blocks
+        # Split: a sequence never holds more ring blocks than full blocks, nor more than ring_len.
+        self.num_ring_blocks = blocks if self.kv_shared else min(blocks, config.max_num_seqs * ring_len)
+        capacity = longest_seq_blocks(blocks, ring_len, self.kv_shared) * bs
         if capacity < max_model_len:
             if config.max_model_len is not None:
+                shared = (
+                    f" ({blocks * bs} slots, with a sequence's last {self.window} for the sliding layers)"
+                )
                 raise ValueError(
-                    f"the KV cache holds {capacity} tokens, fewer than max_model_len "
-                    f"{config.max_model_len}: raise --kv-cache-tokens or lower --max-model-len"
+                    f"the KV cache holds {capacity} tokens{shared if self.kv_shared else ''}, fewer than "
+                    f"max_model_len {config.max_model_len}: raise --kv-cache-tokens or lower --max-model-len"
                 )
             max_model_len = capacity  # nothing longer could ever run
         self.max_model_len = max_model_len
-        self.kv_cache_tokens = capacity
+        self.kv_cache_tokens = blocks * bs  # the pool's slots (shared: full and ring blocks alike)
         # CPU: the lm_head is the largest matmul of a small model's step. Without AMX a bf16 GEMM
         # is no faster than float32 and its output must then be converted, so it runs in float32
         # (exact: bf16 widens losslessly) on a weight prepacked for oneDNN, ~20% faster than
@@ -131,6 +165,7 @@ class ModelRunner:
             mc.head_dim,
             self.dtype,
             self.device,
+            shared=self.kv_shared,
         )
         self.kernel_runner = None
         if self.kernels == "triton":

@@ -216,7 +216,11 @@ class PagedAttention:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        *,
+        shared: bool = False,
     ) -> None:
+        """shared: full and sliding layers draw on one pool of num_full_blocks (block_manager.py);
+        cache tensor j then holds full layer j and sliding layer j, which need as many of each."""
         windows = {w for w in layer_windows if w is not None}
         if len(windows) > 1:
             raise ValueError(f"one sliding window size is supported, got {sorted(windows)}")
@@ -235,10 +239,16 @@ class PagedAttention:
             rows = blocks * block_size * num_kv_heads
             return torch.zeros(layers, 2, rows, head_dim, dtype=dtype, device=device)
 
-        self.cache = {
-            "full": alloc(counts["full"], num_full_blocks),
-            "ring": alloc(counts["ring"], num_ring_blocks),
-        }
+        if shared:
+            if counts["full"] != counts["ring"]:
+                raise ValueError(f"a shared KV pool needs as many full as sliding layers, got {counts}")
+            both = alloc(counts["full"], num_full_blocks)
+            self.cache = {"full": both, "ring": both}  # one storage; block ids keep the kinds apart
+        else:
+            self.cache = {
+                "full": alloc(counts["full"], num_full_blocks),
+                "ring": alloc(counts["ring"], num_ring_blocks),
+            }
         self.ctx: StepContext | None = None
 
     def __call__(

@@ -21,7 +21,7 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 
-from gptoss.block_manager import BlockManager, cdiv
+from gptoss.block_manager import BlockManager
 from gptoss.sequence import Sequence, Status
 
 RESERVE_KNOWN = os.environ.get("GPTOSS_RESERVE_KNOWN", "1") != "0"
@@ -127,18 +127,19 @@ class Scheduler:
         return True
 
     def _final_blocks(self, seq: Sequence) -> int:
-        """Full blocks a known-length sequence will hold at its end (0: its length is unknown)."""
-        return cdiv(seq.max_tokens, self.bm.block_size) if RESERVE_KNOWN and seq.params.ignore_eos else 0
+        """Blocks (full pool, or shared pool) a known-length sequence will hold at its end (0: its
+        length is unknown)."""
+        return self.bm.blocks_at(seq.max_tokens) if RESERVE_KNOWN and seq.params.ignore_eos else 0
 
     def _growth(self) -> int:
-        """Full blocks the running known-length sequences will still take."""
-        return sum(max(0, self._final_blocks(s) - len(s.full_blocks)) for s in self.running)
+        """Blocks the running known-length sequences will still take."""
+        return sum(max(0, self._final_blocks(s) - self.bm.held(s)) for s in self.running)
 
     def _fits(self, seq: Sequence, n: int, growth: int) -> bool:
         """Whether admitting `seq` with an n-token first chunk keeps `growth` blocks and the
         watermark free (a known-length `seq`: its whole final length, so it never preempts)."""
         reserve = (self.watermark_blocks if self.running else 0) + growth
-        extra = max(0, self._final_blocks(seq) - cdiv(n, self.bm.block_size))
+        extra = max(0, self._final_blocks(seq) - self.bm.blocks_at(n))
         return self.bm.can_allocate(seq, n, reserve + extra)
 
     def can_admit_next(self) -> bool:
@@ -163,7 +164,7 @@ class Scheduler:
                         f"hold {need} positions of {seq!r}"
                     )
                 break
-            growth += max(0, self._final_blocks(seq) - cdiv(n, self.bm.block_size))
+            growth += max(0, self._final_blocks(seq) - self.bm.blocks_at(n))
             self.waiting.popleft()
             self.bm.allocate(seq, n)
             seq.status = Status.RUNNING
@@ -185,7 +186,7 @@ class Scheduler:
         """Allocate blocks for k decode positions per sequence of a pure decode batch (multi-step),
         if the cache has them without preempting anyone; False leaves everything as it was."""
         need = [self.bm.blocks_needed(s, s.num_computed + k) for s in batch.seqs]
-        if sum(f for f, _ in need) > self.bm.full.num_free or sum(r for _, r in need) > self.bm.ring.num_free:
+        if not self.bm.can_take(sum(f for f, _ in need), sum(r for _, r in need)):
             return False
         for s in batch.seqs:
             self.bm.allocate(s, s.num_computed + k)

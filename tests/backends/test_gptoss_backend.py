@@ -74,7 +74,11 @@ def test_bad_engine_options_fail_at_start(tiny_checkpoint):
         async with backend.create(run_config(tiny_checkpoint, kv_cache_tokens=256, max_model_len=1024)):
             pass
 
-    with pytest.raises(BackendError, match="KV cache holds 256 tokens, fewer than max_model_len 1024"):
+    with pytest.raises(
+        BackendError,
+        match=r"KV cache holds 128 tokens \(256 slots, with a sequence's last 128 for the sliding layers\), "
+        r"fewer than max_model_len 1024",
+    ):
         asyncio.run(main())
 
 

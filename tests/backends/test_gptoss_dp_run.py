@@ -172,7 +172,8 @@ def test_a_replica_that_cannot_start_is_one_error_line_and_exit_2(tiny_checkpoin
     assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in text, text[-3000:]
     assert re.fullmatch(
         rf"error: gptoss engine could not start on {re.escape(str(tiny_checkpoint))}: replica [01] on cpu "
-        r"\(pid \d+\) failed to start: ValueError: the KV cache holds 256 tokens, fewer than max_model_len "
+        r"\(pid \d+\) failed to start: ValueError: the KV cache holds 128 tokens"
+        r" \(256 slots, with a sequence's last 128 for the sliding layers\), fewer than max_model_len "
         r"1024: raise --kv-cache-tokens or lower --max-model-len( \(1 other replica\(s\) failed too\))?",
         errors[0],
     ), errors[0]

@@ -68,7 +68,8 @@ def test_two_replicas_stream_the_tokens_of_one_engine(tiny_checkpoint):
 
     async def main():
         async with open_engine(config(tiny_checkpoint)) as engine:
-            assert (engine.num_replicas, engine.max_model_len, engine.vocab_size) == (2, 2048, 201088)
+            # 2048 slots shared with the sliding layers' 128-token rings: the longest sequence is 1920
+            assert (engine.num_replicas, engine.max_model_len, engine.vocab_size) == (2, 1920, 201088)
             deltas = await first_six(engine)
             assigned = [r.assigned for r in engine._replicas]
 
@@ -84,8 +85,8 @@ def test_two_replicas_stream_the_tokens_of_one_engine(tiny_checkpoint):
             while any(r.requests for r in engine._replicas):  # the early leaver's abort comes back
                 await asyncio.sleep(0.02)
             loads = [(r.requests, r.tokens) for r in engine._replicas]
-            with pytest.raises(ValueError, match="prompt has 2048 tokens but max_model_len is 2048"):
-                engine.generate([1] * 2048, LONG)
+            with pytest.raises(ValueError, match="prompt has 1920 tokens but max_model_len is 1920"):
+                engine.generate([1] * 1920, LONG)
             return deltas, assigned, first, rest, loads, engine.info(), engine.pids
 
     want_short = LLMEngine(config(tiny_checkpoint, devices=("cpu",))).generate([[5, 6]], params[1])[0]
@@ -138,7 +139,8 @@ def test_a_replica_that_cannot_start_is_one_error_and_leaves_no_process(tiny_che
     with pytest.raises(ReplicaStartError) as err:
         run(main())
     assert err.match(
-        r"^replica [01] on cpu \(pid \d+\) failed to start: ValueError: the KV cache holds 256 tokens, "
+        r"^replica [01] on cpu \(pid \d+\) failed to start: ValueError: the KV cache holds 128 tokens"
+        r" \(256 slots, with a sequence's last 128 for the sliding layers\), "
         r"fewer than max_model_len 1024: raise --kv-cache-tokens or lower --max-model-len"
         r"( \(1 other replica\(s\) failed too\))?$"
     )

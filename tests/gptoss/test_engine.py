@@ -149,7 +149,13 @@ def test_max_new_tokens_and_max_model_len_end_with_length(tiny_checkpoint):
 
 
 def test_kv_cache_smaller_than_max_model_len_is_refused(tiny_checkpoint):
-    with pytest.raises(ValueError, match="KV cache holds 512 tokens, fewer than max_model_len 1024"):
+    # 512 slots shared by full and sliding layers: one sequence of n tokens also keeps its last 128
+    # (8 blocks of 16) for the sliding layers, so the longest is 512 - 128 = 384.
+    with pytest.raises(
+        ValueError,
+        match=r"KV cache holds 384 tokens \(512 slots, with a sequence's last 128 for the sliding layers\), "
+        r"fewer than max_model_len 1024",
+    ):
         make_engine(tiny_checkpoint, kv_cache_tokens=512, max_model_len=1024)
     # Without an explicit max_model_len the cache size caps it.
-    assert make_engine(tiny_checkpoint, kv_cache_tokens=512).max_model_len == 512
+    assert make_engine(tiny_checkpoint, kv_cache_tokens=512).max_model_len == 384

@@ -27,7 +27,8 @@ class KVShadow:
     """
 
     def __init__(self, bm, window):
-        self.pool = {"full": {}, "ring": {}}
+        # A shared pool is one storage for both kinds: a row either kind wrote may be reused by the other.
+        self.pool = dict.fromkeys(("full", "ring"), {}) if bm.shared else {"full": {}, "ring": {}}
         self.bs = bm.block_size
         self.window = window
 
@@ -74,12 +75,14 @@ class KVShadow:
                     self.expect(seqs[b], kind, ix, b, starts[b] + 1)
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("shadow_kv", [False, True])
-def test_random_load_keeps_invariants_and_leaks_nothing(shadow_kv):
-    rng = random.Random(1234 if shadow_kv else 4321)
+def test_random_load_keeps_invariants_and_leaks_nothing(shadow_kv, shared):
+    rng = random.Random((1234 if shadow_kv else 4321) + shared)
     bs, window, max_model_len = 16, 128, 700
     num_requests = 200 if shadow_kv else 1000
-    bm = BlockManager(num_full_blocks=max_model_len // bs + 6, block_size=bs, window=window)
+    # shared: one pool for full and ring blocks, with the memory of the split pools' full one
+    bm = BlockManager(num_full_blocks=max_model_len // bs + 6, block_size=bs, window=window, shared=shared)
     sched = Scheduler(bm, max_num_seqs=12, max_num_batched_tokens=256, watermark_blocks=2)
     shadow = KVShadow(bm, window) if shadow_kv else None
     seqs, pending = [], list(range(num_requests))
