@@ -273,7 +273,7 @@ class DPEngine:
             i = rep.info
             print(
                 f"gptoss: {rep.name} ready in {i['ready_s']:.1f} s: max_model_len {i['max_model_len']}, "
-                f"kv_cache_tokens {i['kv_cache_tokens']}",
+                f"kv_cache_tokens {i['kv_cache_tokens']} ({i['kv_max_seqs']} such sequences at once)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -337,7 +337,15 @@ class DPEngine:
         call(self._died, rep, rep.process.exitcode)
 
 
-_PER_REPLICA = ("device", "pid", "ready_s", "max_model_len", "kv_cache_tokens", "kv_ring_blocks")
+_PER_REPLICA = (
+    "device",
+    "pid",
+    "ready_s",
+    "max_model_len",
+    "kv_cache_tokens",
+    "kv_ring_blocks",
+    "kv_max_seqs",
+)
 
 
 def _exit_reason(exitcode: int | None) -> str:

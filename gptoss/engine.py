@@ -80,6 +80,7 @@ class LLMEngine:
             "kv_ring_blocks": r.num_ring_blocks,
             "kv_pool": "shared" if r.kv_shared else "split",  # shared: full and ring blocks are one pool
             "kv_blocks": r.num_full_blocks,
+            "kv_max_seqs": self.scheduler.bm.max_seqs_of(self.max_model_len),  # at max_model_len
             "block_size": c.block_size,
             "max_num_seqs": c.max_num_seqs,
             "max_num_batched_tokens": c.max_num_batched_tokens,

@@ -66,6 +66,8 @@ def test_stream_yields_the_engines_tokens(tiny_checkpoint):
     assert limits == (64, 201088)  # what the harness checks the dataset against, before LoadGen
     assert all(chunks) and [t for c in chunks for t in c] == want
     assert info["max_model_len"] == 64 and info["kv_cache_tokens"] == 2048 and info["device"] == "cpu"
+    # 2048 slots, one pool: a 64-token sequence takes 4 full + 4 ring blocks of 16 -> 128 // 8
+    assert (info["kv_pool"], info["kv_blocks"], info["kv_max_seqs"]) == ("shared", 128, 16)
     assert info["model_path"] == str(tiny_checkpoint) and info["dense_moe"] is True
 
 

@@ -101,6 +101,7 @@ def test_two_replicas_stream_the_tokens_of_one_engine(tiny_checkpoint):
     assert loads == [(0, 0), (0, 0)]
     assert info["device"] == "cpu,cpu" and info["data_parallel_size"] == 2
     assert [r["pid"] for r in info["replicas"]] == pids and info["replicas"][1]["kv_cache_tokens"] == 2048
+    assert info["replicas"][1]["kv_max_seqs"] == 1  # 1920 tokens: 120 full + 8 ring blocks of 128
     assert gone(pids, within=0.0)  # __aexit__ joined them
 
 

@@ -26,6 +26,11 @@ def test_a_long_sequence_takes_blocks_that_split_pools_kept_for_rings():
     shared.free(seq)
     assert shared.full.num_free == 10 and shared.ring is shared.full
     assert (shared.max_tokens_per_seq(), split.max_tokens_per_seq()) == (32, 20)
+    # sequences of 8 positions (2 full + 2 ring blocks): shared 10 // 4, split min(5 // 2, 5 // 2)
+    assert (shared.max_seqs_of(8), split.max_seqs_of(8)) == (2, 2)
+    # of 4 positions (1 + 1): shared 10 // 2; split min(5, 5)
+    assert (shared.max_seqs_of(4), split.max_seqs_of(4)) == (5, 5)
+    assert BlockManager(num_full_blocks=6, block_size=4, window=None).max_seqs_of(9) == 2
 
 
 def test_the_longest_sequence_of_a_pool_smaller_than_two_rings():
