@@ -127,9 +127,9 @@ class BlockManager:
     def max_seqs_of(self, num_tokens: int) -> int:
         """How many sequences of `num_tokens` positions the cache holds at once (vLLM prints the same
         as its "maximum concurrency"): below max_num_seqs, the KV cache bounds the batch."""
-        n = cdiv(num_tokens, self.block_size)
         if self.shared:
             return self.full.num_blocks // self.blocks_at(num_tokens)
+        n = cdiv(num_tokens, self.block_size)
         rings = self.ring.num_blocks // min(n, self.ring_len) if self.ring_len else self.full.num_blocks
         return min(self.full.num_blocks // n, rings)
 

@@ -139,11 +139,13 @@ class ModelRunner:
         capacity = longest_seq_blocks(blocks, ring_len, self.kv_shared) * bs
         if capacity < max_model_len:
             if config.max_model_len is not None:
-                shared = (
+                slots = (
                     f" ({blocks * bs} slots, with a sequence's last {self.window} for the sliding layers)"
+                    if self.kv_shared
+                    else ""
                 )
                 raise ValueError(
-                    f"the KV cache holds {capacity} tokens{shared if self.kv_shared else ''}, fewer than "
+                    f"the KV cache holds {capacity} tokens{slots}, fewer than "
                     f"max_model_len {config.max_model_len}: raise --kv-cache-tokens or lower --max-model-len"
                 )
             max_model_len = capacity  # nothing longer could ever run
