@@ -26,6 +26,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from gptoss.kernels import moe_decode_flat as f  # noqa: E402
 from gptoss.kernels import moe_decode_kernels as d  # noqa: E402
 from gptoss.kernels.moe_tiles import DOWN_DEC_TILES, GATE_UP_DEC_TILES, DecTiles  # noqa: E402
 from gptoss.kernels.norm_route import _norm_logits_kernel  # noqa: E402
@@ -63,14 +64,15 @@ def gate_up(t: DecTiles, route_tokens: int = 0):
     sig.update({f"stride_{s}": "i32" for s in ("we", "wp", "wn", "se", "sp", "sn")})
     consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
     consts.update(ROUTE=route_tokens > 0, KP=4, BT=max(1, route_tokens))
-    return _compile(d._gate_up_dec_kernel, sig, consts, t.warps, t.stages, t.maxnreg)
+    kernel = f._gate_up_flat_kernel if t.per_sm else d._gate_up_dec_kernel
+    return _compile(kernel, sig, consts, t.warps, t.stages, t.maxnreg)
 
 
 def down(t: DecTiles):
     sig = dict(a_ptr="*bf16", y_ptr="*bf16", **GEMM_SIG)
     sig.update({f"stride_{s}": "i32" for s in ("we", "wn", "se", "sn")})
     consts = {k: v for k, v in SHAPE.items() if k != "TOP_K"} | dict(BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
-    return _compile(d._down_dec_kernel, sig, consts, t.warps, t.stages)
+    return _compile(f._down_flat_kernel if t.per_sm else d._down_dec_kernel, sig, consts, t.warps, t.stages)
 
 
 def norm_logits(pdl: bool):
@@ -116,10 +118,12 @@ def stats(k, name: str) -> None:
     spills = sum(bool(re.search(r"\b(STL|LDL)\b", x)) for _, x in ins)
     loop_spills = sum(bool(re.search(r"\b(STL|LDL)\b", x)) for x in k_loop)
     ftz = len(re.findall(r"\.FTZ", sass))
+    async_in_loop = sum("LDGSTS" in x for x in k_loop)
     print(
         f"{name}: regs {regs}, smem {k.metadata.shared}, spills {spills} ({loop_spills} in the K loop), "
         f"ftz {ftz}, "
-        f"K loop {len(k_loop)} ins / {hmul2} HMUL2 ({per_value})\n    loads {dict(loads)}"
+        f"K loop {len(k_loop)} ins / {hmul2} HMUL2 ({per_value}), {async_in_loop} LDGSTS in it\n"
+        f"    loads {dict(loads)}"
     )
 
 
@@ -133,6 +137,14 @@ def main() -> None:
     stats(gate_up(t, 1), f"gate_up routing T 1 in registers {t}")
     for t in [DOWN_DEC_TILES, DecTiles(1, 32, 512, 4, 4, 3), DecTiles(8, 16, 1024, 8, 8, 3)]:
         stats(down(t), f"down {t}")
+    for per_sm in (2, 4):  # the flat kernels (GPTOSS_MOE_FLAT)
+        for bm in (1, 8):
+            stats(
+                gate_up(dataclasses.replace(GATE_UP_DEC_TILES, bm=bm, per_sm=per_sm)), f"gate_up flat BM {bm}"
+            )
+            stats(down(dataclasses.replace(DOWN_DEC_TILES, bm=bm, per_sm=per_sm)), f"down flat BM {bm}")
+        t = dataclasses.replace(GATE_UP_DEC_TILES, bm=1, per_sm=per_sm)
+        stats(gate_up(t, 1), f"gate_up flat routing T 1 in registers {t}")
     for pdl in (False, True):
         stats(norm_logits(pdl), f"norm_logits kernel (a program per expert and token), PDL {pdl}")
     stats(qkv_rope(), "qkv_rope (QKV GEMV + RoPE + KV write), 20b")

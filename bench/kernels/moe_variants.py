@@ -3,10 +3,10 @@ MoE (Variant, VARIANTS) and of the decode path (DecVariant, DEC_VARIANTS), with 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gptoss.kernels.moe import Tiles
-from gptoss.kernels.moe_tiles import NARROW_V3, DecTiles
+from gptoss.kernels.moe_tiles import DOWN_DEC_TILES, GATE_UP_DEC_TILES, NARROW_V3, DecTiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,3 +218,16 @@ DEC_VARIANTS: dict[str, DecVariant] = {
     "dec-gu16k1k": DecVariant(gate_up=DecTiles(8, 16, 1024, 8, 8, 3)),  # 8 warps a program, half the steps
     "dec-dn32s4": DecVariant(down=DecTiles(8, 32, 512, 4, 4, 4)),  # a stage deeper
 }
+# The flat kernels (moe_decode_flat): both GEMMs on a fixed grid of P programs an SM, each program's
+# items (expert, column block) in one pipelined loop; GPTOSS_MOE_FLAT=P in the engine.
+for _p in (1, 2, 3, 4, 6):
+    DEC_VARIANTS[f"flat{_p}"] = DecVariant(
+        gate_up=replace(GATE_UP_DEC_TILES, per_sm=_p), down=replace(DOWN_DEC_TILES, per_sm=_p)
+    )
+# Fewer programs an SM leave shared memory for deeper pipelines.
+DEC_VARIANTS["flat2-s6"] = DecVariant(
+    gate_up=replace(GATE_UP_DEC_TILES, per_sm=2, stages=6), down=replace(DOWN_DEC_TILES, per_sm=2, stages=6)
+)
+DEC_VARIANTS["flat1-s8"] = DecVariant(
+    gate_up=replace(GATE_UP_DEC_TILES, per_sm=1, stages=8), down=replace(DOWN_DEC_TILES, per_sm=1, stages=8)
+)

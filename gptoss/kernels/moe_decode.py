@@ -44,6 +44,7 @@ import triton
 from torch import Tensor
 
 from gptoss.kernels import moe_common as common
+from gptoss.kernels import moe_decode_flat as flat
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_decode_kernels import _down_dec_kernel, _gate_up_dec_kernel
@@ -58,6 +59,24 @@ MAX_T = 16  # T*k/E <= 2 rows an expert on average at 20b; past it v2's M tiles 
 def use_decode(x: Tensor, w: MoEWeights) -> bool:
     """Whether moe_forward takes this path for x [T, H] on w."""
     return ENABLED and w.layout == "bits" and 0 < x.shape[0] <= MAX_T
+
+
+SMS_OFF_GPU = 3  # the interpreter's "SMs": a flat grid of a few programs, so tests cross experts
+
+
+def _sms(x: Tensor) -> int:
+    if x.is_cuda and not triton.knobs.runtime.interpret:
+        return torch.cuda.get_device_properties(x.device).multi_processor_count
+    return SMS_OFF_GPU
+
+
+def _kernel_grid(slot_kernel, flat_kernel, t: DecTiles, n: int, slots: int, x: Tensor):
+    """The slot kernel on (column blocks, slots), or with t.per_sm the flat one on a fixed grid
+    (whole column blocks only: n % BN == 0)."""
+    blocks = triton.cdiv(n, t.bn)
+    if t.per_sm and n % t.bn == 0:
+        return flat_kernel, (flat.programs(blocks * slots, _sms(x), t.per_sm),)
+    return slot_kernel, (blocks, slots)
 
 
 def gate_up_dec(
@@ -82,7 +101,8 @@ def gate_up_dec(
     s13 = w.s13.view(torch.int32)
     route = logits is not None
     largs, lkw = common._lora_args(lora, x, planes=True)
-    _gate_up_dec_kernel[(triton.cdiv(i, t.bn), min(e, n_tok * k))](
+    kernel, grid = _kernel_grid(_gate_up_dec_kernel, flat._gate_up_flat_kernel, t, i, min(e, n_tok * k), x)
+    kernel[grid](
         x,
         w.w13,
         s13,
@@ -134,7 +154,8 @@ def down_dec(
     y = common._empty((n_tok * k, h), act.dtype, act.device)
     s2 = w.s2.view(torch.int32)
     largs, lkw = common._lora_args(lora, act, planes=False)
-    _down_dec_kernel[(triton.cdiv(h, t.bn), min(e, n_tok * k))](
+    kernel, grid = _kernel_grid(_down_dec_kernel, flat._down_flat_kernel, t, h, min(e, n_tok * k), act)
+    kernel[grid](
         act,
         w.w2,
         s2,

@@ -177,6 +177,7 @@ class DecTiles:
     warps: int  # = split when split > 1 (fewer warps would dequantize some weights twice)
     stages: int
     maxnreg: int | None = None  # a register cap (ptxas .maxnreg): more programs resident an SM
+    per_sm: int = 0  # > 0: the flat kernels (moe_decode_flat), a fixed grid of per_sm programs an SM
 
 
 # In the sm_90a SASS at 20b (bf16, compiled on CPU by bench/kernels/moe_decode_sass.py; no spills,
@@ -187,8 +188,10 @@ class DecTiles:
 # warps of 128 K and 3 stages beat BN 16 with 8 warps, BK 1024 and 4 stages (H100, whole MoE at T = 1:
 # 52.8 against 55.2 us; down alone 17.1-64.8 us at T = 1-16); SASS at BM 8: 3.0 instructions a value,
 # 158 registers, 33 KB shared (BN 16, BK 1024: 3.6 a value).
-GATE_UP_DEC_TILES = DecTiles(8, 16, 512, 4, 4, 4)
-DOWN_DEC_TILES = DecTiles(8, 32, 512, 4, 4, 3)
+# GPTOSS_MOE_FLAT=P: both decode GEMMs on the flat kernels, P programs an SM (moe_decode_flat).
+FLAT_PER_SM = int(os.environ.get("GPTOSS_MOE_FLAT", "0"))
+GATE_UP_DEC_TILES = DecTiles(8, 16, 512, 4, 4, 4, per_sm=FLAT_PER_SM)
+DOWN_DEC_TILES = DecTiles(8, 32, 512, 4, 4, 3, per_sm=FLAT_PER_SM)
 # GPTOSS_GATE_UP_MAXNREG=80 caps gate_up's registers at BM <= 4 (T <= 4): 6 programs an SM instead
 # of 4 (122 registers), so T = 1's 720 programs (180 column blocks x 4 experts) run as one wave of
 # 792 slots instead of 1.36 waves of 528. In the sm_90a SASS the cap spills 50 instructions, none in
@@ -213,4 +216,4 @@ def dec_tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
     maxnreg = cfg.maxnreg
     if maxnreg is None and gate_up and bm <= 4:
         maxnreg = GATE_UP_MAXNREG
-    return DecTiles(bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages, maxnreg)
+    return DecTiles(bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages, maxnreg, cfg.per_sm)

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# GPU side, one H100, detached over several device calls: the flat decode MoE (moe_decode_flat,
+# GPTOSS_MOE_FLAT=P) against the expert-slot kernels, then the engine and vLLM 0.26.0 side by side.
+#   nohup bash bench/moe_flat_gpu.sh > $HOME/flat.log 2>&1 &     (then poll $HOME/flat/done)
+# Steps: the 20b checkpoint and a rank-16 adapter; compiled tests (flat = slot bit for bit at 20b
+# shapes); the decode MoE's kernel table (slot and flat variants, M 1-16, CUDA graphs); the best
+# flat P by the sum of its graph times; batch-1 decode 128 -> 512 and concurrency 16 with the adapter,
+# slot and flat alternating; Offline 1000 x (1024 -> 1024) on the default kernels; then, once
+# $HOME/vllm_ready exists (bench/vllm_peer_install.sh finished in a later call), vLLM's batch-1,
+# Offline and concurrency-16 rows on the same machine. One table last: $HOME/flat/table.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+RES=${RES:-$HOME/flat}; mkdir -p "$RES"; rm -f "$RES/done"
+CKPT=${CKPT:-/tmp/ck20}; ADAPTER=$RES/lora-r16
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+t0=$(date +%s); say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+trap 'touch "$RES/done"' EXIT
+nvidia-smi -L
+python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
+  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+[ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
+  > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
+[ -f "$ADAPTER/adapter_config.json" ] || python3 -m gptoss.make_lora --model "$CKPT" --rank 16 --out "$ADAPTER" \
+  > "$RES/adapter.log" 2>&1 || { tail "$RES/adapter.log"; exit 1; }
+say "compiled tests"
+python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_decode_flat.py \
+  tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_moe_lora_kernel.py \
+  tests/gptoss/kernels/test_lora_attn_kernel.py 2>&1 | tail -6 | tee "$RES/tests.txt"
+say "decode MoE kernels"
+python3 bench/kernels/moe_gpu.py --no-vllm --ms 1,2,4,8,16 \
+  --variants "${KVARIANTS:-dec,flat1,flat2,flat3,flat4,flat2-s6}" > "$RES/kernels.txt" 2>&1
+sed -n '/^ *M variant/,$p' "$RES/kernels.txt"
+# The best flat P: the smallest sum of graph_us over M (rows "M variant graph_us ...").
+P=$(awk '$2 ~ /^flat[0-9]+$/ && $3 ~ /^[0-9.]+$/ {s[$2]+=$3} END {for (v in s) print s[v], v}' "$RES/kernels.txt" \
+  | sort -n | head -1 | sed 's/.*flat//')
+P=${P:-2}; say "flat P = $P"
+row() { echo "$1 | $2" | tee -a "$RES/table.txt"; }
+: > "$RES/table.txt"
+for round in 1 2; do
+  for mode in slot flat; do
+    f=0; [ $mode = flat ] && f=$P
+    say "batch-1 decode, $mode (round $round)"
+    GPTOSS_MOE_FLAT=$f python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss --decode 128x512 \
+      > "$RES/b1_${mode}_$round.txt" 2>&1
+    row "gptoss b1 128x512 $mode P=$f r$round" "$(grep '^batch-1 decode' "$RES/b1_${mode}_$round.txt" | tail -1)"
+  done
+done
+for mode in slot flat; do
+  f=0; [ $mode = flat ] && f=$P
+  say "concurrency 16 with the adapter, $mode"
+  GPTOSS_MOE_FLAT=$f timeout 400 python3 bench/gptoss_lora_gpu.py --model-path "$CKPT" --out "$RES/lora_$mode" \
+    --adapter "$ADAPTER" --parts ours --offline '' > "$RES/lora_$mode.txt" 2>&1
+  row "gptoss c16 lora $mode P=$f" "$(grep -h '"c16"' "$RES/lora_$mode/results.jsonl" 2>/dev/null | tail -1)"
+done
+say "Offline 1000x1024x1024 (shared KV pool), flat P=$P"
+GPTOSS_MOE_FLAT=$P timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
+  --throughput 1000x1024x1024 > "$RES/offline.txt" 2>&1
+row "gptoss offline 1000x1024x1024 P=$P" "$(grep '^offline 1000x' "$RES/offline.txt" | tail -1)"
+grep -o '"kv_[a-z_]*": [0-9a-z"]*' "$RES/offline.txt" | sort -u | head -4
+say "waiting for vLLM (\$HOME/vllm_ready)"
+for _ in $(seq 180); do [ -f "$HOME/vllm_ready" ] && break; sleep 5; done
+if [ -f "$HOME/vllm_ready" ]; then
+  say "vLLM c16 with the adapter"
+  timeout 560 python3 bench/gptoss_lora_gpu.py --model-path "$CKPT" --out "$RES/lora_vllm" --adapter "$ADAPTER" \
+    --parts vllm --offline '' > "$RES/lora_vllm.txt" 2>&1
+  row "vllm c16 lora" "$(grep -h '"c16"' "$RES/lora_vllm/results.jsonl" 2>/dev/null | tail -1)"
+  say "vLLM batch-1 and Offline"
+  timeout 560 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm --decode 128x512 \
+    --throughput 1000x1024x1024 > "$RES/vllm.txt" 2>&1
+  row "vllm b1 + offline" "$(sed -n '/^workload/,$p' "$RES/vllm.txt" | tr '\n' ' ')"
+fi
+say "done"
+echo "== table"; cat "$RES/table.txt"
