@@ -220,6 +220,7 @@ DEC_VARIANTS: dict[str, DecVariant] = {
 }
 # The flat kernels (moe_decode_flat): both GEMMs on a fixed grid of P programs an SM, each program's
 # items (expert, column block) in one pipelined loop; GPTOSS_MOE_FLAT=P in the engine.
+DEC_VARIANTS["slot"] = DecVariant(gate_up=GATE_UP_DEC_TILES, down=DOWN_DEC_TILES)  # never flat
 for _p in (1, 2, 3, 4, 6):
     DEC_VARIANTS[f"flat{_p}"] = DecVariant(
         gate_up=replace(GATE_UP_DEC_TILES, per_sm=_p), down=replace(DOWN_DEC_TILES, per_sm=_p)

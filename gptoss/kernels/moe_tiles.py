@@ -188,10 +188,15 @@ class DecTiles:
 # warps of 128 K and 3 stages beat BN 16 with 8 warps, BK 1024 and 4 stages (H100, whole MoE at T = 1:
 # 52.8 against 55.2 us; down alone 17.1-64.8 us at T = 1-16); SASS at BM 8: 3.0 instructions a value,
 # 158 registers, 33 KB shared (BN 16, BK 1024: 3.6 a value).
-# GPTOSS_MOE_FLAT=P: both decode GEMMs on the flat kernels, P programs an SM (moe_decode_flat).
-FLAT_PER_SM = int(os.environ.get("GPTOSS_MOE_FLAT", "0"))
-GATE_UP_DEC_TILES = DecTiles(8, 16, 512, 4, 4, 4, per_sm=FLAT_PER_SM)
-DOWN_DEC_TILES = DecTiles(8, 32, 512, 4, 4, 3, per_sm=FLAT_PER_SM)
+GATE_UP_DEC_TILES = DecTiles(8, 16, 512, 4, 4, 4)
+DOWN_DEC_TILES = DecTiles(8, 32, 512, 4, 4, 3)
+# The flat kernels (moe_decode_flat) at BM 8 (T >= 5), 4 programs an SM; the slot kernels below.
+# H100, 20b, whole decode MoE in a CUDA graph (bench/results v17), slot / flat P=4, us: M 1 53.0 /
+# 55.0, M 4 97.6 / 101.5, M 8 128.0 / 125.9, M 16 170.5 / 163.2; P 1-3 slower at every M.
+# GPTOSS_MOE_FLAT=P forces P programs an SM at every T (0: the slot kernels always).
+FLAT_PER_SM, FLAT_MIN_BM = 4, 8
+_FLAT_ENV = os.environ.get("GPTOSS_MOE_FLAT")
+FLAT_FORCED = None if _FLAT_ENV in (None, "") else int(_FLAT_ENV)
 # GPTOSS_GATE_UP_MAXNREG=80 caps gate_up's registers at BM <= 4 (T <= 4): 6 programs an SM instead
 # of 4 (122 registers), so T = 1's 720 programs (180 column blocks x 4 experts) run as one wave of
 # 792 slots instead of 1.36 waves of 528. In the sm_90a SASS the cap spills 50 instructions, none in
@@ -216,4 +221,10 @@ def dec_tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
     maxnreg = cfg.maxnreg
     if maxnreg is None and gate_up and bm <= 4:
         maxnreg = GATE_UP_MAXNREG
-    return DecTiles(bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages, maxnreg, cfg.per_sm)
+    if gate_up in DEC_TILE_OVERRIDE:
+        per_sm = cfg.per_sm
+    elif FLAT_FORCED is not None:
+        per_sm = FLAT_FORCED
+    else:
+        per_sm = FLAT_PER_SM if bm >= FLAT_MIN_BM else 0
+    return DecTiles(bm, cfg.bn, bk, split, split if split > 1 else cfg.warps, cfg.stages, maxnreg, per_sm)

@@ -122,15 +122,21 @@ def test_every_decode_tile_shape_gives_the_same_result(gu, dn, dtype, monkeypatc
 
 
 def test_tiles_keep_scale_reads_in_the_row_and_warps_on_distinct_weights(monkeypatch):
-    assert moe_tiles.dec_tiles(False, 2880) == DecTiles(8, 32, 512, 4, 4, 3)  # 6 steps: 3072 = 96 scales
-    assert moe_tiles.dec_tiles(False, 64) == DecTiles(8, 32, 512, 4, 4, 3)  # one 16-byte scale row
+    monkeypatch.setattr(moe_tiles, "FLAT_FORCED", None)
+    flat = moe_tiles.FLAT_PER_SM  # BM 8: the flat kernels (test_moe_decode_flat)
+    assert moe_tiles.dec_tiles(False, 2880) == DecTiles(
+        8, 32, 512, 4, 4, 3, per_sm=flat
+    )  # 6 steps: 96 scales
+    assert moe_tiles.dec_tiles(False, 64) == DecTiles(
+        8, 32, 512, 4, 4, 3, per_sm=flat
+    )  # one 16-byte scale row
     big = DecTiles(8, 16, 1024, 8, 8, 4)
     monkeypatch.setattr(moe_tiles, "DEC_TILE_OVERRIDE", {False: big})
     assert moe_tiles.dec_tiles(False, 2880) == big  # 3 steps of 1024: 3072 = 96 scales
     assert moe_tiles.dec_tiles(False, 2048 + 320) == DecTiles(8, 16, 512, 4, 4, 4)  # 3072 > 2560 of scales
     assert moe_tiles.dec_tiles(False, 64) == DecTiles(8, 16, 512, 4, 4, 4)
     monkeypatch.setattr(moe_tiles, "DEC_TILE_OVERRIDE", {})
-    assert moe_tiles.dec_tiles(True, 2880) == DecTiles(8, 16, 512, 4, 4, 4)
+    assert moe_tiles.dec_tiles(True, 2880) == DecTiles(8, 16, 512, 4, 4, 4, per_sm=flat)
     assert [moe_tiles.dec_tiles(True, 2880, t).bm for t in (1, 2, 3, 4, 5, 16)] == [1, 2, 4, 4, 8, 8]
     for k in (64, 160, 1000, 2880, 4096):
         for gate_up in (True, False):

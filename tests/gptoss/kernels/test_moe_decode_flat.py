@@ -1,10 +1,10 @@
 """The flat decode GEMMs (gptoss.kernels.moe_decode_flat) against the expert-slot kernels: the same
 items, summed by the same K steps and dots, so the same bits, whichever program takes which item.
 
-Without CUDA the kernels run in Triton's interpreter with a grid of moe_decode.SMS_OFF_GPU "SMs":
-small grids make one program cross experts and column blocks; a grid past the items gives one
-item a program. Every output buffer starts as NaN (moekit's poisoned_buffers), so a row or column
-that no program writes fails.
+Without CUDA the kernels run in Triton's interpreter. The tests set the "SMs" the grid is sized by
+(moe_decode._sms): small grids make one program cross experts and column blocks; a grid past the
+items gives one item a program. Every output buffer starts as NaN (moekit's poisoned_buffers),
+so a row or column that no program writes fails.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _both(x, r, w, lora13=None, lora2=None, per_sm=2, gu=GU, dn=DN):
 def test_flat_equals_the_slot_kernels_bit_for_bit(dtype, tokens, sms, monkeypatch):
     """E 8, H 160 (a masked K tail for gate_up's BK 256), I 96: 6 gate_up blocks of 16 and 5 down
     blocks of 32 an expert; 12 and 16 tokens give experts past BM 8 rows (the row loop)."""
-    monkeypatch.setattr(moe_decode, "SMS_OFF_GPU", sms)
+    monkeypatch.setattr(moe_decode, "_sms", lambda x: sms)
     ref, w = make_moe(8, 160, 96, 4, dtype, seed=50 + tokens)
     x = (torch.randn(tokens, 160, generator=torch.Generator(DEV).manual_seed(tokens), device=DEV) * 3).to(
         dtype
@@ -98,7 +98,7 @@ def test_flat_equals_the_slot_kernels_bit_for_bit(dtype, tokens, sms, monkeypatc
 def test_an_expert_with_every_token_and_idle_experts(monkeypatch):
     """Expert 0 takes all 16 tokens (two BM-8 chunks), expert 7 none: a program's range skips nothing
     and writes no row twice; 3 programs for 4 active experts x 6 blocks."""
-    monkeypatch.setattr(moe_decode, "SMS_OFF_GPU", 3)
+    monkeypatch.setattr(moe_decode, "_sms", lambda x: 3)
     ref, w = make_moe(8, 160, 96, 4, torch.float32, seed=4)
     ref.router_weight.mul_(1e-3)
     ref.router_bias.copy_(torch.tensor([100.0, 50.0, 40.0, 30.0, 0.0, 0.0, 0.0, -100.0]))
@@ -111,7 +111,7 @@ def test_an_expert_with_every_token_and_idle_experts(monkeypatch):
 
 def test_routing_inside_the_flat_gate_up(monkeypatch):
     """experts_dec_logits on flat tiles: program 0 stores the routing, every program routes alike."""
-    monkeypatch.setattr(moe_decode, "SMS_OFF_GPU", 3)
+    monkeypatch.setattr(moe_decode, "_sms", lambda x: 3)
     monkeypatch.setattr(moe_tiles, "DEC_TILE_OVERRIDE", {True: GU, False: DN})
     ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=8)
     x = (torch.randn(5, 160, generator=torch.Generator(DEV).manual_seed(8), device=DEV) * 3).bfloat16()
@@ -128,7 +128,7 @@ def test_routing_inside_the_flat_gate_up(monkeypatch):
 @pytest.mark.parametrize("tokens", [1, 6])
 def test_flat_with_the_lora_expand(tokens, monkeypatch):
     """Both GEMMs' epilogues add B_e @ s^T per item, as the slot kernels do."""
-    monkeypatch.setattr(moe_decode, "SMS_OFF_GPU", 2)
+    monkeypatch.setattr(moe_decode, "_sms", lambda x: 2)
     ref, w = make_moe(8, 160, 96, 4, torch.float32, seed=30 + tokens)
     g = torch.Generator(DEV).manual_seed(tokens)
     x = torch.randn(tokens, 160, generator=g, device=DEV) * 3
@@ -162,7 +162,21 @@ def test_grid_size():
     assert moe_decode_flat.programs(720, 132, 2) == 264
     assert moe_decode_flat.programs(100, 132, 2) == 100
     assert moe_decode_flat.programs(0, 132, 2) == 1
-    assert moe_tiles.dec_tiles(True, 2880, 1).per_sm == moe_tiles.FLAT_PER_SM
+
+
+def test_which_batches_take_the_flat_kernels(monkeypatch):
+    """The measured default: the flat kernels from BM 8 (T >= 5), the slot kernels below;
+    GPTOSS_MOE_FLAT (FLAT_FORCED) sets P at every T; a tile override keeps its own."""
+    monkeypatch.setattr(moe_tiles, "FLAT_FORCED", None)
+    assert [moe_tiles.dec_tiles(True, 2880, t).per_sm for t in (1, 2, 4, 5, 16)] == [0, 0, 0, 4, 4]
+    assert [moe_tiles.dec_tiles(False, 2880, t).per_sm for t in (4, 8)] == [0, 4]
+    monkeypatch.setattr(moe_tiles, "FLAT_FORCED", 2)
+    assert [moe_tiles.dec_tiles(True, 2880, t).per_sm for t in (1, 16)] == [2, 2]
+    monkeypatch.setattr(moe_tiles, "FLAT_FORCED", 0)
+    assert moe_tiles.dec_tiles(True, 2880, 16).per_sm == 0
+    monkeypatch.setattr(moe_tiles, "DEC_TILE_OVERRIDE", {True: GU})
+    monkeypatch.setattr(moe_tiles, "FLAT_FORCED", 2)
+    assert moe_tiles.dec_tiles(True, 2880, 16).per_sm == 0
 
 
 def test_an_empty_routing_writes_nothing(monkeypatch):
