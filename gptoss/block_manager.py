@@ -81,14 +81,10 @@ class BlockManager:
         else:
             self.ring = BlockPool(num_full_blocks if num_ring_blocks is None else num_ring_blocks)
 
-    def _need(self, seq: Sequence, num_tokens: int) -> tuple[int, int]:
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> tuple[int, int]:
         """Extra (full, ring) blocks `seq` needs to hold positions [0, num_tokens)."""
         n = cdiv(num_tokens, self.block_size)
         return max(0, n - len(seq.full_blocks)), max(0, min(n, self.ring_len) - len(seq.ring_blocks))
-
-    def blocks_needed(self, seq: Sequence, num_tokens: int) -> tuple[int, int]:
-        """Extra (full, ring) blocks `seq` needs to hold positions [0, num_tokens)."""
-        return self._need(seq, num_tokens)
 
     def can_take(self, full: int, ring: int, reserve: int = 0) -> bool:
         """Whether the pools have `full` and `ring` blocks free with `reserve` more left over."""
@@ -99,7 +95,7 @@ class BlockManager:
     def can_allocate(self, seq: Sequence, num_tokens: int, reserve: int = 0) -> bool:
         """Whether `seq` can grow to `num_tokens` positions and still leave `reserve` blocks (of the
         full pool, or of the shared one) free."""
-        return self.can_take(*self._need(seq, num_tokens), reserve)
+        return self.can_take(*self.blocks_needed(seq, num_tokens), reserve)
 
     def blocks_at(self, num_tokens: int) -> int:
         """Blocks of the full (or shared) pool a sequence holds at `num_tokens` positions: what a
@@ -114,7 +110,7 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         if not self.can_allocate(seq, num_tokens):
             raise RuntimeError(f"KV cache cannot hold {num_tokens} positions for {seq!r}")
-        full, ring = self._need(seq, num_tokens)
+        full, ring = self.blocks_needed(seq, num_tokens)
         seq.full_blocks += self.full.take(full)
         seq.ring_blocks += self.ring.take(ring)
 

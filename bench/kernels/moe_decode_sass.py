@@ -64,6 +64,8 @@ def gate_up(t: DecTiles, route_tokens: int = 0):
     sig.update({f"stride_{s}": "i32" for s in ("we", "wp", "wn", "se", "sp", "sn")})
     consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
     consts.update(ROUTE=route_tokens > 0, KP=4, BT=max(1, route_tokens))
+    if not t.per_sm:
+        consts.update(PREFETCH=t.prefetch)
     kernel = f._gate_up_flat_kernel if t.per_sm else d._gate_up_dec_kernel
     return _compile(kernel, sig, consts, t.warps, t.stages, t.maxnreg)
 
@@ -72,6 +74,8 @@ def down(t: DecTiles):
     sig = dict(a_ptr="*bf16", y_ptr="*bf16", **GEMM_SIG)
     sig.update({f"stride_{s}": "i32" for s in ("we", "wn", "se", "sn")})
     consts = {k: v for k, v in SHAPE.items() if k != "TOP_K"} | dict(BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
+    if not t.per_sm:
+        consts.update(PREFETCH=t.prefetch)
     return _compile(f._down_flat_kernel if t.per_sm else d._down_dec_kernel, sig, consts, t.warps, t.stages)
 
 
@@ -137,6 +141,12 @@ def main() -> None:
     stats(gate_up(t, 1), f"gate_up routing T 1 in registers {t}")
     for t in [DOWN_DEC_TILES, DecTiles(1, 32, 512, 4, 4, 3), DecTiles(8, 16, 1024, 8, 8, 3)]:
         stats(down(t), f"down {t}")
+    for bm in (1, 8):  # two K steps' words straight into registers (DecTiles.prefetch, stages 1)
+        stats(
+            gate_up(dataclasses.replace(GATE_UP_DEC_TILES, bm=bm, stages=1, prefetch=True)),
+            f"gate_up reg BM {bm}",
+        )
+        stats(down(dataclasses.replace(DOWN_DEC_TILES, bm=bm, stages=1, prefetch=True)), f"down reg BM {bm}")
     for per_sm in (2, 4):  # the flat kernels (GPTOSS_MOE_FLAT)
         for bm in (1, 8):
             stats(

@@ -71,12 +71,12 @@ def _sms(x: Tensor) -> int:
 
 
 def _kernel_grid(slot_kernel, flat_kernel, t: DecTiles, n: int, slots: int, x: Tensor):
-    """The slot kernel on (column blocks, slots), or with t.per_sm the flat one on a fixed grid
-    (whole column blocks only: n % BN == 0)."""
+    """(kernel, grid, its own arguments): the slot kernel on (column blocks, slots), or with t.per_sm
+    the flat one on a fixed grid (whole column blocks only: n % BN == 0)."""
     blocks = triton.cdiv(n, t.bn)
     if t.per_sm and n % t.bn == 0:
-        return flat_kernel, (flat.programs(blocks * slots, _sms(x), t.per_sm),)
-    return slot_kernel, (blocks, slots)
+        return flat_kernel, (flat.programs(blocks * slots, _sms(x), t.per_sm),), {}
+    return slot_kernel, (blocks, slots), {"PREFETCH": t.prefetch}
 
 
 def gate_up_dec(
@@ -101,7 +101,9 @@ def gate_up_dec(
     s13 = w.s13.view(torch.int32)
     route = logits is not None
     largs, lkw = common._lora_args(lora, x, planes=True)
-    kernel, grid = _kernel_grid(_gate_up_dec_kernel, flat._gate_up_flat_kernel, t, i, min(e, n_tok * k), x)
+    kernel, grid, own = _kernel_grid(
+        _gate_up_dec_kernel, flat._gate_up_flat_kernel, t, i, min(e, n_tok * k), x
+    )
     kernel[grid](
         x,
         w.w13,
@@ -140,6 +142,7 @@ def gate_up_dec(
         num_stages=t.stages,
         maxnreg=t.maxnreg,
         **pdl.args(x),
+        **own,
     )
     return act
 
@@ -154,7 +157,7 @@ def down_dec(
     y = common._empty((n_tok * k, h), act.dtype, act.device)
     s2 = w.s2.view(torch.int32)
     largs, lkw = common._lora_args(lora, act, planes=False)
-    kernel, grid = _kernel_grid(_down_dec_kernel, flat._down_flat_kernel, t, h, min(e, n_tok * k), act)
+    kernel, grid, own = _kernel_grid(_down_dec_kernel, flat._down_flat_kernel, t, h, min(e, n_tok * k), act)
     kernel[grid](
         act,
         w.w2,
@@ -181,6 +184,7 @@ def down_dec(
         num_warps=t.warps,
         num_stages=t.stages,
         **pdl.args(act),
+        **own,
     )
     return y
 

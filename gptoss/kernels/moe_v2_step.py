@@ -139,11 +139,41 @@ def _v2_step(
     """acc += x @ dequant(W[:, k0:k0+BK])^T as the MMA wants it: acc [BN, BM] (SPLIT 1), [BM, BN] (XA:
     both wgmma operands in shared memory, so the MMA runs async under the next step's dequant) or
     [SPLIT, BN, BM]."""
-    if EVEN_K:
+    w, sw = _v2_load(w_ptrs, s_ptrs, kw, k0, K, EVEN_K, False)
+    return _v2_mma(acc, x, w, sw, BN, BK, SPLIT, ASM, PREC, XA)
+
+
+@triton.jit
+def _v2_load(w_ptrs, s_ptrs, kw, k0, K: tl.constexpr, EVEN_K: tl.constexpr, GUARD: tl.constexpr):
+    """One K step's weight bytes and scale words (_v2_ptrs' tiles at k0). GUARD: k0 may be past K (a
+    prefetch beyond the last step), which then loads nothing."""
+    if EVEN_K and not GUARD:
         w = tl.load(w_ptrs + k0 // 2)
+    elif EVEN_K:
+        w = tl.load(w_ptrs + k0 // 2, mask=(k0 < K) & (kw >= 0), other=0)
     else:  # K tail: zero words decode to zeros
         w = tl.load(w_ptrs + k0 // 2, mask=(k0 // 2 + kw) < K // 2, other=0)
-    sw = tl.load(s_ptrs + k0 // 128)  # scale rows are padded to 16 bytes: never past a row
+    if GUARD:
+        sw = tl.load(s_ptrs + k0 // 128, mask=k0 < K, other=0)
+    else:
+        sw = tl.load(s_ptrs + k0 // 128)  # scale rows are padded to 16 bytes: never past a row
+    return w, sw
+
+
+@triton.jit
+def _v2_mma(
+    acc,
+    x,
+    w,
+    sw,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    ASM: tl.constexpr,
+    PREC: tl.constexpr,
+    XA: tl.constexpr,
+):
+    """acc += x @ dequant(w, sw)^T (_v2_step's dot on loaded words)."""
     if SPLIT == 1:
         wd = tl.reshape(_dequant_bits(w[None, :, :], sw[None, :, :], 1, BN, BK, x.dtype, ASM), (BN, BK))
         if XA:

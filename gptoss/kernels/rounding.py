@@ -16,9 +16,8 @@ def round_to(x, dtype: tl.constexpr):
     0x7FFF plus the lowest kept bit, then drop the low 16 bits (inf stays inf; NaN stays a quiet NaN).
     """
     if dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        bits = tl.where(x != x, 0x7FC0, bits)  # noqa: PLR0124 (NaN test)
+        bits = rounded(x, dtype).to(tl.uint32, bitcast=True) >> 16  # the low 16 bits are zero
+        bits = tl.where(x != x, 0x7FC0, bits)  # noqa: PLR0124 (NaN test: a payload in the low bits only)
         return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return x.to(dtype)

@@ -48,9 +48,9 @@ def _launches(monkeypatch) -> list[tuple[str, tuple]]:
     real = moe_decode._kernel_grid
 
     def spy(*a):
-        kernel, grid = real(*a)
+        kernel, grid, own = real(*a)
         seen.append((kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__, grid))
-        return kernel, grid
+        return kernel, grid, own
 
     monkeypatch.setattr(moe_decode, "_kernel_grid", spy)
     return seen
