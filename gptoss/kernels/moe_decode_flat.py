@@ -37,6 +37,14 @@ def _item_range(cnt, NB: tl.constexpr):
     return (pid * total) // g, ((pid + 1) * total) // g
 
 
+@triton.jit
+def _expert_span(cnt, ex, s, start, end, NB: tl.constexpr):
+    """The s-th active expert (id, rows, where its packed rows start, as _slot_expert) and the column
+    blocks [lo, hi) of it that are among this program's items."""
+    e, n_rows, packed = _slot_expert(cnt, ex, s)
+    return e.to(tl.int64), n_rows, packed, tl.maximum(start - s * NB, 0), tl.minimum(end - s * NB, NB)
+
+
 @triton.jit(do_not_specialize=["T"])
 def _gate_up_flat_kernel(
     x_ptr,
@@ -98,18 +106,15 @@ def _gate_up_flat_kernel(
     EVEN_K: tl.constexpr = K % BK == 0
     start, end = _item_range(cnt, NB)
     for s in range(start // NB, (end + NB - 1) // NB):
-        e, n_rows, packed = _slot_expert(cnt, ex, s)
-        lo = tl.maximum(start - s * NB, 0)  # this expert's column blocks [lo, hi) are ours
-        hi = tl.minimum(end - s * NB, NB)
-        e64 = e.to(tl.int64)
+        e64, n_rows, packed, lo, hi = _expert_span(cnt, ex, s, start, end, NB)
         for m0 in range(0, n_rows, BM):
             slot = m0 + tl.arange(0, BM)
             valid = slot < n_rows
             if ROUTE:
-                sel = (flat[None, :] == e) & (pos[None, :] == slot[:, None])  # [BM, A]
+                sel = (flat[None, :] == e64) & (pos[None, :] == slot[:, None])  # [BM, A]
                 rows = tl.sum(tl.where(sel, a[None, :], 0), axis=1)
             else:
-                rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)
+                rows = tl.load(rows_ptr + e64 * T + slot, mask=valid, other=0)
             w_g, s_g, x_t, kw, kx = _v2_ptrs(
                 w_ptr + e64 * stride_we + lo * BN * stride_wn,
                 s_ptr + e64 * stride_se + lo * BN * stride_sn,
@@ -218,14 +223,11 @@ def _down_flat_kernel(
     EVEN_K: tl.constexpr = K % BK == 0
     start, end = _item_range(cnt, NB)
     for s in range(start // NB, (end + NB - 1) // NB):
-        e, n_rows, packed = _slot_expert(cnt, ex, s)
-        lo = tl.maximum(start - s * NB, 0)
-        hi = tl.minimum(end - s * NB, NB)
-        e64 = e.to(tl.int64)
+        e64, n_rows, packed, lo, hi = _expert_span(cnt, ex, s, start, end, NB)
         for m0 in range(0, n_rows, BM):
             slot = m0 + tl.arange(0, BM)
             valid = slot < n_rows
-            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)
+            rows = tl.load(rows_ptr + e64 * T + slot, mask=valid, other=0)
             w_t, s_t, a_t, kw, kx = _v2_ptrs(
                 w_ptr + e64 * stride_we + lo * BN * stride_wn,
                 s_ptr + e64 * stride_se + lo * BN * stride_sn,
