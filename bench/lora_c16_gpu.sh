@@ -11,12 +11,7 @@ RES=${RES:-$HOME/flat}; mkdir -p "$RES"; rm -f "$RES/done"
 CKPT=${CKPT:-/tmp/ck20}; ADAPTER=$RES/lora-r16
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 RES CKPT
 trap 'touch "$RES/done"' EXIT
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
-[ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
-  > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
-[ -f "$ADAPTER/adapter_config.json" ] || python3 -m gptoss.make_lora --model "$CKPT" --rank 16 --out "$ADAPTER" \
-  > "$RES/adapter.log" 2>&1 || { tail "$RES/adapter.log"; exit 1; }
+CKPT=$CKPT ADAPTER=$ADAPTER RES=$RES bash bench/gpu_assets.sh || exit 1
 bash bench/moe_flat_ab_gpu.sh
 for _ in $(seq 120); do [ -f "$HOME/vllm_ready" ] && break; sleep 5; done
 [ -f "$HOME/vllm_ready" ] || { echo "no vLLM"; exit 1; }

@@ -17,12 +17,7 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 t0=$(date +%s); say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 trap 'touch "$RES/done"' EXIT
 nvidia-smi -L
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
-[ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
-  > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
-[ -f "$ADAPTER/adapter_config.json" ] || python3 -m gptoss.make_lora --model "$CKPT" --rank 16 --out "$ADAPTER" \
-  > "$RES/adapter.log" 2>&1 || { tail "$RES/adapter.log"; exit 1; }
+CKPT=$CKPT ADAPTER=$ADAPTER RES=$RES bash bench/gpu_assets.sh || exit 1
 say "compiled tests"
 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_decode_flat.py \
   tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_moe_lora_kernel.py \
