@@ -196,8 +196,17 @@ DOWN_DEC_TILES = DecTiles(8, 32, 512, 4, 4, 3)
 # 55.0, M 4 97.6 / 101.5, M 8 128.0 / 125.9, M 16 170.5 / 163.2; P 1-3 slower at every M.
 # GPTOSS_MOE_FLAT=P forces P programs an SM at every T (0: the slot kernels always).
 FLAT_PER_SM, FLAT_MIN_BM = 4, 8
-_FLAT_ENV = os.environ.get("GPTOSS_MOE_FLAT")
-FLAT_FORCED = None if _FLAT_ENV in (None, "") else int(_FLAT_ENV)
+
+
+def _flat_forced(v: str | None) -> int | None:
+    if v in (None, ""):
+        return None
+    if not v.isdigit():
+        raise ValueError(f"GPTOSS_MOE_FLAT must be a count of programs an SM (0: never flat), got {v!r}")
+    return int(v)
+
+
+FLAT_FORCED = _flat_forced(os.environ.get("GPTOSS_MOE_FLAT"))
 # GPTOSS_MOE_REG=1: the slot kernels load two K steps' words at once straight into registers
 # (DecTiles.prefetch, num_stages 1) instead of cp.async stages; not yet timed on a GPU.
 REG_PREFETCH = os.environ.get("GPTOSS_MOE_REG") == "1"

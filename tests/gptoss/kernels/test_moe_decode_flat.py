@@ -203,3 +203,10 @@ def test_20b_shapes_on_gpu(tokens, per_sm):
         x, r, w, per_sm=per_sm, gu=replace(gu, per_sm=0), dn=replace(dn, per_sm=0)
     )
     assert torch.equal(act_f, act_s) and torch.equal(y_f, y_s)
+
+
+def test_a_bad_flat_switch_is_refused_by_name():
+    assert moe_tiles._flat_forced(None) is None and moe_tiles._flat_forced("") is None
+    assert moe_tiles._flat_forced("0") == 0 and moe_tiles._flat_forced("4") == 4
+    with pytest.raises(ValueError, match=r"GPTOSS_MOE_FLAT must be a count of programs an SM .* got 'yes'"):
+        moe_tiles._flat_forced("yes")
