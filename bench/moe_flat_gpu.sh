@@ -24,7 +24,7 @@ python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_decode_fl
   tests/gptoss/kernels/test_lora_attn_kernel.py 2>&1 | tail -6 | tee "$RES/tests.txt"
 say "decode MoE kernels"
 python3 bench/kernels/moe_gpu.py --no-vllm --ms 1,2,4,8,16 \
-  --variants "${KVARIANTS:-slot,dec,dec-reg,dec-reg-gu,flat3,flat4}" > "$RES/kernels.txt" 2>&1
+  --variants "${KVARIANTS:-slot,dec,dec-reg,dec-reg-gu,flat3,flat4,probe-loads,probe-compute}" > "$RES/kernels.txt" 2>&1
 sed -n '/^ *M variant/,$p' "$RES/kernels.txt"
 # The best flat P: the smallest sum of graph_us over M (rows "M variant graph_us ...").
 P=$(awk '$2 ~ /^flat[0-9]+$/ && $3 ~ /^[0-9.]+$/ {s[$2]+=$3} END {for (v in s) print s[v], v}' "$RES/kernels.txt" \

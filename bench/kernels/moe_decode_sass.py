@@ -57,15 +57,16 @@ def _compile(kernel, sig: dict[str, str], consts: dict, warps: int, stages: int,
     )
 
 
-def gate_up(t: DecTiles, route_tokens: int = 0):
-    """route_tokens > 0: the kernel routes [T, E] logits itself (ROUTE) with BT = that many rows."""
+def gate_up(t: DecTiles, route_tokens: int = 0, probe: int = 0):
+    """route_tokens > 0: the kernel routes [T, E] logits itself (ROUTE) with BT = that many rows;
+    probe: moe_decode.PROBE's timing-probe K step (slot kernels)."""
     sig = dict(x_ptr="*bf16", act_ptr="*bf16", **GEMM_SIG, stride_x="i32", alpha="fp32", limit="fp32")
     sig.update(logits_ptr="*fp32", ids_ptr="*i32", wts_ptr="*fp32", stride_l="i32")
     sig.update({f"stride_{s}": "i32" for s in ("we", "wp", "wn", "se", "sp", "sn")})
     consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
     consts.update(ROUTE=route_tokens > 0, KP=4, BT=max(1, route_tokens))
     if not t.per_sm:
-        consts.update(PREFETCH=t.prefetch)
+        consts.update(PREFETCH=t.prefetch, PROBE=probe)
     kernel = f._gate_up_flat_kernel if t.per_sm else d._gate_up_dec_kernel
     return _compile(kernel, sig, consts, t.warps, t.stages, t.maxnreg)
 
@@ -141,6 +142,10 @@ def main() -> None:
     stats(gate_up(t, 1), f"gate_up routing T 1 in registers {t}")
     for t in [DOWN_DEC_TILES, DecTiles(1, 32, 512, 4, 4, 3), DecTiles(8, 16, 1024, 8, 8, 3)]:
         stats(down(t), f"down {t}")
+    for probe in (1, 2):  # the timing probes: the load path alone, the compute alone
+        stats(
+            gate_up(dataclasses.replace(GATE_UP_DEC_TILES, bm=1), probe=probe), f"gate_up BM 1 probe {probe}"
+        )
     for bm in (1, 8):  # two K steps' words straight into registers (DecTiles.prefetch, stages 1)
         stats(
             gate_up(dataclasses.replace(GATE_UP_DEC_TILES, bm=bm, stages=1, prefetch=True)),

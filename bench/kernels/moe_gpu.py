@@ -61,8 +61,9 @@ EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # pa
 
 @contextmanager
 def _dec_switches(v: DecVariant) -> Iterator[None]:
-    saved = moe_decode.ENABLED, dict(moe_tiles.DEC_TILE_OVERRIDE)
+    saved = moe_decode.ENABLED, dict(moe_tiles.DEC_TILE_OVERRIDE), moe_decode.PROBE
     moe_decode.ENABLED = True
+    moe_decode.PROBE = v.probe
     moe_tiles.DEC_TILE_OVERRIDE.clear()
     moe_tiles.DEC_TILE_OVERRIDE.update(
         {k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None}
@@ -73,6 +74,7 @@ def _dec_switches(v: DecVariant) -> Iterator[None]:
         moe_decode.ENABLED = saved[0]
         moe_tiles.DEC_TILE_OVERRIDE.clear()
         moe_tiles.DEC_TILE_OVERRIDE.update(saved[1])
+        moe_decode.PROBE = saved[2]
 
 
 def _dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:

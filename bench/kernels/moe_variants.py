@@ -206,6 +206,7 @@ class DecVariant:
     gate_up: DecTiles | None = None  # None: moe_tiles.GATE_UP_DEC_TILES
     down: DecTiles | None = None  # None: moe_tiles.DOWN_DEC_TILES
     max_m: int = 16
+    probe: int = 0  # moe_decode.PROBE: 1 the slot kernels' load path alone, 2 their compute alone
 
 
 DEC_VARIANTS: dict[str, DecVariant] = {
@@ -238,3 +239,8 @@ _REG_GU = replace(GATE_UP_DEC_TILES, stages=1, prefetch=True)
 _REG_DN = replace(DOWN_DEC_TILES, stages=1, prefetch=True)
 DEC_VARIANTS["dec-reg"] = DecVariant(gate_up=_REG_GU, down=_REG_DN)
 DEC_VARIANTS["dec-reg-gu"] = DecVariant(gate_up=_REG_GU, down=DOWN_DEC_TILES)
+# Where a decode K step's time goes (slot kernels, timing probes; moe_v2_step PROBE): the loads and
+# MMAs without the dequant arithmetic, and the dequant and MMAs on a pattern without weight loads
+# (sm_90a: 174 and 440 loop instructions against 383; the compute probe's pattern costs ~15 %).
+DEC_VARIANTS["probe-loads"] = DecVariant(gate_up=GATE_UP_DEC_TILES, down=DOWN_DEC_TILES, probe=1)
+DEC_VARIANTS["probe-compute"] = DecVariant(gate_up=GATE_UP_DEC_TILES, down=DOWN_DEC_TILES, probe=2)

@@ -61,6 +61,7 @@ def use_decode(x: Tensor, w: MoEWeights) -> bool:
     return ENABLED and w.layout == "bits" and 0 < x.shape[0] <= MAX_T
 
 
+PROBE = 0  # benchmarks only: the slot kernels' load-only (1) or compute-only (2) K step (moe_v2_step)
 SMS_OFF_GPU = 3  # the interpreter's "SMs": a flat grid of a few programs, so tests cross experts
 
 
@@ -76,7 +77,7 @@ def _kernel_grid(slot_kernel, flat_kernel, t: DecTiles, n: int, slots: int, x: T
     blocks = triton.cdiv(n, t.bn)
     if t.per_sm and n % t.bn == 0:
         return flat_kernel, (flat.programs(blocks * slots, _sms(x), t.per_sm),), {}
-    return slot_kernel, (blocks, slots), {"PREFETCH": t.prefetch}
+    return slot_kernel, (blocks, slots), {"PREFETCH": t.prefetch, "PROBE": PROBE}
 
 
 def gate_up_dec(

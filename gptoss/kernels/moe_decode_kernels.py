@@ -78,6 +78,7 @@ def _gate_up_dec_kernel(
     LW: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr = False,
+    PROBE: tl.constexpr = 0,
 ):
     """Program (column block, slot): act[rows of the slot's expert, block] = swiglu(x @ W13^T + b13).
     ROUTE: every program routes the [T, E] logits in registers (moe_routing._topk, _group: the
@@ -145,7 +146,9 @@ def _gate_up_dec_kernel(
         else:
             for k0 in range(0, K, BK):
                 xt = tl.load(x_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
-                acc_g = _v2_step(acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
+                acc_g = _v2_step(
+                    acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False, PROBE
+                )
                 acc_u = _v2_step(
                     acc_u,
                     xt,
@@ -161,6 +164,7 @@ def _gate_up_dec_kernel(
                     PREC,
                     ASM,
                     False,
+                    PROBE,
                 )
         if SPLIT > 1:
             acc_g = tl.sum(acc_g, 0)
@@ -210,6 +214,7 @@ def _down_dec_kernel(
     LW: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr = False,
+    PROBE: tl.constexpr = 0,
 ):
     """Program (column block, slot): y[rows of the slot's expert, block] = act @ W2_e^T + b2_e
     (LORA: + B2_e @ s^T, s the rows' shrunk act by assignment)."""
@@ -257,7 +262,7 @@ def _down_dec_kernel(
         else:
             for k0 in range(0, K, BK):
                 at = tl.load(a_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
-                acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
+                acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False, PROBE)
         if SPLIT > 1:
             acc = tl.sum(acc, 0)
         if LORA:

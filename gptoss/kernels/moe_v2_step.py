@@ -25,7 +25,14 @@ mov.b32 $0, a; mov.b32 $1, b; mov.b32 $2, c; mov.b32 $3, d;
 
 @triton.jit
 def _dequant_bits(
-    w, sw, S: tl.constexpr, BN: tl.constexpr, BKS: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr
+    w,
+    sw,
+    S: tl.constexpr,
+    BN: tl.constexpr,
+    BKS: tl.constexpr,
+    dtype: tl.constexpr,
+    ASM: tl.constexpr,
+    RAW: tl.constexpr = False,
 ):
     """w [S, BN, BKS/2] uint8 (v2 layout), sw [S, BN, BKS/128] int32 (4 scale bytes each) -> [S, BN, BKS].
 
@@ -46,7 +53,10 @@ def _dequant_bits(
     w = (
         b0.to(tl.uint32) | (b1.to(tl.uint32) << 8) | (b2.to(tl.uint32) << 16) | (b3.to(tl.uint32) << 24)
     )  # [S, BN, G, 4]
-    if ASM:
+    if RAW:  # timing probe (moe_v2_step PROBE 1): each word, xor its scale, as its 4 registers
+        r0 = w ^ tl.broadcast_to(s.to(tl.uint32)[:, :, :, None], (S, BN, G, 4))
+        r1, r2, r3 = r0, r0, r0
+    elif ASM:
         f = tl.broadcast_to((s.to(tl.uint32) * 0x800080 + 0x3F003F00)[:, :, :, None], (S, BN, G, 4))
         r0, r1, r2, r3 = tl.inline_asm_elementwise(
             _BITS_TO_BF16_ASM,
@@ -62,7 +72,7 @@ def _dequant_bits(
         r2 = ((w << 14) | (w >> 18)) & 0x81C081C0
         r3 = (w & 0x80C080C0) | ((w << 8) & 0x01000100)
     q = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (S, BN, BKS // 2))  # word-major, register j
-    if ASM:
+    if ASM or RAW:
         lo = (q & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         hi = (q >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         out = tl.reshape(tl.join(lo, hi), (S, BN, BKS)).to(dtype)
@@ -135,11 +145,26 @@ def _v2_step(
     PREC: tl.constexpr,
     ASM: tl.constexpr,
     XA: tl.constexpr,
+    PROBE: tl.constexpr = 0,
 ):
     """acc += x @ dequant(W[:, k0:k0+BK])^T as the MMA wants it: acc [BN, BM] (SPLIT 1), [BM, BN] (XA:
     both wgmma operands in shared memory, so the MMA runs async under the next step's dequant) or
-    [SPLIT, BN, BM]."""
-    w, sw = _v2_load(w_ptrs, s_ptrs, kw, k0, K, EVEN_K, False)
+    [SPLIT, BN, BM].
+
+    PROBE (timing only; the results are not the product): 1 loads the words as usual but feeds the
+    dot their bits (no dequant arithmetic: the load path alone), 2 dequantizes a pattern made from the
+    row and k0 instead of loading (no weight traffic: the compute path alone)."""
+    if PROBE == 2:  # a pattern that differs by plane, row and step: no dequant shared or hoisted
+        if SPLIT == 1:
+            row = tl.arange(0, BN)[:, None]
+        else:
+            row = tl.arange(0, BN)[None, :, None]
+        w = (w_ptrs.to(tl.int64) + row * 37 + kw + k0 // 2).to(tl.uint8)  # the plane's address too
+        sw = (s_ptrs.to(tl.int64) + row * 3 + k0 // 128).to(tl.int32) & 0x7F7F7F7F
+    else:
+        w, sw = _v2_load(w_ptrs, s_ptrs, kw, k0, K, EVEN_K, False)
+    if PROBE == 1:
+        return _v2_mma(acc, x, w, sw, BN, BK, SPLIT, ASM, PREC, XA, True)
     return _v2_mma(acc, x, w, sw, BN, BK, SPLIT, ASM, PREC, XA)
 
 
@@ -172,15 +197,16 @@ def _v2_mma(
     ASM: tl.constexpr,
     PREC: tl.constexpr,
     XA: tl.constexpr,
+    RAW: tl.constexpr = False,
 ):
-    """acc += x @ dequant(w, sw)^T (_v2_step's dot on loaded words)."""
+    """acc += x @ dequant(w, sw)^T (_v2_step's dot on loaded words; RAW: _dequant_bits' RAW)."""
     if SPLIT == 1:
-        wd = tl.reshape(_dequant_bits(w[None, :, :], sw[None, :, :], 1, BN, BK, x.dtype, ASM), (BN, BK))
+        wd = tl.reshape(_dequant_bits(w[None, :, :], sw[None, :, :], 1, BN, BK, x.dtype, ASM, RAW), (BN, BK))
         if XA:
             out = tl.dot(x, tl.trans(wd), acc, input_precision=PREC)
         else:
             out = tl.dot(wd, x, acc, input_precision=PREC)
     else:
-        wd = _dequant_bits(w, sw, SPLIT, BN, BK // SPLIT, x.dtype, ASM)
+        wd = _dequant_bits(w, sw, SPLIT, BN, BK // SPLIT, x.dtype, ASM, RAW)
         out = tl.dot(wd, x, acc, input_precision=PREC)
     return out

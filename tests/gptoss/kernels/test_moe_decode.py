@@ -297,3 +297,17 @@ def test_the_register_prefetch_switch(monkeypatch):
     assert (t16.prefetch, t16.stages, t16.per_sm) == (False, 4, moe_tiles.FLAT_PER_SM)
     monkeypatch.setattr(moe_tiles, "DEC_TILE_OVERRIDE", {False: moe_tiles.DOWN_DEC_TILES})
     assert not moe_tiles.dec_tiles(False, 2880, 1).prefetch
+
+
+@pytest.mark.parametrize("probe", [1, 2])
+def test_timing_probes_run_and_are_off_by_default(probe, monkeypatch):
+    """moe_decode.PROBE (benchmarks only): the load-only and compute-only K steps run through both
+    slot kernels and give other numbers than the product; 0, the default, is the product."""
+    assert moe_decode.PROBE == 0
+    monkeypatch.setattr(moe_tiles, "FLAT_FORCED", 0)
+    ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=70)
+    x = (torch.randn(3, 160, generator=torch.Generator(DEV).manual_seed(70), device=DEV) * 3).bfloat16()
+    want = _forward(ref, w, x)
+    monkeypatch.setattr(moe_decode, "PROBE", probe)
+    got = _forward(ref, w, x)
+    assert got.shape == want.shape and not torch.equal(got.nan_to_num(), want)
