@@ -38,6 +38,8 @@ results compiled (bf16 rel error up to 7 at some tiles), so it is gone.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -67,8 +69,14 @@ SMS_OFF_GPU = 3  # the interpreter's "SMs": a flat grid of a few programs, so te
 
 def _sms(x: Tensor) -> int:
     if x.is_cuda and not triton.knobs.runtime.interpret:
-        return torch.cuda.get_device_properties(x.device).multi_processor_count
+        return _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
     return SMS_OFF_GPU
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    """An SM count, asked of the driver once a device (the launchers run on every decode step)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _kernel_grid(slot_kernel, flat_kernel, t: DecTiles, n: int, slots: int, x: Tensor):

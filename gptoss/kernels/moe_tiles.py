@@ -224,7 +224,8 @@ def dec_tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
     """The decode tiles for a GEMM with K = k at T = t: BM shrinks to T's power of 2 (an expert has <= T
     rows; the x tile in shared memory shrinks with it), BK toward K (no empty steps) and to where the
     last step's scale words stay inside the row (rows hold ceil(K/512)*512 K of scales); warps = split."""
-    cfg = DEC_TILE_OVERRIDE.get(gate_up) or (GATE_UP_DEC_TILES if gate_up else DOWN_DEC_TILES)
+    override = DEC_TILE_OVERRIDE.get(gate_up)
+    cfg = override or (GATE_UP_DEC_TILES if gate_up else DOWN_DEC_TILES)
     split = cfg.split
     bk = max(128 * split, min(cfg.bk, triton.next_power_of_2(k)))
     while triton.cdiv(k, bk) * bk > triton.cdiv(k, 512) * 512:  # ends at BK <= 512
@@ -234,7 +235,7 @@ def dec_tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
     maxnreg = cfg.maxnreg
     if maxnreg is None and gate_up and bm <= 4:
         maxnreg = GATE_UP_MAXNREG
-    if gate_up in DEC_TILE_OVERRIDE:
+    if override is not None:
         per_sm = cfg.per_sm
     elif FLAT_FORCED is not None:
         per_sm = FLAT_FORCED
@@ -242,6 +243,6 @@ def dec_tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
         per_sm = FLAT_PER_SM if bm >= FLAT_MIN_BM else 0
     warps = split if split > 1 else cfg.warps
     stages, prefetch = cfg.stages, cfg.prefetch
-    if REG_PREFETCH and not per_sm and gate_up not in DEC_TILE_OVERRIDE:
+    if REG_PREFETCH and not per_sm and override is None:
         stages, prefetch = 1, True
     return DecTiles(bm, cfg.bn, bk, split, warps, stages, maxnreg, per_sm, prefetch)

@@ -174,9 +174,7 @@ def _v2_load(w_ptrs, s_ptrs, kw, k0, K: tl.constexpr, EVEN_K: tl.constexpr, GUAR
     prefetch beyond the last step), which then loads nothing."""
     if EVEN_K and not GUARD:
         w = tl.load(w_ptrs + k0 // 2)
-    elif EVEN_K:
-        w = tl.load(w_ptrs + k0 // 2, mask=(k0 < K) & (kw >= 0), other=0)
-    else:  # K tail: zero words decode to zeros
+    else:  # K tail or past K: zero words decode to zeros
         w = tl.load(w_ptrs + k0 // 2, mask=(k0 // 2 + kw) < K // 2, other=0)
     if GUARD:
         sw = tl.load(s_ptrs + k0 // 128, mask=k0 < K, other=0)
