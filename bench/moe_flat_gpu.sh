@@ -11,6 +11,8 @@
 # Offline and concurrency-16 rows on the same machine. One table last: $HOME/flat/table.txt.
 # PARTS (default all: tests kernels b1 c16 offline vllm) picks steps, e.g. issue 13's c16 row with
 # its peer: PARTS="c16 offline vllm" MODES="slot=GPTOSS_MOE_FLAT=0 default=" bash bench/moe_flat_gpu.sh
+# Two more parts, not in the default: attn (bench/kernels/attn_sweep.py: decode attention's launch
+# settings) and profile (bench/profile_gpu.py at batch 1, and at batch 1000 with 1536-token contexts).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/flat}; mkdir -p "$RES"; rm -f "$RES/done"
@@ -44,6 +46,17 @@ if has kernels; then
   best=$(awk '$2 ~ /^flat[0-9]+$/ && $3 ~ /^[0-9.]+$/ {s[$2]+=$3} END {for (v in s) print s[v], v}' \
     "$RES/kernels.txt" | sort -n | head -1 | sed 's/.*flat//')
   P=${best:-$P}; say "flat P = $P"
+fi
+if has attn; then  # decode attention's (BLOCK_N, warps, stages) at batch 1 and Offline decode shapes
+  say "decode attention sweep"
+  python3 bench/kernels/attn_sweep.py > "$RES/attn.txt" 2>&1; cat "$RES/attn.txt"
+fi
+if has profile; then  # where a batch-1 step and an Offline 1024 -> 1024 decode step (~1000 rows, ~1.5k context) go
+  say "profiles"
+  python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 --steps 20 > "$RES/profile_b1.txt" 2>&1
+  python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1000 --prompt-len 1536 --steps 5 \
+    > "$RES/profile_b1000.txt" 2>&1
+  grep -h -A16 "^batch" "$RES/profile_b1.txt" "$RES/profile_b1000.txt"
 fi
 # Engine modes: name=ENV (comma-separated assignments); "flat" forces P at every T.
 MODES=${MODES:-"slot=GPTOSS_MOE_FLAT=0 flat=GPTOSS_MOE_FLAT=$P default= reg=GPTOSS_MOE_REG=1"}

@@ -2,10 +2,11 @@
 
     python bench/profile_gpu.py --model-path CKPT [--batch 1 --batch 64] [--steps 20] [--diag]
         [--lora ADAPTER]    # the --batch requests through a PEFT adapter
+        [--prompt-len 1536] # their context (an Offline 1024 -> 1024 decode step: --batch 1000)
     python bench/profile_gpu.py --model-path CKPT --batch 0 --prefill 64x1024 [--max-num-batched-tokens 16384]
         [--decoding 512]    # the prefill steps beside 512 decoding sequences (an Offline run's mixed steps)
 
-profile: B requests of 128 prompt tokens are prefilled, then `--steps` decode steps run under
+profile: B requests of --prompt-len (128) tokens are prefilled, then `--steps` decode steps run under
 torch.profiler. Printed per batch size: wall ms per step (CUDA events), host ms per step (before the
 step's one synchronisation), and each kernel's GPU µs per step and share, largest first.
 prefill: N prompts of L tokens are added at once and the steps that prefill them all (each up to
@@ -53,11 +54,11 @@ def _print_kernels(per: dict[str, list[float]], steps: int, total: float, rows: 
         print(f"  {name:60} {t} {n / steps:6.1f} {us / steps / total:6.1%}")
 
 
-def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None) -> None:
+def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None, prompt_len: int = 128) -> None:
     rng = random.Random(batch)
     sp = SamplingParams(max_new_tokens=steps + 8, temperature=0, ignore_eos=True)
     for i in range(batch):
-        eng.add(f"p{batch}-{i}", [rng.randrange(200_000) for _ in range(128)], sp, lora)
+        eng.add(f"p{batch}-{i}", [rng.randrange(200_000) for _ in range(prompt_len)], sp, lora)
     while any(s.num_computed < s.num_prompt_tokens for s in eng.seqs.values()):
         eng.step()
     for _ in range(3):
@@ -77,7 +78,8 @@ def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None) -> 
     per = _kernel_times(prof)
     total = sum(v[0] for v in per.values()) / steps
     print(
-        f"\nbatch {batch}{' with LoRA' if lora else ''}: {wall:.3f} ms/step wall, {host:.3f} ms host, "
+        f"\nbatch {batch} at context {prompt_len}{' with LoRA' if lora else ''}: {wall:.3f} ms/step wall, "
+        f"{host:.3f} ms host, "
         f"kernels {total / 1000:.3f} ms "
         f"({batch / wall * 1000:.0f} tok/s)"
     )
@@ -237,6 +239,9 @@ def main() -> None:
     ap.add_argument("--decoding", type=int, default=0, help="--prefill beside this many decoding sequences")
     ap.add_argument("--cprofile", action="store_true", help="--prefill again under cProfile (host hot spots)")
     ap.add_argument("--lora", default=None, help="a PEFT adapter: the --batch requests run through it")
+    ap.add_argument(
+        "--prompt-len", type=int, default=128, help="--batch requests' prompt tokens (their context)"
+    )
     args = ap.parse_args()
     if args.diag:
         diag(args.model_path)
@@ -246,7 +251,7 @@ def main() -> None:
             model_path=args.model_path,
             device="cuda",
             max_num_seqs=max(256, args.decoding + 64, *(args.batch or [])),
-            max_model_len=4096,
+            max_model_len=max(4096, args.prompt_len + args.steps + 16),
             max_num_batched_tokens=args.max_num_batched_tokens,
             kernels="triton",
             cuda_graphs=not args.eager,
@@ -258,7 +263,7 @@ def main() -> None:
     print(f"engine up in {time.perf_counter() - t:.1f} s")
     for b in args.batch or [1, 64]:
         if b > 0:
-            profile(eng, b, args.steps, "lora" if args.lora else None)
+            profile(eng, b, args.steps, "lora" if args.lora else None, args.prompt_len)
     for spec in args.prefill:
         n, length = map(int, spec.split("x"))
         profile_prefill(eng, n, length, args.decoding)

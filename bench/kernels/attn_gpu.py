@@ -162,8 +162,11 @@ def _check(
     )
 
 
-def decode_case(b: int, ctx: int, sliding: bool, fa: Callable | None, check: bool = False) -> dict:
-    """B sequences at context ctx decode one token each."""
+def decode_case(
+    b: int, ctx: int, sliding: bool, fa: Callable | None, check: bool = False, hint: int | None = None
+) -> dict:
+    """B sequences at context ctx decode one token each. hint: the key bound the splits follow (the
+    engine passes its max_model_len; default ctx)."""
     nblk = ctx // BS + 1  # positions [0, ctx]: FA3 keeps the new token at ctx in its cache
     table = torch.randperm(b * nblk, device="cuda").view(b, nblk).int()  # [B, nblk]
     kc, vc = _rand(b * nblk, BS, HKV, D), _rand(b * nblk, BS, HKV, D)
@@ -186,7 +189,7 @@ def decode_case(b: int, ctx: int, sliding: bool, fa: Callable | None, check: boo
         keys = ctx + 1
 
     def ours() -> torch.Tensor:
-        return paged_attention(q, kn, vn, *args, 1, out=out, max_context_hint=ctx)
+        return paged_attention(q, kn, vn, *args, 1, out=out, max_context_hint=hint or ctx)
 
     peer = (
         None

@@ -23,6 +23,25 @@ MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 64
 # (BLOCK_N, num_warps, num_stages) per path; chosen by reasoning, not measured: the lead tunes them.
 DECODE_CFG = (64, 4, 3)
+
+
+def _cfg_from_env(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
+    """A (BLOCK_N, num_warps, num_stages) override such as GPTOSS_ATTN_DECODE=128,4,2 (benchmarks)."""
+    v = os.environ.get(name, "")
+    if not v:
+        return default
+    parts = v.split(",")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{name} must be BLOCK_N,num_warps,num_stages (three positive counts), got {v!r}")
+    block_n, warps, stages = map(int, parts)
+    if block_n & (block_n - 1) or block_n < 16 or warps & (warps - 1):
+        raise ValueError(
+            f"{name}: BLOCK_N must be a power of two >= 16 and num_warps a power of two, got {v!r}"
+        )
+    return block_n, warps, stages
+
+
+DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", DECODE_CFG)
 PREFILL_CFG = (64, 8, 3)
 PREFILL_ROWS = 128  # BLOCK_M of prefill: query tokens x padded GQA group
 # Triton 3.6's interpreter multiplies the raw bits of bf16 dot operands; passed to the kernel as

@@ -195,6 +195,38 @@ def test_decode_splits_and_neutral_partials(hint):
     assert_rows_close(got, reference(st, "full"), TOL[torch.float32])
 
 
+@pytest.mark.parametrize("cfg", [(16, 4, 4), (32, 2, 3), (128, 4, 2)], ids=str)
+def test_decode_launch_settings_keep_the_result(cfg, monkeypatch):
+    """Other (BLOCK_N, warps, stages) than DECODE_CFG's, as GPTOSS_ATTN_DECODE sets them: the same
+    attention, split (hint 4096: chunks of BLOCK_N keys) or not, full table or ring."""
+    import gptoss.kernels.attention as attention
+
+    monkeypatch.setattr(attention, "DECODE_CFG", cfg)
+    st = make_step([300, 5, 129], [1] * 3, 16, 2, torch.float32, seed=11, fill=float("nan"))
+    for pool in ("full", "ring"):
+        assert_rows_close(
+            run_kernel(st, pool, max_context_hint=4096), reference(st, pool), TOL[torch.float32]
+        )
+
+
+def test_decode_settings_from_the_environment(monkeypatch):
+    from gptoss.kernels.attention import _cfg_from_env
+
+    monkeypatch.setenv("GPTOSS_ATTN_DECODE", "128,8,2")
+    assert _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 4, 3)) == (128, 8, 2)
+    monkeypatch.setenv("GPTOSS_ATTN_DECODE", "")
+    assert _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 4, 3)) == (64, 4, 3)
+    for bad, why in [
+        ("64,4", "three positive counts"),
+        ("64,x,3", "three positive counts"),
+        ("48,4,3", "power of two >= 16"),
+        ("64,3,3", "power of two"),
+    ]:
+        monkeypatch.setenv("GPTOSS_ATTN_DECODE", bad)
+        with pytest.raises(ValueError, match=why):
+            _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 4, 3))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("hint", [None, 4096])
 def test_decode_merges_splits_in_kernel_as_the_reduce_does(hint, dtype):

@@ -1,0 +1,77 @@
+"""Decode attention's launch settings swept at the engine's decode shapes (CUDA only).
+
+    python bench/kernels/attn_sweep.py [--configs 64,4,3 32,4,3 ...]
+
+attention.DECODE_CFG (BLOCK_N, num_warps, num_stages) was set by reasoning, never measured. Each
+row: a case (batch, context, full or sliding) and, per config, our decode attention's µs
+(triton.testing.do_bench median, L2 flushed) and its share of ~3.0 TB/s (attn_gpu's byte count).
+Cases: batch 1 at 640 context as the batch-1 bench's steps see it (the key bound is the bench's
+max_model_len, 8192, so full layers split 32 ways, 10 of them with keys), and an Offline decode
+step's ~1000 sequences at ~1.5k context (one split). The engine takes a config with GPTOSS_ATTN_DECODE=BN,W,S.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from attn_gpu import decode_case  # noqa: E402
+
+from gptoss.kernels import attention  # noqa: E402
+
+CONFIGS = [
+    "64,4,3",
+    "32,4,3",
+    "128,4,3",
+    "64,4,2",
+    "64,4,4",
+    "128,4,2",
+    "128,8,3",
+    "64,2,3",
+    "32,2,3",
+    "16,4,4",
+]
+ENGINE_HINT = 8192  # bench/gptoss_gpu.py's --max-model-len: decode splits follow it, not the context
+CASES = [  # (batch, context, sliding, key bound)
+    (1, 640, False, ENGINE_HINT),
+    (1, 640, True, ENGINE_HINT),
+    (1, 4096, False, ENGINE_HINT),
+    (1024, 1536, False, None),
+    (1024, 1536, True, None),
+    (256, 4096, False, None),
+]
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("attn_sweep.py needs a CUDA GPU")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=CONFIGS)
+    args = ap.parse_args()
+    cfgs = [tuple(int(v) for v in c.split(",")) for c in args.configs]
+    default = attention.DECODE_CFG
+    print(f"{torch.cuda.get_device_name()}; default DECODE_CFG {default}; us (HBM share)")
+    print(f"{'case':34}" + "".join(f"{','.join(map(str, c)):>16}" for c in cfgs))
+    for b, ctx, sliding, hint in CASES:
+        cells = []
+        for c in cfgs:
+            attention.DECODE_CFG = c
+            try:
+                r = decode_case(b, ctx, sliding, None, hint=hint)
+                cells.append(f"{r['ours_us']:.1f} ({r['hbm_frac']:.0%})")
+            except Exception as e:  # noqa: BLE001 - a config that does not compile is a cell, not a stop
+                cells.append(type(e).__name__[:14])
+            torch.cuda.empty_cache()
+        attention.DECODE_CFG = default
+        case = f"B={b} ctx={ctx} {'sliding' if sliding else 'full'}{f' hint {hint}' if hint else ''}"
+        print(f"{case:34}" + "".join(f"{cell:>16}" for cell in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
