@@ -11,6 +11,7 @@
 # Offline and concurrency-16 rows on the same machine. One table last: $HOME/flat/table.txt.
 # PARTS (default all: tests kernels b1 c16 offline vllm) picks steps, e.g. issue 13's c16 row with
 # its peer: PARTS="c16 offline vllm" MODES="slot=GPTOSS_MOE_FLAT=0 default=" bash bench/moe_flat_gpu.sh
+# KMS / KEXPERTS: the kernel table's M list and experts (128: 120b, e.g. KVARIANTS=v2,rows-d16-flat4).
 # Two more parts, not in the default: attn (bench/kernels/attn_sweep.py: decode attention's launch
 # settings) and profile (bench/profile_gpu.py at batch 1, and at batch 1000 with 1536-token contexts).
 set -uo pipefail
@@ -39,7 +40,7 @@ fi
 P=4  # moe_tiles.FLAT_PER_SM, unless the kernel table finds a better P
 if has kernels; then
   say "decode MoE kernels"
-  python3 bench/kernels/moe_gpu.py --no-vllm --ms 1,2,4,8,16 \
+  python3 bench/kernels/moe_gpu.py --no-vllm --ms "${KMS:-1,2,4,8,16}" --experts "${KEXPERTS:-32}" \
     --variants "${KVARIANTS:-slot,dec,dec-reg,dec-reg-gu,flat3,flat4,probe-loads,probe-compute}" > "$RES/kernels.txt" 2>&1
   sed -n '/^ *M variant/,$p' "$RES/kernels.txt"
   # The best flat P: the smallest sum of graph_us over M (rows "M variant graph_us ...").
@@ -58,12 +59,12 @@ if has profile; then  # where a batch-1 step and an Offline 1024 -> 1024 decode 
     > "$RES/profile_b1000.txt" 2>&1
   grep -h -A16 "^batch" "$RES/profile_b1.txt" "$RES/profile_b1000.txt"
 fi
-# Engine modes: name=ENV (comma-separated assignments); "flat" forces P at every T.
+# Engine modes: name=ENV (+-separated assignments, as values may hold commas); "flat" forces P at every T.
 MODES=${MODES:-"slot=GPTOSS_MOE_FLAT=0 flat=GPTOSS_MOE_FLAT=$P default= reg=GPTOSS_MOE_REG=1"}
 each_mode() {  # each_mode LABEL FUNCTION: FUNCTION once a mode, with $name set and the mode's variables
   local m rest envs
   for m in $MODES; do
-    name=${m%%=*}; rest=${m#*=}; read -ra envs <<< "${rest//,/ }"
+    name=${m%%=*}; rest=${m#*=}; read -ra envs <<< "${rest//+/ }"
     say "$1, $name"
     (for a in "${envs[@]}"; do export "${a?}"; done; "$2")
   done

@@ -56,7 +56,10 @@ def _print_kernels(per: dict[str, list[float]], steps: int, total: float, rows: 
 
 def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None, prompt_len: int = 128) -> None:
     rng = random.Random(batch)
-    sp = SamplingParams(max_new_tokens=steps + 8, temperature=0, ignore_eos=True)
+    # The first prompts decode while the later ones prefill (a step takes max_num_batched_tokens):
+    # their outputs must outlast that, or the profiled steps run a fraction of the batch.
+    prefill_steps = -(-batch * prompt_len // eng.config.max_num_batched_tokens) + 2
+    sp = SamplingParams(max_new_tokens=steps + 8 + prefill_steps, temperature=0, ignore_eos=True)
     for i in range(batch):
         eng.add(f"p{batch}-{i}", [rng.randrange(200_000) for _ in range(prompt_len)], sp, lora)
     while any(s.num_computed < s.num_prompt_tokens for s in eng.seqs.values()):
@@ -64,6 +67,9 @@ def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None, pro
     for _ in range(3):
         eng.step()
     runner = eng.runner.kernel_runner
+    rows = len(eng.seqs)
+    if rows != batch:
+        print(f"warning: {rows} of {batch} sequences still decoding when the profile starts")
     runner.host_times.clear()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -78,10 +84,10 @@ def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None, pro
     per = _kernel_times(prof)
     total = sum(v[0] for v in per.values()) / steps
     print(
-        f"\nbatch {batch} at context {prompt_len}{' with LoRA' if lora else ''}: {wall:.3f} ms/step wall, "
+        f"\nbatch {rows} at context {prompt_len}{' with LoRA' if lora else ''}: {wall:.3f} ms/step wall, "
         f"{host:.3f} ms host, "
         f"kernels {total / 1000:.3f} ms "
-        f"({batch / wall * 1000:.0f} tok/s)"
+        f"({rows / wall * 1000:.0f} tok/s)"
     )
     _print_kernels(per, steps, total, 14, ms=False)
     while eng.has_work():
@@ -251,7 +257,7 @@ def main() -> None:
             model_path=args.model_path,
             device="cuda",
             max_num_seqs=max(256, args.decoding + 64, *(args.batch or [])),
-            max_model_len=max(4096, args.prompt_len + args.steps + 16),
+            max_model_len=max(4096, args.prompt_len + args.steps + 1024),  # outputs outlast the prefill
             max_num_batched_tokens=args.max_num_batched_tokens,
             kernels="triton",
             cuda_graphs=not args.eager,

@@ -61,9 +61,10 @@ EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # pa
 
 @contextmanager
 def _dec_switches(v: DecVariant) -> Iterator[None]:
-    saved = moe_decode.ENABLED, dict(moe_tiles.DEC_TILE_OVERRIDE), moe_decode.PROBE
+    saved = moe_decode.ENABLED, dict(moe_tiles.DEC_TILE_OVERRIDE), moe_decode.PROBE, moe_decode.MAX_T
     moe_decode.ENABLED = True
     moe_decode.PROBE = v.probe
+    moe_decode.MAX_T = max(moe_decode.MAX_T, v.max_m)  # the rows variants (120b) run past T 16
     moe_tiles.DEC_TILE_OVERRIDE.clear()
     moe_tiles.DEC_TILE_OVERRIDE.update(
         {k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None}
@@ -75,6 +76,7 @@ def _dec_switches(v: DecVariant) -> Iterator[None]:
         moe_tiles.DEC_TILE_OVERRIDE.clear()
         moe_tiles.DEC_TILE_OVERRIDE.update(saved[1])
         moe_decode.PROBE = saved[2]
+        moe_decode.MAX_T = saved[3]
 
 
 def _dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:

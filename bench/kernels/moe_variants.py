@@ -244,3 +244,19 @@ DEC_VARIANTS["dec-reg-gu"] = DecVariant(gate_up=_REG_GU, down=DOWN_DEC_TILES)
 # (sm_90a: 174 and 440 loop instructions against 383; the compute probe's pattern costs ~15 %).
 DEC_VARIANTS["probe-loads"] = DecVariant(gate_up=GATE_UP_DEC_TILES, down=DOWN_DEC_TILES, probe=1)
 DEC_VARIANTS["probe-compute"] = DecVariant(gate_up=GATE_UP_DEC_TILES, down=DOWN_DEC_TILES, probe=2)
+# gpt-oss-120b's Offline decode (--experts 128, M 256-2048): every expert hit by ~8-64 rows, so a
+# step streams all 128 experts' weights (1.69 GB a layer) and v2's 32-row tiles run at ~34 % of HBM
+# (v11). The decode kernels stream at ~55-60 % at 16-27 hit experts (M 8-16, 20b); here with BM 16
+# or 32 (BM 8 loops an expert's rows, dequantizing its weights again each 8). max_m lets them run
+# past MAX_T (moe_gpu's _dec_switches).
+_ROWS = {
+    "d8": (DecTiles(8, 16, 512, 4, 4, 4), DecTiles(8, 32, 512, 4, 4, 3)),
+    "d16": (DecTiles(16, 16, 512, 4, 4, 3), DecTiles(16, 32, 512, 4, 4, 3)),
+    "d32": (DecTiles(32, 16, 256, 2, 2, 3), DecTiles(32, 32, 256, 2, 2, 3)),
+    "d32k512": (DecTiles(32, 16, 512, 4, 4, 2), DecTiles(32, 32, 512, 4, 4, 2)),
+}
+for _n, (_gu, _dn) in _ROWS.items():
+    for _p in (0, 2, 4):
+        DEC_VARIANTS[f"rows-{_n}{f'-flat{_p}' if _p else ''}"] = DecVariant(
+            gate_up=replace(_gu, per_sm=_p), down=replace(_dn, per_sm=_p), max_m=2048
+        )
