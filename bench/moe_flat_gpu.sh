@@ -82,12 +82,12 @@ if has b1; then
   for round in $(seq "${ROUNDS:-2}"); do each_mode "batch-1 decode (round $round)" b1; done
 fi
 has c16 && each_mode "concurrency 16 with the adapter" c16
-if has offline; then
-  say "Offline 1000x1024x1024 (shared KV pool), default kernels"
+offline() {
   timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
-    --throughput 1000x1024x1024 > "$RES/offline.txt" 2>&1
-  row "gptoss offline 1000x1024x1024" "$(grep '^offline 1000x' "$RES/offline.txt" | tail -1)"
-fi
+    --throughput 1000x1024x1024 > "$RES/offline_$name.txt" 2>&1
+  row "gptoss offline 1000x1024x1024 $name" "$(grep '^offline 1000x' "$RES/offline_$name.txt" | tail -1)"
+}
+has offline && each_mode "Offline 1000x1024x1024" offline
 if has vllm; then
   say "waiting for vLLM (\$HOME/vllm_ready)"
   for _ in $(seq 180); do [ -f "$HOME/vllm_ready" ] && break; sleep 5; done
