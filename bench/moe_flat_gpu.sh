@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU side, one H100, detached over several device calls: the decode MoE's kernel choices (the
-# expert-slot kernels, the flat ones: moe_decode_flat, GPTOSS_MOE_FLAT=P; register prefetch:
-# GPTOSS_MOE_REG=1), then the engine and vLLM 0.26.0 side by side.
+# expert-slot kernels, the flat ones: moe_decode_flat, GPTOSS_MOE_FLAT=P), then the engine and vLLM
+# 0.26.0 side by side.
 #   nohup bash bench/moe_flat_gpu.sh > $HOME/flat.log 2>&1 &     (then poll $HOME/flat/done)
 # Steps: the 20b checkpoint and a rank-16 adapter; compiled tests (flat = slot bit for bit at 20b
 # shapes); the decode MoE's kernel table (slot and flat variants, M 1-16, CUDA graphs); the best
@@ -22,6 +22,12 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 t0=$(date +%s); say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 PARTS=" ${PARTS:-tests kernels b1 c16 offline vllm} "; has() { [[ $PARTS == *" $1 "* ]]; }
 trap 'touch "$RES/done"' EXIT
+# vLLM's engine bench comes with the payload (.wc1), which a copy of the checkout made to run this
+# detached may leave out (2026-11-27: the batch-1 / Offline row then failed at once, exit 2).
+VLLM_SCRIPT=$(realpath -m "${VLLM_SCRIPT:-.wc1/bench_vllm.py}")
+if has vllm && [ ! -f "$VLLM_SCRIPT" ]; then
+  say "no $VLLM_SCRIPT: set VLLM_SCRIPT to the payload's bench_vllm.py"; exit 1
+fi
 nvidia-smi -L
 python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
   python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
@@ -41,7 +47,7 @@ P=4  # moe_tiles.FLAT_PER_SM, unless the kernel table finds a better P
 if has kernels; then
   say "decode MoE kernels"
   python3 bench/kernels/moe_gpu.py --no-vllm --ms "${KMS:-1,2,4,8,16}" --experts "${KEXPERTS:-32}" \
-    --variants "${KVARIANTS:-slot,dec,dec-reg,dec-reg-gu,flat3,flat4,probe-loads,probe-compute}" > "$RES/kernels.txt" 2>&1
+    --variants "${KVARIANTS:-slot,dec,flat3,flat4,probe-loads,probe-compute}" > "$RES/kernels.txt" 2>&1
   sed -n '/^ *M variant/,$p' "$RES/kernels.txt"
   # The best flat P: the smallest sum of graph_us over M (rows "M variant graph_us ...").
   best=$(awk '$2 ~ /^flat[0-9]+$/ && $3 ~ /^[0-9.]+$/ {s[$2]+=$3} END {for (v in s) print s[v], v}' \
@@ -60,7 +66,7 @@ if has profile; then  # where a batch-1 step and an Offline 1024 -> 1024 decode 
   grep -h -A16 "^batch" "$RES/profile_b1.txt" "$RES/profile_b1000.txt"
 fi
 # Engine modes: name=ENV (+-separated assignments, as values may hold commas); "flat" forces P at every T.
-MODES=${MODES:-"slot=GPTOSS_MOE_FLAT=0 flat=GPTOSS_MOE_FLAT=$P default= reg=GPTOSS_MOE_REG=1"}
+MODES=${MODES:-"slot=GPTOSS_MOE_FLAT=0 flat=GPTOSS_MOE_FLAT=$P default="}
 each_mode() {  # each_mode LABEL FUNCTION: FUNCTION once a mode, with $name set and the mode's variables
   local m rest envs
   for m in $MODES; do
@@ -98,7 +104,7 @@ if has vllm; then
   row "vllm c16 lora" "$(grep -h '"c16"' "$RES/lora_vllm/results.jsonl" 2>/dev/null | tail -1)"
   say "vLLM batch-1 and Offline"
   timeout 560 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm --decode 128x512 \
-    --throughput 1000x1024x1024 > "$RES/vllm.txt" 2>&1
+    --throughput 1000x1024x1024 --vllm-script "$VLLM_SCRIPT" > "$RES/vllm.txt" 2>&1
   row "vllm b1 + offline" "$(sed -n '/^workload/,$p' "$RES/vllm.txt" | tr '\n' ' ')"
 fi
 say "done"

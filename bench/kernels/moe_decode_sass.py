@@ -66,7 +66,7 @@ def gate_up(t: DecTiles, route_tokens: int = 0, probe: int = 0):
     consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
     consts.update(ROUTE=route_tokens > 0, KP=4, BT=max(1, route_tokens))
     if not t.per_sm:
-        consts.update(PREFETCH=t.prefetch, PROBE=probe)
+        consts.update(PROBE=probe)
     kernel = f._gate_up_flat_kernel if t.per_sm else d._gate_up_dec_kernel
     return _compile(kernel, sig, consts, t.warps, t.stages, t.maxnreg)
 
@@ -75,8 +75,6 @@ def down(t: DecTiles):
     sig = dict(a_ptr="*bf16", y_ptr="*bf16", **GEMM_SIG)
     sig.update({f"stride_{s}": "i32" for s in ("we", "wn", "se", "sn")})
     consts = {k: v for k, v in SHAPE.items() if k != "TOP_K"} | dict(BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
-    if not t.per_sm:
-        consts.update(PREFETCH=t.prefetch)
     return _compile(f._down_flat_kernel if t.per_sm else d._down_dec_kernel, sig, consts, t.warps, t.stages)
 
 
@@ -146,12 +144,6 @@ def main() -> None:
         stats(
             gate_up(dataclasses.replace(GATE_UP_DEC_TILES, bm=1), probe=probe), f"gate_up BM 1 probe {probe}"
         )
-    for bm in (1, 8):  # two K steps' words straight into registers (DecTiles.prefetch, stages 1)
-        stats(
-            gate_up(dataclasses.replace(GATE_UP_DEC_TILES, bm=bm, stages=1, prefetch=True)),
-            f"gate_up reg BM {bm}",
-        )
-        stats(down(dataclasses.replace(DOWN_DEC_TILES, bm=bm, stages=1, prefetch=True)), f"down reg BM {bm}")
     for per_sm in (2, 4):  # the flat kernels (GPTOSS_MOE_FLAT)
         for bm in (1, 8):
             stats(

@@ -233,12 +233,6 @@ DEC_VARIANTS["flat2-s6"] = DecVariant(
 DEC_VARIANTS["flat1-s8"] = DecVariant(
     gate_up=replace(GATE_UP_DEC_TILES, per_sm=1, stages=8), down=replace(DOWN_DEC_TILES, per_sm=1, stages=8)
 )
-# Slot kernels with two K steps' words loaded at once straight into registers, no cp.async staging
-# (sm_90a SASS: LDG.128 into the dequant, 2.68 instructions a value against 2.99, 147 registers).
-_REG_GU = replace(GATE_UP_DEC_TILES, stages=1, prefetch=True)
-_REG_DN = replace(DOWN_DEC_TILES, stages=1, prefetch=True)
-DEC_VARIANTS["dec-reg"] = DecVariant(gate_up=_REG_GU, down=_REG_DN)
-DEC_VARIANTS["dec-reg-gu"] = DecVariant(gate_up=_REG_GU, down=DOWN_DEC_TILES)
 # Where a decode K step's time goes (slot kernels, timing probes; moe_v2_step PROBE): the loads and
 # MMAs without the dequant arithmetic, and the dequant and MMAs on a pattern without weight loads
 # (sm_90a: 174 and 440 loop instructions against 383; the compute probe's pattern costs ~15 %).

@@ -85,7 +85,7 @@ def _kernel_grid(slot_kernel, flat_kernel, t: DecTiles, n: int, slots: int, x: T
     blocks = triton.cdiv(n, t.bn)
     if t.per_sm and n % t.bn == 0:
         return flat_kernel, (flat.programs(blocks * slots, _sms(x), t.per_sm),), {}
-    return slot_kernel, (blocks, slots), {"PREFETCH": t.prefetch, "PROBE": PROBE}
+    return slot_kernel, (blocks, slots), {"PROBE": PROBE}
 
 
 def gate_up_dec(

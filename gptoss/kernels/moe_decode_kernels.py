@@ -1,8 +1,7 @@
 """The decode MoE's Triton kernels (moe_decode launches them): the expert-slot gate_up GEMM (with the
 clamped SwiGLU, and optionally the routing of the logits in registers) and the down GEMM, both on the
-bits layout's K step (moe_v2_step). PREFETCH (DecTiles.prefetch, with num_stages 1): each loop
-iteration loads two K steps' words straight into registers, then computes both, instead of Triton's
-cp.async stages through shared memory (the same steps in the same order: the same bits)."""
+bits layout's K step (moe_v2_step). A variant that loaded two K steps' words straight into registers
+instead of cp.async stages was 28-38 % slower on the H100 (bench/results v18) and is gone."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import triton.language as tl
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _lora_expand
 from gptoss.kernels.moe_routing import _group, _topk, store_routing
-from gptoss.kernels.moe_v2_step import _v2_load, _v2_mma, _v2_ptrs, _v2_step
+from gptoss.kernels.moe_v2_step import _v2_ptrs, _v2_step
 
 
 @triton.jit
@@ -77,7 +76,6 @@ def _gate_up_dec_kernel(
     LORA: tl.constexpr,
     LW: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
     PROBE: tl.constexpr = 0,
 ):
     """Program (column block, slot): act[rows of the slot's expert, block] = swiglu(x @ W13^T + b13).
@@ -131,41 +129,26 @@ def _gate_up_dec_kernel(
         else:
             acc_g = tl.zeros([SPLIT, BN, BM], tl.float32)
         acc_u = tl.zeros_like(acc_g)
-        if PREFETCH:  # two K steps' words loaded at once, straight into registers (num_stages 1)
-            for k0 in range(0, K, 2 * BK):
-                wg, sg = _v2_load(w_g, s_g, kw, k0, K, EVEN_K, True)
-                wu, su = _v2_load(w_g + stride_wp, s_g + stride_sp, kw, k0, K, EVEN_K, True)
-                wg2, sg2 = _v2_load(w_g, s_g, kw, k0 + BK, K, EVEN_K, True)
-                wu2, su2 = _v2_load(w_g + stride_wp, s_g + stride_sp, kw, k0 + BK, K, EVEN_K, True)
-                xt = tl.load(x_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
-                xt2 = tl.load(x_t + k0 + BK, mask=_x_tile_ok(valid, kx, k0 + BK, K, SPLIT), other=0.0)
-                acc_g = _v2_mma(acc_g, xt, wg, sg, BN, BK, SPLIT, ASM, PREC, False)
-                acc_u = _v2_mma(acc_u, xt, wu, su, BN, BK, SPLIT, ASM, PREC, False)
-                acc_g = _v2_mma(acc_g, xt2, wg2, sg2, BN, BK, SPLIT, ASM, PREC, False)
-                acc_u = _v2_mma(acc_u, xt2, wu2, su2, BN, BK, SPLIT, ASM, PREC, False)
-        else:
-            for k0 in range(0, K, BK):
-                xt = tl.load(x_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
-                acc_g = _v2_step(
-                    acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False, PROBE
-                )
-                acc_u = _v2_step(
-                    acc_u,
-                    xt,
-                    w_g + stride_wp,
-                    s_g + stride_sp,
-                    kw,
-                    k0,
-                    K,
-                    BN,
-                    BK,
-                    SPLIT,
-                    EVEN_K,
-                    PREC,
-                    ASM,
-                    False,
-                    PROBE,
-                )
+        for k0 in range(0, K, BK):
+            xt = tl.load(x_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
+            acc_g = _v2_step(acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False, PROBE)
+            acc_u = _v2_step(
+                acc_u,
+                xt,
+                w_g + stride_wp,
+                s_g + stride_sp,
+                kw,
+                k0,
+                K,
+                BN,
+                BK,
+                SPLIT,
+                EVEN_K,
+                PREC,
+                ASM,
+                False,
+                PROBE,
+            )
         if SPLIT > 1:
             acc_g = tl.sum(acc_g, 0)
             acc_u = tl.sum(acc_u, 0)
@@ -213,7 +196,6 @@ def _down_dec_kernel(
     LORA: tl.constexpr,
     LW: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
     PROBE: tl.constexpr = 0,
 ):
     """Program (column block, slot): y[rows of the slot's expert, block] = act @ W2_e^T + b2_e
@@ -251,18 +233,9 @@ def _down_dec_kernel(
             acc = tl.zeros([BN, BM], tl.float32)
         else:
             acc = tl.zeros([SPLIT, BN, BM], tl.float32)
-        if PREFETCH:
-            for k0 in range(0, K, 2 * BK):
-                w1, s1 = _v2_load(w_t, s_t, kw, k0, K, EVEN_K, True)
-                w2, s2 = _v2_load(w_t, s_t, kw, k0 + BK, K, EVEN_K, True)
-                at = tl.load(a_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
-                at2 = tl.load(a_t + k0 + BK, mask=_x_tile_ok(valid, kx, k0 + BK, K, SPLIT), other=0.0)
-                acc = _v2_mma(acc, at, w1, s1, BN, BK, SPLIT, ASM, PREC, False)
-                acc = _v2_mma(acc, at2, w2, s2, BN, BK, SPLIT, ASM, PREC, False)
-        else:
-            for k0 in range(0, K, BK):
-                at = tl.load(a_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
-                acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False, PROBE)
+        for k0 in range(0, K, BK):
+            at = tl.load(a_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
+            acc = _v2_step(acc, at, w_t, s_t, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False, PROBE)
         if SPLIT > 1:
             acc = tl.sum(acc, 0)
         if LORA:

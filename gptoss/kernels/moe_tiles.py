@@ -178,7 +178,6 @@ class DecTiles:
     stages: int
     maxnreg: int | None = None  # a register cap (ptxas .maxnreg): more programs resident an SM
     per_sm: int = 0  # > 0: the flat kernels (moe_decode_flat), a fixed grid of per_sm programs an SM
-    prefetch: bool = False  # slot kernels: the next K step's words loaded into registers (stages 1)
 
 
 # In the sm_90a SASS at 20b (bf16, compiled on CPU by bench/kernels/moe_decode_sass.py; no spills,
@@ -207,9 +206,6 @@ def _flat_forced(v: str | None) -> int | None:
 
 
 FLAT_FORCED = _flat_forced(os.environ.get("GPTOSS_MOE_FLAT"))
-# GPTOSS_MOE_REG=1: the slot kernels load two K steps' words at once straight into registers
-# (DecTiles.prefetch, num_stages 1) instead of cp.async stages; not yet timed on a GPU.
-REG_PREFETCH = os.environ.get("GPTOSS_MOE_REG") == "1"
 # GPTOSS_GATE_UP_MAXNREG=80 caps gate_up's registers at BM <= 4 (T <= 4): 6 programs an SM instead
 # of 4 (122 registers), so T = 1's 720 programs (180 column blocks x 4 experts) run as one wave of
 # 792 slots instead of 1.36 waves of 528. In the sm_90a SASS the cap spills 50 instructions, none in
@@ -242,7 +238,4 @@ def dec_tiles(gate_up: bool, k: int, t: int = 1 << 30) -> DecTiles:
     else:
         per_sm = FLAT_PER_SM if bm >= FLAT_MIN_BM else 0
     warps = split if split > 1 else cfg.warps
-    stages, prefetch = cfg.stages, cfg.prefetch
-    if REG_PREFETCH and not per_sm and override is None:
-        stages, prefetch = 1, True
-    return DecTiles(bm, cfg.bn, bk, split, warps, stages, maxnreg, per_sm, prefetch)
+    return DecTiles(bm, cfg.bn, bk, split, warps, cfg.stages, maxnreg, per_sm)

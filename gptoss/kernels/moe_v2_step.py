@@ -162,24 +162,20 @@ def _v2_step(
         w = (w_ptrs.to(tl.int64) + row * 37 + kw + k0 // 2).to(tl.uint8)  # the plane's address too
         sw = (s_ptrs.to(tl.int64) + row * 3 + k0 // 128).to(tl.int32) & 0x7F7F7F7F
     else:
-        w, sw = _v2_load(w_ptrs, s_ptrs, kw, k0, K, EVEN_K, False)
+        w, sw = _v2_load(w_ptrs, s_ptrs, kw, k0, K, EVEN_K)
     if PROBE == 1:
         return _v2_mma(acc, x, w, sw, BN, BK, SPLIT, ASM, PREC, XA, True)
     return _v2_mma(acc, x, w, sw, BN, BK, SPLIT, ASM, PREC, XA)
 
 
 @triton.jit
-def _v2_load(w_ptrs, s_ptrs, kw, k0, K: tl.constexpr, EVEN_K: tl.constexpr, GUARD: tl.constexpr):
-    """One K step's weight bytes and scale words (_v2_ptrs' tiles at k0). GUARD: k0 may be past K (a
-    prefetch beyond the last step), which then loads nothing."""
-    if EVEN_K and not GUARD:
+def _v2_load(w_ptrs, s_ptrs, kw, k0, K: tl.constexpr, EVEN_K: tl.constexpr):
+    """One K step's weight bytes and scale words (_v2_ptrs' tiles at k0)."""
+    if EVEN_K:
         w = tl.load(w_ptrs + k0 // 2)
-    else:  # K tail or past K: zero words decode to zeros
+    else:  # K tail: zero words decode to zeros
         w = tl.load(w_ptrs + k0 // 2, mask=(k0 // 2 + kw) < K // 2, other=0)
-    if GUARD:
-        sw = tl.load(s_ptrs + k0 // 128, mask=k0 < K, other=0)
-    else:
-        sw = tl.load(s_ptrs + k0 // 128)  # scale rows are padded to 16 bytes: never past a row
+    sw = tl.load(s_ptrs + k0 // 128)  # scale rows are padded to 16 bytes: never past a row
     return w, sw
 
 

@@ -195,7 +195,7 @@ def test_decode_splits_and_neutral_partials(hint):
     assert_rows_close(got, reference(st, "full"), TOL[torch.float32])
 
 
-@pytest.mark.parametrize("cfg", [(16, 4, 4), (32, 2, 3), (128, 4, 2)], ids=str)
+@pytest.mark.parametrize("cfg", [(16, 4, 4), (64, 4, 3), (128, 4, 2)], ids=str)
 def test_decode_launch_settings_keep_the_result(cfg, monkeypatch):
     """Other (BLOCK_N, warps, stages) than DECODE_CFG's, as GPTOSS_ATTN_DECODE sets them: the same
     attention, split (hint 4096: chunks of BLOCK_N keys) or not, full table or ring."""

@@ -10,7 +10,6 @@ has its own tests: test_norm_route.py.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 import pytest
 import torch
@@ -260,43 +259,6 @@ def test_gate_up_register_cap_on_gpu(tokens, monkeypatch):
     want = _forward(ref, w, x)
     monkeypatch.setattr(moe_tiles, "GATE_UP_MAXNREG", 80)
     assert torch.equal(_forward(ref, w, x), want)
-
-
-@pytest.mark.parametrize(
-    "gu, dn",
-    [
-        (DecTiles(8, 16, 128, 1, 2, 1, prefetch=True), DecTiles(8, 32, 128, 1, 2, 1, prefetch=True)),
-        (DecTiles(2, 16, 256, 2, 2, 1, prefetch=True), DecTiles(4, 32, 512, 4, 4, 1, prefetch=True)),
-    ],
-)
-@pytest.mark.parametrize("tokens", [1, 12])
-def test_register_prefetch_gives_the_pipelined_kernels_bits(gu, dn, tokens, monkeypatch):
-    """DecTiles.prefetch (two K steps' words loaded at once into registers, the second masked past K)
-    sums the same steps in the same order: bit-equal. K 160 and 96: an odd and an even step count,
-    a masked K tail; 12 tokens: rows past BM loop."""
-    monkeypatch.setattr(moe_tiles, "FLAT_FORCED", 0)
-    ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=60 + tokens)
-    x = (
-        torch.randn(tokens, 160, generator=torch.Generator(DEV).manual_seed(tokens), device=DEV) * 3
-    ).bfloat16()
-    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
-    plain = [replace(t, prefetch=False, stages=2) for t in (gu, dn)]
-    act = moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu)
-    want_act = moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, plain[0])
-    assert not act.isnan().any() and torch.equal(act, want_act)
-    assert torch.equal(moe_decode.down_dec(act, r, w, dn), moe_decode.down_dec(act, r, w, plain[1]))
-
-
-def test_the_register_prefetch_switch(monkeypatch):
-    """GPTOSS_MOE_REG=1 (REG_PREFETCH): the slot kernels' tiles get prefetch at one stage; the flat
-    kernels' and an override's stay as they are."""
-    monkeypatch.setattr(moe_tiles, "REG_PREFETCH", True)
-    monkeypatch.setattr(moe_tiles, "FLAT_FORCED", None)
-    t1, t16 = moe_tiles.dec_tiles(True, 2880, 1), moe_tiles.dec_tiles(True, 2880, 16)
-    assert (t1.prefetch, t1.stages, t1.per_sm) == (True, 1, 0)
-    assert (t16.prefetch, t16.stages, t16.per_sm) == (False, 4, moe_tiles.FLAT_PER_SM)
-    monkeypatch.setattr(moe_tiles, "DEC_TILE_OVERRIDE", {False: moe_tiles.DOWN_DEC_TILES})
-    assert not moe_tiles.dec_tiles(False, 2880, 1).prefetch
 
 
 @pytest.mark.parametrize("probe", [1, 2])
