@@ -26,7 +26,7 @@ from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _lora_expand
 from gptoss.kernels.moe_decode_kernels import _slot_expert, _x_tile_ok
 from gptoss.kernels.moe_routing import _group, _topk, store_routing
-from gptoss.kernels.moe_v2_step import _v2_ptrs, _v2_step
+from gptoss.kernels.moe_v2_step import _v2_pair_step, _v2_ptrs, _v2_step
 
 
 @triton.jit
@@ -140,12 +140,14 @@ def _gate_up_flat_kernel(
                 wj = w_g + j * (BN * stride_wn)
                 sj = s_g + j * (BN * stride_sn)
                 xt = tl.load(x_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
-                acc_g = _v2_step(acc_g, xt, wj, sj, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False)
-                acc_u = _v2_step(
+                acc_g, acc_u = _v2_pair_step(
+                    acc_g,
                     acc_u,
                     xt,
-                    wj + stride_wp,
-                    sj + stride_sp,
+                    wj,
+                    sj,
+                    stride_wp,
+                    stride_sp,
                     kw,
                     k0,
                     K,

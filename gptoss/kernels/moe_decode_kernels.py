@@ -11,7 +11,7 @@ import triton.language as tl
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _lora_expand
 from gptoss.kernels.moe_routing import _group, _topk, store_routing
-from gptoss.kernels.moe_v2_step import _v2_ptrs, _v2_step
+from gptoss.kernels.moe_v2_step import _v2_pair_step, _v2_ptrs, _v2_step
 
 
 @triton.jit
@@ -131,12 +131,14 @@ def _gate_up_dec_kernel(
         acc_u = tl.zeros_like(acc_g)
         for k0 in range(0, K, BK):
             xt = tl.load(x_t + k0, mask=_x_tile_ok(valid, kx, k0, K, SPLIT), other=0.0)
-            acc_g = _v2_step(acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, False, PROBE)
-            acc_u = _v2_step(
+            acc_g, acc_u = _v2_pair_step(
+                acc_g,
                 acc_u,
                 xt,
-                w_g + stride_wp,
-                s_g + stride_sp,
+                w_g,
+                s_g,
+                stride_wp,
+                stride_sp,
                 kw,
                 k0,
                 K,

@@ -14,7 +14,7 @@ from gptoss.kernels.moe_common import _expert_tile, _lora_args, _lora_expand, _p
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing
 from gptoss.kernels.moe_tiles import Tiles, _grid
-from gptoss.kernels.moe_v2_step import _v2_ptrs, _v2_step
+from gptoss.kernels.moe_v2_step import _v2_pair_step, _v2_ptrs, _v2_step
 
 
 @triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
@@ -90,9 +90,8 @@ def _gate_up_v2_kernel(
     acc_u = tl.zeros_like(acc_g)
     for k0 in range(0, K, BK):
         xt = tl.load(x_t + k0, mask=x_ok & ((k0 + kx) < K), other=0.0)
-        acc_g = _v2_step(acc_g, xt, w_g, s_g, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, XA)
-        acc_u = _v2_step(
-            acc_u, xt, w_g + stride_wp, s_g + stride_sp, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, XA
+        acc_g, acc_u = _v2_pair_step(
+            acc_g, acc_u, xt, w_g, s_g, stride_wp, stride_sp, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, XA
         )
     if SPLIT > 1:  # the warps' K slices: one reduction through shared memory
         acc_g = tl.sum(acc_g, 0)

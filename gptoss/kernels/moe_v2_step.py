@@ -1,6 +1,6 @@
 """The bits layout's K step, shared by the v2 GEMMs (moe_v2) and the decode GEMMs (moe_decode): a
 word's dequantization to bf16 MMA registers (_dequant_bits, its PTX on CUDA), the weight, scale and
-x tile pointers (_v2_ptrs) and one K step's dequant + dot (_v2_step)."""
+x tile pointers (_v2_ptrs) and one K step's dequant + dot (_v2_step; gate_up's two planes: _v2_pair_step)."""
 
 from __future__ import annotations
 
@@ -166,6 +166,49 @@ def _v2_step(
     if PROBE == 1:
         return _v2_mma(acc, x, w, sw, BN, BK, SPLIT, ASM, PREC, XA, True)
     return _v2_mma(acc, x, w, sw, BN, BK, SPLIT, ASM, PREC, XA)
+
+
+@triton.jit
+def _v2_pair_step(
+    acc_g,
+    acc_u,
+    x,
+    w_ptrs,
+    s_ptrs,
+    stride_wp,
+    stride_sp,
+    kw,
+    k0,
+    K: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PREC: tl.constexpr,
+    ASM: tl.constexpr,
+    XA: tl.constexpr,
+    PROBE: tl.constexpr = 0,
+):
+    """gate_up's K step on one x tile: the gate plane at w_ptrs / s_ptrs, the up plane a plane stride on."""
+    acc_g = _v2_step(acc_g, x, w_ptrs, s_ptrs, kw, k0, K, BN, BK, SPLIT, EVEN_K, PREC, ASM, XA, PROBE)
+    acc_u = _v2_step(
+        acc_u,
+        x,
+        w_ptrs + stride_wp,
+        s_ptrs + stride_sp,
+        kw,
+        k0,
+        K,
+        BN,
+        BK,
+        SPLIT,
+        EVEN_K,
+        PREC,
+        ASM,
+        XA,
+        PROBE,
+    )
+    return acc_g, acc_u
 
 
 @triton.jit
