@@ -54,12 +54,16 @@ def _print_kernels(per: dict[str, list[float]], steps: int, total: float, rows: 
         print(f"  {name:60} {t} {n / steps:6.1f} {us / steps / total:6.1%}")
 
 
+def _new_tokens(batch: int, prompt_len: int, steps: int, step_tokens: int) -> int:
+    """Outputs of the profiled requests. The first prompts decode while the later ones prefill (a step
+    takes step_tokens): their outputs must outlast that, or the profiled steps run part of the batch."""
+    return steps + 8 + -(-batch * prompt_len // step_tokens) + 2
+
+
 def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None, prompt_len: int = 128) -> None:
     rng = random.Random(batch)
-    # The first prompts decode while the later ones prefill (a step takes max_num_batched_tokens):
-    # their outputs must outlast that, or the profiled steps run a fraction of the batch.
-    prefill_steps = -(-batch * prompt_len // eng.config.max_num_batched_tokens) + 2
-    sp = SamplingParams(max_new_tokens=steps + 8 + prefill_steps, temperature=0, ignore_eos=True)
+    new_tokens = _new_tokens(batch, prompt_len, steps, eng.config.max_num_batched_tokens)
+    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
     for i in range(batch):
         eng.add(f"p{batch}-{i}", [rng.randrange(200_000) for _ in range(prompt_len)], sp, lora)
     while any(s.num_computed < s.num_prompt_tokens for s in eng.seqs.values()):
@@ -251,13 +255,20 @@ def main() -> None:
     args = ap.parse_args()
     if args.diag:
         diag(args.model_path)
+    batches = args.batch or [1, 64]
     t = time.perf_counter()
     eng = LLMEngine(
         EngineConfig(
             model_path=args.model_path,
             device="cuda",
             max_num_seqs=max(256, args.decoding + 64, *(args.batch or [])),
-            max_model_len=max(4096, args.prompt_len + args.steps + 1024),  # outputs outlast the prefill
+            max_model_len=max(
+                4096,
+                *(
+                    args.prompt_len + _new_tokens(b, args.prompt_len, args.steps, args.max_num_batched_tokens)
+                    for b in batches
+                ),
+            ),
             max_num_batched_tokens=args.max_num_batched_tokens,
             kernels="triton",
             cuda_graphs=not args.eager,
@@ -267,7 +278,7 @@ def main() -> None:
         )
     )
     print(f"engine up in {time.perf_counter() - t:.1f} s")
-    for b in args.batch or [1, 64]:
+    for b in batches:
         if b > 0:
             profile(eng, b, args.steps, "lora" if args.lora else None, args.prompt_len)
     for spec in args.prefill:

@@ -58,6 +58,7 @@ def main() -> None:
     default = attention.DECODE_CFG
     print(f"{torch.cuda.get_device_name()}; default DECODE_CFG {default}; us (HBM share)")
     print(f"{'case':34}" + "".join(f"{','.join(map(str, c)):>16}" for c in cfgs))
+    failed = 0
     for b, ctx, sliding, hint in CASES:
         cells = []
         for c in cfgs:
@@ -65,12 +66,16 @@ def main() -> None:
             try:
                 r = decode_case(b, ctx, sliding, None, hint=hint)
                 cells.append(f"{r['ours_us']:.1f} ({r['hbm_frac']:.0%})")
-            except Exception as e:  # noqa: BLE001 - a config that does not compile is a cell, not a stop
-                cells.append(type(e).__name__[:14])
+            except Exception as e:  # noqa: BLE001 - one setting that fails is reported, the others still timed
+                failed += 1
+                print(f"B={b} ctx={ctx} {c}: {type(e).__name__}: {e}", file=sys.stderr)
+                cells.append("failed")
             torch.cuda.empty_cache()
         attention.DECODE_CFG = default
         case = f"B={b} ctx={ctx} {'sliding' if sliding else 'full'}{f' hint {hint}' if hint else ''}"
         print(f"{case:34}" + "".join(f"{cell:>16}" for cell in cells), flush=True)
+    if failed:
+        sys.exit(f"{failed} of {len(CASES) * len(cfgs)} cells failed (errors above)")
 
 
 if __name__ == "__main__":

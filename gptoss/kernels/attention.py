@@ -21,12 +21,6 @@ LOG2E = 1.4426950408889634
 PROGRAMS_PER_SM = 4
 MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 64
-# (BLOCK_N, num_warps, num_stages) per path. Decode: swept on an H100 (bench/kernels/attn_sweep.py,
-# 2026-11-27, bench/results v18): (32, 2, 3) against the first guess (64, 4, 3), us: 1000 sequences at
-# 1536 context, sliding 145.6 vs 188.1, full 1161.9 vs 1176.8 (93 % of HBM); 256 at 4096, full 763.8 vs
-# 843.6. Offline 1000 x (1024 -> 1024) +1.4 % (18,040.5 vs 17,797.2 tok/s, both warm), concurrency 16
-# with LoRA +1.0 %, batch 1 within its noise (407-412 vs 405-410). Prefill: by reasoning, not swept.
-DECODE_CFG = (32, 2, 3)
 
 
 def _cfg_from_env(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -45,7 +39,12 @@ def _cfg_from_env(name: str, default: tuple[int, int, int]) -> tuple[int, int, i
     return block_n, warps, stages
 
 
-DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", DECODE_CFG)
+# (BLOCK_N, num_warps, num_stages) per path. Decode: swept on an H100 (bench/kernels/attn_sweep.py,
+# 2026-11-27, bench/results v18): (32, 2, 3) against the first guess (64, 4, 3), us: 1000 sequences at
+# 1536 context, sliding 145.6 vs 188.1, full 1161.9 vs 1176.8 (93 % of HBM); 256 at 4096, full 763.8 vs
+# 843.6. Offline 1000 x (1024 -> 1024) +1.4 % (18,040.5 vs 17,797.2 tok/s, both warm), concurrency 16
+# with LoRA +1.0 %, batch 1 within its noise (407-412 vs 405-410). Prefill: by reasoning, not swept.
+DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (32, 2, 3))
 PREFILL_CFG = (64, 8, 3)
 PREFILL_ROWS = 128  # BLOCK_M of prefill: query tokens x padded GQA group
 # Triton 3.6's interpreter multiplies the raw bits of bf16 dot operands; passed to the kernel as
