@@ -195,6 +195,28 @@ for _name, _gu, _dn in [
     VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=513)
 VARIANTS["v3-128"] = Variant("v3", tiles=NARROW_V3, min_m=513)
 
+# Large-M candidates (2026-11-27), one GEMM changed each ("gu"/"dn"; the other keeps the table's):
+# matmul_ogs' Hopper shape is 256 weight rows x 128 tokens at BK 128, 4 stages. In the sm_90a SASS
+# the K loop of a 256-row BK-128 tile issues 3.33 instructions a weight value, the table's 128-row
+# BK-64 tiles 5.50 (its fixed per-step work, the x tile's copies and the waits, over half the
+# values): at ~125 rows an expert (Offline decode, M ~1000) the table's tiles run their 128-token
+# body, so each weight value feeds as many MMAs as in the 256-row tile but costs 1.65x the issue.
+for _name, _gu, _dn in [
+    ("L-gu128k128s4", Tiles(128, 128, 128, 8, 4, half=True), None),
+    ("L-gu128k128s3", Tiles(128, 128, 128, 8, 3, half=True), None),
+    ("L-gu128k64s4", Tiles(128, 128, 64, 8, 4, half=True), None),
+    ("L-gu256k128s3", Tiles(256, 64, 128, 8, 3, half=True), None),
+    ("L-gu256k64s4", Tiles(256, 64, 64, 8, 4, half=True), None),
+    ("L-dn128k64s4", None, Tiles(128, 256, 64, 8, 4, half=True)),
+    ("L-dn128k128s3", None, Tiles(128, 256, 128, 8, 3, half=True)),  # spills 28 outside the K loop
+    ("L-dn256k128s2", None, Tiles(256, 128, 128, 8, 2, half=True)),
+    ("L-dn256k64s4", None, Tiles(256, 128, 64, 8, 4, half=True)),
+]:
+    _tiles = ({(b, True): _gu for b in (128, 512)} if _gu else {}) | (
+        {(b, False): _dn for b in (128, 512)} if _dn else {}
+    )
+    VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=513)
+
 
 # ---- The decode path (gptoss.kernels.moe_decode: router, expert-slot GEMMs, moe.combine) for
 # M <= MAX_T; "dec" is the module's defaults, the others change one thing. The other variants run

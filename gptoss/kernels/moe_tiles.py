@@ -144,16 +144,55 @@ NARROW_V3 = {
 }
 
 
+def _v3_env_tiles(v: str | None) -> dict[tuple[int, bool], Tiles]:
+    """GPTOSS_MOE_V3_TILES="gate_up=BM,BN,BK,W,S[,half];down@512=..." -> (bucket, gate_up) -> tiles.
+    A GEMM without @bucket sets buckets 128 and 512 (the large-batch tiles); for A/B runs of the
+    engine against the tables above without editing them."""
+    out: dict[tuple[int, bool], Tiles] = {}
+    for item in filter(None, (v or "").split(";")):
+        key, _, spec = item.partition("=")
+        gemm, _, bucket = key.strip().partition("@")
+        parts = spec.split(",")
+        ok = gemm in ("gate_up", "down") and bucket in ("", *map(str, _GATE_UP_TILES_V3))
+        ok = (
+            ok
+            and len(parts) in (5, 6)
+            and all(p.isdigit() for p in parts[:5])
+            and parts[5:] in ([], ["half"])
+        )
+        if not ok:
+            raise ValueError(
+                f"GPTOSS_MOE_V3_TILES: {item!r} is not gate_up|down[@BUCKET]=BM,BN,BK,WARPS,STAGES[,half] "
+                f"(buckets {', '.join(map(str, _GATE_UP_TILES_V3))})"
+            )
+        bm, bn, bk, warps, stages = map(int, parts[:5])
+        if bk % 64 or bn % 16 or bm & (bm - 1) or warps not in (4, 8):
+            raise ValueError(
+                f"GPTOSS_MOE_V3_TILES: {item!r}: BK a multiple of 64, BN of 16, BM a power of 2, 4 or 8 warps"
+            )
+        for b in [int(bucket)] if bucket else [128, 512]:
+            out[(b, gemm == "gate_up")] = Tiles(bm, bn, bk, warps, stages, half=parts[5:] == ["half"])
+    return out
+
+
+V3_ENV_TILES = _v3_env_tiles(os.environ.get("GPTOSS_MOE_V3_TILES"))
+
+
 def bucket_v3(rows: int) -> int:
     """The v3 tables' key for the rows an expert gets: 16..128 as v1/v2, 512 from 512 rows on."""
     return 512 if rows >= 512 else min(128, max(16, triton.next_power_of_2(rows)))
 
 
 def choose_tiles_v3(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
-    """choose_tiles for the v3 kernels (TILE_OVERRIDE applies): BN >= 64 (a warpgroup's wgmma rows),
-    BK a multiple of 64 (the "v3" layout's K chunk; past K the masked tail)."""
+    """choose_tiles for the v3 kernels (TILE_OVERRIDE, then GPTOSS_MOE_V3_TILES apply): BN >= 64 (a
+    warpgroup's wgmma rows), BK a multiple of 64 (the "v3" layout's K chunk; past K the masked tail)."""
     bucket = bucket_v3(triton.cdiv(t * top_k, e))
-    cfg = TILE_OVERRIDE.get((bucket, gate_up)) or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
+    key = (bucket, gate_up)
+    cfg = (
+        TILE_OVERRIDE.get(key)
+        or V3_ENV_TILES.get(key)
+        or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
+    )
     bn = min(cfg.bn, max(64, triton.next_power_of_2(n)))
     bk = min(cfg.bk, max(64, triton.next_power_of_2(k)))  # a multiple of 32; past K the masked tail
     rows = 2 * bn if gate_up else bn  # gate_up's dot covers a gate and an up row per act column

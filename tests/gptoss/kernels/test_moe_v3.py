@@ -28,11 +28,11 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe  # noqa: E402
+from gptoss.kernels import moe, moe_tiles  # noqa: E402
 from gptoss.kernels.moe import Tiles, moe_forward, prepare_moe_weights  # noqa: E402
 from gptoss.kernels.moe_layout import MAX_SCALE_V2, _to_bits_layout, _to_v3_layout, _to_v3_scales  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
-from gptoss.kernels.moe_tiles import TILE_OVERRIDE, choose_tiles_v3  # noqa: E402
+from gptoss.kernels.moe_tiles import TILE_OVERRIDE, _v3_env_tiles, choose_tiles_v3  # noqa: E402
 from gptoss.kernels.moe_v3_step import _V3_ASM  # noqa: E402
 from gptoss.mxfp4 import E2M1_VALUES, dequantize  # noqa: E402
 from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the fixtures apply here too
@@ -294,6 +294,39 @@ def test_choose_tiles_v3_buckets_and_override():
         TILE_OVERRIDE.clear()
 
 
+def test_v3_tiles_from_the_environment(monkeypatch):
+    """GPTOSS_MOE_V3_TILES: without @bucket both large buckets; TILE_OVERRIDE still wins."""
+    env = _v3_env_tiles("gate_up=128,128,128,8,4,half; down@512=256,128,64,8,2")
+    assert env == {
+        (128, True): Tiles(128, 128, 128, 8, 4, half=True),
+        (512, True): Tiles(128, 128, 128, 8, 4, half=True),
+        (512, False): Tiles(256, 128, 64, 8, 2),
+    }
+    monkeypatch.setattr(moe_tiles, "V3_ENV_TILES", env)
+    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == Tiles(128, 128, 128, 8, 4, half=True)
+    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=False) == Tiles(256, 128, 64, 8, 3, half=True)
+    assert choose_tiles_v3(16384, 4, 32, 2880, 2880, gate_up=False) == Tiles(256, 128, 64, 8, 2)
+    monkeypatch.setitem(TILE_OVERRIDE, (128, True), Tiles(64, 256, 128, 8, 4))
+    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == Tiles(64, 256, 128, 8, 4)
+    assert _v3_env_tiles("") == {} and _v3_env_tiles(None) == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ("gateup=128,128,128,8,4", "'gateup=128,128,128,8,4' is not gate_up|down"),
+        ("down@256=128,128,64,8,4", "buckets 16, 32, 64, 128, 512"),
+        ("down=128,128,64,8", "is not gate_up"),
+        ("down=128,128,64,8,4,full", "is not gate_up"),
+        ("down=128,128,96,8,4", "BK a multiple of 64"),
+        ("down=96,128,64,8,4", "BM a power of 2"),
+    ],
+)
+def test_v3_env_tiles_refuse_bad_values(value, match):
+    with pytest.raises(ValueError, match=match):
+        _v3_env_tiles(value)
+
+
 def test_v3_with_lora_adapters_matches_the_reference(kernels):
     """moe_forward_lora on v3 weights: the LoRA expand lands in the v3 kernels' epilogue."""
     from tests.gptoss.kernels.test_moe_lora_kernel import adapter, check, stack_of
@@ -333,6 +366,10 @@ def test_v3_20b_shape_on_gpu_matches_v2(tokens, kernels):
         Tiles(64, 128, 64, 4, 4),
         Tiles(256, 64, 64, 8, 3, half=True),  # 512 tokens: 64 rows an expert, all on the BM 128 body
         Tiles(128, 64, 64, 8, 3, half=True),  # ... all on the BM 128 body, some 64-row halves
+        Tiles(128, 128, 128, 8, 4, half=True),  # matmul_ogs' shape: 256 weight rows, BK 128, 4 stages
+        Tiles(256, 64, 128, 8, 3, half=True),
+        Tiles(128, 256, 64, 8, 4, half=True),
+        Tiles(256, 128, 64, 8, 4, half=True),
     ],
 )
 def test_v3_prefill_tiles_on_gpu(tiles, kernels):

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# GPU side, one H100, detached over several device calls: the large-M MoE tiles (Offline's decode
+# steps run the v3 MoE at M ~1000, its mixed steps at M ~16k), then the engine and vLLM 0.26.0.
+#   nohup bash bench/moe_large_gpu.sh > $HOME/large.log 2>&1 &     (then poll $HOME/large/done)
+# Parts (PARTS, default all): tests (compiled v3 GEMM tests, the candidate tiles among them);
+# kernels (bench/kernels/moe_gpu.py at KMS over KVARIANTS, whole MoE and each GEMM in CUDA graphs);
+# then bench/kernels/moe_pick.py turns the fastest tiles of each GEMM and bucket into a
+# GPTOSS_MOE_V3_TILES value; ogs (vLLM's matmul_ogs MoE at the same M, once $HOME/vllm_ready exists:
+# bench/vllm_peer_install.sh in the payload's third call); offline (1000 x (1024 -> 1024), ROUNDS
+# rounds of the defaults and the picked tiles, interleaved); vllm (vLLM's batch-1 and Offline rows).
+# One table last: $HOME/large/table.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+RES=${RES:-$HOME/large}; mkdir -p "$RES"; rm -f "$RES/done"
+CKPT=${CKPT:-/tmp/ck20}
+KMS=${KMS:-1024,2048,4096,16384}
+KVARIANTS=${KVARIANTS:-v3,L-gu128k128s4,L-gu128k128s3,L-gu128k64s4,L-gu256k128s3,L-gu256k64s4,L-dn128k64s4,L-dn128k128s3,L-dn256k128s2,L-dn256k64s4}
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+t0=$(date +%s); say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+PARTS=" ${PARTS:-tests kernels ogs offline vllm} "; has() { [[ $PARTS == *" $1 "* ]]; }
+trap 'touch "$RES/done"' EXIT
+VLLM_SCRIPT=$(realpath -m "${VLLM_SCRIPT:-.wc1/bench_vllm.py}")
+if has vllm && [ ! -f "$VLLM_SCRIPT" ]; then
+  say "no $VLLM_SCRIPT: set VLLM_SCRIPT to the payload's bench_vllm.py"; exit 1
+fi
+nvidia-smi -L
+python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
+  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+[ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
+  > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
+row() { echo "$1 | $2" | tee -a "$RES/table.txt"; }
+: > "$RES/table.txt"
+wait_vllm() {
+  say "waiting for vLLM (\$HOME/vllm_ready)"
+  for _ in $(seq 180); do [ -f "$HOME/vllm_ready" ] && return 0; sleep 5; done
+  say "no vLLM"; return 1
+}
+if has tests; then
+  say "compiled tests"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py -k "gpu and not v3ds" \
+    2>&1 | tail -4 | tee "$RES/tests.txt"
+fi
+TILES=""
+if has kernels; then
+  say "large-M MoE tiles"
+  python3 bench/kernels/moe_gpu.py --no-vllm --ms "$KMS" --variants "$KVARIANTS" > "$RES/kernels.txt" 2>&1
+  sed -n '/^ *M variant/,$p' "$RES/kernels.txt"
+  TILES=$(python3 bench/kernels/moe_pick.py "$RES/kernels.txt" 2> "$RES/pick.txt"); cat "$RES/pick.txt"
+  row "picked GPTOSS_MOE_V3_TILES" "${TILES:-(the defaults)}"
+fi
+if has ogs && wait_vllm; then
+  say "vLLM's matmul_ogs MoE"
+  python3 bench/kernels/moe_gpu.py --ms "$KMS" --variants vllm > "$RES/ogs.txt" 2>&1
+  sed -n '/^ *M variant/,$p' "$RES/ogs.txt" | tee -a "$RES/table.txt"
+fi
+offline() {  # offline NAME [TILES]
+  GPTOSS_MOE_V3_TILES=${2:-} timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
+    --throughput 1000x1024x1024 > "$RES/offline_$1_$round.txt" 2>&1
+  row "gptoss offline 1000x1024x1024 $1 r$round" "$(grep '^offline 1000x' "$RES/offline_$1_$round.txt" | tail -1)"
+}
+if has offline; then
+  for round in $(seq "${ROUNDS:-2}"); do
+    say "Offline round $round"
+    offline default
+    [ -n "$TILES" ] && offline picked "$TILES"
+  done
+fi
+if has vllm && wait_vllm; then
+  say "vLLM batch-1 and Offline"
+  timeout 560 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm --decode 128x512 \
+    --throughput 1000x1024x1024 --vllm-script "$VLLM_SCRIPT" > "$RES/vllm.txt" 2>&1
+  row "vllm b1 + offline" "$(sed -n '/^workload/,$p' "$RES/vllm.txt" | tr '\n' ' ')"
+fi
+say "done"
+echo "== table"; cat "$RES/table.txt"

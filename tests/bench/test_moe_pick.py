@@ -1,0 +1,52 @@
+"""bench/kernels/moe_pick.py: the engine's tiles chosen from a moe_gpu.py table, one GEMM at a time,
+over every M of a bucket; the table's own tiles print nothing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"))
+
+from moe_pick import pick  # noqa: E402
+
+TABLE = """\
+     M variant       graph us   gate_up      down  eager us    HBM
+  1024 v3               811.1     522.2     275.5     821.7  17.4%
+  1024 L-gu128k128s4    760.0     470.0     276.0     770.0  18.0%
+  1024 L-dn128k64s4     830.0     523.0     290.0     840.0  17.0%
+  2048 v3              1112.4     712.5     379.8    1126.3  12.7%
+  2048 L-gu128k128s4   1100.0     700.0     380.0    1110.0  12.8%
+  2048 L-dn128k64s4    1090.0     713.0     360.0    1100.0  12.9%
+ 16384 v3              7009.0    4360.9    2250.2    6830.0   2.0%
+ 16384 L-gu128k128s4   7500.0    4900.0    2251.0    7600.0   1.9%
+ 16384 L-dn128k64s4    6900.0    4361.0    2100.0    6800.0   2.0%
+ 16384 vllm            6600.0         -         -    6700.0   2.1%
+"""
+
+
+def test_each_gemm_takes_its_fastest_tiles_summed_over_the_bucket():
+    value, notes = pick(TABLE)
+    # bucket 128: gate_up 1170.0 (L-gu) < 1234.7 (v3); down 650.0 (L-dn, slower at M 1024) < 655.3 (v3)
+    assert (
+        value == "gate_up@128=128,128,128,8,4,half;down@128=128,256,64,8,4,half;down@512=128,256,64,8,4,half"
+    )
+    assert notes[0] == "gate_up@128: L-gu128k128s4 128,128,128,8,4,half (1170.0 us over M [1024, 2048])"
+    assert notes[2] == "gate_up@512: v3 256,64,64,8,3,half (4360.9 us over M [16384])"
+
+
+def test_a_variant_missing_an_m_of_the_bucket_is_not_a_candidate():
+    lines = [ln for ln in TABLE.splitlines() if not ln.startswith("  2048 L-gu")]
+    value, _ = pick("\n".join(lines))
+    assert not value.startswith("gate_up@128")
+
+
+def test_the_defaults_winning_give_an_empty_value():
+    only_v3 = "\n".join(ln for ln in TABLE.splitlines() if " v3 " in ln)
+    assert pick(only_v3)[0] == ""
+    assert pick("")[1] == [
+        f"{g}@{b}: no variant timed at every M of the bucket" for b in (128, 512) for g in ("gate_up", "down")
+    ]
