@@ -276,20 +276,22 @@ def test_v3_rejects_other_activations_and_layouts():
 
 def test_choose_tiles_v3_buckets_and_override():
     wide_gu, wide_dn = Tiles(256, 64, 64, 8, 3, half=True), Tiles(256, 128, 64, 8, 3, half=True)
-    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == wide_gu  # 8 warps: 128 weight rows
-    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=False) == wide_dn
-    # Bucket 512 from 512 rows an expert (M 4096 at 20b); 511 rows stay in bucket 128: the same tiles.
+    wide_gu4, wide_dn4 = Tiles(256, 64, 64, 8, 4, half=True), Tiles(256, 128, 64, 8, 4, half=True)
+    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == wide_gu4  # 8 warps: 128 weight rows
+    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=False) == wide_dn4
+    # Bucket 512 from 512 rows an expert (M 4096 at 20b, 3 stages); 511 rows stay in bucket 128.
     assert choose_tiles_v3(4096, 4, 32, 2880, 2880, gate_up=False) == wide_dn
-    assert choose_tiles_v3(4088, 4, 32, 2880, 2880, gate_up=False) == wide_dn
+    assert choose_tiles_v3(4088, 4, 32, 2880, 2880, gate_up=False) == wide_dn4
     assert choose_tiles_v3(16384, 4, 32, 2880, 2880, gate_up=True) == wide_gu
     assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=True).bm == 32
     assert choose_tiles_v3(1, 4, 8, 64, 64, gate_up=True) == Tiles(16, 64, 64, 4, 4)  # BK <= K's power of 2
-    assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=True) == Tiles(256, 64, 64, 8, 3, half=True)
+    assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=True) == wide_gu4
     assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=False).warps == 8  # BN 128 (N 96's power of 2)
     TILE_OVERRIDE[(128, True)] = Tiles(64, 256, 128, 8, 4)
     try:
         assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == Tiles(64, 256, 128, 8, 4)
         assert choose_tiles_v3(4096, 4, 32, 2880, 2880, gate_up=True) == wide_gu
+        assert choose_tiles_v3(2048, 4, 32, 2880, 2880, gate_up=False) == wide_dn4
     finally:
         TILE_OVERRIDE.clear()
 
@@ -304,7 +306,7 @@ def test_v3_tiles_from_the_environment(monkeypatch):
     }
     monkeypatch.setattr(moe_tiles, "V3_ENV_TILES", env)
     assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == Tiles(128, 128, 128, 8, 4, half=True)
-    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=False) == Tiles(256, 128, 64, 8, 3, half=True)
+    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=False) == Tiles(256, 128, 64, 8, 4, half=True)
     assert choose_tiles_v3(16384, 4, 32, 2880, 2880, gate_up=False) == Tiles(256, 128, 64, 8, 2)
     monkeypatch.setitem(TILE_OVERRIDE, (128, True), Tiles(64, 256, 128, 8, 4))
     assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == Tiles(64, 256, 128, 8, 4)
