@@ -7,7 +7,7 @@
 # then bench/kernels/moe_pick.py turns the fastest tiles of each GEMM and bucket into a
 # GPTOSS_MOE_V3_TILES value; ogs (vLLM's matmul_ogs MoE at the same M, once $HOME/vllm_ready exists:
 # bench/vllm_peer_install.sh in the payload's third call); offline (1000 x (1024 -> 1024), ROUNDS
-# rounds of the defaults and the picked tiles, interleaved); vllm (vLLM's batch-1 and Offline rows).
+# rounds of the defaults and the picked tiles, interleaved in ORDER); vllm (vLLM's batch-1 and Offline rows).
 # One table last: $HOME/large/table.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -61,8 +61,9 @@ offline() {  # offline NAME [TILES]
 if has offline; then
   for round in $(seq "${ROUNDS:-2}"); do
     say "Offline round $round"
-    offline default
-    [ -n "$TILES" ] && offline picked "$TILES"
+    for mode in ${ORDER:-default picked}; do  # the machine's first engine run is cold: ORDER says who pays
+      if [ "$mode" = default ]; then offline default; elif [ -n "$TILES" ]; then offline picked "$TILES"; fi
+    done
   done
 fi
 if has vllm && wait_vllm; then

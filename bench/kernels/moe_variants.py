@@ -181,7 +181,8 @@ for _name, _buckets, _gu, _dn, _lo, _hi in [
     VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=_lo, max_m=_hi)
 
 # BM-256 tiles (gate_up on its interleaved rows: 128 weight rows a program, one dot), "h": tiles of
-# <= 128 rows on the BM-128 body (Tiles.half; "v3-256h" is the table since 2026-11-26). Bucket 128
+# <= 128 rows on the BM-128 body (Tiles.half; "v3-256h" was the table 2026-11-26, 4 stages deep at
+# bucket 128 since 2026-11-27). Bucket 128
 # (M 513-4088 at 20b) and 512 (M >= 4096). "v3-128" the tiles before it (moe_tiles.NARROW_V3).
 _GU256, _DN256 = Tiles(256, 64, 64, 8, 3), Tiles(256, 128, 64, 8, 3)
 _half = lambda t: Tiles(t.bm, t.bn, t.bk, t.warps, t.stages, half=True)  # noqa: E731
@@ -216,6 +217,20 @@ for _name, _gu, _dn in [
         {(b, False): _dn for b in (128, 512)} if _dn else {}
     )
     VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=513)
+
+# Round 2 (same day): the 8-warp tiles hold all 255 registers, one program an SM, so nothing overlaps
+# a program's barriers, waits and epilogue. 4-warp tiles of half the weight rows (254 or 128
+# registers, 102 or 54 KB of stages): 2 or 4 programs an SM. "W-s5": the table's, 5 stages deep.
+for _name, _gu, _dn in [
+    ("W-4w256", Tiles(256, 32, 64, 4, 3, half=True), Tiles(256, 64, 64, 4, 3, half=True)),
+    ("W-4w128", Tiles(128, 32, 64, 4, 3, half=True), Tiles(128, 64, 64, 4, 3, half=True)),
+    ("W-4w128s4", Tiles(128, 32, 64, 4, 4), Tiles(128, 64, 64, 4, 4)),
+    ("W-4w256k128", Tiles(256, 32, 128, 4, 2, half=True), Tiles(256, 64, 128, 4, 2, half=True)),
+    ("W-s5", Tiles(256, 64, 64, 8, 5, half=True), Tiles(256, 128, 64, 8, 5, half=True)),
+]:
+    VARIANTS[_name] = Variant(
+        "v3", tiles={(b, g): t for b in (128, 512) for g, t in ((True, _gu), (False, _dn))}, min_m=513
+    )
 
 
 # ---- The decode path (gptoss.kernels.moe_decode: router, expert-slot GEMMs, moe.combine) for

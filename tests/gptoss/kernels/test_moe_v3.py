@@ -382,3 +382,21 @@ def test_v3_prefill_tiles_on_gpu(tiles, kernels):
         moe.down_v3(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles), r, w, tiles), r.weights, x.dtype
     )
     assert _rel(got, reference(ref, x)) <= TOL
+
+
+@gpu
+@pytest.mark.parametrize(
+    ("gu", "dn"),
+    [
+        (Tiles(256, 32, 64, 4, 3, half=True), Tiles(256, 64, 64, 4, 3, half=True)),
+        (Tiles(128, 32, 64, 4, 3, half=True), Tiles(128, 64, 64, 4, 3, half=True)),
+        (Tiles(256, 32, 128, 4, 2, half=True), Tiles(256, 64, 128, 4, 2, half=True)),
+    ],
+)
+def test_v3_four_warp_tiles_on_gpu(gu, dn):
+    """One warpgroup a program (64 weight rows): gate_up's 32 act columns are 64 interleaved rows."""
+    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=4, kernels="v3")
+    x = torch.randn(1024, 2880, device=DEV).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    got = moe.combine(moe.down_v3(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu), r, w, dn), r.weights, x.dtype)
+    assert _rel(got, reference(ref, x)) <= TOL
