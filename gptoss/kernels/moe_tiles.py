@@ -122,28 +122,28 @@ def tiles_v2(bucket: int, n: int, k: int, gate_up: bool, many_experts: bool = Fa
 # 1115, 4096 2451 -> 1899, 16384 8734 -> 6782.
 # Bucket 128 takes them 4 stages deep (2026-11-27, v19, bench/moe_large_gpu.sh: gate_up / down alone,
 # µs, 3 -> 4 stages: M 1024 520.8 -> 480.1 / 275.0 -> 252.6, M 2048 707.6 -> 710.3 / 378.3 -> 362.9;
-# Offline 1000 x (1024 -> 1024) 17,647 -> 17,922-17,961 tok/s); bucket 512 (M >= 4096: Offline's
-# mixed steps, ~16.5k tokens) 5 stages deep (second machine, same process: M 16384 gate_up 4473.7 ->
-# 4195.3, down 2348.4 -> 2184.3; M 4096 1176.5 -> 1159.0, 633.7 -> 618.9; the first machine, separate
-# processes, agreed: 4512.8 -> 4303.6). The 256-weight-row tiles of matmul_ogs' shape (BK 128) ran
+# Offline 1000 x (1024 -> 1024) 17,647 -> 17,922-17,961 tok/s). Bucket 512 (M >= 4096: Offline's
+# mixed steps, ~16.5k tokens) stays at 3: 5 stages timed faster GEMM by GEMM (M 16384 gate_up 4473.7
+# -> 4195.3, down 2348.4 -> 2184.3) but slower as a whole MoE in the same process (6437.8 -> 6870.8;
+# eager 6682.9 -> 7052.9), so not proven. The 256-weight-row tiles of matmul_ogs' shape (BK 128) ran
 # 1.7-2.2x slower: at 255 registers their 16 wgmmas a step hold 64 registers of dequantized A, so
 # the next step's dequant waits for them (sm_90a SASS: a DEPBAR after each pair); 4-warp tiles (2-4
 # programs an SM) 10-45 % slower.
+_WIDE_GU, _WIDE_DN = Tiles(256, 64, 64, 8, 3, half=True), Tiles(256, 128, 64, 8, 3, half=True)
 _WIDE_GU4, _WIDE_DN4 = Tiles(256, 64, 64, 8, 4, half=True), Tiles(256, 128, 64, 8, 4, half=True)
-_WIDE_GU5, _WIDE_DN5 = Tiles(256, 64, 64, 8, 5, half=True), Tiles(256, 128, 64, 8, 5, half=True)
 _GATE_UP_TILES_V3 = {
     16: Tiles(16, 64, 128, 4, 4),
     32: Tiles(32, 64, 128, 4, 4),
     64: Tiles(64, 128, 128, 8, 3),
     128: _WIDE_GU4,
-    512: _WIDE_GU5,
+    512: _WIDE_GU,
 }
 _DOWN_TILES_V3 = {
     16: Tiles(16, 64, 128, 4, 4),
     32: Tiles(32, 64, 128, 4, 4),
     64: Tiles(64, 256, 64, 8, 4),
     128: _WIDE_DN4,
-    512: _WIDE_DN5,
+    512: _WIDE_DN,
 }
 # The tiles of buckets 128 and 512 before (2026-11-22 to 26), for benchmarks (moe_variants "v3-128").
 NARROW_V3 = {

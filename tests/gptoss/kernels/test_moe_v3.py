@@ -275,11 +275,11 @@ def test_v3_rejects_other_activations_and_layouts():
 
 
 def test_choose_tiles_v3_buckets_and_override():
-    wide_gu, wide_dn = Tiles(256, 64, 64, 8, 5, half=True), Tiles(256, 128, 64, 8, 5, half=True)
+    wide_gu, wide_dn = Tiles(256, 64, 64, 8, 3, half=True), Tiles(256, 128, 64, 8, 3, half=True)
     wide_gu4, wide_dn4 = Tiles(256, 64, 64, 8, 4, half=True), Tiles(256, 128, 64, 8, 4, half=True)
     assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == wide_gu4  # 8 warps: 128 weight rows
     assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=False) == wide_dn4
-    # Bucket 512 from 512 rows an expert (M 4096 at 20b, 5 stages); 511 rows stay in bucket 128 (4).
+    # Bucket 512 from 512 rows an expert (M 4096 at 20b, 3 stages); 511 rows stay in bucket 128 (4).
     assert choose_tiles_v3(4096, 4, 32, 2880, 2880, gate_up=False) == wide_dn
     assert choose_tiles_v3(4088, 4, 32, 2880, 2880, gate_up=False) == wide_dn4
     assert choose_tiles_v3(16384, 4, 32, 2880, 2880, gate_up=True) == wide_gu
