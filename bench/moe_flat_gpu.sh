@@ -16,23 +16,13 @@
 # settings) and profile (bench/profile_gpu.py at batch 1, and at batch 1000 with 1536-token contexts).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-RES=${RES:-$HOME/flat}; mkdir -p "$RES"; rm -f "$RES/done"
-CKPT=${CKPT:-/tmp/ck20}; ADAPTER=$RES/lora-r16
-export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-t0=$(date +%s); say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+RES=${RES:-$HOME/flat}
+# shellcheck source-path=SCRIPTDIR/..
+. bench/gpu_detached.sh
+ADAPTER=$RES/lora-r16
 PARTS=" ${PARTS:-tests kernels b1 c16 offline vllm} "; has() { [[ $PARTS == *" $1 "* ]]; }
-trap 'touch "$RES/done"' EXIT
-# vLLM's engine bench comes with the payload (.wc1), which a copy of the checkout made to run this
-# detached may leave out (2026-11-27: the batch-1 / Offline row then failed at once, exit 2).
-VLLM_SCRIPT=$(realpath -m "${VLLM_SCRIPT:-.wc1/bench_vllm.py}")
-if has vllm && [ ! -f "$VLLM_SCRIPT" ]; then
-  say "no $VLLM_SCRIPT: set VLLM_SCRIPT to the payload's bench_vllm.py"; exit 1
-fi
-nvidia-smi -L
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
-[ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
-  > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
+if has vllm; then vllm_script; fi
+gpu_prereqs
 [ -f "$ADAPTER/adapter_config.json" ] || python3 -m gptoss.make_lora --model "$CKPT" --rank 16 --out "$ADAPTER" \
   > "$RES/adapter.log" 2>&1 || { tail "$RES/adapter.log"; exit 1; }
 row() { echo "$1 | $2" | tee -a "$RES/table.txt"; }
@@ -95,9 +85,7 @@ offline() {
 }
 has offline && each_mode "Offline 1000x1024x1024" offline
 if has vllm; then
-  say "waiting for vLLM (\$HOME/vllm_ready)"
-  for _ in $(seq 180); do [ -f "$HOME/vllm_ready" ] && break; sleep 5; done
-  [ -f "$HOME/vllm_ready" ] || { say "no vLLM"; exit 1; }
+  wait_vllm || exit 1
   say "vLLM c16 with the adapter"
   timeout 560 python3 bench/gptoss_lora_gpu.py --model-path "$CKPT" --out "$RES/lora_vllm" --adapter "$ADAPTER" \
     --parts vllm --offline '' > "$RES/lora_vllm.txt" 2>&1

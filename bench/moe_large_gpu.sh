@@ -11,30 +11,16 @@
 # One table last: $HOME/large/table.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-RES=${RES:-$HOME/large}; mkdir -p "$RES"; rm -f "$RES/done"
-CKPT=${CKPT:-/tmp/ck20}
+RES=${RES:-$HOME/large}
+# shellcheck source-path=SCRIPTDIR/..
+. bench/gpu_detached.sh
 KMS=${KMS:-1024,2048,4096,16384}
 KVARIANTS=${KVARIANTS:-v3,L-gu128k128s4,L-gu128k128s3,L-gu128k64s4,L-gu256k128s3,L-gu256k64s4,L-dn128k64s4,L-dn128k128s3,L-dn256k128s2,L-dn256k64s4}
-export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-t0=$(date +%s); say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 PARTS=" ${PARTS:-tests kernels ogs offline vllm} "; has() { [[ $PARTS == *" $1 "* ]]; }
-trap 'touch "$RES/done"' EXIT
-VLLM_SCRIPT=$(realpath -m "${VLLM_SCRIPT:-.wc1/bench_vllm.py}")
-if has vllm && [ ! -f "$VLLM_SCRIPT" ]; then
-  say "no $VLLM_SCRIPT: set VLLM_SCRIPT to the payload's bench_vllm.py"; exit 1
-fi
-nvidia-smi -L
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
-[ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
-  > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
+if has vllm; then vllm_script; fi
+gpu_prereqs
 row() { echo "$1 | $2" | tee -a "$RES/table.txt"; }
 : > "$RES/table.txt"
-wait_vllm() {
-  say "waiting for vLLM (\$HOME/vllm_ready)"
-  for _ in $(seq 180); do [ -f "$HOME/vllm_ready" ] && return 0; sleep 5; done
-  say "no vLLM"; return 1
-}
 if has tests; then
   say "compiled tests"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py -k "gpu and not v3ds" \

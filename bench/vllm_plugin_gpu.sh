@@ -8,23 +8,18 @@
 # matmul_ogs from M 64 (bench/results v9). One table last.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-R=${RES:-$HOME/plug}; mkdir -p "$R"; rm -f "$R/done"; trap 'touch "$R/done"' EXIT
-CKPT=${CKPT:-/tmp/ck20}
-export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-t0=$(date +%s); say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
-[ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
-  > "$R/checkpoint.log" 2>&1 || { tail "$R/checkpoint.log"; exit 1; }
+RES=${RES:-$HOME/plug}
+# shellcheck source-path=SCRIPTDIR/..
+. bench/gpu_detached.sh
+R=$RES
+gpu_prereqs
 if [ -z "${NO_TESTS:-}" ]; then
   say "compiled tests"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_decode.py \
     tests/gptoss/kernels/test_moe_decode_flat.py tests/gptoss/kernels/test_attention_kernel.py \
     tests/gptoss/kernels/test_kernel_engine.py 2>&1 | tail -8 | tee "$R/tests.txt"
 fi
-say "waiting for vLLM (\$HOME/vllm_ready)"
-for _ in $(seq 180); do [ -f "$HOME/vllm_ready" ] && break; sleep 5; done
-[ -f "$HOME/vllm_ready" ] || { say "no vLLM"; exit 1; }
+wait_vllm || exit 1
 dirs=()
 for eng in ${ENGINES:-gptoss:16 vllm}; do
   d="$R/${eng/:/_}"; dirs+=("$d")

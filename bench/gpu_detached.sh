@@ -1,0 +1,32 @@
+# shellcheck shell=bash
+# Sourced (not run) by the detached one-H100 scripts (moe_flat_gpu.sh, moe_large_gpu.sh,
+# vllm_plugin_gpu.sh), from the repository root, after RES (their results folder) is set:
+# the results folder and its done marker, say() with seconds since the start, and the steps each
+# of them needs first (the harness's wheels, the random 20b checkpoint, waiting for vLLM).
+mkdir -p "$RES"; rm -f "$RES/done"
+trap 'touch "$RES/done"' EXIT  # the caller polls for it, whatever way the script ends
+CKPT=${CKPT:-/tmp/ck20}
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+t0=$(date +%s)
+say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+
+# vLLM's engine bench comes with the payload (.wc1), which a copy of the checkout made to run a
+# script detached may leave out (2026-11-27: the batch-1 / Offline row then failed at once, exit 2).
+vllm_script() {
+  VLLM_SCRIPT=$(realpath -m "${VLLM_SCRIPT:-.wc1/bench_vllm.py}")
+  [ -f "$VLLM_SCRIPT" ] || { say "no $VLLM_SCRIPT: set VLLM_SCRIPT to the payload's bench_vllm.py"; exit 1; }
+}
+
+gpu_prereqs() {  # the harness's wheels (.whl) unless installed; the 20b checkpoint unless at $CKPT
+  nvidia-smi -L
+  python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
+    python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+  [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
+    > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
+}
+
+wait_vllm() {  # up to 15 min for bench/vllm_peer_install.sh (a later device call) to finish
+  say "waiting for vLLM (\$HOME/vllm_ready)"
+  for _ in $(seq 180); do [ -f "$HOME/vllm_ready" ] && return 0; sleep 5; done
+  say "no vLLM"; return 1
+}
