@@ -30,3 +30,15 @@ wait_vllm() {  # up to 15 min for bench/vllm_peer_install.sh (a later device cal
   for _ in $(seq 180); do [ -f "$HOME/vllm_ready" ] && return 0; sleep 5; done
   say "no vLLM"; return 1
 }
+
+: > "$RES/table.txt"
+row() { echo "$1 | $2" | tee -a "$RES/table.txt"; }  # a line of the table printed last
+
+vllm_engine() {  # vLLM's batch-1 and Offline rows (bench/gptoss_gpu.py --engine vllm), after vllm_script
+  say "vLLM batch-1 and Offline"
+  timeout 560 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm --decode 128x512 \
+    --throughput 1000x1024x1024 --vllm-script "$VLLM_SCRIPT" > "$RES/vllm.txt" 2>&1
+  row "vllm b1 + offline" "$(sed -n '/^workload/,$p' "$RES/vllm.txt" | tr '\n' ' ')"
+}
+
+finish() { say "done"; echo "== table"; cat "$RES/table.txt"; }

@@ -25,8 +25,6 @@ if has vllm; then vllm_script; fi
 gpu_prereqs
 [ -f "$ADAPTER/adapter_config.json" ] || python3 -m gptoss.make_lora --model "$CKPT" --rank 16 --out "$ADAPTER" \
   > "$RES/adapter.log" 2>&1 || { tail "$RES/adapter.log"; exit 1; }
-row() { echo "$1 | $2" | tee -a "$RES/table.txt"; }
-: > "$RES/table.txt"
 if has tests; then
   say "compiled tests"
   python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_decode_flat.py \
@@ -90,10 +88,6 @@ if has vllm; then
   timeout 560 python3 bench/gptoss_lora_gpu.py --model-path "$CKPT" --out "$RES/lora_vllm" --adapter "$ADAPTER" \
     --parts vllm --offline '' > "$RES/lora_vllm.txt" 2>&1
   row "vllm c16 lora" "$(grep -h '"c16"' "$RES/lora_vllm/results.jsonl" 2>/dev/null | tail -1)"
-  say "vLLM batch-1 and Offline"
-  timeout 560 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm --decode 128x512 \
-    --throughput 1000x1024x1024 --vllm-script "$VLLM_SCRIPT" > "$RES/vllm.txt" 2>&1
-  row "vllm b1 + offline" "$(sed -n '/^workload/,$p' "$RES/vllm.txt" | tr '\n' ' ')"
+  vllm_engine
 fi
-say "done"
-echo "== table"; cat "$RES/table.txt"
+finish

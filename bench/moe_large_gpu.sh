@@ -19,8 +19,6 @@ KVARIANTS=${KVARIANTS:-v3,L-gu128k128s4,L-gu128k128s3,L-gu128k64s4,L-gu256k128s3
 PARTS=" ${PARTS:-tests kernels ogs offline vllm} "; has() { [[ $PARTS == *" $1 "* ]]; }
 if has vllm; then vllm_script; fi
 gpu_prereqs
-row() { echo "$1 | $2" | tee -a "$RES/table.txt"; }
-: > "$RES/table.txt"
 if has tests; then
   say "compiled tests"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py -k "gpu and not v3ds" \
@@ -53,10 +51,6 @@ if has offline; then
   done
 fi
 if has vllm && wait_vllm; then
-  say "vLLM batch-1 and Offline"
-  timeout 560 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm --decode 128x512 \
-    --throughput 1000x1024x1024 --vllm-script "$VLLM_SCRIPT" > "$RES/vllm.txt" 2>&1
-  row "vllm b1 + offline" "$(sed -n '/^workload/,$p' "$RES/vllm.txt" | tr '\n' ' ')"
+  vllm_engine
 fi
-say "done"
-echo "== table"; cat "$RES/table.txt"
+finish
