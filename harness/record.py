@@ -68,9 +68,25 @@ def config_dict(cfg: Any) -> dict[str, Any]:
     return out
 
 
+# Variables that change what runs (our kernels' switches and tiles, the backend's, vLLM's, Triton's):
+# a run with GPTOSS_MOE_V3_TILES or VLLM_ATTENTION_BACKEND set is not the default run, so run.json says so.
+_ENV_PREFIXES = ("GPTOSS_", "MLPERF_", "VLLM_", "TRITON_", "CUDA_VISIBLE_DEVICES", "SGLANG_")
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+def run_env() -> dict[str, str]:
+    """The behaviour-changing environment variables, secrets left out by name (VLLM_API_KEY...)."""
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(_ENV_PREFIXES) and not any(w in k.upper() for w in _SECRET_WORDS)
+    }
+
+
 def environment(cfg: Any) -> dict[str, Any]:
     argv = list(cfg.command) or sys.argv
     return {
+        "env": run_env(),
         "command": shlex.join([sys.executable, *argv]),
         "cwd": os.getcwd(),
         "python": sys.version.split()[0],

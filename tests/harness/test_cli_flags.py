@@ -203,9 +203,12 @@ def test_missing_named_conf_exits_2_with_the_message(fake_backend, tmp_path, cap
     assert f"error: --user-conf {tmp_path / 'user.conf'} does not exist" in capsys.readouterr().out
 
 
-def test_run_json_records_command_settings_backend_and_versions(fake_backend, tmp_path):
+def test_run_json_records_command_settings_backend_and_versions(fake_backend, tmp_path, monkeypatch):
     from tests.harness.runkit import run_cli, run_json
 
+    monkeypatch.setenv("GPTOSS_MOE_V3_TILES", "gate_up=256,64,64,8,5,half")
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret")  # never written down
+    monkeypatch.setenv("HOME_AWAY", "x")  # not ours: left out
     assert run_cli(["--backend", "fake", "--output-dir", tmp_path, "--fake-delay", 0]) == 0
     record = run_json(tmp_path / "offline" / "performance")
     assert record["command"].endswith(
@@ -217,6 +220,9 @@ def test_run_json_records_command_settings_backend_and_versions(fake_backend, tm
     assert record["packages"]["mlcommons-loadgen"] == "6.0.17"
     assert record["dataset"]["rows"] == 24 and len(record["dataset"]["sha256"]) == 64
     assert record["result"]["validity"] == "VALID"
+    assert record["env"]["GPTOSS_MOE_V3_TILES"] == "gate_up=256,64,64,8,5,half"
+    assert "VLLM_API_KEY" not in record["env"] and "HOME_AWAY" not in record["env"]
+    assert "s3cret" not in (tmp_path / "offline" / "performance" / "run.json").read_text()
 
 
 def test_nonfinite_numbers_in_the_generation_config_are_refused(tmp_path):
