@@ -176,9 +176,10 @@ def _v3_env_tiles(v: str | None) -> dict[tuple[int, bool], Tiles]:
                 f"(buckets {', '.join(map(str, _GATE_UP_TILES_V3))})"
             )
         bm, bn, bk, warps, stages = map(int, parts[:5])
-        if bk % 64 or bn % 16 or bm & (bm - 1) or warps not in (4, 8):
+        if bk % 64 or bn % 16 or bm & (bm - 1) or bm < 16 or warps not in (4, 8) or stages < 1:
             raise ValueError(
-                f"GPTOSS_MOE_V3_TILES: {item!r}: BK a multiple of 64, BN of 16, BM a power of 2, 4 or 8 warps"
+                f"GPTOSS_MOE_V3_TILES: {item!r}: BK a multiple of 64, BN of 16, BM a power of 2 >= 16, "
+                "4 or 8 warps, >= 1 stage"
             )
         for b in [int(bucket)] if bucket else [128, 512]:
             out[(b, gemm == "gate_up")] = Tiles(bm, bn, bk, warps, stages, half=parts[5:] == ["half"])

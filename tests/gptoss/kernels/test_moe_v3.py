@@ -323,6 +323,9 @@ def test_v3_tiles_from_the_environment(monkeypatch):
         ("down=128,128,64,8,4,full", "is not gate_up"),
         ("down=128,128,96,8,4", "BK a multiple of 64"),
         ("down=96,128,64,8,4", "BM a power of 2"),
+        ("down=8,128,64,8,4", "BM a power of 2 >= 16"),
+        ("down=128,128,64,8,0", ">= 1 stage"),
+        ("down=128,128,64,2,3", "4 or 8 warps"),
     ],
 )
 def test_v3_env_tiles_refuse_bad_values(value, match):
