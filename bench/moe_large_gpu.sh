@@ -3,7 +3,8 @@
 # steps run the v3 MoE at M ~1000, its mixed steps at M ~16k), then the engine and vLLM 0.26.0.
 #   nohup bash bench/moe_large_gpu.sh > $HOME/large.log 2>&1 &     (then poll $HOME/large/done)
 # Parts (PARTS, default all): tests (compiled v3 GEMM tests, the candidate tiles among them);
-# kernels (bench/kernels/moe_gpu.py at KMS over KVARIANTS, whole MoE and each GEMM in CUDA graphs);
+# kernels (bench/kernels/moe_gpu.py at KMS over KVARIANTS, whole MoE and each GEMM in CUDA graphs,
+# KROUNDS rounds, default 3, interleaved);
 # then bench/kernels/moe_pick.py turns the fastest tiles of each GEMM and bucket into a
 # GPTOSS_MOE_V3_TILES value; ogs (vLLM's matmul_ogs MoE at the same M, once $HOME/vllm_ready exists:
 # bench/vllm_peer_install.sh in the payload's third call); offline (1000 x (1024 -> 1024), ROUNDS
@@ -27,7 +28,8 @@ fi
 TILES=""
 if has kernels; then
   say "large-M MoE tiles"
-  python3 bench/kernels/moe_gpu.py --no-vllm --ms "$KMS" --variants "$KVARIANTS" > "$RES/kernels.txt" 2>&1
+  python3 bench/kernels/moe_gpu.py --no-vllm --ms "$KMS" --variants "$KVARIANTS" --rounds "${KROUNDS:-3}" \
+    > "$RES/kernels.txt" 2>&1
   sed -n '/^ *M variant/,$p' "$RES/kernels.txt"
   TILES=$(python3 bench/kernels/moe_pick.py "$RES/kernels.txt" 2> "$RES/pick.txt"); cat "$RES/pick.txt"
   row "picked GPTOSS_MOE_V3_TILES" "${TILES:-(the defaults)}"

@@ -1,6 +1,10 @@
 """GPU timings of our MXFP4 MoE (gptoss.kernels.moe), its kernel variants and vLLM's, 20b shapes.
 
-    python bench/kernels/moe_gpu.py [--ms 1,8,64] [--variants v1,v2] [--no-vllm]
+    python bench/kernels/moe_gpu.py [--ms 1,8,64] [--variants v1,v2] [--no-vllm] [--rounds R]
+
+--rounds R times every variant's graphs R times, interleaved, and reports medians and the spread:
+for choices of a few percent (2026-11-27: 5 stages looked 6 % faster GEMM by GEMM and 7 % slower as a
+whole MoE in one table, each part timed once, one after another).
 
 Everything at once compiles ~40 kernel configurations (minutes on a fresh machine); to stay well
 inside one 10-minute call, split it, e.g. --ms 1,4,16,64 --variants v1,v2,v2-2d,v2-bn16,v2-bn64,v2-s2,vllm
@@ -31,6 +35,7 @@ runs), in microseconds. run(rows) feeds bench/kernels_gpu.py: ours_us = v2 eager
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,13 +53,12 @@ from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: 
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe_peer import ALPHA, LIMIT, TOP_K, H, I, check, vllm_moe  # noqa: E402
 from moe_subnormal import subnormal_checks  # noqa: E402
 from moe_variants import DEC_VARIANTS, VARIANTS, DecVariant, Variant  # noqa: E402
 
-E, H, I, TOP_K = 32, 2880, 2880, 4
-ALPHA, LIMIT = 1.702, 7.0
+E = 32  # 20b; --experts 128: 120b
 MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096, 16384)
-CHECK_MS = (8, 64, 2048)
 PEAK_BYTES_PER_S = 3.0e12  # H100 SXM HBM3, achievable copy bandwidth
 EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # packed w13 + w2 and scales
 
@@ -98,8 +102,8 @@ def _us(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
 
-def _graph_us(fn: Callable[[], object]) -> float | None:
-    """fn captured once in a CUDA graph (after an eager warm-up that compiles), replays timed."""
+def _capture(fn: Callable[[], object]) -> Callable[[], object] | None:
+    """fn captured once in a CUDA graph (after an eager warm-up that compiles): its replay, or None."""
     try:
         fn()
         side = torch.cuda.Stream()
@@ -110,7 +114,7 @@ def _graph_us(fn: Callable[[], object]) -> float | None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        return _us(graph.replay)
+        return graph.replay  # the bound method keeps the graph (and its memory pool) alive
     except Exception as e:  # noqa: BLE001 - a peer that cannot be captured still gets its eager time
         print(f"  graph capture failed: {type(e).__name__}: {e}", file=sys.stderr)
         return None
@@ -194,120 +198,58 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
     }
 
 
-def _vllm(ck: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """vLLM's path, prepared as its Mxfp4 TRITON backend does; None (reason printed) if unavailable."""
-    try:
-        from vllm.utils.import_utils import has_triton_kernels
-
-        if not has_triton_kernels():  # also aliases vllm.third_party.triton_kernels as triton_kernels
-            raise ImportError("vllm reports no triton_kernels")
-        from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import (
-            triton_kernel_moe_forward,
-        )
-        from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import (
-            Mxfp4MoeBackend,
-            convert_gpt_oss_weight_to_mxfp4_moe_kernel_format,
-            make_mxfp4_moe_quant_config,
-        )
-
-        # vLLM's parameters: w13 [E, 2I, H/2] (gate/up interleaved), w2 [E, H, I/2], scales as loaded.
-        params = {
-            "w13_weight": ck["gate_up_blocks"].reshape(E, 2 * I, H // 2),
-            "w2_weight": ck["down_blocks"].reshape(E, H, I // 2),
-            "w13_weight_scale": ck["gate_up_scales"],
-            "w2_weight_scale": ck["down_scales"],
-        }
-        layer = torch.nn.Module()  # the conversion deletes the raw parameters from the layer
-        for name, t in params.items():
-            setattr(layer, name, torch.nn.Parameter(t.clone(), requires_grad=False))
-        backend = Mxfp4MoeBackend.TRITON
-        w13, w2, w13_pc, w2_pc, b13, b2 = convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
-            backend,
-            layer,
-            *(params[n] for n in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")),
-            w13_bias=ck["gate_up_bias"],
-            w2_bias=ck["down_bias"],
-        )
-        quant = make_mxfp4_moe_quant_config(
-            backend,
-            w1_scale=w13_pc,
-            w2_scale=w2_pc,
-            gemm1_alpha=ALPHA,
-            gemm1_beta=1.0,
-            swiglu_limit=LIMIT,
-            w1_bias=b13,
-            w2_bias=b2,
-        )
-    except Exception as e:  # noqa: BLE001 - the peer is optional: report why, ours still runs
-        print(f"vLLM peer unavailable: {type(e).__name__}: {e}", file=sys.stderr)
+def _captures(name: str, m: int, ck: dict, weights: dict, peer: Callable | None, x: torch.Tensor):
+    """A variant's graph replays by part ("moe", "gate_up", ...) and its eager us at this M, or None
+    where it does not run at M. The module switches hold only while capturing: a graph keeps the
+    kernels and tiles it was captured with."""
+    if name == "vllm":
+        if peer is None:
+            return None
+        fwd = partial(peer, x)
+        return {"moe": _capture(fwd)}, _us(fwd)
+    if name in DEC_VARIANTS:
+        dv = DEC_VARIANTS[name]
+        if m > dv.max_m:
+            return None
+        with _dec_switches(dv):
+            parts = _dec_parts(ck, weights["v2"], x)
+            return {k: _capture(f) for k, f in parts.items()}, _us(parts["moe"])
+    v = VARIANTS[name]
+    if not v.min_m <= m <= v.max_m:
         return None
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, ck["router_w"], ck["router_b"])  # [T, E], as gpt-oss's router
-        return triton_kernel_moe_forward(
-            x, w13, w2, logits, topk=TOP_K, renormalize=True, quant_config=quant, global_num_experts=E
-        )
-
-    return forward
+    with _switches(v):
+        parts = _ours_parts(ck, weights[v.kernels], x)
+        return {k: _capture(f) for k, f in parts.items()}, _us(parts["moe"])
 
 
-def _check(ours: Callable, peer: Callable | None) -> None:
-    """Ours against vLLM at CHECK_MS: the decode path (M 8), v2 (M 64) and, with a v3 copy, v3 (M 2048)."""
-    if peer is None:
-        return
-    for m in CHECK_MS:
-        x = torch.randn(m, H, device="cuda").bfloat16()
-        a = ours(x).float()  # a failure of ours is the bench's failure: it raises
-        try:
-            b = peer(x).float()
-        except Exception as e:  # noqa: BLE001 - vLLM's own error, of any type: reported, its check skipped
-            print(f"check M={m}: vLLM failed, no check: {type(e).__name__}: {e}")
-            return
-        print(
-            f"check M={m}: ours vs vLLM rel error {float((a - b).norm() / b.norm()):.2e} "
-            f"(bf16 roundings differ; ~1e-2 or below is agreement)"
-        )
-
-
-def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
-    """One dict per (M, variant); see the module docstring for the columns."""
+def table(ms: tuple[int, ...], names: list[str], with_vllm: bool, rounds: int = 1) -> list[dict]:
+    """One dict per (M, variant); see the module docstring for the columns. rounds > 1: every
+    variant's graphs are timed once a round, the variants interleaved, and each figure is the median
+    of its rounds (spread: the whole MoE's (max - min) / median), so a clock or thermal drift during
+    the table falls on every variant alike instead of on the last ones."""
     torch.manual_seed(0)
     ck = _checkpoint()
     layouts = {VARIANTS[n].kernels for n in names if n in VARIANTS} | {
         "v2" for n in names if n in DEC_VARIANTS
     }
     weights = {k: _weights(ck, k) for k in sorted(layouts)}
-    peer = _vllm(ck) if with_vllm else None
+    peer = vllm_moe(ck, E) if with_vllm else None
     checked = weights.get("dual") or weights.get("v2")
     if peer is not None and checked is not None:
-        _check(lambda x: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, checked, ALPHA, LIMIT), peer)
+        check(lambda x: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, checked, ALPHA, LIMIT), peer)
     rows = []
     for m in ms:
         x = torch.randn(m, H, device="cuda").bfloat16()
         hit = route(F.linear(x, ck["router_w"], ck["router_b"]), TOP_K)[0].unique().numel()
-        for name in names:
-            if name == "vllm":
-                if peer is None:
-                    continue
-                fwd = partial(peer, x)
-                times = {"moe": _graph_us(fwd), "eager": _us(fwd)}
-            elif name in DEC_VARIANTS:
-                dv = DEC_VARIANTS[name]
-                if m > dv.max_m:
-                    continue
-                with _dec_switches(dv):
-                    parts = _dec_parts(ck, weights["v2"], x)
-                    times = {k: _graph_us(f) for k, f in parts.items()}
-                    times["eager"] = _us(parts["moe"])
-            else:
-                v = VARIANTS[name]
-                if not v.min_m <= m <= v.max_m:
-                    continue
-                with _switches(v):
-                    parts = _ours_parts(ck, weights[v.kernels], x)
-                    times = {k: _graph_us(f) for k, f in parts.items()}
-                    times["eager"] = _us(parts["moe"])
-            g = times["moe"]
+        runs = {n: c for n in names if (c := _captures(n, m, ck, weights, peer, x)) is not None}
+        samples = {n: {k: [] for k in reps} for n, (reps, _) in runs.items()}
+        for _ in range(rounds):
+            for n, (reps, _) in runs.items():
+                for k, rep in reps.items():
+                    samples[n][k].append(None if rep is None else _us(rep))
+        for name, (_, eager) in runs.items():
+            times = {k: None if None in t else statistics.median(t) for k, t in samples[name].items()}
+            g, moe_t = times["moe"], samples[name]["moe"]
             rows.append(
                 {
                     "M": m,
@@ -315,12 +257,14 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool) -> list[dict]:
                     "graph_us": g,
                     "gate_up_us": times.get("gate_up"),
                     "down_us": times.get("down"),
-                    "eager_us": times["eager"],
+                    "eager_us": eager,
                     "router_us": times.get("router"),
                     "hbm": None if not g else hit * EXPERT_BYTES / (g * 1e-6) / PEAK_BYTES_PER_S,
+                    "spread": (max(moe_t) - min(moe_t)) / g if g and rounds > 1 else None,
                 }
             )
             print(_fmt_row(rows[-1]), flush=True)
+        del runs  # the graphs' memory pools go before the next M's
     return rows
 
 
@@ -333,6 +277,7 @@ def _fmt_row(r: dict) -> str:
         f"{r['M']:>6} {r['variant']:<12} {_fmt(r['graph_us'], '9.1f')} {_fmt(r['gate_up_us'], '9.1f')} "
         f"{_fmt(r['down_us'], '9.1f')} {_fmt(r['eager_us'], '9.1f')} {_fmt(r['hbm'], '6.1%')}"
         + (f"  router {r['router_us']:.1f}" if r.get("router_us") else "")
+        + (f"  spread {r['spread']:.1%}" if r.get("spread") is not None else "")
     )
 
 
@@ -369,6 +314,7 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join([*VARIANTS, "vllm"]))
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument("--experts", type=int, default=E, help="128: gpt-oss-120b's experts (e128-* variants)")
+    ap.add_argument("--rounds", type=int, default=1, help="time every variant this many times, interleaved")
     args = ap.parse_args()
     E = args.experts
     if not torch.cuda.is_available():
@@ -380,7 +326,8 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown variants {unknown}; known: {[*VARIANTS, *DEC_VARIANTS, 'vllm']}")
     print(f"{'M':>6} {'variant':<12} {'graph us':>9} {'gate_up':>9} {'down':>9} {'eager us':>9} {'HBM':>6}")
-    table(tuple(int(m) for m in args.ms.split(",")), names, with_vllm=not args.no_vllm and "vllm" in names)
+    ms = tuple(int(m) for m in args.ms.split(","))
+    table(ms, names, with_vllm=not args.no_vllm and "vllm" in names, rounds=max(1, args.rounds))
 
 
 if __name__ == "__main__":
