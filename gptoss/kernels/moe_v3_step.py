@@ -87,7 +87,11 @@ def _v3_ptrs(
         KC: tl.constexpr = BK // 64
         rb = (n0 // 16 + tl.arange(0, RB)) % (N // 16)  # past-the-end blocks reload valid rows
         kc = tl.arange(0, KC)
-        lane = tl.reshape(tl.arange(0, 128), (8, 4, 4))  # (g, t, s): 16 bytes a lane
+        # (g, t, s): 16 bytes a lane. Built by broadcasting, not by reshaping an arange: Triton's
+        # contiguity analysis keeps the last dim's 4 consecutive words only so: one 16-byte cp.async
+        # a lane instead of four of 4 bytes (sm_90a, the BM-256 gate_up's K loop 176 -> 172 ins).
+        lane = (tl.arange(0, 8) * 16)[:, None, None] + (tl.arange(0, 4) * 4)[None, :, None]
+        lane = lane + tl.arange(0, 4)[None, None, :]
         w = w_base + rb[:, None, None, None, None] * stride_wn + kc[None, :, None, None, None] * 128
         w = w + lane[None, None, :, :, :]
         s = s_base + rb[:, None, None] * stride_sn + kc[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
