@@ -1,0 +1,125 @@
+"""Hardware counters of the MoE kernels (Nsight Compute), ours beside vLLM's matmul_ogs, 20b shapes.
+
+    ncu --profile-from-start off --clock-control none --csv --page details \
+        --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+        python bench/kernels/moe_ncu.py --ms 1024,16384 [--variant engine] [--vllm] > ncu.csv
+    python bench/kernels/moe_ncu.py --digest ncu.csv        (no GPU: the table)
+
+Timing says which MoE is slower (bench/kernels/moe_gpu.py); this says why: per kernel launch its
+duration, SM and memory throughput against peak, the tensor pipe's share, L2 and DRAM bytes, issue
+slots used, occupancy and registers, and its warps' three largest stall reasons. The GPU run
+profiles only what lies between torch.cuda.profiler.start() and stop(): one eager forward per M
+(after a warm-up that compiled every kernel), the launches in the order they ran. bench/moe_ncu_gpu.sh
+runs both steps on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+# (label, ncu's section, metric name) of the digest's columns; names as Nsight Compute 2025 prints them.
+COLUMNS = [
+    ("us", "GPU Speed Of Light Throughput", "Duration"),
+    ("sm%", "GPU Speed Of Light Throughput", "Compute (SM) Throughput"),
+    ("mem%", "GPU Speed Of Light Throughput", "Memory Throughput"),
+    ("l2%", "GPU Speed Of Light Throughput", "L2 Cache Throughput"),
+    ("dram%", "GPU Speed Of Light Throughput", "DRAM Throughput"),
+    ("issue%", "Compute Workload Analysis", "Issue Slots Busy"),
+    ("l2hit%", "Memory Workload Analysis", "L2 Hit Rate"),
+    ("occ%", "Occupancy", "Achieved Occupancy"),
+    ("regs", "Launch Statistics", "Registers Per Thread"),
+]
+# The per-reason stall metrics (asked for with --metrics, bench/moe_ncu_gpu.sh: STALLS): cycles a warp
+# spends stalled on that reason per issued instruction.
+STALL = re.compile(r"issue_stalled_(\w+?)_per_issue_active")
+
+
+def _short(kernel: str) -> str:
+    return re.sub(r"\(.*", "", kernel).strip()[:28]
+
+
+def digest(text: str) -> list[str]:
+    """ncu's --csv --page details output -> one line a kernel launch (ID), columns as COLUMNS, then
+    its warps' three largest stall reasons (cycles stalled per issued instruction)."""
+    rows: dict[str, dict] = defaultdict(dict)
+    names: dict[str, str] = {}
+    stalls: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    start = text.find('"ID"')  # ncu prints its own log lines before the table
+    if start < 0:
+        return ["no ncu table in the input (did ncu profile anything? see its log lines above)"]
+    for r in csv.DictReader(io.StringIO(text[start:])):
+        launch, section, metric = r["ID"], r.get("Section Name", ""), r.get("Metric Name", "")
+        names[launch] = _short(r.get("Kernel Name", ""))
+        value = r.get("Metric Value", "").replace(",", "")
+        for label, sec, name in COLUMNS:
+            if section == sec and metric == name:
+                unit = r.get("Metric Unit", "")
+                scale = {"msecond": 1e3, "nsecond": 1e-3, "second": 1e6}.get(unit, 1.0)
+                rows[launch][label] = float(value) * scale if value else None
+        if (m := STALL.search(metric)) and value and m[1] != "selected":  # selected: issuing, no stall
+            stalls[launch].append((float(value), m[1]))
+    head = f"{'id':>4} {'kernel':<28} " + " ".join(f"{label:>7}" for label, _, _ in COLUMNS) + "  top stalls"
+    out = [head]
+    for launch in sorted(rows, key=int):
+        cells = " ".join(
+            f"{v:7.1f}" if (v := rows[launch].get(label)) is not None else f"{'-':>7}"
+            for label, _, _ in COLUMNS
+        )
+        top = ", ".join(f"{n} {v:.1f}" for v, n in sorted(stalls[launch], reverse=True)[:3])
+        out.append(f"{launch:>4} {names[launch]:<28} {cells}  {top}")
+    return out
+
+
+def profile(ms: list[int], variant: str, with_vllm: bool) -> None:
+    """The GPU side, under ncu: one eager forward per M of our variant (and vLLM's), profiled alone."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import moe_gpu
+    from moe_peer import vllm_moe
+    from moe_variants import VARIANTS
+
+    v = VARIANTS[variant]
+    ck = moe_gpu._checkpoint()
+    w = moe_gpu._weights(ck, v.kernels)
+    peer = vllm_moe(ck, moe_gpu.E) if with_vllm else None
+    for m in ms:
+        x = torch.randn(m, moe_gpu.H, device="cuda").bfloat16()
+        with moe_gpu._switches(v):
+            ours = moe_gpu._ours_parts(ck, w, x)["moe"]
+            ours()  # compiles (and autotunes nothing): the profiled launch is a warm one
+            if peer is not None:
+                peer(x)
+            torch.cuda.synchronize()
+            print(f"profiling M {m}: {variant}" + (" then vllm" if peer else ""), file=sys.stderr)
+            torch.cuda.profiler.start()
+            ours()
+            if peer is not None:
+                peer(x)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--digest", type=Path, help="ncu's CSV: print the table (no GPU needed)")
+    ap.add_argument("--ms", default="1024,16384")
+    ap.add_argument("--variant", default="engine", help="a moe_variants.VARIANTS name")
+    ap.add_argument("--vllm", action="store_true", help="vLLM's MoE after ours, at each M")
+    args = ap.parse_args()
+    if args.digest:
+        print("\n".join(digest(args.digest.read_text())))
+    else:
+        profile([int(m) for m in args.ms.split(",")], args.variant, args.vllm)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# GPU side, one H100 (Firecracker machines: ncu reads the counters there, KINDS.md): Nsight Compute's
+# counters of the MoE kernels at MS (default 1024,16384), ours (the engine's kernels) beside vLLM's
+# matmul_ogs once vLLM is installed (bench/vllm_peer_install.sh; NO_VLLM=1: ours alone), then one
+# table (bench/kernels/moe_ncu.py --digest): duration, SM / memory / L2 / DRAM throughput, issue
+# slots, L2 hit rate, occupancy, registers and each launch's three largest stall reasons.
+#   bash bench/moe_ncu_gpu.sh        (results in $RES, default $HOME/ncu: ncu.csv, ncu.log, table.txt)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+RES=${RES:-$HOME/ncu}
+# shellcheck source-path=SCRIPTDIR/..
+. bench/gpu_detached.sh
+if [ -z "${NCU:-}" ]; then  # on the PATH, else the image's Nsight Compute install
+  NCU=$(command -v ncu)
+  for f in /opt/nvidia/nsight-compute/*/ncu; do [ -n "$NCU" ] || NCU=$f; done
+fi
+[ -x "$NCU" ] || { say "no ncu found (set NCU)"; exit 1; }
+nvidia-smi -L
+VLLM=(--vllm)
+if [ -n "${NO_VLLM:-}" ] || ! wait_vllm; then VLLM=(); fi
+# The stall reasons are asked for by name; a version that lacks one refuses the whole list, so the
+# list is tried on a trivial kernel first and left out (sections only) if refused.
+STALLS=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier long_scoreboard \
+  short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle not_selected dispatch_stall \
+  no_instruction branch_resolving membar sleeping drain misc tex_throttle imc_miss selected)
+STALLS=${STALLS%,}
+EXTRA=(--metrics "$STALLS")
+if ! "$NCU" --clock-control none --csv "${EXTRA[@]}" python3 -c \
+  'import torch; torch.ones(8, device="cuda").add_(1); torch.cuda.synchronize()' > "$RES/probe.txt" 2>&1; then
+  say "ncu refused the stall metrics (see $RES/probe.txt): sections only"; EXTRA=()
+fi
+say "profiling M ${MS:-1024,16384}"
+"$NCU" --profile-from-start off --clock-control none --csv --page details \
+  --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+  --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy "${EXTRA[@]}" \
+  python3 bench/kernels/moe_ncu.py --ms "${MS:-1024,16384}" --variant "${VARIANT:-engine}" "${VLLM[@]}" \
+  > "$RES/ncu.csv" 2> "$RES/ncu.log" || { say "ncu failed"; tail -20 "$RES/ncu.log"; }
+python3 bench/kernels/moe_ncu.py --digest "$RES/ncu.csv" | tee "$RES/table.txt"
+say "done"
