@@ -28,11 +28,11 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe, moe_tiles  # noqa: E402
+from gptoss.kernels import moe  # noqa: E402
 from gptoss.kernels.moe import Tiles, moe_forward, prepare_moe_weights  # noqa: E402
 from gptoss.kernels.moe_layout import MAX_SCALE_V2, _to_bits_layout, _to_v3_layout, _to_v3_scales  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
-from gptoss.kernels.moe_tiles import TILE_OVERRIDE, _v3_env_tiles, choose_tiles_v3  # noqa: E402
+from gptoss.kernels.moe_tiles import choose_tiles_v3  # noqa: E402
 from gptoss.kernels.moe_v3_step import _V3_ASM  # noqa: E402
 from gptoss.mxfp4 import E2M1_VALUES, dequantize  # noqa: E402
 from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the fixtures apply here too
@@ -272,65 +272,6 @@ def test_v3_rejects_other_activations_and_layouts():
     _, w2 = make_moe(4, 64, 64, 2, torch.bfloat16, seed=0, kernels="v2")
     with pytest.raises(ValueError, match="prepared with kernels='v3' or 'v3ds', got 'bits'"):
         moe.gate_up_v3(x.bfloat16(), r, w2, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2))
-
-
-def test_choose_tiles_v3_buckets_and_override():
-    wide_gu, wide_dn = Tiles(256, 64, 64, 8, 3, half=True), Tiles(256, 128, 64, 8, 3, half=True)
-    wide_gu4, wide_dn4 = Tiles(256, 64, 64, 8, 4, half=True), Tiles(256, 128, 64, 8, 4, half=True)
-    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == wide_gu4  # 8 warps: 128 weight rows
-    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=False) == wide_dn4
-    # Bucket 512 from 512 rows an expert (M 4096 at 20b, 3 stages); 511 rows stay in bucket 128 (4).
-    assert choose_tiles_v3(4096, 4, 32, 2880, 2880, gate_up=False) == wide_dn
-    assert choose_tiles_v3(4088, 4, 32, 2880, 2880, gate_up=False) == wide_dn4
-    assert choose_tiles_v3(16384, 4, 32, 2880, 2880, gate_up=True) == wide_gu
-    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=True).bm == 32
-    assert choose_tiles_v3(1, 4, 8, 64, 64, gate_up=True) == Tiles(16, 64, 64, 4, 4)  # BK <= K's power of 2
-    assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=True) == wide_gu4
-    assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=False).warps == 8  # BN 128 (N 96's power of 2)
-    TILE_OVERRIDE[(128, True)] = Tiles(64, 256, 128, 8, 4)
-    try:
-        assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == Tiles(64, 256, 128, 8, 4)
-        assert choose_tiles_v3(4096, 4, 32, 2880, 2880, gate_up=True) == wide_gu
-        assert choose_tiles_v3(2048, 4, 32, 2880, 2880, gate_up=False) == wide_dn4
-    finally:
-        TILE_OVERRIDE.clear()
-
-
-def test_v3_tiles_from_the_environment(monkeypatch):
-    """GPTOSS_MOE_V3_TILES: without @bucket both large buckets; TILE_OVERRIDE still wins."""
-    env = _v3_env_tiles("gate_up=128,128,128,8,4,half; down@512=256,128,64,8,2")
-    assert env == {
-        (128, True): Tiles(128, 128, 128, 8, 4, half=True),
-        (512, True): Tiles(128, 128, 128, 8, 4, half=True),
-        (512, False): Tiles(256, 128, 64, 8, 2),
-    }
-    monkeypatch.setattr(moe_tiles, "V3_ENV_TILES", env)
-    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == Tiles(128, 128, 128, 8, 4, half=True)
-    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=False) == Tiles(256, 128, 64, 8, 4, half=True)
-    assert choose_tiles_v3(16384, 4, 32, 2880, 2880, gate_up=False) == Tiles(256, 128, 64, 8, 2)
-    assert choose_tiles_v3(16384, 4, 32, 2880, 2880, gate_up=True) == Tiles(128, 128, 128, 8, 4, half=True)
-    monkeypatch.setitem(TILE_OVERRIDE, (128, True), Tiles(64, 256, 128, 8, 4))
-    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True) == Tiles(64, 256, 128, 8, 4)
-    assert _v3_env_tiles("") == {} and _v3_env_tiles(None) == {}
-
-
-@pytest.mark.parametrize(
-    ("value", "match"),
-    [
-        ("gateup=128,128,128,8,4", "'gateup=128,128,128,8,4' is not gate_up|down"),
-        ("down@256=128,128,64,8,4", "buckets 16, 32, 64, 128, 512"),
-        ("down=128,128,64,8", "is not gate_up"),
-        ("down=128,128,64,8,4,full", "is not gate_up"),
-        ("down=128,128,96,8,4", "BK a multiple of 64"),
-        ("down=96,128,64,8,4", "BM a power of 2"),
-        ("down=8,128,64,8,4", "BM a power of 2 >= 16"),
-        ("down=128,128,64,8,0", ">= 1 stage"),
-        ("down=128,128,64,2,3", "4 or 8 warps"),
-    ],
-)
-def test_v3_env_tiles_refuse_bad_values(value, match):
-    with pytest.raises(ValueError, match=match):
-        _v3_env_tiles(value)
 
 
 def test_v3_with_lora_adapters_matches_the_reference(kernels):
