@@ -1,0 +1,133 @@
+"""The detached GPU scripts (bench/moe_large_gpu.sh, moe_flat_gpu.sh, moe_ncu_gpu.sh over
+bench/gpu_detached.sh) run end to end on CPU with stub binaries standing in for the GPU's python3,
+nvidia-smi and ncu: a script that breaks costs a device call, so its control flow is tested here
+(the stubs answer as the real tools print; the picker and the ncu digest are the real ones)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+PYTHON_STUB = r"""#!/usr/bin/env bash
+last=${*: -1}
+echo "$*" >> "$STUB_LOG"
+case "$*" in
+  *"import mlperf_loadgen"*) exit 0 ;;
+  *make_checkpoint*|*make_lora*)
+    mkdir -p "$last"; echo '{}' > "$last/config.json"; echo '{}' > "$last/adapter_config.json" ;;
+  *moe_pick.py*|*"moe_ncu.py --digest"*) exec "$REAL_PYTHON" "$@" ;;
+  *"-m pytest"*) echo "14 passed in 1.0s" ;;  # (tmp paths hold "pytest" too)
+  *moe_gpu.py*--no-vllm*)
+    echo "     M variant       graph us   gate_up      down  eager us    HBM"
+    echo "  1024 v3               805.8     520.8     275.0     815.9  17.5%"
+    echo "  1024 L-gu128k128s4   1190.0     470.0     272.8    1190.5  11.8%  spread 1.0%"
+    echo "  1024 L-dn128k64s4     841.1     517.1     304.1     847.1  16.8%" ;;
+  *moe_gpu.py*) echo "     M variant       graph us   gate_up      down  eager us    HBM"
+                echo "  1024 vllm             622.5 - -    1293.0  22.6%" ;;
+  *gptoss_lora_gpu.py*) mkdir -p "${*##*--out }"; echo lora ;;
+  *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"; echo "offline 1000x(1024->1024)  -  15000.0 tok/s" ;;
+  *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s tiles=${GPTOSS_MOE_V3_TILES:-dflt}" ;;
+  *) echo "stub python3: unexpected $*" >&2; exit 3 ;;
+esac
+"""
+NCU_STUB = r"""#!/usr/bin/env bash
+case "$*" in
+  *"--page details"*)
+    echo '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"'
+    echo '"0","_gate_up_v3_kernel","GPU Speed Of Light Throughput","Duration","usecond","480.25"' ;;
+  *) exit 0 ;;
+esac
+"""
+
+
+@pytest.fixture
+def stubs(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {
+        "python3": PYTHON_STUB,
+        "ncu": NCU_STUB,
+        "nvidia-smi": "#!/bin/sh\necho 'GPU 0: stub'\n",
+    }.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "vllm_ready").touch()
+    (tmp_path / ".wc1").mkdir()
+    (tmp_path / ".wc1" / "bench_vllm.py").touch()
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOME": str(home),
+        "REAL_PYTHON": sys.executable,
+        "STUB_LOG": str(tmp_path / "calls.log"),
+        "CKPT": str(tmp_path / "ck"),
+        "VLLM_SCRIPT": str(tmp_path / ".wc1" / "bench_vllm.py"),
+    }
+
+
+def _run(script: str, env: dict[str, str], **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", f"bench/{script}"],
+        cwd=REPO,
+        env={**env, **extra},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_moe_large_picks_tiles_and_runs_offline_with_them(stubs, tmp_path):
+    res = tmp_path / "large"
+    p = _run("moe_large_gpu.sh", stubs, RES=str(res), KMS="1024", ROUNDS="1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (res / "done").exists()
+    table = (res / "table.txt").read_text().splitlines()
+    assert table[0] == "picked GPTOSS_MOE_V3_TILES | gate_up@128=128,128,128,8,4,half"
+    assert "  1024 vllm             622.5 - -    1293.0  22.6%" in table
+    assert any(
+        r.startswith("gptoss offline 1000x1024x1024 default r1 |") and r.endswith("tiles=dflt") for r in table
+    )
+    picked = [r for r in table if r.startswith("gptoss offline 1000x1024x1024 picked r1 |")]
+    assert len(picked) == 1 and picked[0].endswith("tiles=gate_up@128=128,128,128,8,4,half")
+    assert table[-1].startswith("vllm b1 + offline | workload x offline")
+    assert "--rounds 3" in (tmp_path / "calls.log").read_text()  # KROUNDS' default
+
+
+def test_a_missing_vllm_bench_script_stops_at_once(stubs, tmp_path):
+    p = _run("moe_large_gpu.sh", stubs, RES=str(tmp_path / "r"), VLLM_SCRIPT=str(tmp_path / "nope.py"))
+    assert p.returncode == 1
+    assert f"no {tmp_path / 'nope.py'}: set VLLM_SCRIPT to the payload's bench_vllm.py" in p.stdout
+    assert (tmp_path / "r" / "done").exists()  # the poller is released whatever the ending
+    assert (
+        not (tmp_path / "calls.log").exists() or "gptoss_gpu.py" not in (tmp_path / "calls.log").read_text()
+    )
+
+
+def test_moe_flat_modes_and_vllm_rows(stubs, tmp_path):
+    res = tmp_path / "flat"
+    p = _run("moe_flat_gpu.sh", stubs, RES=str(res), PARTS="offline vllm", MODES="a=GPTOSS_X=1 b=")
+    assert p.returncode == 0, p.stdout + p.stderr
+    table = (res / "table.txt").read_text().splitlines()
+    assert [r.split(" |")[0] for r in table] == [
+        "gptoss offline 1000x1024x1024 a",
+        "gptoss offline 1000x1024x1024 b",
+        "vllm c16 lora",
+        "vllm b1 + offline",
+    ]
+
+
+def test_moe_ncu_digests_what_ncu_wrote(stubs, tmp_path):
+    res = tmp_path / "ncu"
+    p = _run("moe_ncu_gpu.sh", stubs, RES=str(res))
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = (res / "table.txt").read_text().splitlines()
+    assert lines[0].split()[:3] == ["id", "kernel", "us"]
+    assert lines[1].split()[:3] == ["0", "_gate_up_v3_kernel", "480.2"]
