@@ -60,7 +60,8 @@ def pick(text: str) -> tuple[str, list[str]]:
             best = min(full, key=lambda v: sum(t[col] for t in full[v].values()))
             tiles, default = _tiles(best, bucket, col == 0), _tiles("v3", bucket, col == 0)
             total = sum(t[col] for t in full[best].values())
-            notes.append(f"{gemm}@{bucket}: {best} {_spec(tiles)} ({total:.1f} us over M {sorted(ms)})")
+            mark = " (the table's)" if tiles == default else ""  # a variant that changed the other GEMM
+            notes.append(f"{gemm}@{bucket}: {best} {_spec(tiles)}{mark} ({total:.1f} us over M {sorted(ms)})")
             if tiles != default:
                 values.append(f"{gemm}@{bucket}={_spec(tiles)}")
     return ";".join(values), notes
