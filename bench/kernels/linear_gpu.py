@@ -80,8 +80,16 @@ def bench_shape(name: str, ts: list[int], variants: list[str]) -> list[dict]:
             try:
                 ok = _check(fn(x, ws[0], bs[0]), want)
                 ours = _graph_us(lambda i, x=x, fn=fn: fn(x, ws[i], bs[i]))
-            except (OutOfResources, CompilationError) as e:  # a variant too big or invalid is reported
+            except (
+                OutOfResources,
+                CompilationError,
+            ) as e:  # a variant too big or invalid: a row that says so
                 print(f"{name} T={t} {spec}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                rows.append(
+                    {"T": t, "shape": f"{name} [{n}, {k}]", "variant": spec, "torch_us": round(torch_us, 2)}
+                    | dict.fromkeys(("ours_us", "ratio", "ours_tbs", "torch_tbs"), "-")
+                    | {"check": type(e).__name__}
+                )
                 continue
             rows.append(
                 {
@@ -118,6 +126,8 @@ def main() -> None:
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
     for r in rows:
         print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
+    if failed := sum(r["check"] != "ok" for r in rows):  # wrong results or variants that did not build
+        sys.exit(f"{failed} of {len(rows)} rows failed (check column)")
 
 
 if __name__ == "__main__":

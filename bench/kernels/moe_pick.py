@@ -39,17 +39,18 @@ def _tiles(name: str, bucket: int, gate_up: bool) -> Tiles:
 def pick(text: str) -> tuple[str, list[str]]:
     """(the GPTOSS_MOE_V3_TILES value, one line a choice)."""
     times: dict[tuple[int, str], dict[int, tuple[float, float]]] = {}
+    untimed = []  # rows whose GEMM moe_gpu could not time ("-": its graph capture failed)
     for line in text.splitlines():
         m = ROW.match(line)
         if not m or m[2] not in VARIANTS or VARIANTS[m[2]].kernels != "v3":
             continue
-        try:
-            gu, dn = float(m[4]), float(m[5])
-        except ValueError:  # "-": a GEMM that could not be timed
+        if "-" in (m[4], m[5]):
+            untimed.append(f"{m[2]} at M {m[1]}")
             continue
         bucket = bucket_v3(triton.cdiv(int(m[1]) * TOP_K, E))
-        times.setdefault((bucket, m[2]), {})[int(m[1])] = (gu, dn)
-    values, notes = [], []
+        times.setdefault((bucket, m[2]), {})[int(m[1])] = (float(m[4]), float(m[5]))
+    values = []
+    notes = [f"{len(untimed)} rows untimed, not candidates: {', '.join(untimed)}"] if untimed else []
     for bucket in (128, 512):
         ms = set().union(*(t.keys() for (b, _), t in times.items() if b == bucket))
         full = {v: t for (b, v), t in times.items() if b == bucket and t.keys() == ms}

@@ -49,6 +49,14 @@ def test_a_variant_missing_an_m_of_the_bucket_is_not_a_candidate():
     assert not value.startswith("gate_up@128")
 
 
+def test_untimed_rows_are_counted_and_named_not_dropped():
+    lines = [*TABLE.splitlines(), "  2048 L-dn128k64s4   1090.0         -     360.0    1100.0  12.9%"]
+    lines.remove("  2048 L-dn128k64s4    1090.0     713.0     360.0    1100.0  12.9%")
+    value, notes = pick("\n".join(lines))
+    assert notes[0] == "1 rows untimed, not candidates: L-dn128k64s4 at M 2048"
+    assert "down@128" not in value  # L-dn lacks M 2048 now: the table's down wins bucket 128
+
+
 def test_the_defaults_winning_give_an_empty_value():
     only_v3 = "\n".join(ln for ln in TABLE.splitlines() if " v3 " in ln)
     assert pick(only_v3)[0] == ""
