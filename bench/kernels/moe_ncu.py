@@ -7,8 +7,8 @@
     python bench/kernels/moe_ncu.py --digest ncu.csv        (no GPU: the table)
 
 Timing says which MoE is slower (bench/kernels/moe_gpu.py); this says why: per kernel launch its
-duration, SM and memory throughput against peak, the tensor pipe's share, L2 and DRAM bytes, issue
-slots used, occupancy and registers, and its warps' three largest stall reasons. The GPU run
+duration, SM, memory, L2 and DRAM throughput against peak, issue slots used, L2 hit rate, occupancy
+and registers, and its warps' three largest stall reasons. The GPU run
 profiles only what lies between torch.cuda.profiler.start() and stop(): one eager forward per M
 (after a warm-up that compiled every kernel), the launches in the order they ran. bench/moe_ncu_gpu.sh
 runs both steps on the GPU.

@@ -158,6 +158,7 @@ for _t in [
         "v2", tiles={**_both(32, _t), **_both(64, _t)}, min_m=513, max_m=2048
     )
 
+
 # v3 (gptoss.kernels.moe_v3): "v3" its table (moe_tiles._GATE_UP_TILES_V3 / _DOWN_TILES_V3) on
 # weights in the v3 layout (MMA lane fragments); "v3ds" the same table on checkpoint-order weights
 # through tl.dot_scaled (the simplest version, for comparison); "dual" the engine's setup on 20b
@@ -168,6 +169,11 @@ for _t in [
 # v3-b32-n128, v3-b32-k256) are gone. In the sm_90a SASS (20b shapes): gate_up 128x256 BK 64
 # spills 64 STL + 64 LDL a K step (timed anyway: one more warpgroup's worth of x reuse); gate_up
 # 256x128 spills 128 + 128 (not offered); the b32/b64 tiles below use <= 130 registers, no spills.
+def _v3_tiles(gu: Tiles | None, dn: Tiles | None, buckets=(128, 512)) -> dict[tuple[int, bool], Tiles]:
+    """TILE_OVERRIDE entries setting gate_up's and down's tiles at the buckets (None: the table's)."""
+    return {(b, g): t for b in buckets for g, t in ((True, gu), (False, dn)) if t is not None}
+
+
 VARIANTS["v3"] = Variant("v3")
 VARIANTS["v3ds"] = Variant("v3ds")
 VARIANTS["dual"] = Variant("dual")
@@ -177,8 +183,7 @@ for _name, _buckets, _gu, _dn, _lo, _hi in [
     ("v3-b32-k64s6", (32,), Tiles(32, 64, 64, 4, 6), Tiles(32, 64, 64, 4, 6), 129, 256),
     ("v3-b64-k64", (64,), Tiles(64, 128, 64, 8, 4), Tiles(64, 128, 64, 8, 4), 257, 512),
 ]:
-    _tiles = {(b, True): _gu for b in _buckets} | ({(b, False): _dn for b in _buckets} if _dn else {})
-    VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=_lo, max_m=_hi)
+    VARIANTS[_name] = Variant("v3", tiles=_v3_tiles(_gu, _dn, _buckets), min_m=_lo, max_m=_hi)
 
 # BM-256 tiles (gate_up on its interleaved rows: 128 weight rows a program, one dot), "h": tiles of
 # <= 128 rows on the BM-128 body (Tiles.half; "v3-256h" was the table 2026-11-26, 4 stages deep at
@@ -192,8 +197,7 @@ for _name, _gu, _dn in [
     ("v3-256h-gu", _half(_GU256), None),
     ("v3-128h", Tiles(128, 128, 64, 8, 4, half=True), Tiles(128, 256, 64, 8, 4, half=True)),
 ]:
-    _tiles = {(b, True): _gu for b in (128, 512)} | ({(b, False): _dn for b in (128, 512)} if _dn else {})
-    VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=513)
+    VARIANTS[_name] = Variant("v3", tiles=_v3_tiles(_gu, _dn), min_m=513)
 VARIANTS["v3-128"] = Variant("v3", tiles=NARROW_V3, min_m=513)
 
 # Large-M candidates (2026-11-27), one GEMM changed each ("gu"/"dn"; the other keeps the table's):
@@ -202,6 +206,8 @@ VARIANTS["v3-128"] = Variant("v3", tiles=NARROW_V3, min_m=513)
 # BK-64 tiles 5.50 (its fixed per-step work, the x tile's copies and the waits, over half the
 # values): at ~125 rows an expert (Offline decode, M ~1000) the table's tiles run their 128-token
 # body, so each weight value feeds as many MMAs as in the 256-row tile but costs 1.65x the issue.
+# Measured (H100, v19): the 256-row tiles 1.7-2.2x slower, their dequant waiting on the wgmmas that
+# hold its registers; "L-gu256k64s4" / "L-dn256k64s4" (4 stages) won and are bucket 128's table now.
 for _name, _gu, _dn in [
     ("L-gu128k128s4", Tiles(128, 128, 128, 8, 4, half=True), None),
     ("L-gu128k128s3", Tiles(128, 128, 128, 8, 3, half=True), None),
@@ -213,10 +219,7 @@ for _name, _gu, _dn in [
     ("L-dn256k128s2", None, Tiles(256, 128, 128, 8, 2, half=True)),
     ("L-dn256k64s4", None, Tiles(256, 128, 64, 8, 4, half=True)),
 ]:
-    _tiles = ({(b, True): _gu for b in (128, 512)} if _gu else {}) | (
-        {(b, False): _dn for b in (128, 512)} if _dn else {}
-    )
-    VARIANTS[_name] = Variant("v3", tiles=_tiles, min_m=513)
+    VARIANTS[_name] = Variant("v3", tiles=_v3_tiles(_gu, _dn), min_m=513)
 
 # Round 2 (same day): the 8-warp tiles hold all 255 registers, one program an SM, so nothing overlaps
 # a program's barriers, waits and epilogue. 4-warp tiles of half the weight rows (254 or 128
@@ -228,9 +231,7 @@ for _name, _gu, _dn in [
     ("W-4w256k128", Tiles(256, 32, 128, 4, 2, half=True), Tiles(256, 64, 128, 4, 2, half=True)),
     ("W-s5", Tiles(256, 64, 64, 8, 5, half=True), Tiles(256, 128, 64, 8, 5, half=True)),
 ]:
-    VARIANTS[_name] = Variant(
-        "v3", tiles={(b, g): t for b in (128, 512) for g, t in ((True, _gu), (False, _dn))}, min_m=513
-    )
+    VARIANTS[_name] = Variant("v3", tiles=_v3_tiles(_gu, _dn), min_m=513)
 
 
 # ---- The decode path (gptoss.kernels.moe_decode: router, expert-slot GEMMs, moe.combine) for

@@ -5,7 +5,7 @@ dec_tiles for the decode path (moe_decode)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 
@@ -130,7 +130,7 @@ def tiles_v2(bucket: int, n: int, k: int, gate_up: bool, many_experts: bool = Fa
 # the next step's dequant waits for them (sm_90a SASS: a DEPBAR after each pair); 4-warp tiles (2-4
 # programs an SM) 10-45 % slower.
 _WIDE_GU, _WIDE_DN = Tiles(256, 64, 64, 8, 3, half=True), Tiles(256, 128, 64, 8, 3, half=True)
-_WIDE_GU4, _WIDE_DN4 = Tiles(256, 64, 64, 8, 4, half=True), Tiles(256, 128, 64, 8, 4, half=True)
+_WIDE_GU4, _WIDE_DN4 = replace(_WIDE_GU, stages=4), replace(_WIDE_DN, stages=4)
 _GATE_UP_TILES_V3 = {
     16: Tiles(16, 64, 128, 4, 4),
     32: Tiles(32, 64, 128, 4, 4),
@@ -163,14 +163,13 @@ def _v3_env_tiles(v: str | None) -> dict[tuple[int, bool], Tiles]:
         key, _, spec = item.partition("=")
         gemm, _, bucket = key.strip().partition("@")
         parts = spec.split(",")
-        ok = gemm in ("gate_up", "down") and bucket in ("", *map(str, _GATE_UP_TILES_V3))
-        ok = (
-            ok
-            and len(parts) in (5, 6)
-            and all(p.isdigit() for p in parts[:5])
-            and parts[5:] in ([], ["half"])
-        )
-        if not ok:
+        if (
+            gemm not in ("gate_up", "down")
+            or bucket not in ("", *map(str, _GATE_UP_TILES_V3))
+            or len(parts) not in (5, 6)
+            or not all(p.isdigit() for p in parts[:5])
+            or parts[5:] not in ([], ["half"])
+        ):
             raise ValueError(
                 f"GPTOSS_MOE_V3_TILES: {item!r} is not gate_up|down[@BUCKET]=BM,BN,BK,WARPS,STAGES[,half] "
                 f"(buckets {', '.join(map(str, _GATE_UP_TILES_V3))})"
