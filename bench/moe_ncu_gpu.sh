@@ -36,4 +36,12 @@ say "profiling M ${MS:-1024,16384}"
   python3 bench/kernels/moe_ncu.py --ms "${MS:-1024,16384}" --variant "${VARIANT:-engine}" "${VLLM[@]}" \
   > "$RES/ncu.csv" 2> "$RES/ncu.log" || { say "ncu failed"; tail -20 "$RES/ncu.log"; }
 python3 bench/kernels/moe_ncu.py --digest "$RES/ncu.csv" | tee "$RES/table.txt"
+# Where in the K loop the warps wait: per-instruction stall samples (source page, SASS) of the first
+# SRC_K launches matching SRC_KERNELS at M SRC_M (default: our gate_up, then matmul_ogs' first GEMM).
+say "instruction-level stall samples at M ${SRC_M:-1024}"
+"$NCU" --profile-from-start off --clock-control none --csv --page source --print-source sass \
+  --section SourceCounters --section WarpStateStats -k "regex:${SRC_KERNELS:-gate_up_v3|matmul_ogs}" -c "${SRC_K:-2}" \
+  python3 bench/kernels/moe_ncu.py --ms "${SRC_M:-1024}" --variant "${VARIANT:-engine}" "${VLLM[@]}" \
+  > "$RES/sass.csv" 2> "$RES/sass.log" || { say "ncu's source page failed"; tail -20 "$RES/sass.log"; }
+python3 bench/kernels/moe_ncu.py --sass-digest "$RES/sass.csv" | tee -a "$RES/table.txt"
 say "done"

@@ -77,6 +77,39 @@ def digest(text: str) -> list[str]:
     return out
 
 
+def sass_digest(text: str, top: int = 25) -> list[str]:
+    """ncu's --csv --page source --print-source sass output -> the instructions with the most warp
+    stall samples (where the warps wait: a cp.async wait, a barrier, a wgmma wait, a load), with
+    their share of all samples and every nonzero stall column of the row. Each kernel's table
+    starts at a header row holding "Source"; a layout this does not know is echoed in part."""
+    out: list[str] = []
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if '"Source"' in line and "Stall Sampling" in line]
+    if not starts:
+        return ["no source table with stall samples in the input; its first lines:", *lines[:8]]
+    for n, i in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+        rows = list(csv.DictReader(io.StringIO("\n".join(lines[i:end]))))
+        key = next((k for k in rows[0] if "Stall Sampling (All" in k), None) if rows else None
+        if key is None:
+            continue
+
+        def num(v: str | None) -> float:
+            try:
+                return float((v or "").replace(",", ""))
+            except ValueError:
+                return 0.0
+
+        total = sum(num(r[key]) for r in rows) or 1.0
+        stall_cols = [k for k in rows[0] if k != key and "stall" in k.lower()]
+        out.append(f"kernel table {n}: {len(rows)} instructions, {total:.0f} samples ({key})")
+        for r in sorted(rows, key=lambda r: num(r[key]), reverse=True)[:top]:
+            extra = ", ".join(f"{k} {num(r[k]):.0f}" for k in stall_cols if num(r[k]) > 0)
+            addr = r.get("Address", r.get("# Address", ""))
+            out.append(f"  {100 * num(r[key]) / total:5.1f}%  {addr:>8}  {r['Source'][:60]:<60}  {extra}")
+    return out
+
+
 def profile(ms: list[int], variant: str, with_vllm: bool) -> None:
     """The GPU side, under ncu: one eager forward per M of our variant (and vLLM's), profiled alone."""
     import torch
@@ -111,12 +144,15 @@ def profile(ms: list[int], variant: str, with_vllm: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--digest", type=Path, help="ncu's CSV: print the table (no GPU needed)")
+    ap.add_argument("--sass-digest", type=Path, help="ncu's source-page CSV: the most stalled instructions")
     ap.add_argument("--ms", default="1024,16384")
     ap.add_argument("--variant", default="engine", help="a moe_variants.VARIANTS name")
     ap.add_argument("--vllm", action="store_true", help="vLLM's MoE after ours, at each M")
     args = ap.parse_args()
     if args.digest:
         print("\n".join(digest(args.digest.read_text())))
+    elif args.sass_digest:
+        print("\n".join(sass_digest(args.sass_digest.read_text())))
     else:
         profile([int(m) for m in args.ms.split(",")], args.variant, args.vllm)
 

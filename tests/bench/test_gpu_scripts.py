@@ -21,7 +21,7 @@ case "$*" in
   *"import mlperf_loadgen"*) exit 0 ;;
   *make_checkpoint*|*make_lora*)
     mkdir -p "$last"; echo '{}' > "$last/config.json"; echo '{}' > "$last/adapter_config.json" ;;
-  *moe_pick.py*|*"moe_ncu.py --digest"*) exec "$REAL_PYTHON" "$@" ;;
+  *moe_pick.py*|*"moe_ncu.py --digest"*|*"moe_ncu.py --sass-digest"*) exec "$REAL_PYTHON" "$@" ;;
   *"-m pytest"*) echo "14 passed in 1.0s" ;;  # (tmp paths hold "pytest" too)
   *moe_gpu.py*--no-vllm*)
     echo "     M variant       graph us   gate_up      down  eager us    HBM"
@@ -41,6 +41,10 @@ case "$*" in
   *"--page details"*)
     echo '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"'
     echo '"0","_gate_up_v3_kernel","GPU Speed Of Light Throughput","Duration","usecond","480.25"' ;;
+  *"--page source"*)
+    echo '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"'
+    echo '"00001160","BAR.SYNC.DEFER_BLOCKING 0x0","600","580"'
+    echo '"00001110","DEPBAR.LE SB0, 0x6","200","190"' ;;
   *) exit 0 ;;
 esac
 """
@@ -131,3 +135,5 @@ def test_moe_ncu_digests_what_ncu_wrote(stubs, tmp_path):
     lines = (res / "table.txt").read_text().splitlines()
     assert lines[0].split()[:3] == ["id", "kernel", "us"]
     assert lines[1].split()[:3] == ["0", "_gate_up_v3_kernel", "480.2"]
+    assert lines[2].startswith("kernel table 0: 2 instructions, 800 samples")
+    assert lines[3].split()[:3] == ["75.0%", "00001160", "BAR.SYNC.DEFER_BLOCKING"]

@@ -65,3 +65,38 @@ def test_no_table_says_so():
     assert digest("==PROF== Connected\n==ERROR== failed") == [
         "no ncu table in the input (did ncu profile anything? see its log lines above)"
     ]
+
+
+def test_sass_digest_ranks_instructions_by_stall_samples():
+    from moe_ncu import sass_digest
+
+    head = '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"'
+    rows = [
+        '"00001110","DEPBAR.LE SB0, 0x6","300","290"',
+        '"00001160","BAR.SYNC.DEFER_BLOCKING 0x0","600","580"',
+        '"00001460","HGMMA.64x128x16.F32.BF16 R24, R100, gdesc[UR12], R24, gsb0","100","0"',
+    ]
+    out = sass_digest("\n".join(["==PROF== Disconnected", head, *rows]), top=2)
+    assert out[0] == "kernel table 0: 3 instructions, 1000 samples (Warp Stall Sampling (All Samples))"
+    assert out[1].split() == [
+        "60.0%",
+        "00001160",
+        "BAR.SYNC.DEFER_BLOCKING",
+        "0x0",
+        "Warp",
+        "Stall",
+        "Sampling",
+        "(Not-issued",
+        "Samples)",
+        "580",
+    ]
+    assert out[2].split()[:3] == ["30.0%", "00001110", "DEPBAR.LE"]
+    assert len(out) == 3
+
+
+def test_sass_digest_echoes_an_unknown_layout():
+    from moe_ncu import sass_digest
+
+    out = sass_digest('"ID","Kernel Name"\n"0","k"')
+    assert out[0].startswith("no source table with stall samples")
+    assert out[1] == '"ID","Kernel Name"'
