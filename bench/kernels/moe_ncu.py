@@ -61,7 +61,9 @@ def digest(text: str) -> list[str]:
         for label, sec, name in COLUMNS:
             if section == sec and metric == name:
                 unit = r.get("Metric Unit", "")
-                scale = {"msecond": 1e3, "nsecond": 1e-3, "second": 1e6}.get(unit, 1.0)
+                scale = {"msecond": 1e3, "ms": 1e3, "nsecond": 1e-3, "ns": 1e-3, "second": 1e6, "s": 1e6}.get(
+                    unit, 1.0
+                )
                 rows[launch][label] = float(value) * scale if value else None
         if (m := STALL.search(metric)) and value and m[1] != "selected":  # selected: issuing, no stall
             stalls[launch].append((float(value), m[1]))
@@ -103,6 +105,24 @@ def sass_digest(text: str, top: int = 25) -> list[str]:
         total = sum(num(r[key]) for r in rows) or 1.0
         stall_cols = [k for k in rows[0] if k != key and "stall" in k.lower()]
         out.append(f"kernel table {n}: {len(rows)} instructions, {total:.0f} samples ({key})")
+        # The kernel as a whole: each reason's share of the samples, then each opcode's.
+        reasons = {
+            k: sum(num(r[k]) for r in rows) for k in stall_cols if k.startswith("stall_") and "(" not in k
+        }
+        opcodes: dict[str, float] = defaultdict(float)
+        for r in rows:
+            words = r["Source"].split()
+            if words:
+                opcodes[words[words[0].startswith("@")].split(".")[0] if len(words) > 1 else words[0]] += num(
+                    r[key]
+                )
+        for label, shares in (("reasons", reasons), ("opcodes", opcodes)):
+            whole = sum(shares.values()) or 1.0
+            top_shares = sorted(shares.items(), key=lambda kv: -kv[1])[:10]
+            out.append(
+                f"  {label}: "
+                + ", ".join(f"{k.removeprefix('stall_')} {100 * v / whole:.1f}%" for k, v in top_shares)
+            )
         for r in sorted(rows, key=lambda r: num(r[key]), reverse=True)[:top]:
             extra = ", ".join(f"{k} {num(r[k]):.0f}" for k in stall_cols if num(r[k]) > 0)
             addr = r.get("Address", r.get("# Address", ""))

@@ -136,4 +136,5 @@ def test_moe_ncu_digests_what_ncu_wrote(stubs, tmp_path):
     assert lines[0].split()[:3] == ["id", "kernel", "us"]
     assert lines[1].split()[:3] == ["0", "_gate_up_v3_kernel", "480.2"]
     assert lines[2].startswith("kernel table 0: 2 instructions, 800 samples")
-    assert lines[3].split()[:3] == ["75.0%", "00001160", "BAR.SYNC.DEFER_BLOCKING"]
+    assert lines[4] == "  opcodes: BAR 75.0%, DEPBAR 25.0%"
+    assert lines[5].split()[:3] == ["75.0%", "00001160", "BAR.SYNC.DEFER_BLOCKING"]

@@ -70,28 +70,26 @@ def test_no_table_says_so():
 def test_sass_digest_ranks_instructions_by_stall_samples():
     from moe_ncu import sass_digest
 
-    head = '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"'
+    head = '"Address","Source","Warp Stall Sampling (All Samples)","stall_barrier","stall_wait",'
+    head += '"stall_barrier (Not Issued)"'
     rows = [
-        '"00001110","DEPBAR.LE SB0, 0x6","300","290"',
-        '"00001160","BAR.SYNC.DEFER_BLOCKING 0x0","600","580"',
-        '"00001460","HGMMA.64x128x16.F32.BF16 R24, R100, gdesc[UR12], R24, gsb0","100","0"',
+        '"00001110","@!P4 DEPBAR.LE SB0, 0x6","300","0","300","0"',
+        '"00001160","BAR.SYNC.DEFER_BLOCKING 0x0","600","600","0","580"',
+        '"00001460","HGMMA.64x128x16.F32.BF16 R24, R100, gdesc[UR12], R24, gsb0","100","0","100","0"',
     ]
     out = sass_digest("\n".join(["==PROF== Disconnected", head, *rows]), top=2)
     assert out[0] == "kernel table 0: 3 instructions, 1000 samples (Warp Stall Sampling (All Samples))"
-    assert out[1].split() == [
-        "60.0%",
-        "00001160",
-        "BAR.SYNC.DEFER_BLOCKING",
-        "0x0",
-        "Warp",
-        "Stall",
-        "Sampling",
-        "(Not-issued",
-        "Samples)",
-        "580",
-    ]
-    assert out[2].split()[:3] == ["30.0%", "00001110", "DEPBAR.LE"]
-    assert len(out) == 3
+    assert out[1] == "  reasons: barrier 60.0%, wait 40.0%"  # the (Not Issued) columns are not summed again
+    assert out[2] == "  opcodes: BAR 60.0%, DEPBAR 30.0%, HGMMA 10.0%"
+    assert out[3].split() == ["60.0%", "00001160", "BAR.SYNC.DEFER_BLOCKING", "0x0",
+                              "stall_barrier", "600,", "stall_barrier", "(Not", "Issued)", "580"]  # fmt: skip
+    assert out[4].split()[:4] == ["30.0%", "00001110", "@!P4", "DEPBAR.LE"]
+    assert len(out) == 5
+
+
+def test_nanoseconds_as_ncu_2025_prints_them():
+    out = digest("\n".join([HEAD, _row(0, "_down_v3_kernel", SOL, "Duration", "ns", "210,368")]))
+    assert out[1].split()[:3] == ["0", "_down_v3_kernel", "210.4"]
 
 
 def test_sass_digest_echoes_an_unknown_layout():

@@ -304,6 +304,14 @@ def test_v3_20b_shape_on_gpu_matches_v2(tokens, kernels):
         check_against_reference(ref, w3, x)
 
 
+# The v3 path's float32 sums run over K in the same k16 order whatever the tiles, so every tile
+# shape gives the same bits; a shape that does not is computing something else. On an H100
+# (2026-11-27, v20) this one did not: its act differed from the other shapes' in a few elements, its
+# error against the reference was 0.96-1.19 % (others 0.49 %) and it moved with x, not smoothly.
+# No table uses it; it stays here, expected to fail, until it is understood.
+_V3_ODD_TILES = Tiles(128, 64, 64, 8, 3, half=True)
+
+
 @gpu
 @pytest.mark.parametrize(
     "tiles",
@@ -312,21 +320,33 @@ def test_v3_20b_shape_on_gpu_matches_v2(tokens, kernels):
         Tiles(128, 256, 128, 8, 3),
         Tiles(64, 128, 64, 4, 4),
         Tiles(256, 64, 64, 8, 3, half=True),  # 512 tokens: 64 rows an expert, all on the BM 128 body
-        Tiles(128, 64, 64, 8, 3, half=True),  # ... all on the BM 128 body, some 64-row halves
+        _V3_ODD_TILES,  # ... all on the BM 64 body
         Tiles(128, 128, 128, 8, 4, half=True),  # matmul_ogs' shape: 256 weight rows, BK 128, 4 stages
         Tiles(256, 64, 128, 8, 3, half=True),
         Tiles(128, 256, 64, 8, 4, half=True),
-        Tiles(256, 128, 64, 8, 4, half=True),
+        Tiles(256, 128, 64, 8, 4, half=True),  # the engine's bucket 128 (4 stages) and 512 (3)
+        Tiles(256, 64, 64, 8, 4, half=True),
     ],
 )
-def test_v3_prefill_tiles_on_gpu(tiles, kernels):
+def test_v3_prefill_tiles_on_gpu(tiles, kernels, request):
+    if kernels == "v3" and tiles == _V3_ODD_TILES:
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="v20: this shape's bits differ (see above)")
+        )
     ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=3, kernels=kernels)
-    x = torch.randn(512, 2880, device=DEV).bfloat16()
+    x = torch.randn(512, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(0)).bfloat16()
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
-    got = moe.combine(
-        moe.down_v3(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles), r, w, tiles), r.weights, x.dtype
-    )
+
+    def run(t: Tiles) -> tuple[torch.Tensor, torch.Tensor]:
+        act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, t)
+        return act, moe.combine(moe.down_v3(act, r, w, t), r.weights, x.dtype)
+
+    act, got = run(tiles)
     assert _rel(got, reference(ref, x)) <= TOL
+    if kernels == "v3":  # the bits of the engine's bucket-512 gate_up tiles, in both GEMMs
+        base_act, base = run(Tiles(256, 64, 64, 8, 3, half=True))
+        assert torch.equal(act, base_act)
+        assert torch.equal(got, base)
 
 
 @gpu
