@@ -29,15 +29,13 @@ def _v3_gemm(
     SWZ: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """acc [ROWS, BM] = W [ROWS, K] @ x[rows]^T: the K loop both GEMMs share; row_off [BM] the int32
-    element offsets of the tile's x rows (invalid ones load zeros). int32, not pointers: a 64-bit
-    pointer a row held the addresses in register pairs that the 255-register tiles reuse, so each
-    cp.async waited for the previous one to read its pair (sm_90a: K loop 172 -> 165 instructions)."""
+    """acc [ROWS, BM] = W [ROWS, K] @ x[rows]^T: the K loop both GEMMs share; row_off [BM] the element
+    offsets of the tile's x rows (invalid ones load zeros)."""
     kk = tl.arange(0, BK)
-    x_off = row_off[None, :] + kk[:, None]  # [BK, BM]
+    x_t = x_ptr + row_off[None, :] + kk[:, None]  # [BK, BM]
     acc = tl.zeros([ROWS, BM], tl.float32)
     for k0 in range(0, K, BK):
-        xt = tl.load(x_ptr + (x_off + k0), mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
+        xt = tl.load(x_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
         acc = _v3_step(acc, xt, w_ptrs, s_ptrs, g, k0, K, ROWS, BK, EVEN_K, SCALED, SWZ, PREC)
     return acc
 
@@ -78,7 +76,7 @@ def _gate_up_v3_tile(
     """One tile: act[rows, pid_n's BN columns] = swiglu(x[rows // k] @ W13_e^T + b13_e), BM rows from
     slot0. The 2*BN weight rows are gate and up interleaved by 8 (moe_layout._interleave8), one dot."""
     rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
-    x_rows = (rows // TOP_K) * stride_x
+    x_rows = (rows // TOP_K).to(tl.int64) * stride_x
     acc = _v3_gemm(x_ptr, x_rows, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
     r = tl.arange(0, 2 * BN)  # acc row r: plane (r // 8) % 2, act column pid_n * BN + (r // 16) * 8 + r % 8
     plane = (r // 8) % 2
@@ -208,7 +206,7 @@ def _down_v3_tile(
 ):
     """One tile: y[rows, n] = act[rows] @ W2_e[n]^T + bias, BM rows from slot0."""
     rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
-    acc = _v3_gemm(a_ptr, rows * K, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
+    acc = _v3_gemm(a_ptr, rows.to(tl.int64) * K, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
     if LORA:
         acc = _lora_expand(acc, lb_e, ls_ptr, rows, valid, n_ld, LW, PREC)
     tl.store(
