@@ -326,6 +326,10 @@ _V3_ODD_TILES = Tiles(128, 64, 64, 8, 3, half=True)
         Tiles(128, 256, 64, 8, 4, half=True),
         Tiles(256, 128, 64, 8, 4, half=True),  # the engine's bucket 128 (4 stages) and 512 (3)
         Tiles(256, 64, 64, 8, 4, half=True),
+        Tiles(16, 64, 128, 4, 4),  # the engine's buckets 16 and 32, 64 (gate_up, down)
+        Tiles(32, 64, 128, 4, 4),
+        Tiles(64, 128, 128, 8, 3),
+        Tiles(64, 256, 64, 8, 4),
     ],
 )
 def test_v3_prefill_tiles_on_gpu(tiles, kernels, request):
