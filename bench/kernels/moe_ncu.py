@@ -5,6 +5,8 @@
         --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
         python bench/kernels/moe_ncu.py --ms 1024,16384 [--variant engine] [--vllm] > ncu.csv
     python bench/kernels/moe_ncu.py --digest ncu.csv        (no GPU: the table)
+    ncu ... --page source --print-source sass -k regex:gate_up_v3 python bench/kernels/moe_ncu.py > sass.csv
+    python bench/kernels/moe_ncu.py --sass-digest sass.csv  (no GPU: where the K loop's warps wait)
 
 Timing says which MoE is slower (bench/kernels/moe_gpu.py); this says why: per kernel launch its
 duration, SM, memory, L2 and DRAM throughput against peak, issue slots used, L2 hit rate, occupancy
@@ -38,6 +40,8 @@ COLUMNS = [
 ]
 # The per-reason stall metrics (asked for with --metrics, bench/moe_ncu_gpu.sh: STALLS): cycles a warp
 # spends stalled on that reason per issued instruction.
+# Durations to microseconds, in the unit names of Nsight Compute 2023 (usecond ...) and 2025 (us, ns ...).
+_TO_US = {"msecond": 1e3, "ms": 1e3, "nsecond": 1e-3, "ns": 1e-3, "second": 1e6, "s": 1e6}
 STALL = re.compile(r"issue_stalled_(\w+?)_per_issue_active")
 
 
@@ -61,9 +65,7 @@ def digest(text: str) -> list[str]:
         for label, sec, name in COLUMNS:
             if section == sec and metric == name:
                 unit = r.get("Metric Unit", "")
-                scale = {"msecond": 1e3, "ms": 1e3, "nsecond": 1e-3, "ns": 1e-3, "second": 1e6, "s": 1e6}.get(
-                    unit, 1.0
-                )
+                scale = _TO_US.get(unit, 1.0)
                 rows[launch][label] = float(value) * scale if value else None
         if (m := STALL.search(metric)) and value and m[1] != "selected":  # selected: issuing, no stall
             stalls[launch].append((float(value), m[1]))
@@ -79,11 +81,20 @@ def digest(text: str) -> list[str]:
     return out
 
 
+def _num(v: str | None) -> float:
+    """A CSV cell as a number: thousands separators dropped, empty or text cells 0."""
+    try:
+        return float((v or "").replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
 def sass_digest(text: str, top: int = 25) -> list[str]:
-    """ncu's --csv --page source --print-source sass output -> the instructions with the most warp
-    stall samples (where the warps wait: a cp.async wait, a barrier, a wgmma wait, a load), with
-    their share of all samples and every nonzero stall column of the row. Each kernel's table
-    starts at a header row holding "Source"; a layout this does not know is echoed in part."""
+    """ncu's --csv --page source --print-source sass output -> per kernel: each stall reason's and
+    each opcode's share of its warp stall samples, then the `top` instructions with the most samples
+    (where the warps wait: a cp.async wait, a barrier, a wgmma wait, a load) with every nonzero stall
+    column of the row. Each kernel's table starts at a header row holding "Source"; a layout this
+    does not know is echoed in part."""
     out: list[str] = []
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if '"Source"' in line and "Stall Sampling" in line]
@@ -94,28 +105,23 @@ def sass_digest(text: str, top: int = 25) -> list[str]:
         rows = list(csv.DictReader(io.StringIO("\n".join(lines[i:end]))))
         key = next((k for k in rows[0] if "Stall Sampling (All" in k), None) if rows else None
         if key is None:
+            out.append(
+                f"kernel table {n}: no 'Warp Stall Sampling (All Samples)' column; header: {lines[i][:200]}"
+            )
             continue
-
-        def num(v: str | None) -> float:
-            try:
-                return float((v or "").replace(",", ""))
-            except ValueError:
-                return 0.0
-
-        total = sum(num(r[key]) for r in rows) or 1.0
+        total = sum(_num(r[key]) for r in rows) or 1.0
         stall_cols = [k for k in rows[0] if k != key and "stall" in k.lower()]
         out.append(f"kernel table {n}: {len(rows)} instructions, {total:.0f} samples ({key})")
         # The kernel as a whole: each reason's share of the samples, then each opcode's.
         reasons = {
-            k: sum(num(r[k]) for r in rows) for k in stall_cols if k.startswith("stall_") and "(" not in k
+            k: sum(_num(r[k]) for r in rows) for k in stall_cols if k.startswith("stall_") and "(" not in k
         }
         opcodes: dict[str, float] = defaultdict(float)
         for r in rows:
-            words = r["Source"].split()
+            words = r["Source"].split()  # "@!P4 BRA 0x..." -> BRA, "HGMMA.64x128x16.F32 ..." -> HGMMA
             if words:
-                opcodes[words[words[0].startswith("@")].split(".")[0] if len(words) > 1 else words[0]] += num(
-                    r[key]
-                )
+                op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+                opcodes[op.split(".")[0]] += _num(r[key])
         for label, shares in (("reasons", reasons), ("opcodes", opcodes)):
             whole = sum(shares.values()) or 1.0
             top_shares = sorted(shares.items(), key=lambda kv: -kv[1])[:10]
@@ -123,10 +129,10 @@ def sass_digest(text: str, top: int = 25) -> list[str]:
                 f"  {label}: "
                 + ", ".join(f"{k.removeprefix('stall_')} {100 * v / whole:.1f}%" for k, v in top_shares)
             )
-        for r in sorted(rows, key=lambda r: num(r[key]), reverse=True)[:top]:
-            extra = ", ".join(f"{k} {num(r[k]):.0f}" for k in stall_cols if num(r[k]) > 0)
+        for r in sorted(rows, key=lambda r: _num(r[key]), reverse=True)[:top]:
+            extra = ", ".join(f"{k} {_num(r[k]):.0f}" for k in stall_cols if _num(r[k]) > 0)
             addr = r.get("Address", r.get("# Address", ""))
-            out.append(f"  {100 * num(r[key]) / total:5.1f}%  {addr:>8}  {r['Source'][:60]:<60}  {extra}")
+            out.append(f"  {100 * _num(r[key]) / total:5.1f}%  {addr:>8}  {r['Source'][:60]:<60}  {extra}")
     return out
 
 
