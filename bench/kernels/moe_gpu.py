@@ -48,7 +48,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gptoss.kernels import moe, moe_common, moe_decode, moe_tiles  # noqa: E402
+from gptoss.kernels import moe, moe_common, moe_decode, moe_tiles, moe_v3  # noqa: E402
 from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 
@@ -159,9 +159,10 @@ def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
 @contextmanager
 def _switches(v: Variant) -> Iterator[None]:
     """The module switches a variant needs, restored afterwards."""
-    saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED
+    saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED, moe_v3.TMA_DOWN
     moe_common.USE_ASM = v.asm
     moe_decode.ENABLED = v.decode  # else the M-tile kernels at every M (the decode path: DEC_VARIANTS)
+    moe_v3.TMA_DOWN = v.tma
     moe.TILE_OVERRIDE.clear()
     moe.TILE_OVERRIDE.update(v.tiles or {})
     try:
@@ -171,6 +172,7 @@ def _switches(v: Variant) -> Iterator[None]:
         moe.TILE_OVERRIDE.clear()
         moe.TILE_OVERRIDE.update(saved[1])
         moe_decode.ENABLED = saved[2]
+        moe_v3.TMA_DOWN = saved[3]
 
 
 def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
@@ -185,7 +187,8 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
     elif w.layout in ("v3", "v3ds"):
         gu_tiles = moe.choose_tiles_v3(t, TOP_K, E, I, H, gate_up=True)
         dn_tiles = moe.choose_tiles_v3(t, TOP_K, E, H, I, gate_up=False)
-        gate_up, down = moe.gate_up_v3, moe.down_v3
+        srt = moe_v3.sorted_act(x)  # the TMA variant: act expert by expert for both GEMMs
+        gate_up, down = partial(moe.gate_up_v3, sorted_rows=srt), partial(moe.down_v3, sorted_rows=srt)
     else:
         gu_tiles = moe.choose_tiles(t, TOP_K, E, I, H, gate_up=True)
         dn_tiles = moe.choose_tiles(t, TOP_K, E, H, I, gate_up=False)

@@ -50,7 +50,7 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import moe_common as common
-from gptoss.kernels import moe_decode, pdl
+from gptoss.kernels import moe_decode, moe_v3, pdl
 from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-exported
     _BIT_FROM,
     _E2M1_TO_BF16_BIT,
@@ -160,8 +160,11 @@ def moe_forward_from_logits(
         down_tiles = choose_tiles_v2(t, top_k, e, h, i, gate_up=False)
         return _v2_experts(x, r, w, alpha, limit, gate_up_tiles, down_tiles)
     if w.layout in ("v3", "v3ds"):
-        act = gate_up_v3(x, r, w, alpha, limit, choose_tiles_v3(t, top_k, e, i, h, gate_up=True))
-        y = down_v3(act, r, w, choose_tiles_v3(t, top_k, e, h, i, gate_up=False))
+        srt = moe_v3.sorted_act(x)
+        act = gate_up_v3(
+            x, r, w, alpha, limit, choose_tiles_v3(t, top_k, e, i, h, gate_up=True), sorted_rows=srt
+        )
+        y = down_v3(act, r, w, choose_tiles_v3(t, top_k, e, h, i, gate_up=False), sorted_rows=srt)
     else:
         act = gate_up(x, r, w, alpha, limit, choose_tiles(t, top_k, e, i, h, gate_up=True))
         y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False))

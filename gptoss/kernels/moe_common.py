@@ -55,6 +55,14 @@ def _tile_rows(rows_ptr, T, e, slot0, n_rows, BM: tl.constexpr):
 
 
 @triton.jit
+def _expert_offset(counts_ptr, e, E: tl.constexpr, BE: tl.constexpr):
+    """Expert e's first row when the assignments are laid out expert by expert (counts' prefix sum)."""
+    ex = tl.arange(0, BE)
+    cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
+    return tl.sum(tl.where(ex < e, cnt, 0), 0)
+
+
+@triton.jit
 def _expert_tile(counts_ptr, rows_ptr, T, pid_m, E: tl.constexpr, BE: tl.constexpr, BM: tl.constexpr):
     """Tile pid_m -> (expert, its assignment rows [BM], valid [BM], tiles in all)."""
     e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)

@@ -22,9 +22,12 @@ dequantized once where BM 128 passes twice). Tiles.half: a tile with <= BM/2 row
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gptoss.kernels import moe_common as common
 from gptoss.kernels.moe_common import _lora_args, _precision
@@ -32,6 +35,20 @@ from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing
 from gptoss.kernels.moe_tiles import Tiles, _grid
 from gptoss.kernels.moe_v3_kernels import _down_v3_kernel, _gate_up_v3_kernel
+
+# GPTOSS_MOE_V3_TMA=1: gate_up writes act expert by expert and down reads its act tiles with TMA
+# (one copy a K step, no per-row addresses; Hopper and the interpreter). Off until timed on a GPU:
+# the v20 profile has the gather's address arithmetic at the top of the K loop's stall samples.
+TMA_DOWN = os.environ.get("GPTOSS_MOE_V3_TMA", "0") == "1"
+
+
+def sorted_act(x: Tensor, lora: object | None = None) -> bool:
+    """Whether this call runs the TMA down (TMA_DOWN, no LoRA: its shrink reads act in assignment order)."""
+    if not TMA_DOWN or lora is not None:
+        return False
+    return triton.knobs.runtime.interpret or (
+        x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+    )
 
 
 def _check(x: Tensor, w: MoEWeights) -> None:
@@ -69,9 +86,13 @@ def gate_up_v3(
     limit: float,
     tiles: Tiles,
     lora: tuple[Tensor, Tensor] | None = None,
+    sorted_rows: bool = False,
 ) -> Tensor:
     """gate_up on v3 weights (layout "v3" or "v3ds"): act [T*k, I] in x.dtype. lora: (B planes
-    [E, 2, I, W] contiguous, the shrunk rows [T*k, W])."""
+    [E, 2, I, W] contiguous, the shrunk rows [T*k, W]). sorted_rows: act's rows expert by expert
+    (for down_v3(..., sorted_rows=True)), else in assignment order."""
+    if sorted_rows and lora is not None:
+        raise ValueError("gate_up_v3: sorted rows take no LoRA (its shrink reads act in assignment order)")
     (t, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
     _check(x, w)
@@ -109,6 +130,7 @@ def gate_up_v3(
         SWZ=swz,
         PREC=_precision(x),
         **lkw,
+        SORTED=sorted_rows,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
@@ -116,9 +138,17 @@ def gate_up_v3(
 
 
 def down_v3(
-    act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles, lora: tuple[Tensor, Tensor] | None = None
+    act: Tensor,
+    r: Routing,
+    w: MoEWeights,
+    tiles: Tiles,
+    lora: tuple[Tensor, Tensor] | None = None,
+    sorted_rows: bool = False,
 ) -> Tensor:
-    """down on v3 weights (layout "v3" or "v3ds"): y [T*k, H] in act.dtype, rows in assignment order."""
+    """down on v3 weights (layout "v3" or "v3ds"): y [T*k, H] in act.dtype, rows in assignment order.
+    sorted_rows: act's rows are expert by expert (gate_up_v3's sorted_rows), read by TMA."""
+    if sorted_rows and lora is not None:
+        raise ValueError("down_v3: sorted rows take no LoRA")
     a, i = act.shape
     e, h, _ = w.shape
     t = r.ids.shape[0]
@@ -151,7 +181,17 @@ def down_v3(
         SWZ=swz,
         PREC=_precision(act),
         **lkw,
+        **_descriptors(act, tiles, sorted_rows),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
     return y
+
+
+def _descriptors(act: Tensor, tiles: Tiles, sorted_rows: bool) -> dict:
+    """down's TMA arguments: act's tensor descriptors for the BM and BM/2 bodies (block [rows, BK])."""
+    if not sorted_rows:
+        return {"TMA": False}
+    full = TensorDescriptor.from_tensor(act, [tiles.bm, tiles.bk])
+    half = TensorDescriptor.from_tensor(act, [tiles.bm // 2, tiles.bk]) if tiles.half else full
+    return {"desc": full, "desc_half": half, "TMA": True}

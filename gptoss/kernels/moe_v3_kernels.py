@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gptoss.kernels.moe_common import _expert_tile_at, _lora_expand, _tile_rows
+from gptoss.kernels.moe_common import _expert_offset, _expert_tile_at, _lora_expand, _tile_rows
 from gptoss.kernels.moe_v3_step import _v3_ptrs, _v3_step
 
 
@@ -36,6 +36,33 @@ def _v3_gemm(
     acc = tl.zeros([ROWS, BM], tl.float32)
     for k0 in range(0, K, BK):
         xt = tl.load(x_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
+        acc = _v3_step(acc, xt, w_ptrs, s_ptrs, g, k0, K, ROWS, BK, EVEN_K, SCALED, SWZ, PREC)
+    return acc
+
+
+@triton.jit
+def _v3_gemm_tma(
+    desc,
+    row0,
+    w_ptrs,
+    s_ptrs,
+    g,
+    K: tl.constexpr,
+    ROWS: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SCALED: tl.constexpr,
+    SWZ: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """_v3_gemm on x rows row0 .. row0 + BM - 1 of an expert-sorted x, read by a tensor descriptor
+    (one TMA copy a K step instead of a cp.async and a 64-bit address per row a thread). Rows past
+    the expert's are the next expert's (finite: every row is written) or past the end (zeros): their
+    columns of acc are never stored. K past the end reads zeros, as the masked weights do."""
+    acc = tl.zeros([ROWS, BM], tl.float32)
+    for k0 in range(0, K, BK):
+        xt = tl.trans(desc.load([row0, k0]))  # [BK, BM]
         acc = _v3_step(acc, xt, w_ptrs, s_ptrs, g, k0, K, ROWS, BK, EVEN_K, SCALED, SWZ, PREC)
     return acc
 
@@ -72,9 +99,12 @@ def _gate_up_v3_tile(
     PREC: tl.constexpr,
     LORA: tl.constexpr,
     LW: tl.constexpr,
+    SORTED: tl.constexpr,
+    off_e,
 ):
     """One tile: act[rows, pid_n's BN columns] = swiglu(x[rows // k] @ W13_e^T + b13_e), BM rows from
-    slot0. The 2*BN weight rows are gate and up interleaved by 8 (moe_layout._interleave8), one dot."""
+    slot0. The 2*BN weight rows are gate and up interleaved by 8 (moe_layout._interleave8), one dot.
+    SORTED: act's rows expert by expert (row off_e + slot, off_e the expert's first), for down's TMA."""
     rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
     x_rows = (rows // TOP_K).to(tl.int64) * stride_x
     acc = _v3_gemm(x_ptr, x_rows, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
@@ -90,8 +120,9 @@ def _gate_up_v3_tile(
     up = tl.minimum(tl.maximum(tl.reshape(up, (BN, BM)), -limit), limit)
     act = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
     n = pid_n * BN + tl.arange(0, BN)
+    dst = off_e + slot0 + tl.arange(0, BM) if SORTED else rows
     tl.store(
-        act_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+        act_ptr + dst.to(tl.int64)[None, :] * N + n[:, None],
         act.to(act_ptr.dtype.element_ty),
         mask=(n < N)[:, None] & valid[None, :],
     )
@@ -132,13 +163,16 @@ def _gate_up_v3_kernel(
     PREC: tl.constexpr,
     LORA: tl.constexpr,
     LW: tl.constexpr,
+    SORTED: tl.constexpr = False,
 ):
     """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H.
-    HALF: a tile with <= BM/2 rows runs the BM/2 body (its weights still pass once)."""
+    HALF: a tile with <= BM/2 rows runs the BM/2 body (its weights still pass once). SORTED: act's
+    rows expert by expert (_gate_up_v3_tile)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
     if pid_m >= n_tiles:
         return
+    off_e = _expert_offset(counts_ptr, e, E, BE) if SORTED else 0
     EVEN_K: tl.constexpr = ((K + 63) // 64 * 64 if SWZ else K) % BK == 0  # SWZ: K padded to 64
     e64 = e.to(tl.int64)
     w_g, s_g, g = _v3_ptrs(
@@ -166,12 +200,12 @@ def _gate_up_v3_kernel(
     if HALF and n_rows - slot0 <= BM // 2:
         _gate_up_v3_tile(
             x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
-            N, K, TOP_K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW,
+            N, K, TOP_K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, SORTED, off_e,
         )  # fmt: skip
     else:
         _gate_up_v3_tile(
             x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
-            N, K, TOP_K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW,
+            N, K, TOP_K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, SORTED, off_e,
         )  # fmt: skip
 
 
@@ -203,10 +237,19 @@ def _down_v3_tile(
     PREC: tl.constexpr,
     LORA: tl.constexpr,
     LW: tl.constexpr,
+    desc,
+    off_e,
+    TMA: tl.constexpr,
 ):
-    """One tile: y[rows, n] = act[rows] @ W2_e[n]^T + bias, BM rows from slot0."""
+    """One tile: y[rows, n] = act[rows] @ W2_e[n]^T + bias, BM rows from slot0. TMA: act's rows are
+    expert by expert (gate_up's SORTED), read by desc (block [BM, BK]) from row off_e + slot0."""
     rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
-    acc = _v3_gemm(a_ptr, rows.to(tl.int64) * K, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
+    if TMA:
+        acc = _v3_gemm_tma(desc, off_e + slot0, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
+    else:
+        acc = _v3_gemm(
+            a_ptr, rows.to(tl.int64) * K, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC
+        )
     if LORA:
         acc = _lora_expand(acc, lb_e, ls_ptr, rows, valid, n_ld, LW, PREC)
     tl.store(
@@ -246,12 +289,17 @@ def _down_v3_kernel(
     PREC: tl.constexpr,
     LORA: tl.constexpr,
     LW: tl.constexpr,
+    desc=None,
+    desc_half=None,
+    TMA: tl.constexpr = False,
 ):
-    """y[a, n] = act[a] @ W2_e^T + b2_e for the rows a of tile pid_m; N = H, K = I. HALF as gate_up's."""
+    """y[a, n] = act[a] @ W2_e^T + b2_e for the rows a of tile pid_m; N = H, K = I. HALF as gate_up's.
+    TMA: act expert by expert, read through desc (block [BM, BK]) and desc_half ([BM/2, BK])."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
     if pid_m >= n_tiles:
         return
+    off_e = _expert_offset(counts_ptr, e, E, BE) if TMA else 0
     EVEN_K: tl.constexpr = ((K + 63) // 64 * 64 if SWZ else K) % BK == 0
     n = pid_n * BN + tl.arange(0, BN)
     n_ld = n % N
@@ -277,6 +325,8 @@ def _down_v3_kernel(
         T,
     )
     if HALF and n_rows - slot0 <= BM // 2:
-        _down_v3_tile(a_ptr, *args, N, K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW)
+        _down_v3_tile(
+            a_ptr, *args, N, K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, desc_half, off_e, TMA
+        )
     else:
-        _down_v3_tile(a_ptr, *args, N, K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW)
+        _down_v3_tile(a_ptr, *args, N, K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, desc, off_e, TMA)

@@ -1,0 +1,98 @@
+"""The v3 MoE with act expert by expert and down's act tiles read by TMA (GPTOSS_MOE_V3_TMA,
+moe_v3.sorted_act): the same act rows and the same output as the gather path, under Triton's
+interpreter (CI) and compiled on a GPU. Rows past an expert's are the next expert's or past the
+end; their columns are computed and never stored, which the NaN-filled buffers would show."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
+pytest.importorskip("triton")
+
+from gptoss.kernels import moe, moe_v3  # noqa: E402
+from gptoss.kernels.moe import Tiles, moe_forward  # noqa: E402
+from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
+from tests.gptoss.kernels.moekit import ALPHA, DEV, LIMIT, gpu, make_moe, poisoned_buffers  # noqa: E402, F401
+
+
+@pytest.mark.usefixtures("poisoned_buffers")
+@pytest.mark.parametrize(
+    ("e", "h", "i", "tokens", "tiles"),
+    [
+        (4, 128, 128, 40, Tiles(16, 64, 64, 4, 2)),  # several tiles an expert, a partial last one
+        (4, 128, 192, 40, Tiles(32, 64, 128, 4, 2, half=True)),  # K 192 at BK 128: a zero-read K tail
+        (8, 64, 128, 6, Tiles(16, 64, 64, 4, 2, half=True)),  # ~3 rows an expert, some none
+    ],
+)
+def test_sorted_act_and_tma_down_equal_the_gather_path(e, h, i, tokens, tiles):
+    ref, w = make_moe(e, h, i, 4, torch.float32, seed=5, kernels="v3")
+    x = torch.randn(tokens, h, device=DEV, generator=torch.Generator(DEV).manual_seed(1))
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles)
+    act_sorted = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles, sorted_rows=True)
+    # expert e's slot j is assignment row rows[e, j]; sorted, it is row counts[:e].sum() + j
+    counts = r.counts.tolist()
+    order = torch.cat([r.rows[k, : counts[k]] for k in range(e)]).long()
+    assert order.numel() == tokens * 4 and sorted(order.tolist()) == list(range(tokens * 4))
+    assert torch.equal(act_sorted, act[order])
+    y = moe.down_v3(act, r, w, tiles)
+    y_tma = moe.down_v3(act_sorted, r, w, tiles, sorted_rows=True)
+    # float32 through the interpreter's numpy dot, whose summation order follows the x tile's memory
+    # layout (the TMA tile is transposed): equal to float32 rounding, not bit for bit
+    torch.testing.assert_close(y_tma, y, rtol=1e-4, atol=1e-4)
+
+
+def test_the_switch_runs_the_sorted_path_in_moe_forward(monkeypatch):
+    ref, w = make_moe(4, 128, 128, 4, torch.float32, seed=2, kernels="v3")
+    x = torch.randn(40, 128, device=DEV, generator=torch.Generator(DEV).manual_seed(3))
+    calls: list[bool] = []
+    real = moe_v3.down_v3
+
+    def spy(*args, **kw):
+        calls.append(kw.get("sorted_rows", False))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(moe, "down_v3", spy)
+    monkeypatch.setattr(moe.moe_decode, "use_decode", lambda x, w: False)  # 40 tokens: the GEMM path
+    base = moe_forward(x, ref.router_weight, ref.router_bias, 4, w, ALPHA, LIMIT)
+    monkeypatch.setattr(moe_v3, "TMA_DOWN", True)
+    got = moe_forward(x, ref.router_weight, ref.router_bias, 4, w, ALPHA, LIMIT)
+    assert calls == [False, True]
+    torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4)
+
+
+def test_sorted_rows_refuse_a_lora():
+    ref, w = make_moe(4, 128, 128, 4, torch.float32, seed=2, kernels="v3")
+    x = torch.zeros(4, 128, device=DEV)
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    lora = (torch.zeros(4, 2, 128, 16, device=DEV), torch.zeros(16, 16, device=DEV))
+    with pytest.raises(ValueError, match="sorted rows take no LoRA"):
+        moe.gate_up_v3(x, r, w, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2), lora, sorted_rows=True)
+    assert moe_v3.sorted_act(x, lora) is False
+
+
+@gpu
+@pytest.mark.parametrize(
+    ("tokens", "gu", "dn"),
+    [
+        (1024, Tiles(256, 64, 64, 8, 4, half=True), Tiles(256, 128, 64, 8, 4, half=True)),  # bucket 128
+        (4096, Tiles(256, 64, 64, 8, 3, half=True), Tiles(256, 128, 64, 8, 3, half=True)),  # bucket 512
+    ],
+)
+def test_tma_down_gives_the_gather_paths_bits_on_gpu(tokens, gu, dn):
+    """20b shapes, the engine's tiles: wgmma sums over K in the same order whichever way x's tile
+    reached shared memory, so the bits are the gather path's."""
+    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=3, kernels="v3")
+    x = torch.randn(tokens, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(0)).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu)
+    act_sorted = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu, sorted_rows=True)
+    order = torch.cat([r.rows[k, :c] for k, c in enumerate(r.counts.tolist())]).long()
+    assert torch.equal(act_sorted, act[order])
+    assert torch.equal(moe.down_v3(act_sorted, r, w, dn, sorted_rows=True), moe.down_v3(act, r, w, dn))
