@@ -159,10 +159,10 @@ def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
 @contextmanager
 def _switches(v: Variant) -> Iterator[None]:
     """The module switches a variant needs, restored afterwards."""
-    saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED, moe_v3.TMA_DOWN
+    saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED, (moe_v3.TMA_DOWN, moe_v3.TMA_X)
     moe_common.USE_ASM = v.asm
     moe_decode.ENABLED = v.decode  # else the M-tile kernels at every M (the decode path: DEC_VARIANTS)
-    moe_v3.TMA_DOWN = v.tma
+    moe_v3.TMA_DOWN, moe_v3.TMA_X = moe_v3._tma_mode(v.tma)
     moe.TILE_OVERRIDE.clear()
     moe.TILE_OVERRIDE.update(v.tiles or {})
     try:
@@ -172,7 +172,7 @@ def _switches(v: Variant) -> Iterator[None]:
         moe.TILE_OVERRIDE.clear()
         moe.TILE_OVERRIDE.update(saved[1])
         moe_decode.ENABLED = saved[2]
-        moe_v3.TMA_DOWN = saved[3]
+        moe_v3.TMA_DOWN, moe_v3.TMA_X = saved[3]
 
 
 def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
@@ -187,8 +187,9 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
     elif w.layout in ("v3", "v3ds"):
         gu_tiles = moe.choose_tiles_v3(t, TOP_K, E, I, H, gate_up=True)
         dn_tiles = moe.choose_tiles_v3(t, TOP_K, E, H, I, gate_up=False)
-        srt = moe_v3.sorted_act(x)  # the TMA variant: act expert by expert for both GEMMs
-        gate_up, down = partial(moe.gate_up_v3, sorted_rows=srt), partial(moe.down_v3, sorted_rows=srt)
+        srt, tx = moe_v3.sorted_act(x), moe_v3.tma_x(x)  # the TMA variants (the gather pass inside gate_up)
+        gate_up = partial(moe.gate_up_v3, sorted_rows=srt, tma_x=tx)
+        down = partial(moe.down_v3, sorted_rows=srt)
     else:
         gu_tiles = moe.choose_tiles(t, TOP_K, E, I, H, gate_up=True)
         dn_tiles = moe.choose_tiles(t, TOP_K, E, H, I, gate_up=False)

@@ -17,7 +17,7 @@ class Variant:
     max_m: int = 1 << 30  # only timed up to this M (tile variants of one bucket)
     min_m: int = 0
     decode: bool = False  # the decode path (moe_decode) at small M, as the engine runs it
-    tma: bool = False  # v3: act expert by expert, down's act tiles by TMA (moe_v3.TMA_DOWN)
+    tma: str = "0"  # v3: "down" act expert by expert, down's act tiles by TMA; "all" gate_up's x too
 
 
 DECODE = 64  # M <= 64: BM 16 at E 32, top-4
@@ -176,7 +176,8 @@ def _v3_tiles(gu: Tiles | None, dn: Tiles | None, buckets=(128, 512)) -> dict[tu
 
 
 VARIANTS["v3"] = Variant("v3")
-VARIANTS["v3-tma"] = Variant("v3", tma=True)  # GPTOSS_MOE_V3_TMA=1
+VARIANTS["v3-tma"] = Variant("v3", tma="down")  # GPTOSS_MOE_V3_TMA=down
+VARIANTS["v3-tma-all"] = Variant("v3", tma="all")  # GPTOSS_MOE_V3_TMA=all
 VARIANTS["v3ds"] = Variant("v3ds")
 VARIANTS["dual"] = Variant("dual")
 VARIANTS["engine"] = Variant("dual", decode=True)  # what the engine runs on 20b: decode, v2, v3 by M

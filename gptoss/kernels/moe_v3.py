@@ -34,21 +34,65 @@ from gptoss.kernels.moe_common import _lora_args, _precision
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing
 from gptoss.kernels.moe_tiles import Tiles, _grid
-from gptoss.kernels.moe_v3_kernels import _down_v3_kernel, _gate_up_v3_kernel
+from gptoss.kernels.moe_v3_kernels import _down_v3_kernel, _gate_up_v3_kernel, _gather_sorted_kernel
 
-# GPTOSS_MOE_V3_TMA=1: gate_up writes act expert by expert and down reads its act tiles with TMA
-# (one copy a K step, no per-row addresses; Hopper and the interpreter). Off until timed on a GPU:
-# the v20 profile has the gather's address arithmetic at the top of the K loop's stall samples.
-TMA_DOWN = os.environ.get("GPTOSS_MOE_V3_TMA", "0") == "1"
+# GPTOSS_MOE_V3_TMA=down: gate_up writes act expert by expert and down reads its act tiles with TMA
+# (one copy a K step, no per-row addresses; Hopper and the interpreter); =all: gate_up's x too, after
+# a pass that lays x's rows out expert by expert. Off until timed on a GPU: the v20 profile has the
+# gather's address arithmetic at the top of the K loop's stall samples.
+_TMA_MODES = {"0": (False, False), "down": (True, False), "all": (True, True)}
+
+
+def _tma_mode(v: str) -> tuple[bool, bool]:
+    if v not in _TMA_MODES:
+        raise ValueError(f"GPTOSS_MOE_V3_TMA={v!r}: one of {', '.join(_TMA_MODES)}")
+    return _TMA_MODES[v]
+
+
+TMA_DOWN, TMA_X = _tma_mode(os.environ.get("GPTOSS_MOE_V3_TMA", "0"))
+
+
+def _tma_ok(x: Tensor, lora: object | None) -> bool:
+    """TMA runs on Hopper and later, and in the interpreter; not with a LoRA (its shrink reads act
+    in assignment order)."""
+    if lora is not None:
+        return False
+    if triton.knobs.runtime.interpret:
+        return True
+    return x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
 
 
 def sorted_act(x: Tensor, lora: object | None = None) -> bool:
-    """Whether this call runs the TMA down (TMA_DOWN, no LoRA: its shrink reads act in assignment order)."""
-    if not TMA_DOWN or lora is not None:
-        return False
-    return triton.knobs.runtime.interpret or (
-        x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+    """Whether this call's act is expert by expert, down reading it by TMA (TMA_DOWN or TMA_X)."""
+    return (TMA_DOWN or TMA_X) and _tma_ok(x, lora)
+
+
+def tma_x(x: Tensor, lora: object | None = None) -> bool:
+    """Whether this call's gate_up reads x by TMA, from a copy of its rows expert by expert (TMA_X)."""
+    return TMA_X and _tma_ok(x, lora)
+
+
+def gather_sorted(x: Tensor, r: Routing) -> Tensor:
+    """x [T, H] -> [T*k, H]: row off_e + j is x[rows[e, j] // k], the assignments expert by expert."""
+    (t, h), k = x.shape, r.ids.shape[1]
+    e = r.counts.shape[0]
+    out = common._empty((t * k, h), x.dtype, x.device)
+    bt = 32
+    _gather_sorted_kernel[(e, triton.cdiv(t, bt))](
+        x,
+        out,
+        r.counts,
+        r.rows,
+        t,
+        x.stride(0),
+        H=h,
+        TOP_K=k,
+        E=e,
+        BE=triton.next_power_of_2(e),
+        BT=bt,
+        BH=256,
     )
+    return out
 
 
 def _check(x: Tensor, w: MoEWeights) -> None:
@@ -87,11 +131,13 @@ def gate_up_v3(
     tiles: Tiles,
     lora: tuple[Tensor, Tensor] | None = None,
     sorted_rows: bool = False,
+    tma_x: bool = False,
 ) -> Tensor:
     """gate_up on v3 weights (layout "v3" or "v3ds"): act [T*k, I] in x.dtype. lora: (B planes
     [E, 2, I, W] contiguous, the shrunk rows [T*k, W]). sorted_rows: act's rows expert by expert
-    (for down_v3(..., sorted_rows=True)), else in assignment order."""
-    if sorted_rows and lora is not None:
+    (for down_v3(..., sorted_rows=True)), else in assignment order. tma_x: x's rows copied expert
+    by expert first (gather_sorted) and read by TMA."""
+    if (sorted_rows or tma_x) and lora is not None:
         raise ValueError("gate_up_v3: sorted rows take no LoRA (its shrink reads act in assignment order)")
     (t, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
@@ -131,6 +177,7 @@ def gate_up_v3(
         PREC=_precision(x),
         **lkw,
         SORTED=sorted_rows,
+        **_descriptors(gather_sorted(x, r) if tma_x else None, tiles, "x_desc", "XTMA"),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
@@ -181,17 +228,18 @@ def down_v3(
         SWZ=swz,
         PREC=_precision(act),
         **lkw,
-        **_descriptors(act, tiles, sorted_rows),
+        **_descriptors(act if sorted_rows else None, tiles, "desc", "TMA"),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
     return y
 
 
-def _descriptors(act: Tensor, tiles: Tiles, sorted_rows: bool) -> dict:
-    """down's TMA arguments: act's tensor descriptors for the BM and BM/2 bodies (block [rows, BK])."""
-    if not sorted_rows:
-        return {"TMA": False}
-    full = TensorDescriptor.from_tensor(act, [tiles.bm, tiles.bk])
-    half = TensorDescriptor.from_tensor(act, [tiles.bm // 2, tiles.bk]) if tiles.half else full
-    return {"desc": full, "desc_half": half, "TMA": True}
+def _descriptors(a: Tensor | None, tiles: Tiles, name: str, flag: str) -> dict:
+    """A kernel's TMA arguments: tensor descriptors of a (rows expert by expert) for the BM and BM/2
+    bodies (blocks [rows, BK]) as name and name_half, and the flag; no a: the flag off."""
+    if a is None:
+        return {flag: False}
+    full = TensorDescriptor.from_tensor(a, [tiles.bm, tiles.bk])
+    half = TensorDescriptor.from_tensor(a, [tiles.bm // 2, tiles.bk]) if tiles.half else full
+    return {name: full, f"{name}_half": half, flag: True}

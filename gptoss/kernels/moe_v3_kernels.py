@@ -101,13 +101,18 @@ def _gate_up_v3_tile(
     LW: tl.constexpr,
     SORTED: tl.constexpr,
     off_e,
+    x_desc,
+    XTMA: tl.constexpr,
 ):
     """One tile: act[rows, pid_n's BN columns] = swiglu(x[rows // k] @ W13_e^T + b13_e), BM rows from
     slot0. The 2*BN weight rows are gate and up interleaved by 8 (moe_layout._interleave8), one dot.
     SORTED: act's rows expert by expert (row off_e + slot, off_e the expert's first), for down's TMA."""
     rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
-    x_rows = (rows // TOP_K).to(tl.int64) * stride_x
-    acc = _v3_gemm(x_ptr, x_rows, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
+    if XTMA:  # x's rows expert by expert (_gather_sorted_kernel), read by x_desc
+        acc = _v3_gemm_tma(x_desc, off_e + slot0, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
+    else:
+        x_rows = (rows // TOP_K).to(tl.int64) * stride_x
+        acc = _v3_gemm(x_ptr, x_rows, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
     r = tl.arange(0, 2 * BN)  # acc row r: plane (r // 8) % 2, act column pid_n * BN + (r // 16) * 8 + r % 8
     plane = (r // 8) % 2
     col = (pid_n * BN + (r // 16) * 8 + r % 8) % N  # past-the-end columns read valid rows; never stored
@@ -164,15 +169,19 @@ def _gate_up_v3_kernel(
     LORA: tl.constexpr,
     LW: tl.constexpr,
     SORTED: tl.constexpr = False,
+    x_desc=None,
+    x_desc_half=None,
+    XTMA: tl.constexpr = False,
 ):
     """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H.
     HALF: a tile with <= BM/2 rows runs the BM/2 body (its weights still pass once). SORTED: act's
-    rows expert by expert (_gate_up_v3_tile)."""
+    rows expert by expert (_gate_up_v3_tile); XTMA: so are x's, read through x_desc ([BM, BK]
+    blocks) and x_desc_half ([BM/2, BK])."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
     if pid_m >= n_tiles:
         return
-    off_e = _expert_offset(counts_ptr, e, E, BE) if SORTED else 0
+    off_e = _expert_offset(counts_ptr, e, E, BE) if SORTED or XTMA else 0
     EVEN_K: tl.constexpr = ((K + 63) // 64 * 64 if SWZ else K) % BK == 0  # SWZ: K padded to 64
     e64 = e.to(tl.int64)
     w_g, s_g, g = _v3_ptrs(
@@ -201,11 +210,13 @@ def _gate_up_v3_kernel(
         _gate_up_v3_tile(
             x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
             N, K, TOP_K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, SORTED, off_e,
+            x_desc_half, XTMA,
         )  # fmt: skip
     else:
         _gate_up_v3_tile(
             x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
             N, K, TOP_K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, SORTED, off_e,
+            x_desc, XTMA,
         )  # fmt: skip
 
 
@@ -330,3 +341,36 @@ def _down_v3_kernel(
         )
     else:
         _down_v3_tile(a_ptr, *args, N, K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, desc, off_e, TMA)
+
+
+@triton.jit
+def _gather_sorted_kernel(
+    x_ptr,
+    out_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_x,
+    H: tl.constexpr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BT: tl.constexpr,
+    BH: tl.constexpr,
+):
+    """out[off_e + j] = x[rows[e, j] // k] for expert e = program 0 and its slots j of program 1's block:
+    x's rows laid out expert by expert, for gate_up's TMA tiles (gate_up_v3's tma_x)."""
+    e, pid = tl.program_id(0), tl.program_id(1)
+    cnt = tl.load(counts_ptr + e)
+    if pid * BT >= cnt:
+        return
+    j = pid * BT + tl.arange(0, BT)
+    ok = j < cnt
+    src = (tl.load(rows_ptr + e * T + j, mask=ok, other=0) // TOP_K).to(tl.int64) * stride_x
+    dst = (_expert_offset(counts_ptr, e, E, BE) + j).to(tl.int64) * H
+    for h0 in range(0, H, BH):
+        h = h0 + tl.arange(0, BH)
+        m = ok[:, None] & (h < H)[None, :]
+        tl.store(
+            out_ptr + dst[:, None] + h[None, :], tl.load(x_ptr + src[:, None] + h[None, :], mask=m), mask=m
+        )

@@ -1,5 +1,6 @@
-"""The v3 MoE with act expert by expert and down's act tiles read by TMA (GPTOSS_MOE_V3_TMA,
-moe_v3.sorted_act): the same act rows and the same output as the gather path, under Triton's
+"""The v3 MoE with act expert by expert and down's act tiles read by TMA (GPTOSS_MOE_V3_TMA=down,
+moe_v3.sorted_act), and gate_up's x too (=all: moe_v3.gather_sorted, tma_x): the same act rows and
+the same output as the gather path, under Triton's
 interpreter (CI) and compiled on a GPU. Rows past an expert's are the next expert's or past the
 end; their columns are computed and never stored, which the NaN-filled buffers would show."""
 
@@ -41,6 +42,9 @@ def test_sorted_act_and_tma_down_equal_the_gather_path(e, h, i, tokens, tiles):
     order = torch.cat([r.rows[k, : counts[k]] for k in range(e)]).long()
     assert order.numel() == tokens * 4 and sorted(order.tolist()) == list(range(tokens * 4))
     assert torch.equal(act_sorted, act[order])
+    assert torch.equal(moe_v3.gather_sorted(x, r), x[order // 4])
+    act_x = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles, sorted_rows=True, tma_x=True)
+    torch.testing.assert_close(act_x, act_sorted, rtol=1e-4, atol=1e-4)  # (the interpreter's dot order)
     y = moe.down_v3(act, r, w, tiles)
     y_tma = moe.down_v3(act_sorted, r, w, tiles, sorted_rows=True)
     # float32 through the interpreter's numpy dot, whose summation order follows the x tile's memory
@@ -52,7 +56,7 @@ def test_the_switch_runs_the_sorted_path_in_moe_forward(monkeypatch):
     ref, w = make_moe(4, 128, 128, 4, torch.float32, seed=2, kernels="v3")
     x = torch.randn(40, 128, device=DEV, generator=torch.Generator(DEV).manual_seed(3))
     calls: list[bool] = []
-    real = moe_v3.down_v3
+    real, real_gather = moe_v3.down_v3, moe_v3.gather_sorted
 
     def spy(*args, **kw):
         calls.append(kw.get("sorted_rows", False))
@@ -63,8 +67,22 @@ def test_the_switch_runs_the_sorted_path_in_moe_forward(monkeypatch):
     base = moe_forward(x, ref.router_weight, ref.router_bias, 4, w, ALPHA, LIMIT)
     monkeypatch.setattr(moe_v3, "TMA_DOWN", True)
     got = moe_forward(x, ref.router_weight, ref.router_bias, 4, w, ALPHA, LIMIT)
-    assert calls == [False, True]
+    monkeypatch.setattr(moe_v3, "TMA_X", True)
+    gathered: list[int] = []
+    monkeypatch.setattr(moe_v3, "gather_sorted", lambda *a: gathered.append(1) or real_gather(*a))
+    got_x = moe_forward(x, ref.router_weight, ref.router_bias, 4, w, ALPHA, LIMIT)
+    assert calls == [False, True, True] and gathered == [1]
     torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_x, base, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("value", "flags"), [("0", (False, False)), ("down", (True, False)), ("all", (True, True))]
+)
+def test_the_switch_values(value, flags):
+    assert moe_v3._tma_mode(value) == flags
+    with pytest.raises(ValueError, match="GPTOSS_MOE_V3_TMA='1': one of 0, down, all"):
+        moe_v3._tma_mode("1")
 
 
 def test_sorted_rows_refuse_a_lora():
@@ -74,7 +92,9 @@ def test_sorted_rows_refuse_a_lora():
     lora = (torch.zeros(4, 2, 128, 16, device=DEV), torch.zeros(16, 16, device=DEV))
     with pytest.raises(ValueError, match="sorted rows take no LoRA"):
         moe.gate_up_v3(x, r, w, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2), lora, sorted_rows=True)
-    assert moe_v3.sorted_act(x, lora) is False
+    with pytest.raises(ValueError, match="sorted rows take no LoRA"):
+        moe.gate_up_v3(x, r, w, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2), lora, tma_x=True)
+    assert moe_v3.sorted_act(x, lora) is False and moe_v3.tma_x(x, lora) is False
 
 
 @gpu
@@ -95,4 +115,5 @@ def test_tma_down_gives_the_gather_paths_bits_on_gpu(tokens, gu, dn):
     act_sorted = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu, sorted_rows=True)
     order = torch.cat([r.rows[k, :c] for k, c in enumerate(r.counts.tolist())]).long()
     assert torch.equal(act_sorted, act[order])
+    assert torch.equal(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu, sorted_rows=True, tma_x=True), act_sorted)
     assert torch.equal(moe.down_v3(act_sorted, r, w, dn, sorted_rows=True), moe.down_v3(act, r, w, dn))
