@@ -8,7 +8,8 @@
 # then bench/kernels/moe_pick.py turns the fastest tiles of each GEMM and bucket into a
 # GPTOSS_MOE_V3_TILES value; ogs (vLLM's matmul_ogs MoE at the same M, once $HOME/vllm_ready exists:
 # bench/vllm_peer_install.sh in the payload's third call); offline (1000 x (1024 -> 1024), ROUNDS
-# rounds of the defaults and the picked tiles, interleaved in ORDER); vllm (vLLM's batch-1 and Offline rows).
+# rounds of the modes in ORDER, interleaved: default, picked (the picked tiles), tma, tma-all
+# (GPTOSS_MOE_V3_TMA=down / all)); vllm (vLLM's batch-1 and Offline rows).
 # One table last: $HOME/large/table.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -39,8 +40,8 @@ if has ogs && wait_vllm; then
   python3 bench/kernels/moe_gpu.py --ms "$KMS" --variants vllm > "$RES/ogs.txt" 2>&1
   sed -n '/^ *M variant/,$p' "$RES/ogs.txt" | tee -a "$RES/table.txt"
 fi
-offline() {  # offline NAME [TILES]
-  GPTOSS_MOE_V3_TILES=${2:-} timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
+offline() {  # offline NAME [TILES [TMA]]
+  GPTOSS_MOE_V3_TILES=${2:-} GPTOSS_MOE_V3_TMA=${3:-0} timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
     --throughput 1000x1024x1024 > "$RES/offline_$1_$round.txt" 2>&1
   row "gptoss offline 1000x1024x1024 $1 r$round" "$(grep '^offline 1000x' "$RES/offline_$1_$round.txt" | tail -1)"
 }
@@ -48,7 +49,13 @@ if has offline; then
   for round in $(seq "${ROUNDS:-2}"); do
     say "Offline round $round"
     for mode in ${ORDER:-default picked}; do  # the machine's first engine run is cold: ORDER says who pays
-      if [ "$mode" = default ]; then offline default; elif [ -n "$TILES" ]; then offline picked "$TILES"; fi
+      case $mode in
+        default) offline default ;;
+        picked) if [ -n "$TILES" ]; then offline picked "$TILES"; fi ;;
+        tma) offline tma "" down ;;  # GPTOSS_MOE_V3_TMA=down
+        tma-all) offline tma-all "" all ;;
+        *) say "unknown ORDER mode $mode (default, picked, tma, tma-all)" ;;
+      esac
     done
   done
 fi

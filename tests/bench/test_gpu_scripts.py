@@ -32,7 +32,8 @@ case "$*" in
                 echo "  1024 vllm             622.5 - -    1293.0  22.6%" ;;
   *gptoss_lora_gpu.py*) mkdir -p "${*##*--out }"; echo lora ;;
   *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"; echo "offline 1000x(1024->1024)  -  15000.0 tok/s" ;;
-  *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s tiles=${GPTOSS_MOE_V3_TILES:-dflt}" ;;
+  *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s" \
+    "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt}" ;;
   *) echo "stub python3: unexpected $*" >&2; exit 3 ;;
 esac
 """
@@ -103,6 +104,26 @@ def test_moe_large_picks_tiles_and_runs_offline_with_them(stubs, tmp_path):
     assert len(picked) == 1 and picked[0].endswith("tiles=gate_up@128=128,128,128,8,4,half")
     assert table[-1].startswith("vllm b1 + offline | workload x offline")
     assert "--rounds 3" in (tmp_path / "calls.log").read_text()  # KROUNDS' default
+
+
+def test_moe_large_offline_modes_set_the_tma_switch(stubs, tmp_path):
+    res = tmp_path / "large"
+    p = _run(
+        "moe_large_gpu.sh",
+        stubs,
+        RES=str(res),
+        PARTS="offline",
+        ROUNDS="1",
+        ORDER="tma default tma-all bogus",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [r for r in (res / "table.txt").read_text().splitlines() if r.startswith("gptoss offline")]
+    assert [(r.split(" |")[0].split()[-2], r.split("tma=")[1].split()[0]) for r in rows] == [
+        ("tma", "down"),
+        ("default", "0"),
+        ("tma-all", "all"),
+    ]
+    assert "unknown ORDER mode bogus (default, picked, tma, tma-all)" in p.stdout
 
 
 def test_a_missing_vllm_bench_script_stops_at_once(stubs, tmp_path):
