@@ -17,7 +17,7 @@ RES=${RES:-$HOME/large}
 # shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
 KMS=${KMS:-1024,2048,4096,16384}
-KVARIANTS=${KVARIANTS:-v3,L-gu128k128s4,L-gu128k128s3,L-gu128k64s4,L-gu256k128s3,L-gu256k64s4,L-dn128k64s4,L-dn128k128s3,L-dn256k128s2,L-dn256k64s4}
+KVARIANTS=${KVARIANTS:-v3,v3-tma,v3-tma-all}  # v19 timed the L-* tile shapes; v20 left the TMA ones
 PARTS=" ${PARTS:-tests kernels ogs offline vllm} "; has() { [[ $PARTS == *" $1 "* ]]; }
 if has vllm; then vllm_script; fi
 gpu_prereqs
@@ -48,7 +48,7 @@ offline() {  # offline NAME [TILES [TMA]]
 if has offline; then
   for round in $(seq "${ROUNDS:-2}"); do
     say "Offline round $round"
-    for mode in ${ORDER:-default picked}; do  # the machine's first engine run is cold: ORDER says who pays
+    for mode in ${ORDER:-default tma tma-all picked}; do  # the first engine run is cold: ORDER says who pays
       case $mode in
         default) offline default ;;
         picked) if [ -n "$TILES" ]; then offline picked "$TILES"; fi ;;

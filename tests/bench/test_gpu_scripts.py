@@ -91,7 +91,7 @@ def _run(script: str, env: dict[str, str], **extra: str) -> subprocess.Completed
 
 def test_moe_large_picks_tiles_and_runs_offline_with_them(stubs, tmp_path):
     res = tmp_path / "large"
-    p = _run("moe_large_gpu.sh", stubs, RES=str(res), KMS="1024", ROUNDS="1")
+    p = _run("moe_large_gpu.sh", stubs, RES=str(res), KMS="1024", ROUNDS="1", ORDER="default picked")
     assert p.returncode == 0, p.stdout + p.stderr
     assert (res / "done").exists()
     table = (res / "table.txt").read_text().splitlines()
