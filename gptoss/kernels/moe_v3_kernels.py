@@ -14,7 +14,7 @@ from gptoss.kernels.moe_v3_step import _v3_ptrs, _v3_step
 
 @triton.jit
 def _v3_gemm(
-    x_ptr,
+    x,
     row_off,
     valid,
     w_ptrs,
@@ -28,41 +28,23 @@ def _v3_gemm(
     SCALED: tl.constexpr,
     SWZ: tl.constexpr,
     PREC: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
-    """acc [ROWS, BM] = W [ROWS, K] @ x[rows]^T: the K loop both GEMMs share; row_off [BM] the element
-    offsets of the tile's x rows (invalid ones load zeros)."""
+    """acc [ROWS, BM] = W [ROWS, K] @ x[rows]^T: the K loop both GEMMs share. x a pointer and row_off
+    [BM] the element offsets of the tile's x rows (invalid ones load zeros); or TMA: x a tensor
+    descriptor of rows laid out expert by expert and row_off the tile's first row, one TMA copy a K
+    step instead of a cp.async and a 64-bit address per row a thread. Its rows past the expert's are
+    the next expert's (finite: every row is written) or past the end (zeros): their columns of acc
+    are never stored. K past the end reads zeros, as the masked weights do."""
     kk = tl.arange(0, BK)
-    x_t = x_ptr + row_off[None, :] + kk[:, None]  # [BK, BM]
+    if not TMA:
+        x_t = x + row_off[None, :] + kk[:, None]  # [BK, BM]
     acc = tl.zeros([ROWS, BM], tl.float32)
     for k0 in range(0, K, BK):
-        xt = tl.load(x_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
-        acc = _v3_step(acc, xt, w_ptrs, s_ptrs, g, k0, K, ROWS, BK, EVEN_K, SCALED, SWZ, PREC)
-    return acc
-
-
-@triton.jit
-def _v3_gemm_tma(
-    desc,
-    row0,
-    w_ptrs,
-    s_ptrs,
-    g,
-    K: tl.constexpr,
-    ROWS: tl.constexpr,
-    BM: tl.constexpr,
-    BK: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    SCALED: tl.constexpr,
-    SWZ: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """_v3_gemm on x rows row0 .. row0 + BM - 1 of an expert-sorted x, read by a tensor descriptor
-    (one TMA copy a K step instead of a cp.async and a 64-bit address per row a thread). Rows past
-    the expert's are the next expert's (finite: every row is written) or past the end (zeros): their
-    columns of acc are never stored. K past the end reads zeros, as the masked weights do."""
-    acc = tl.zeros([ROWS, BM], tl.float32)
-    for k0 in range(0, K, BK):
-        xt = tl.trans(desc.load([row0, k0]))  # [BK, BM]
+        if TMA:
+            xt = tl.trans(x.load([row_off, k0]))  # [BK, BM]
+        else:
+            xt = tl.load(x_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
         acc = _v3_step(acc, xt, w_ptrs, s_ptrs, g, k0, K, ROWS, BK, EVEN_K, SCALED, SWZ, PREC)
     return acc
 
@@ -109,7 +91,9 @@ def _gate_up_v3_tile(
     SORTED: act's rows expert by expert (row off_e + slot, off_e the expert's first), for down's TMA."""
     rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
     if XTMA:  # x's rows expert by expert (_gather_sorted_kernel), read by x_desc
-        acc = _v3_gemm_tma(x_desc, off_e + slot0, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
+        acc = _v3_gemm(
+            x_desc, off_e + slot0, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC, True
+        )
     else:
         x_rows = (rows // TOP_K).to(tl.int64) * stride_x
         acc = _v3_gemm(x_ptr, x_rows, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
@@ -256,7 +240,9 @@ def _down_v3_tile(
     expert by expert (gate_up's SORTED), read by desc (block [BM, BK]) from row off_e + slot0."""
     rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
     if TMA:
-        acc = _v3_gemm_tma(desc, off_e + slot0, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
+        acc = _v3_gemm(
+            desc, off_e + slot0, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC, True
+        )
     else:
         acc = _v3_gemm(
             a_ptr, rows.to(tl.int64) * K, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC
