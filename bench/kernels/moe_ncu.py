@@ -81,11 +81,16 @@ def digest(text: str) -> list[str]:
     return out
 
 
-def _num(v: str | None) -> float:
-    """A CSV cell as a number: thousands separators dropped, empty or text cells 0."""
+def _num(v: str | None, bad: list[str]) -> float:
+    """A CSV cell as a number: thousands separators dropped, an empty cell 0; a cell that is neither
+    counts as 0 and is kept in bad, which the digest reports."""
+    text = (v or "").replace(",", "").strip()
+    if not text:
+        return 0.0
     try:
-        return float((v or "").replace(",", ""))
+        return float(text)
     except ValueError:
+        bad.append(text)
         return 0.0
 
 
@@ -109,19 +114,19 @@ def sass_digest(text: str, top: int = 25) -> list[str]:
                 f"kernel table {n}: no 'Warp Stall Sampling (All Samples)' column; header: {lines[i][:200]}"
             )
             continue
-        total = sum(_num(r[key]) for r in rows) or 1.0
         stall_cols = [k for k in rows[0] if k != key and "stall" in k.lower()]
+        bad: list[str] = []  # cells that were not numbers, read as 0 and reported below
+        nums = [{k: _num(r[k], bad) for k in (key, *stall_cols)} for r in rows]  # each cell parsed once
+        total = sum(v[key] for v in nums) or 1.0
         out.append(f"kernel table {n}: {len(rows)} instructions, {total:.0f} samples ({key})")
         # The kernel as a whole: each reason's share of the samples, then each opcode's.
-        reasons = {
-            k: sum(_num(r[k]) for r in rows) for k in stall_cols if k.startswith("stall_") and "(" not in k
-        }
+        reasons = {k: sum(v[k] for v in nums) for k in stall_cols if k.startswith("stall_") and "(" not in k}
         opcodes: dict[str, float] = defaultdict(float)
-        for r in rows:
+        for r, v in zip(rows, nums, strict=True):
             words = r["Source"].split()  # "@!P4 BRA 0x..." -> BRA, "HGMMA.64x128x16.F32 ..." -> HGMMA
             if words:
                 op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-                opcodes[op.split(".")[0]] += _num(r[key])
+                opcodes[op.split(".")[0]] += v[key]
         for label, shares in (("reasons", reasons), ("opcodes", opcodes)):
             whole = sum(shares.values()) or 1.0
             top_shares = sorted(shares.items(), key=lambda kv: -kv[1])[:10]
@@ -129,10 +134,13 @@ def sass_digest(text: str, top: int = 25) -> list[str]:
                 f"  {label}: "
                 + ", ".join(f"{k.removeprefix('stall_')} {100 * v / whole:.1f}%" for k, v in top_shares)
             )
-        for r in sorted(rows, key=lambda r: _num(r[key]), reverse=True)[:top]:
-            extra = ", ".join(f"{k} {_num(r[k]):.0f}" for k in stall_cols if _num(r[k]) > 0)
+        ranked = sorted(zip(rows, nums, strict=True), key=lambda rv: rv[1][key], reverse=True)
+        for r, v in ranked[:top]:
+            extra = ", ".join(f"{k} {v[k]:.0f}" for k in stall_cols if v[k] > 0)
             addr = r.get("Address", r.get("# Address", ""))
-            out.append(f"  {100 * _num(r[key]) / total:5.1f}%  {addr:>8}  {r['Source'][:60]:<60}  {extra}")
+            out.append(f"  {100 * v[key] / total:5.1f}%  {addr:>8}  {r['Source'][:60]:<60}  {extra}")
+        if bad:
+            out.append(f"  {len(bad)} cells not numbers, read as 0: {', '.join(sorted(set(bad))[:5])}")
     return out
 
 

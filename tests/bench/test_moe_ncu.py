@@ -98,3 +98,13 @@ def test_sass_digest_echoes_an_unknown_layout():
     out = sass_digest('"ID","Kernel Name"\n"0","k"')
     assert out[0].startswith("no source table with stall samples")
     assert out[1] == '"ID","Kernel Name"'
+
+
+def test_sass_digest_counts_cells_that_are_not_numbers():
+    from moe_ncu import sass_digest
+
+    head = '"Address","Source","Warp Stall Sampling (All Samples)","stall_wait"'
+    rows = ['"00000010","BAR.SYNC 0x0","n/a","3"', '"00000020","EXIT","1,000",""']
+    out = sass_digest("\n".join([head, *rows]), top=2)
+    assert out[0] == "kernel table 0: 2 instructions, 1000 samples (Warp Stall Sampling (All Samples))"
+    assert out[-1] == "  1 cells not numbers, read as 0: n/a"  # the empty cell is 0 samples, not a fault
