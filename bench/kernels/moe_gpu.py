@@ -187,7 +187,7 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
     elif w.layout in ("v3", "v3ds"):
         gu_tiles = moe.choose_tiles_v3(t, TOP_K, E, I, H, gate_up=True)
         dn_tiles = moe.choose_tiles_v3(t, TOP_K, E, H, I, gate_up=False)
-        srt, tx = moe_v3.sorted_act(x), moe_v3.tma_x(x)  # the TMA variants (the gather pass inside gate_up)
+        srt, tx = moe_v3.tma_plan(x)  # the TMA variants (the gather pass inside gate_up)
         gate_up = partial(moe.gate_up_v3, sorted_rows=srt, tma_x=tx)
         down = partial(moe.down_v3, sorted_rows=srt)
     else:

@@ -160,7 +160,7 @@ def moe_forward_from_logits(
         down_tiles = choose_tiles_v2(t, top_k, e, h, i, gate_up=False)
         return _v2_experts(x, r, w, alpha, limit, gate_up_tiles, down_tiles)
     if w.layout in ("v3", "v3ds"):
-        srt, tx = moe_v3.sorted_act(x), moe_v3.tma_x(x)
+        srt, tx = moe_v3.tma_plan(x)
         gu_tiles = choose_tiles_v3(t, top_k, e, i, h, gate_up=True)
         act = gate_up_v3(x, r, w, alpha, limit, gu_tiles, sorted_rows=srt, tma_x=tx)
         y = down_v3(act, r, w, choose_tiles_v3(t, top_k, e, h, i, gate_up=False), sorted_rows=srt)

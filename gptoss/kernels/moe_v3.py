@@ -52,24 +52,17 @@ def _tma_mode(v: str) -> tuple[bool, bool]:
 TMA_DOWN, TMA_X = _tma_mode(os.environ.get("GPTOSS_MOE_V3_TMA", "0"))
 
 
-def _tma_ok(x: Tensor, lora: object | None) -> bool:
-    """TMA runs on Hopper and later, and in the interpreter; not with a LoRA (its shrink reads act
-    in assignment order)."""
-    if lora is not None:
-        return False
-    if triton.knobs.runtime.interpret:
-        return True
-    return x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
-
-
-def sorted_act(x: Tensor, lora: object | None = None) -> bool:
-    """Whether this call's act is expert by expert, down reading it by TMA (TMA_DOWN or TMA_X)."""
-    return (TMA_DOWN or TMA_X) and _tma_ok(x, lora)
-
-
-def tma_x(x: Tensor, lora: object | None = None) -> bool:
-    """Whether this call's gate_up reads x by TMA, from a copy of its rows expert by expert (TMA_X)."""
-    return TMA_X and _tma_ok(x, lora)
+def tma_plan(x: Tensor, lora: object | None = None) -> tuple[bool, bool]:
+    """This call's (act expert by expert with down reading it by TMA, gate_up reading x by TMA from
+    a copy of its rows expert by expert): TMA_DOWN / TMA_X where TMA runs (Hopper and later, the
+    interpreter) and no LoRA is applied (its shrink reads act in assignment order)."""
+    if not (TMA_DOWN or TMA_X) or lora is not None:
+        return False, False
+    if not triton.knobs.runtime.interpret and not (
+        x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+    ):
+        return False, False
+    return True, TMA_X
 
 
 def gather_sorted(x: Tensor, r: Routing) -> Tensor:

@@ -1,5 +1,5 @@
 """The v3 MoE with act expert by expert and down's act tiles read by TMA (GPTOSS_MOE_V3_TMA=down,
-moe_v3.sorted_act), and gate_up's x too (=all: moe_v3.gather_sorted, tma_x): the same act rows and
+moe_v3.tma_plan), and gate_up's x too (=all: moe_v3.gather_sorted): the same act rows and
 the same output as the gather path, under Triton's
 interpreter (CI) and compiled on a GPU. Rows past an expert's are the next expert's or past the
 end; their columns are computed and never stored, which the NaN-filled buffers would show."""
@@ -94,7 +94,13 @@ def test_sorted_rows_refuse_a_lora():
         moe.gate_up_v3(x, r, w, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2), lora, sorted_rows=True)
     with pytest.raises(ValueError, match="sorted rows take no LoRA"):
         moe.gate_up_v3(x, r, w, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2), lora, tma_x=True)
-    assert moe_v3.sorted_act(x, lora) is False and moe_v3.tma_x(x, lora) is False
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(moe_v3, "TMA_DOWN", True)
+        mp.setattr(moe_v3, "TMA_X", True)
+        assert moe_v3.tma_plan(x) == (True, True)
+        assert moe_v3.tma_plan(x, lora) == (False, False)
+        mp.setattr(moe_v3, "TMA_X", False)
+        assert moe_v3.tma_plan(x) == (True, False)
 
 
 @gpu
