@@ -4,6 +4,7 @@ listed for the user."""
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import shutil
@@ -11,6 +12,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # The fields the submission checker requires (tools/submission/submission_checker/constants.py,
 # SYSTEM_DESC_REQUIRED_FIELDS), in its order; the power-only ones are left out.
@@ -115,8 +118,8 @@ def _memory_gb() -> float | None:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) / 1024**2
-    except OSError:
-        pass
+    except OSError as e:  # the field is left for the user to fill (SystemDescription.to_fill)
+        log.warning("host memory unknown: %s", e)
     return None
 
 
@@ -125,8 +128,8 @@ def _os_name() -> str:
         for line in Path("/etc/os-release").read_text().splitlines():
             if line.startswith("PRETTY_NAME="):
                 return f"{line.split('=', 1)[1].strip(chr(34))} (Linux {platform.release()})"
-    except OSError:
-        pass
+    except OSError as e:
+        log.warning("no /etc/os-release (%s): the operating system named by platform.platform()", e)
     return platform.platform()
 
 

@@ -190,3 +190,24 @@ def test_cli_refusal_exit_code_and_checker_verdict(good_runs, tmp_path, capsys):
     assert submission_main([*args, "--out", str(out)]) == 1  # not over an existing tree ...
     assert submission_main([*args, "--out", str(out), "--overwrite"]) == 0  # ... unless asked
     assert submission_main([*args, "--out", str(tmp_path / "s3"), "--checker", str(tmp_path)]) == 2
+
+
+def test_unreadable_system_files_are_reported_not_hidden(monkeypatch, caplog):
+    from harness.submission import sysinfo
+
+    real = Path.read_text
+
+    def no_proc(self, *a, **kw):
+        if str(self) in ("/proc/meminfo", "/etc/os-release"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "read_text", no_proc)
+    with caplog.at_level("WARNING", logger="harness.submission.sysinfo"):
+        assert sysinfo._memory_gb() is None
+        assert sysinfo._os_name() == sysinfo.platform.platform()
+    assert [r.getMessage() for r in caplog.records] == [
+        "host memory unknown: [Errno 13] Permission denied: '/proc/meminfo'",
+        "no /etc/os-release ([Errno 13] Permission denied: '/etc/os-release'): "
+        "the operating system named by platform.platform()",
+    ]
