@@ -197,6 +197,8 @@ class ServerProcess:
                 await asyncio.sleep(0.1)
             if not self._alive(pgid):
                 break
+        if self._proc.poll() is None:  # the group looked empty a moment before the leader could be reaped
+            await asyncio.to_thread(self._proc.wait, KILL_WAIT_S)  # a leader that never ends raises
         atexit.unregister(self._kill_now)
 
     def _kill_now(self) -> None:
