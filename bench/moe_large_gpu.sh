@@ -4,7 +4,7 @@
 #   nohup bash bench/moe_large_gpu.sh > $HOME/large.log 2>&1 &     (then poll $HOME/large/done)
 # Parts (PARTS, default all): tests (compiled v3 GEMM tests, the candidate tiles among them);
 # kernels (bench/kernels/moe_gpu.py at KMS over KVARIANTS, whole MoE and each GEMM in CUDA graphs,
-# KROUNDS rounds, default 3, interleaved);
+# KROUNDS rounds, default 3, interleaved; KEXPERTS experts, default 32 (20b), 128 for 120b's shapes);
 # then bench/kernels/moe_pick.py turns the fastest tiles of each GEMM and bucket into a
 # GPTOSS_MOE_V3_TILES value; ogs (vLLM's matmul_ogs MoE at the same M, once $HOME/vllm_ready exists:
 # bench/vllm_peer_install.sh in the payload's third call); offline (1000 x (1024 -> 1024), ROUNDS
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/large}
 # shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
-KMS=${KMS:-1024,2048,4096,16384}
+KMS=${KMS:-1024,2048,4096,16384} KEXPERTS=${KEXPERTS:-32}
 KVARIANTS=${KVARIANTS:-v3,v3-tma,v3-tma-all}  # v19 timed the L-* tile shapes; v20 left the TMA ones
 PARTS=" ${PARTS:-tests kernels ogs offline vllm} "; has() { [[ $PARTS == *" $1 "* ]]; }
 if has vllm; then vllm_script; fi
@@ -30,14 +30,14 @@ TILES=""
 if has kernels; then
   say "large-M MoE tiles"
   python3 bench/kernels/moe_gpu.py --no-vllm --ms "$KMS" --variants "$KVARIANTS" --rounds "${KROUNDS:-3}" \
-    > "$RES/kernels.txt" 2>&1
+    --experts "$KEXPERTS" > "$RES/kernels.txt" 2>&1
   sed -n '/^ *M variant/,$p' "$RES/kernels.txt"
-  TILES=$(python3 bench/kernels/moe_pick.py "$RES/kernels.txt" 2> "$RES/pick.txt"); cat "$RES/pick.txt"
+  TILES=$(python3 bench/kernels/moe_pick.py "$RES/kernels.txt" --experts "$KEXPERTS" 2> "$RES/pick.txt"); cat "$RES/pick.txt"
   row "picked GPTOSS_MOE_V3_TILES" "${TILES:-(the defaults)}"
 fi
 if has ogs && wait_vllm; then
   say "vLLM's matmul_ogs MoE"
-  python3 bench/kernels/moe_gpu.py --ms "$KMS" --variants vllm > "$RES/ogs.txt" 2>&1
+  python3 bench/kernels/moe_gpu.py --ms "$KMS" --variants vllm --experts "$KEXPERTS" > "$RES/ogs.txt" 2>&1
   sed -n '/^ *M variant/,$p' "$RES/ogs.txt" | tee -a "$RES/table.txt"
 fi
 offline() {  # offline NAME [TILES [TMA]]

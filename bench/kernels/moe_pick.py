@@ -1,8 +1,9 @@
-"""The fastest large-M v3 tiles in a moe_gpu.py table, as a GPTOSS_MOE_V3_TILES value for the engine.
+"""The fastest v3 tiles in a moe_gpu.py table, as a GPTOSS_MOE_V3_TILES value for the engine.
 
-    python bench/kernels/moe_pick.py KERNELS_TXT      (prints the value; the choice on stderr)
+    python bench/kernels/moe_pick.py KERNELS_TXT [--experts 128]   (prints the value; the choice on stderr)
 
-For each v3 bucket (128: M 513-4088 at 20b, 512: M >= 4096) and each GEMM, the variant with the
+For each v3 bucket (rows an expert: 128 is M 513-4088 at 20b's 32 experts, 512 M >= 4096; 16, 32
+and 64 where the table has rows there) and each GEMM, the variant with the
 least summed time of that GEMM alone (moe_gpu's gate_up / down columns) over the table's M of that
 bucket, among the variants timed at all of them; the tiles it ran (its override, else the table's).
 Prints nothing where the table's own tiles win, so an empty value means "the defaults".
@@ -10,6 +11,7 @@ Prints nothing where the table's own tiles win, so an empty value means "the def
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -23,7 +25,7 @@ from moe_variants import VARIANTS  # noqa: E402
 
 from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3, Tiles, bucket_v3  # noqa: E402
 
-E, TOP_K = 32, 4
+TOP_K = 4
 ROW = re.compile(r"^\s*(\d+) (\S+)\s+(\S+)\s+(\S+)\s+(\S+)")
 
 
@@ -36,8 +38,8 @@ def _tiles(name: str, bucket: int, gate_up: bool) -> Tiles:
     return (VARIANTS[name].tiles or {}).get((bucket, gate_up)) or table[bucket]
 
 
-def pick(text: str) -> tuple[str, list[str]]:
-    """(the GPTOSS_MOE_V3_TILES value, one line a choice)."""
+def pick(text: str, experts: int = 32) -> tuple[str, list[str]]:
+    """(the GPTOSS_MOE_V3_TILES value, one line a choice); experts: the table's (moe_gpu --experts)."""
     times: dict[tuple[int, str], dict[int, tuple[float, float]]] = {}
     untimed = []  # rows whose GEMM moe_gpu could not time ("-": its graph capture failed)
     for line in text.splitlines():
@@ -47,11 +49,12 @@ def pick(text: str) -> tuple[str, list[str]]:
         if "-" in (m[4], m[5]):
             untimed.append(f"{m[2]} at M {m[1]}")
             continue
-        bucket = bucket_v3(triton.cdiv(int(m[1]) * TOP_K, E))
+        bucket = bucket_v3(triton.cdiv(int(m[1]) * TOP_K, experts))
         times.setdefault((bucket, m[2]), {})[int(m[1])] = (float(m[4]), float(m[5]))
     values = []
     notes = [f"{len(untimed)} rows untimed, not candidates: {', '.join(untimed)}"] if untimed else []
-    for bucket in (128, 512):
+    small = sorted({b for b, _ in times if b < 128})  # reported only where timed
+    for bucket in (*small, 128, 512):
         ms = set().union(*(t.keys() for (b, _), t in times.items() if b == bucket))
         full = {v: t for (b, v), t in times.items() if b == bucket and t.keys() == ms}
         for col, gemm in enumerate(("gate_up", "down")):
@@ -69,7 +72,11 @@ def pick(text: str) -> tuple[str, list[str]]:
 
 
 def main() -> None:
-    value, notes = pick(Path(sys.argv[1]).read_text())
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("table", type=Path, help="moe_gpu.py's output")
+    ap.add_argument("--experts", type=int, default=32, help="the experts moe_gpu.py ran (--experts)")
+    args = ap.parse_args()
+    value, notes = pick(args.table.read_text(), args.experts)
     print("\n".join(notes), file=sys.stderr)
     print(value)
 

@@ -237,6 +237,50 @@ for _name, _gu, _dn in [
     VARIANTS[_name] = Variant("v3", tiles=_v3_tiles(_gu, _dn), min_m=513)
 
 
+# Few rows an expert (2026-11-27, v21): 120b's Offline decode steps (M 500-1000 over 128 experts:
+# 16-31 rows an expert) and 20b at M 64-512 run the v2 kernels at 27-34 % of HBM (the H200 120b
+# profile, v21). Candidates on the v3 kernels for buckets 16, 32 and 64, all three at once:
+# "h": BM twice the bucket on a BM/2 body (Tiles.half), so an expert that gets more than the mean
+# (random routing: ~45 % of them at bucket 16) still streams its weights once, not twice;
+# 128 / 256: weight rows a program (gate_up's BN counts act columns, two weight rows each): one
+# warpgroup per 64, or "4w" four warps over all 256 (sm_90a: 2.7 instructions a weight value, ~245
+# registers; 3.1-3.3 for the others, no spills); 256 rows read each x tile for twice the weights
+# (matmul_ogs' Hopper shape is 256 weight rows, BK 128, BM = the rows an expert rounded up).
+def _few(gu, dn, buckets=(16, 32, 64)) -> dict[tuple[int, bool], Tiles]:
+    """TILE_OVERRIDE entries: gu(bucket) / dn(bucket) -> the tiles of that bucket."""
+    return {(b, g): f(b) for b in buckets for g, f in ((True, gu), (False, dn))}
+
+
+for _name, _gu, _dn, _buckets in [
+    (
+        "S-h128",
+        lambda b: Tiles(2 * b, 64, 128, 4, 4, half=True),
+        lambda b: Tiles(2 * b, 128, 128, 4, 4, half=True),
+        (16, 32, 64),
+    ),
+    (
+        "S-h256",
+        lambda b: Tiles(2 * b, 128, 128, 8, 4, half=True),
+        lambda b: Tiles(2 * b, 256, 128, 8, 4 if b < 64 else 3, half=True),
+        (16, 32, 64),
+    ),
+    (
+        "S-h256k64",
+        lambda b: Tiles(2 * b, 128, 64, 8, 6, half=True),
+        lambda b: Tiles(2 * b, 256, 64, 8, 6, half=True),
+        (16, 32, 64),
+    ),
+    ("S-256", lambda b: Tiles(b, 128, 128, 8, 4), lambda b: Tiles(b, 256, 128, 8, 4), (16, 32, 64)),
+    (
+        "S-4w256",
+        lambda b: Tiles(2 * b, 128, 128, 4, 3, half=True),
+        lambda b: Tiles(2 * b, 256, 128, 4, 3, half=True),
+        (16,),  # at BM 64 it spills 101-171 registers
+    ),
+]:
+    VARIANTS[_name] = Variant("v3", tiles=_few(_gu, _dn, _buckets), max_m=2048)
+
+
 # ---- The decode path (gptoss.kernels.moe_decode: router, expert-slot GEMMs, moe.combine) for
 # M <= MAX_T; "dec" is the module's defaults, the others change one thing. The other variants run
 # with moe_decode.ENABLED = False, so "v2" stays the M-tile path at every M. Their rows: gate_up_us /

@@ -5,19 +5,45 @@ optionally a second copy for large batches (MoEWeights.large, for_rows)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-KERNELS = "v2"  # the kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2" | "v3"
 _LAYOUTS = {"v1": "nibble", "v2": "bits", "v3": "v3", "v3ds": "v3ds"}  # kernels -> MoEWeights.layout
 # Rows an expert gets (cdiv(T*k, E)) from which a forward runs MoEWeights.large when there is one.
 # H100, 20b (bench/results v8): M 256 v2 431 us, v3 662; M 512 (64 rows, bucket 64) v2 664, v3 775;
 # M 1024 (bucket 128, BM-128 tiles in both families) v2 1093, v3 861. Bucket 128 starts at 65 rows,
 # so v3 from there (M >= 513 at 20b): Offline's decode batches of ~1000 (125 rows) take v3.
-LARGE_MIN_ROWS = 65
+# GPTOSS_MOE_LARGE_MIN_ROWS sets it for A/B runs.
+
+
+def _env_kernels(v: str | None) -> str:
+    if v in (None, "", "v2"):
+        return "v2"
+    if v != "v3":
+        raise ValueError(
+            f"GPTOSS_MOE_KERNELS={v!r}: v2 (the default: v2 weights, the decode kernels, a v3 copy for "
+            "large batches where it fits) or v3 (one v3 copy that every batch runs, no decode kernels)"
+        )
+    return v
+
+
+def _env_rows(v: str | None, default: int) -> int:
+    if v in (None, ""):
+        return default
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError(f"GPTOSS_MOE_LARGE_MIN_ROWS={v!r}: a whole number of rows an expert, >= 1")
+    return int(v)
+
+
+# The kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2" | "v3". For A/B
+# runs: GPTOSS_MOE_KERNELS=v3 puts every batch on the v3 GEMMs (gpt-oss-120b, where no second copy
+# fits, runs v2 at its Offline batches' 16-32 rows an expert at 27-34 % of HBM: bench/results v21).
+KERNELS = _env_kernels(os.environ.get("GPTOSS_MOE_KERNELS"))
+LARGE_MIN_ROWS = _env_rows(os.environ.get("GPTOSS_MOE_LARGE_MIN_ROWS"), 65)
 
 
 @dataclass(frozen=True, slots=True)

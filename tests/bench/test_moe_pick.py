@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"
 
 from moe_pick import _spec, pick  # noqa: E402
 
-from gptoss.kernels.moe_tiles import _GATE_UP_TILES_V3  # noqa: E402
+from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3  # noqa: E402
 
 TABLE = """\
      M variant       graph us   gate_up      down  eager us    HBM
@@ -63,3 +63,20 @@ def test_the_defaults_winning_give_an_empty_value():
     assert pick("")[1] == [
         f"{g}@{b}: no variant timed at every M of the bucket" for b in (128, 512) for g in ("gate_up", "down")
     ]
+
+
+def test_few_rows_buckets_at_120b_shapes_by_the_experts_given():
+    # --experts 128: M 512 is 16 rows an expert (bucket 16), M 1024 is 32 (bucket 32)
+    table = """\
+   512 v3              2000.0    1300.0     700.0    2010.0  30.0%
+   512 S-h256          1500.0     900.0     600.0    1510.0  40.0%
+  1024 v3              2400.0    1500.0     900.0    2410.0  25.0%
+  1024 S-h256          2500.0    1400.0    1100.0    2510.0  24.0%
+"""
+    value, notes = pick(table, experts=128)
+    assert value == (
+        "gate_up@16=32,128,128,8,4,half;down@16=32,256,128,8,4,half;gate_up@32=64,128,128,8,4,half"
+    )
+    assert notes[3] == f"down@32: v3 {_spec(_DOWN_TILES_V3[32])} (the table's) (900.0 us over M [1024])"
+    # at 20b's 32 experts the same M are buckets 64 and 128: M 512 is a bucket of its own
+    assert pick(table)[1][0].startswith("gate_up@64: S-h256 128,128,128,8,4,half (900.0 us")

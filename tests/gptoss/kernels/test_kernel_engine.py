@@ -146,3 +146,57 @@ def test_multi_step_decode_equals_single_steps_and_drops_tokens_past_a_stop(engi
     assert got == want[1][: want[1].index(stop) + 1]
     bm = multi.scheduler.bm
     assert bm.full.num_free == bm.full.num_blocks and bm.ring.num_free == bm.ring.num_blocks
+
+
+def test_v3_weights_for_every_batch_give_the_reference_tokens(tiny_checkpoint, engines, monkeypatch):
+    """GPTOSS_MOE_KERNELS=v3: one v3 copy of the experts, no second copy and no decode kernels; every
+    step's MoE runs the v3 GEMMs (120b's A/B: its Offline batches are 16-32 rows an expert)."""
+    from gptoss.kernels import moe, moe_decode, moe_layout
+
+    monkeypatch.setattr(moe_layout, "KERNELS", "v3")
+    ran = {"v3": 0, "v2": 0, "decode": 0}
+    for owner, name, key in (
+        (moe, "gate_up_v3", "v3"),
+        (moe, "gate_up_v2", "v2"),
+        (moe_decode, "experts_dec", "decode"),
+        (moe_decode, "experts_dec_logits", "decode"),
+    ):
+        fn = getattr(owner, name)
+
+        def counted(*a, _fn=fn, _key=key, **kw):
+            ran[_key] += 1
+            return _fn(*a, **kw)
+
+        monkeypatch.setattr(owner, name, counted)
+    triton_eng, torch_eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False), engines[1]
+    moe_w = triton_eng.runner.kernel_runner.model.layers[0].moe
+    assert (moe_w.layout, moe_w.large) == ("v3", None)
+    prompts = prompts_of([3, 21], seed=10)
+    params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
+    assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
+    layers = len(triton_eng.runner.kernel_runner.model.layers)
+    assert ran["v2"] == ran["decode"] == 0 and ran["v3"] >= 5 * layers  # a prefill and 4+ decode steps
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error"),
+    [
+        ("GPTOSS_MOE_KERNELS", "v1", "GPTOSS_MOE_KERNELS='v1': v2 (the default"),
+        ("GPTOSS_MOE_LARGE_MIN_ROWS", "0", "GPTOSS_MOE_LARGE_MIN_ROWS='0': a whole number of rows"),
+        ("GPTOSS_MOE_LARGE_MIN_ROWS", "6x", "GPTOSS_MOE_LARGE_MIN_ROWS='6x': a whole number of rows"),
+    ],
+)
+def test_moe_layout_switches_refuse_bad_values_by_name(name, value, error):
+    from gptoss.kernels import moe_layout
+
+    parse = moe_layout._env_kernels if name == "GPTOSS_MOE_KERNELS" else lambda v: moe_layout._env_rows(v, 65)
+    with pytest.raises(ValueError) as e:
+        parse(value)
+    assert str(e.value).startswith(error)
+
+
+def test_moe_layout_switches_read_their_values():
+    from gptoss.kernels import moe_layout
+
+    assert [moe_layout._env_kernels(v) for v in (None, "", "v2", "v3")] == ["v2", "v2", "v2", "v3"]
+    assert [moe_layout._env_rows(v, 65) for v in (None, "", "33")] == [65, 65, 33]
