@@ -17,7 +17,9 @@ CUDA only; E 32 (--experts 128: 120b), H = I = 2880, top-4, bf16. Prints, in thi
   2. one table row per (M, variant): graph_us = moe_forward captured once in a CUDA graph, graph
      replays timed (eager times at small M are mostly ~40 us of Python per Triton launch); gate_up_us
      and down_us = each GEMM alone in its own graph (routing precomputed); eager_us; hbm = the
-     weight and scale bytes of the distinct experts the batch hits / graph_us / 3.0e12.
+     weight and scale bytes of the distinct experts the batch hits / graph_us / the copy bandwidth
+     (3.0e12 on an H100, 4.3e12 on an H200); err = the whole MoE's output against the v2 M-tile
+     kernels' at that M (relative norm; WRONG past ERR_LIMIT: such a row's time is no result).
 Variants: v1 (checkpoint nibble order), v2 (bits layout, the default), v2-noasm (v2 with the
 portable dequant), and v2 with other tiles at decode (v2-2d, v2-bn16, v2-bn64, v2-s2), at BM 32
 (v2-b32-s2, v2-b32-wg: M 256) and BM 64 instead of 128 in prefill (v2-bm64: M >= 1024); v3 (weights
@@ -59,7 +61,7 @@ from moe_variants import DEC_VARIANTS, VARIANTS, DecVariant, Variant  # noqa: E4
 
 E = 32  # 20b; --experts 128: 120b
 MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096, 16384)
-PEAK_BYTES_PER_S = 3.0e12  # H100 SXM HBM3, achievable copy bandwidth
+PEAK_BYTES_PER_S = 3.0e12  # H100 SXM HBM3, achievable copy bandwidth (main() sets the H200's 4.3e12)
 EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # packed w13 + w2 and scales
 
 
@@ -203,27 +205,42 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
 
 
 def _captures(name: str, m: int, ck: dict, weights: dict, peer: Callable | None, x: torch.Tensor):
-    """A variant's graph replays by part ("moe", "gate_up", ...) and its eager us at this M, or None
-    where it does not run at M. The module switches hold only while capturing: a graph keeps the
-    kernels and tiles it was captured with."""
+    """A variant's graph replays by part ("moe", "gate_up", ...), its eager us and its output at this
+    M, or None where it does not run at M. The module switches hold only while capturing: a graph
+    keeps the kernels and tiles it was captured with."""
     if name == "vllm":
         if peer is None:
             return None
         fwd = partial(peer, x)
-        return {"moe": _capture(fwd)}, _us(fwd)
+        return {"moe": _capture(fwd)}, _us(fwd), fwd()
     if name in DEC_VARIANTS:
         dv = DEC_VARIANTS[name]
         if m > dv.max_m:
             return None
         with _dec_switches(dv):
             parts = _dec_parts(ck, weights["v2"], x)
-            return {k: _capture(f) for k, f in parts.items()}, _us(parts["moe"])
+            return {k: _capture(f) for k, f in parts.items()}, _us(parts["moe"]), parts["moe"]()
     v = VARIANTS[name]
     if not v.min_m <= m <= v.max_m:
         return None
     with _switches(v):
         parts = _ours_parts(ck, weights[v.kernels], x)
-        return {k: _capture(f) for k, f in parts.items()}, _us(parts["moe"])
+        return {k: _capture(f) for k, f in parts.items()}, _us(parts["moe"]), parts["moe"]()
+
+
+# A variant's whole-MoE output against the v2 M-tile kernels' (GPU-tested) at the same M: bf16
+# roundings in another summation order differ by ~5e-3; past ERR_LIMIT the row is marked WRONG, so
+# a fast wrong kernel (2026-11-27: int32 x offsets, 9 % faster, 2-10 % errors) cannot pass as a gain.
+ERR_LIMIT = 2e-2
+
+
+def _reference(ck: dict, w: moe.MoEWeights, x: torch.Tensor) -> torch.Tensor:
+    with _switches(Variant("v2")):
+        return moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, w, ALPHA, LIMIT).float()
+
+
+def _err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref).norm() / ref.norm())
 
 
 def table(ms: tuple[int, ...], names: list[str], with_vllm: bool, rounds: int = 1) -> list[dict]:
@@ -236,7 +253,7 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool, rounds: int = 
     layouts = {VARIANTS[n].kernels for n in names if n in VARIANTS} | {
         "v2" for n in names if n in DEC_VARIANTS
     }
-    weights = {k: _weights(ck, k) for k in sorted(layouts)}
+    weights = {k: _weights(ck, k) for k in sorted(layouts | {"v2"})}  # v2: the reference
     peer = vllm_moe(ck, E) if with_vllm else None
     checked = weights.get("dual") or weights.get("v2")
     if peer is not None and checked is not None:
@@ -245,13 +262,14 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool, rounds: int = 
     for m in ms:
         x = torch.randn(m, H, device="cuda").bfloat16()
         hit = route(F.linear(x, ck["router_w"], ck["router_b"]), TOP_K)[0].unique().numel()
+        ref = _reference(ck, weights["v2"], x)
         runs = {n: c for n in names if (c := _captures(n, m, ck, weights, peer, x)) is not None}
-        samples = {n: {k: [] for k in reps} for n, (reps, _) in runs.items()}
+        samples = {n: {k: [] for k in reps} for n, (reps, _, _) in runs.items()}
         for _ in range(rounds):
-            for n, (reps, _) in runs.items():
+            for n, (reps, _, _) in runs.items():
                 for k, rep in reps.items():
                     samples[n][k].append(None if rep is None else _us(rep))
-        for name, (_, eager) in runs.items():
+        for name, (_, eager, out) in runs.items():
             times = {k: None if None in t else statistics.median(t) for k, t in samples[name].items()}
             g, moe_t = times["moe"], samples[name]["moe"]
             rows.append(
@@ -265,6 +283,7 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool, rounds: int = 
                     "router_us": times.get("router"),
                     "hbm": None if not g else hit * EXPERT_BYTES / (g * 1e-6) / PEAK_BYTES_PER_S,
                     "spread": (max(moe_t) - min(moe_t)) / g if g and rounds > 1 else None,
+                    "err": _err(out, ref),
                 }
             )
             print(_fmt_row(rows[-1]), flush=True)
@@ -282,6 +301,11 @@ def _fmt_row(r: dict) -> str:
         f"{_fmt(r['down_us'], '9.1f')} {_fmt(r['eager_us'], '9.1f')} {_fmt(r['hbm'], '6.1%')}"
         + (f"  router {r['router_us']:.1f}" if r.get("router_us") else "")
         + (f"  spread {r['spread']:.1%}" if r.get("spread") is not None else "")
+        + (
+            f"  err {r['err']:.1e}{' WRONG' if r['err'] > ERR_LIMIT else ''}"
+            if r.get("err") is not None
+            else ""
+        )
     )
 
 
@@ -312,7 +336,7 @@ def run(rows: list) -> None:
 
 
 def main() -> None:
-    global E  # the shapes every helper reads: 20b's 32 experts unless told
+    global E, PEAK_BYTES_PER_S  # the shapes every helper reads: 20b's 32 experts unless told
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--variants", default=",".join([*VARIANTS, "vllm"]))
@@ -324,6 +348,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("moe_gpu.py needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    if "H200" in torch.cuda.get_device_name():
+        PEAK_BYTES_PER_S = 4.3e12  # a device-to-device copy there (shared/DESIGN.md section 9)
     subnormal_checks()
     names = [n for n in args.variants.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS and n not in DEC_VARIANTS and n != "vllm"]

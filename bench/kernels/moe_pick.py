@@ -42,9 +42,13 @@ def pick(text: str, experts: int = 32) -> tuple[str, list[str]]:
     """(the GPTOSS_MOE_V3_TILES value, one line a choice); experts: the table's (moe_gpu --experts)."""
     times: dict[tuple[int, str], dict[int, tuple[float, float]]] = {}
     untimed = []  # rows whose GEMM moe_gpu could not time ("-": its graph capture failed)
+    wrong = []
     for line in text.splitlines():
         m = ROW.match(line)
         if not m or m[2] not in VARIANTS or VARIANTS[m[2]].kernels != "v3":
+            continue
+        if line.rstrip().endswith("WRONG"):  # moe_gpu's output check failed: its time is no result
+            wrong.append(f"{m[2]} at M {m[1]}")
             continue
         if "-" in (m[4], m[5]):
             untimed.append(f"{m[2]} at M {m[1]}")
@@ -53,6 +57,8 @@ def pick(text: str, experts: int = 32) -> tuple[str, list[str]]:
         times.setdefault((bucket, m[2]), {})[int(m[1])] = (float(m[4]), float(m[5]))
     values = []
     notes = [f"{len(untimed)} rows untimed, not candidates: {', '.join(untimed)}"] if untimed else []
+    if wrong:
+        notes.append(f"{len(wrong)} rows WRONG (output check), not candidates: {', '.join(wrong)}")
     small = sorted({b for b, _ in times if b < 128})  # reported only where timed
     for bucket in (*small, 128, 512):
         ms = set().union(*(t.keys() for (b, _), t in times.items() if b == bucket))

@@ -80,3 +80,16 @@ def test_few_rows_buckets_at_120b_shapes_by_the_experts_given():
     assert notes[3] == f"down@32: v3 {_spec(_DOWN_TILES_V3[32])} (the table's) (900.0 us over M [1024])"
     # at 20b's 32 experts the same M are buckets 64 and 128: M 512 is a bucket of its own
     assert pick(table)[1][0].startswith("gate_up@64: S-h256 128,128,128,8,4,half (900.0 us")
+
+
+def test_rows_that_failed_the_output_check_are_named_and_never_picked():
+    lines = [
+        ln + "  err 6.3e-02 WRONG" if ln.startswith("  1024 L-gu") or ln.startswith("  2048 L-gu") else ln
+        for ln in TABLE.splitlines()
+    ]
+    value, notes = pick("\n".join(lines))
+    assert "gate_up@128" not in value  # the fast wrong tiles lose to the table's
+    assert (
+        notes[0]
+        == "2 rows WRONG (output check), not candidates: L-gu128k128s4 at M 1024, L-gu128k128s4 at M 2048"
+    )

@@ -1,0 +1,32 @@
+"""bench/kernels/moe_gpu.py's rows: each variant's output is checked against the v2 kernels' and a
+row past the bound says WRONG (its time is no result; moe_pick skips it)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"))
+
+import torch  # noqa: E402
+from moe_gpu import ERR_LIMIT, _err, _fmt_row  # noqa: E402
+
+ROW = {"M": 1024, "variant": "S-h256", "graph_us": 900.0, "gate_up_us": 600.0, "down_us": 280.0}
+ROW |= {"eager_us": 910.0, "hbm": 0.4}
+
+
+def test_err_is_the_relative_norm_against_the_reference():
+    ref = torch.tensor([[3.0, 4.0]])
+    assert _err(ref.bfloat16(), ref) == 0.0
+    assert _err(torch.tensor([[3.0, 4.5]]), ref) == pytest.approx(0.1)
+
+
+def test_a_row_past_the_bound_says_wrong():
+    ok = _fmt_row(ROW | {"err": 4.9e-3})
+    assert ok.endswith("  err 4.9e-03") and "WRONG" not in ok
+    bad = _fmt_row(ROW | {"err": ERR_LIMIT * 3})
+    assert bad.endswith("  err 6.0e-02 WRONG")
+    assert _fmt_row(ROW).endswith("40.0%")  # no check (no reference): no err column
