@@ -11,6 +11,9 @@ Engines, each in its own process, all through vLLM's offline LLM class with benc
   gptoss:N   ours for steps of up to N tokens, vLLM's own above (GPTOSS_VLLM_MOE_MAX_TOKENS=N; both
              weight layouts loaded). bench/results/2026-11-22_h100_kernels_v3.jsonl has ours faster
              only at 1-2 tokens (graph replay: 62 vs 72 us at M=1) and up to 1.8x slower from 256 on.
+  gptoss-v3  ours on one v3 copy of the experts for every batch (GPTOSS_MOE_KERNELS=v3): the memory
+             of vLLM's own (one copy, where gptoss keeps v2 + a v3 copy and gptoss:N v2 + vLLM's), the
+             v3 GEMMs at 0.97-0.99x matmul_ogs' time from M 1024 (v20), no decode kernels.
 Workloads (random prompt ids, greedy, ignore_eos, exactly OUT tokens): start-up to the first token;
 greedy tokens of 16 prompts x (64 -> 32), compared with the vllm engine's (prefix agreement: tokens
 equal up to each sequence's first difference; and position by position); batch-1 decode 128 -> 512,
@@ -47,7 +50,10 @@ def engine_env(engine: str, report: Path) -> dict[str, str]:
     from gptoss.tools.vllm_entry_point import write_dist_info
 
     impl, _, n = engine.partition(":")
+    impl, v3, _ = impl.partition("-v3")  # "gptoss-v3": v3 == "-v3"
     env = dict(os.environ) | vllm_plugin.environment(impl, int(n) if n else None, report)
+    if v3:
+        env["GPTOSS_MOE_KERNELS"] = "v3"  # read by gptoss.kernels.moe_layout in vLLM's worker
     env |= {"PYTHONUNBUFFERED": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "TRITON_INTERPRET": "0"}
     try:
         vllm_plugin.check_installed(env)

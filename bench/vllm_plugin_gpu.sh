@@ -5,7 +5,9 @@
 #   nohup bash bench/vllm_plugin_gpu.sh > $HOME/plug.log 2>&1 &     (then poll $HOME/plug/done)
 # ENGINES (default "gptoss:16 vllm"): gptoss:N runs ours for steps of up to N tokens and vLLM's own
 # MoE above (GPTOSS_VLLM_MOE_MAX_TOKENS): ours is the faster at decode sizes (M 1-16), vLLM's
-# matmul_ogs from M 64 (bench/results v9). One table last.
+# matmul_ogs from M 64 (bench/results v9); gptoss-v3 runs ours on one v3 copy of the experts for
+# every batch (GPTOSS_MOE_KERNELS=v3: vLLM's memory, v3 at ~matmul_ogs' speed from M 1024, v20).
+# One table last.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/plug}
