@@ -281,6 +281,22 @@ for _name, _gu, _dn, _buckets in [
     VARIANTS[_name] = Variant("v3", tiles=_few(_gu, _dn, _buckets), max_m=2048)
 
 
+# The same question on v2, which has no half body: each bucket on the next bucket's BM (so an expert
+# above the mean rows, ~45 % of them at a bucket's mean, still takes one tile, at the cost of a
+# wider MMA). The v21 profile hints at it: 120b's step at 122 rows (3.8 an expert, one tile each)
+# took ~33 ms against 68.8 at 500 rows (15.6 an expert: bucket 16, a second BM-16 tile for ~42 % of
+# the experts), for the same 61 GB of weights.
+VARIANTS["v2-up"] = Variant(
+    "v2",
+    tiles={
+        **_both(16, Tiles(32, 64, 128, 4, 3, xa=True)),
+        **_both(32, Tiles(64, 64, 128, 4, 3, xa=True)),
+        **_both(64, Tiles(128, 128, 128, 8, 3)),
+    },
+    max_m=2048,
+)
+
+
 # ---- The decode path (gptoss.kernels.moe_decode: router, expert-slot GEMMs, moe.combine) for
 # M <= MAX_T; "dec" is the module's defaults, the others change one thing. The other variants run
 # with moe_decode.ENABLED = False, so "v2" stays the M-tile path at every M. Their rows: gate_up_us /
