@@ -14,10 +14,12 @@ from torch import Tensor
 
 _LAYOUTS = {"v1": "nibble", "v2": "bits", "v3": "v3", "v3ds": "v3ds"}  # kernels -> MoEWeights.layout
 # Rows an expert gets (cdiv(T*k, E)) from which a forward runs MoEWeights.large when there is one.
-# H100, 20b (bench/results v8): M 256 v2 431 us, v3 662; M 512 (64 rows, bucket 64) v2 664, v3 775;
-# M 1024 (bucket 128, BM-128 tiles in both families) v2 1093, v3 861. Bucket 128 starts at 65 rows,
-# so v3 from there (M >= 513 at 20b): Offline's decode batches of ~1000 (125 rows) take v3.
-# GPTOSS_MOE_LARGE_MIN_ROWS sets it for A/B runs.
+# Until 2026-11-27: 65 (v3 from bucket 128; H100, 20b, bench/results v8: M 256 v2 431 us, v3 662).
+# Since the v3 kernels' 16-byte loads and their few-rows tiles (moe_tiles), v3 is the faster at every
+# M past the decode path's (H100, 20b, bench/results v21: M 32 260 -> 214 us, M 64 277 -> 218, M 128
+# 367 -> 251, M 256 433 -> 299, M 512 669 -> 527), so 1: the v2 copy serves the decode kernels only
+# (M <= moe_decode.MAX_T) and batches the decode path does not take (LoRA past it, the batch-invariant
+# mode). GPTOSS_MOE_LARGE_MIN_ROWS sets it for A/B runs.
 
 
 def _env_kernels(v: str | None) -> str:
@@ -43,7 +45,7 @@ def _env_rows(v: str | None, default: int) -> int:
 # runs: GPTOSS_MOE_KERNELS=v3 puts every batch on the v3 GEMMs (gpt-oss-120b, where no second copy
 # fits, runs v2 at its Offline batches' 16-32 rows an expert at 27-34 % of HBM: bench/results v21).
 KERNELS = _env_kernels(os.environ.get("GPTOSS_MOE_KERNELS"))
-LARGE_MIN_ROWS = _env_rows(os.environ.get("GPTOSS_MOE_LARGE_MIN_ROWS"), 65)
+LARGE_MIN_ROWS = _env_rows(os.environ.get("GPTOSS_MOE_LARGE_MIN_ROWS"), 1)
 
 
 @dataclass(frozen=True, slots=True)

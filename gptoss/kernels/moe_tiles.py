@@ -110,8 +110,8 @@ def tiles_v2(bucket: int, n: int, k: int, gate_up: bool, many_experts: bool = Fa
 # Measured on the H100 (bench/kernels/moe_gpu.py, whole MoE in a CUDA graph, 2026-11-22 round 1):
 # gate_up 128x128 BK 64, 4 stages (v3-k64) 598 -> 520 us at M 1024, 1736 -> 1413 at M 4096, 6478
 # -> 5215 at M 16384; down 256x128 BK 64 (v3-bm256) 923 -> 672 us at M 4096, 3370 -> 2381 at M
-# 16384. Buckets 16-64: untimed or slower than v2 (M 256: v3 667 us, v2 428), so small batches run
-# v2 (MoEWeights.large, moe_layout.LARGE_MIN_ROWS).
+# 16384. Buckets 16-64 were slower than v2 then (M 256: v3 667 us, v2 428); since the 16-byte
+# weight loads (v19) they are faster, and on BM twice the bucket with a half body (below) more so.
 # Buckets 128 and 512 take BM-256 tiles, tiles of <= 128 rows on the BM-128 body (Tiles.half):
 # Offline's decode batches of ~1000 give 125 +- 11 rows an expert (random routing), so at BM 128
 # about half the experts took a second, nearly empty tile that dequantized and streamed all their
@@ -131,20 +131,21 @@ def tiles_v2(bucket: int, n: int, k: int, gate_up: bool, many_experts: bool = Fa
 # programs an SM) 10-45 % slower.
 _WIDE_GU, _WIDE_DN = Tiles(256, 64, 64, 8, 3, half=True), Tiles(256, 128, 64, 8, 3, half=True)
 _WIDE_GU4, _WIDE_DN4 = replace(_WIDE_GU, stages=4), replace(_WIDE_DN, stages=4)
-_GATE_UP_TILES_V3 = {
-    16: Tiles(16, 64, 128, 4, 4),
-    32: Tiles(32, 64, 128, 4, 4),
-    64: Tiles(64, 128, 128, 8, 3),
-    128: _WIDE_GU4,
-    512: _WIDE_GU,
-}
-_DOWN_TILES_V3 = {
-    16: Tiles(16, 64, 128, 4, 4),
-    32: Tiles(32, 64, 128, 4, 4),
-    64: Tiles(64, 256, 64, 8, 4),
-    128: _WIDE_DN4,
-    512: _WIDE_DN,
-}
+# Buckets 16-64 (few rows an expert: 20b at M 17-512, 120b's Offline decode at M ~250-2000) take
+# BM twice the bucket on a BM/2 body (half), one warpgroup over 128 weight rows, BK 128, 4 stages
+# ("S-h128"): with random routing ~45 % of the experts get more than the mean rows, and at BM = the
+# bucket they took a second tile that streamed their weights again. H100, whole MoE in a CUDA graph,
+# µs (bench/results v21, `moe_gpu.py --experts 128|32`), v2 / v3 on the former tiles (BM = bucket) /
+# these: 120b shapes M 256 1201 / 811 / 788, M 512 1566 / 1068 / 895, M 1024 1605 / 1322 / 1139-1178,
+# M 2048 2559 / 2138 / 2016; 20b M 32 260 / 208 / 214, M 64 277 / 220 / 218, M 128 367 / 277 / 251,
+# M 256 433 / 333 / 299, M 512 669 / 559 / 527. At bucket 64 "S-h256k64" (BM 128, BK 64, 256 weight
+# rows, 6 stages) timed faster still (120b M 2048 1575, 20b M 512 424) but is not adopted until the
+# GPU bit test passes it: its bucket-32 tiles (BM 64, BK 64, half) gave other bits (err 3.2e-3 against
+# 1e-4 for the rest, as the odd BK-64 half tile of test_v3_prefill_tiles_on_gpu).
+_FEW_GU = {b: Tiles(2 * b, 64, 128, 4, 4, half=True) for b in (16, 32, 64)}
+_FEW_DN = {b: Tiles(2 * b, 128, 128, 4, 4, half=True) for b in (16, 32, 64)}
+_GATE_UP_TILES_V3 = {**_FEW_GU, 128: _WIDE_GU4, 512: _WIDE_GU}
+_DOWN_TILES_V3 = {**_FEW_DN, 128: _WIDE_DN4, 512: _WIDE_DN}
 # The tiles of buckets 128 and 512 before (2026-11-22 to 26), for benchmarks (moe_variants "v3-128").
 NARROW_V3 = {
     (128, True): Tiles(128, 128, 64, 8, 4),

@@ -1,4 +1,4 @@
-"""Two copies of the experts (prepare_moe_weights(large="v3")): v2 for small batches, v3 from
+"""Two copies of the experts (prepare_moe_weights(large="v3")): v2 for the decode kernels and below
 LARGE_MIN_ROWS rows an expert; moe_forward and moe_forward_lora pick the copy by the batch (spied
 on: which kernels ran, on which layout) and both copies match the reference gptoss.model.MoE.
 Tolerances as test_moe_kernel.py's (bf16 1e-2 relative over the whole output)."""
@@ -80,18 +80,26 @@ def _stub(e: int, large: MoEWeights | None) -> MoEWeights:
     return MoEWeights(z, z, z, z, z, z, layout="bits", large=large)
 
 
-def test_for_rows_boundary_at_the_default_threshold():
-    """20b: E 32, top-4; 65 rows an expert from T = 513 (cdiv(2052, 32) = 65; T 512: 64)."""
-    assert moe_layout.LARGE_MIN_ROWS == 65
+def test_for_rows_default_gives_every_batch_the_v3_copy():
+    """Since v21 the v3 copy runs every M-tile batch (the v2 copy serves the decode kernels, which
+    moe_forward asks before for_rows); the threshold still counts rows an expert, cdiv(T*k, E)."""
+    assert moe_layout.LARGE_MIN_ROWS == 1
+    big = _stub(32, None)
+    w = _stub(32, big)
+    for t in (1, 17, 512, 513, 1000, 16384):
+        assert for_rows(w, t, 4) is big
+    alone = _stub(32, None)
+    assert for_rows(alone, 16384, 4) is alone  # no second copy: always the primary
+
+
+def test_for_rows_threshold_counts_rows_an_expert(monkeypatch):
+    """20b: E 32, top-4; at 65 rows (GPTOSS_MOE_LARGE_MIN_ROWS=65, the default until v21) T 512 is
+    64 rows and T 513 is cdiv(2052, 32) = 65."""
+    monkeypatch.setattr(moe_layout, "LARGE_MIN_ROWS", 65)
     big = _stub(32, None)
     w = _stub(32, big)
     assert for_rows(w, 512, 4) is w
     assert for_rows(w, 513, 4) is big
-    assert for_rows(w, 1000, 4) is big  # an Offline decode batch of 1000
-    assert for_rows(w, 1, 4) is w
-    assert for_rows(w, 16384, 4) is big
-    alone = _stub(32, None)
-    assert for_rows(alone, 16384, 4) is alone  # no second copy: always the primary
 
 
 @pytest.mark.parametrize(("tokens", "want"), [(1, V2), (14, V2), (15, V3), (40, V3)])
