@@ -65,6 +65,8 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
     eng = LLMEngine(cfg)
     init = time.perf_counter() - t
     eng.generate([[1, 2, 3]], SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True))
+    runner = eng.runner.kernel_runner
+    moe = runner.model.layers[0].moe if runner is not None else None
     emit(
         rows,
         out,
@@ -74,9 +76,13 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
             "engine_init_s": round(init, 1),
             "first_token_s": round(time.perf_counter() - T_PROCESS, 1),
             "kv_cache_tokens": eng.runner.kv_cache_tokens,
+            # which expert layouts ran (an A/B row must say which side it is) and every switch set
+            "moe_layouts": None
+            if moe is None
+            else "+".join(filter(None, (moe.layout, moe.large and moe.large.layout))),
+            "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("GPTOSS_")},
         },
     )
-    runner = eng.runner.kernel_runner
 
     def greedy(n: int) -> SamplingParams:
         return SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
