@@ -82,10 +82,18 @@ _DOWN_TILES_V2_MANY = {32: Tiles(32, 128, 128, 4, 3, xa=True), 64: Tiles(32, 128
 TILE_OVERRIDE: dict[tuple[int, bool], Tiles] = {}  # (BM bucket, gate_up) -> v2 or v3 tiles; for benchmarks
 
 
+# 120b at 9-16 rows an expert (M 257-512: a DP replica's Offline batch of ~500) takes bucket 32's
+# tiles (BM 32): at BM 16 the ~42 % of the experts above the mean rows took a second tile that
+# streamed their weights again. H100, 120b shapes, M 512, whole MoE (bench/results v21, "v2-up"):
+# 1566.3 -> 1256.6 us (gate_up 1006.6 -> 785.6, down 511.4 -> 451.7). From 17 rows the next bucket's
+# BM 64 was 2.3x slower (M 1024: 1605.0 -> 3696.5), so past 16 rows the buckets stay. (That run's
+# down tile had 64 columns; bucket 32's for many experts has 128, v11's pick at 32-64 rows.)
 def choose_tiles_v2(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
     """choose_tiles for the v2 kernels: BK/split >= 128 (whole scale words) and BK <= 512 (scale pad)."""
-    bucket = min(128, max(16, triton.next_power_of_2(triton.cdiv(t * top_k, e))))
-    return tiles_v2(bucket, n, k, gate_up, many_experts=e >= MANY_EXPERTS)
+    rows = triton.cdiv(t * top_k, e)
+    many = e >= MANY_EXPERTS
+    bucket = 32 if many and 8 < rows <= 16 else min(128, max(16, triton.next_power_of_2(rows)))
+    return tiles_v2(bucket, n, k, gate_up, many_experts=many)
 
 
 def tiles_v2(bucket: int, n: int, k: int, gate_up: bool, many_experts: bool = False) -> Tiles:

@@ -189,6 +189,12 @@ def test_choose_tiles_v2_keeps_scale_words_whole_and_warps_on_distinct_weights()
         assert choose_tiles_v2(t, 4, 128, 2880, 2880, False) == Tiles(32, 128, 128, 4, 3, xa=True)
         assert choose_tiles_v2(t, 4, 128, 2880, 2880, True) == Tiles(32, 64, 128, 4, 3, xa=True)
         assert choose_tiles_v2(t // 4, 4, 32, 2880, 2880, False) == Tiles(32, 64, 128, 4, 3, xa=True)
+    # ... and at 9-16 rows (M 257-512) bucket 32's BM-32 tiles, not BM 16's; 20b keeps BM 16 there
+    for t in (257, 384, 512):
+        assert choose_tiles_v2(t, 4, 128, 2880, 2880, False) == Tiles(32, 128, 128, 4, 3, xa=True)
+        assert choose_tiles_v2(t, 4, 128, 2880, 2880, True) == Tiles(32, 64, 128, 4, 3, xa=True)
+        assert choose_tiles_v2(t // 4, 4, 32, 2880, 2880, True).bm == 16
+    assert choose_tiles_v2(256, 4, 128, 2880, 2880, True).bm == 16  # 8 rows: one BM-16 tile holds nearly all
 
 
 def test_bits_layout_is_a_permutation_the_kernel_registers_undo():
