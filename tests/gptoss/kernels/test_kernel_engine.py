@@ -32,6 +32,20 @@ def make_engine(path, kernels, **kw):
     return LLMEngine(EngineConfig(path, kernels=kernels, **kw))
 
 
+def count_calls(monkeypatch, targets) -> dict[str, int]:
+    """Wraps each (module, function name, key) so calls count under key; returns the counts."""
+    calls = dict.fromkeys((key for _, _, key in targets), 0)
+    for owner, name, key in targets:
+        fn = getattr(owner, name)
+
+        def counted(*a, _fn=fn, _key=key, **kw):
+            calls[_key] += 1
+            return _fn(*a, **kw)
+
+        monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_checkpoint):
     return make_engine(tiny_checkpoint, "triton"), make_engine(tiny_checkpoint, "torch")
@@ -60,15 +74,13 @@ def test_decode_routers_give_the_reference_tokens(tiny_checkpoint, engines, monk
     from gptoss.kernels import moe_decode
 
     monkeypatch.setattr(kernel_model, "ROUTER", router)
-    calls = {"norm_route": 0, "experts_dec_logits": 0}
-    for owner, name in ((kernel_model, "norm_route"), (moe_decode, "experts_dec_logits")):
-        fn = getattr(owner, name)
-
-        def counted(*a, _fn=fn, _name=name, **kw):
-            calls[_name] += 1
-            return _fn(*a, **kw)
-
-        monkeypatch.setattr(owner, name, counted)
+    calls = count_calls(
+        monkeypatch,
+        [
+            (kernel_model, "norm_route", "norm_route"),
+            (moe_decode, "experts_dec_logits", "experts_dec_logits"),
+        ],
+    )
     # A fresh engine without CUDA graphs: a graph captured before the patch would replay its router.
     triton_eng, torch_eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False), engines[1]
     prompts = prompts_of([3, 21], seed=8)
@@ -154,20 +166,15 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(tiny_checkpoint, e
     from gptoss.kernels import moe, moe_decode, moe_layout
 
     monkeypatch.setattr(moe_layout, "KERNELS", "v3")
-    ran = {"v3": 0, "v2": 0, "decode": 0}
-    for owner, name, key in (
-        (moe, "gate_up_v3", "v3"),
-        (moe, "gate_up_v2", "v2"),
-        (moe_decode, "experts_dec", "decode"),
-        (moe_decode, "experts_dec_logits", "decode"),
-    ):
-        fn = getattr(owner, name)
-
-        def counted(*a, _fn=fn, _key=key, **kw):
-            ran[_key] += 1
-            return _fn(*a, **kw)
-
-        monkeypatch.setattr(owner, name, counted)
+    ran = count_calls(
+        monkeypatch,
+        [
+            (moe, "gate_up_v3", "v3"),
+            (moe, "gate_up_v2", "v2"),
+            (moe_decode, "experts_dec", "decode"),
+            (moe_decode, "experts_dec_logits", "decode"),
+        ],
+    )
     triton_eng, torch_eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False), engines[1]
     moe_w = triton_eng.runner.kernel_runner.model.layers[0].moe
     assert (moe_w.layout, moe_w.large) == ("v3", None)

@@ -337,8 +337,17 @@ def test_v3_prefill_tiles_on_gpu(tiles, kernels, request):
         request.applymarker(
             pytest.mark.xfail(strict=True, reason="v20: this shape's bits differ (see above)")
         )
-    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=3, kernels=kernels)
-    x = torch.randn(512, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(0)).bfloat16()
+    _check_tiles_bits(tiles, 512, seed=3, x_seed=0, kernels=kernels)
+
+
+_BASE_TILES = Tiles(256, 64, 64, 8, 3, half=True)  # the engine's bucket-512 gate_up tiles
+
+
+def _check_tiles_bits(tiles: Tiles, tokens: int, seed: int, x_seed: int, kernels: str = "v3") -> None:
+    """The 20b shapes on these tiles, both GEMMs: within TOL of the reference and, on the v3 layout,
+    act and output bit-equal to _BASE_TILES'."""
+    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=seed, kernels=kernels)
+    x = torch.randn(tokens, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(x_seed)).bfloat16()
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
 
     def run(t: Tiles) -> tuple[torch.Tensor, torch.Tensor]:
@@ -347,8 +356,8 @@ def test_v3_prefill_tiles_on_gpu(tiles, kernels, request):
 
     act, got = run(tiles)
     assert _rel(got, reference(ref, x)) <= TOL
-    if kernels == "v3":  # the bits of the engine's bucket-512 gate_up tiles, in both GEMMs
-        base_act, base = run(Tiles(256, 64, 64, 8, 3, half=True))
+    if kernels == "v3":
+        base_act, base = run(_BASE_TILES)
         assert torch.equal(act, base_act)
         assert torch.equal(got, base)
 
@@ -369,19 +378,7 @@ _S_H256K64_B32 = [Tiles(64, 128, 64, 8, 6, half=True), Tiles(64, 256, 64, 8, 6, 
 def test_v3_few_rows_tiles_on_gpu(tiles, tokens, request):
     if tiles in _S_H256K64_B32:
         request.applymarker(pytest.mark.xfail(strict=False, reason="v21: other bits at 120b's M 1024"))
-    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=5, kernels="v3")
-    x = torch.randn(tokens, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(1)).bfloat16()
-    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
-
-    def run(t: Tiles) -> tuple[torch.Tensor, torch.Tensor]:
-        act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, t)
-        return act, moe.combine(moe.down_v3(act, r, w, t), r.weights, x.dtype)
-
-    act, got = run(tiles)
-    assert _rel(got, reference(ref, x)) <= TOL
-    base_act, base = run(Tiles(256, 64, 64, 8, 3, half=True))  # the engine's bucket-512 gate_up tiles
-    assert torch.equal(act, base_act)
-    assert torch.equal(got, base)
+    _check_tiles_bits(tiles, tokens, seed=5, x_seed=1)
 
 
 @gpu
