@@ -24,7 +24,7 @@ Variants: v1 (checkpoint nibble order), v2 (bits layout, the default), v2-noasm 
 portable dequant), and v2 with other tiles at decode (v2-2d, v2-bn16, v2-bn64, v2-s2), at BM 32
 (v2-b32-s2, v2-b32-wg: M 256) and BM 64 instead of 128 in prefill (v2-bm64: M >= 1024); v3 (weights
 as MMA lane fragments, gptoss.kernels.moe_v3), v3ds (tl.dot_scaled on checkpoint order) and v3 tile
-sweeps v3-* (M 256, 512 and >= 1024), and "dual" (v2 weights plus a v3 copy that M >= 513 runs, as
+sweeps v3-* (M 256, 512 and >= 1024), and "dual" (v2 weights plus a v3 copy that M >= 17 runs, as
 the engine on 20b), e.g. --ms 256,512,1024,4096,16384 --variants
 v2,v3,dual,v3-gu128x256,v3-b32-k64s6,v3-b64-k64,vllm.
 vLLM 0.26's monolithic Triton MXFP4 expert

@@ -164,7 +164,7 @@ for _t in [
 # weights in the v3 layout (MMA lane fragments); "v3ds" the same table on checkpoint-order weights
 # through tl.dot_scaled (the simplest version, for comparison); "dual" the engine's setup on 20b
 # (v2 weights plus a v3 copy, prepare_moe_weights(large="v3"): v3 from moe_layout.LARGE_MIN_ROWS
-# rows an expert, M >= 513); the rest override v3 buckets (TILE_OVERRIDE, which choose_tiles_v3
+# rows an expert, M >= 17 since v21); the rest override v3 buckets (TILE_OVERRIDE, which choose_tiles_v3
 # reads too). v3 buckets: M 256 is 32, M 512 64, M 1024-4088 128, M >= 4096 512. Round 1's winners
 # (v3-k64's gate_up, v3-bm256's down) are the table now; its losers (v3-s4, v3-dn128, v3-bm64,
 # v3-b32-n128, v3-b32-k256) are gone. In the sm_90a SASS (20b shapes): gate_up 128x256 BK 64

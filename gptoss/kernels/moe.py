@@ -26,7 +26,7 @@ byte loads are not pipelined: issued and waited for in the same K step) and, at 
 each K step over 4 warps (a 3D dot, summed once at the end) for 4x the resident warps.
 USE_ASM (gptoss.kernels.moe_common) and TILE_OVERRIDE (moe_tiles) switch the rest at call time.
 prepare_moe_weights(large="v3") adds a v3 copy that batches of >= LARGE_MIN_ROWS rows an expert
-run (moe_layout.for_rows): v2 is faster at decode and small batches, v3 in prefill.
+run (moe_layout.for_rows): since v21 every batch the decode kernels (v2 layout, T <= 16) leave.
 Files: moe_layout (weights), moe_tiles (block sizes), moe_common (switches, shared helpers),
 moe_v1, moe_v2 and moe_v3 (the GEMM families; moe_v2_step and moe_v3_step their K steps), moe_decode,
 moe_routing, moe_lora; this one the forward and combine.
