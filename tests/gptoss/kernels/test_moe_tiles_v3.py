@@ -18,8 +18,11 @@ def test_choose_tiles_v3_buckets_and_override():
     assert choose_tiles_v3(4096, 4, 32, 2880, 2880, gate_up=False) == wide_dn
     assert choose_tiles_v3(4088, 4, 32, 2880, 2880, gate_up=False) == wide_dn4
     assert choose_tiles_v3(16384, 4, 32, 2880, 2880, gate_up=True) == wide_gu
-    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=True).bm == 32
-    assert choose_tiles_v3(1, 4, 8, 64, 64, gate_up=True) == Tiles(16, 64, 64, 4, 4)  # BK <= K's power of 2
+    # Few rows (buckets 16-64, since v21): BM twice the bucket on a half body; 32 rows an expert at M 256
+    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=True) == Tiles(64, 64, 128, 4, 4, half=True)
+    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=False) == Tiles(64, 128, 128, 4, 4, half=True)
+    assert choose_tiles_v3(512, 4, 128, 2880, 2880, gate_up=True).bm == 32  # 120b: 16 rows an expert
+    assert choose_tiles_v3(1, 4, 8, 64, 64, gate_up=True) == Tiles(32, 64, 64, 4, 4, half=True)  # BK <= K's
     assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=True) == wide_gu4
     assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=False).warps == 8  # BN 128 (N 96's power of 2)
     TILE_OVERRIDE[(128, True)] = Tiles(64, 256, 128, 8, 4)
