@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ from pathlib import Path
 from harness.submission.pieces import SubmissionError, check, collect, official_gaps
 from harness.submission.sysinfo import describe_system
 from harness.submission.tree import UNTRUNCATED_DIR, write_tree
+
+log = logging.getLogger(__name__)
 
 TODO_FILE = "SUBMISSION_TODO.md"
 DIVISIONS = ("closed", "open")
@@ -33,7 +36,10 @@ def _git_remote(commit_dir: Path) -> str | None:
             timeout=5,
             check=True,
         )
-    except (OSError, subprocess.SubprocessError):
+    except subprocess.CalledProcessError:
+        return None  # no "origin" remote (or not a git checkout): nothing to record
+    except (OSError, subprocess.SubprocessError) as e:  # git missing or hung: say so, record none
+        log.warning("submission: the code's git remote is unknown (%s: %s)", type(e).__name__, e)
         return None
     return done.stdout.strip() or None
 
