@@ -144,16 +144,18 @@ def prepare_moe_weights(
         raise ValueError(f"prepare_moe_weights: intermediate size {i} must be a multiple of 32")
 
     def planes(t: Tensor) -> Tensor:  # [E, 2I, ...] interleaved -> [E, 2, I, ...]
-        return t.reshape(e, i, 2, -1).transpose(1, 2).contiguous()
+        return t.reshape(t.shape[0], i, 2, -1).transpose(1, 2).contiguous()
 
     def padded(s: Tensor) -> Tensor:  # the kernels never read the pad
         return F.pad(s, (0, -s.shape[-1] % 16)).contiguous()
 
     def interleaved(t: Tensor) -> Tensor:  # [E, 2I, ...] checkpoint rows -> [E, 2I, X], _interleave8
-        return _interleave8(planes(t)).reshape(e, 2 * i, -1)
+        out = t.new_empty(e, 2 * i, t[0, 0].numel())
+        for x in range(e):  # one expert at a time: no temporary the size of a layer's experts
+            out[x] = _interleave8(planes(t[x : x + 1])).reshape(2 * i, -1)
+        return out
 
-    w13 = planes(gate_up_blocks).view(e, 2, i, h // 2)
-    w2 = down_blocks.reshape(e, h, i // 2).contiguous()
+    w2 = down_blocks.reshape(e, h, i // 2)  # a view of the checkpoint's tensor: never written
     if kernels in ("v2", "v3"):
         top = max(int(gate_up_scales.max()), int(down_scales.max()))  # once at load
         if top > MAX_SCALE_V2:
@@ -161,25 +163,29 @@ def prepare_moe_weights(
                 f"prepare_moe_weights: scale byte {top} > {MAX_SCALE_V2} (weights above 12): "
                 f"the {kernels} kernels' bf16 scale factor 2^(s-1) would overflow; use kernels='v1'"
             )
-    if kernels == "v2":
-        w13, w2 = _to_bits_layout(w13), _to_bits_layout(w2)
+    # Each layer's peak is its checkpoint experts plus one copy (the KV cache is sized before this
+    # runs, with a step's workspace to spare: 120b's 1 GB of gate_up a layer, three copies at once,
+    # ran out of memory on an 80 GB H100): the private copies are converted in place.
     if kernels in ("v3", "v3ds"):
-        w13_il, s13_il = interleaved(gate_up_blocks), interleaved(gate_up_scales)
+        w13, s13_il = interleaved(gate_up_blocks), interleaved(gate_up_scales)
         v3 = kernels == "v3"
         return MoEWeights(
-            w13=_to_v3_layout(w13_il) if v3 else w13_il,
+            w13=_to_v3_layout(w13, out=w13 if h % 64 == 0 else None) if v3 else w13,
             s13=_to_v3_scales(s13_il) if v3 else padded(s13_il),
             b13=planes(gate_up_bias.float()).view(e, 2, i),
-            w2=_to_v3_layout(w2) if v3 else w2,
+            w2=_to_v3_layout(w2) if v3 else w2.contiguous(),
             s2=_to_v3_scales(down_scales.contiguous()) if v3 else padded(down_scales),
             b2=down_bias.float().contiguous(),
             layout=kernels,
         )
+    w13 = planes(gate_up_blocks).view(e, 2, i, h // 2)
+    if kernels == "v2":
+        w13, w2 = _to_bits_layout(w13, out=w13), _to_bits_layout(w2)
     return MoEWeights(
         w13=w13,
         s13=padded(planes(gate_up_scales)),
         b13=planes(gate_up_bias.float()).view(e, 2, i),
-        w2=w2,
+        w2=w2.contiguous(),
         s2=padded(down_scales),
         b2=down_bias.float().contiguous(),
         layout=_LAYOUTS[kernels],
@@ -232,15 +238,19 @@ def _to_bits_layout(blocks: Tensor, out: Tensor | None = None) -> Tensor:
 # a lane's k16 step: byte j = the checkpoint byte (row g + 8h, K/2 column 4q + t), whose two nibbles
 # become register j; 4 such words (the 4 k16 steps of 64 K) are 16 contiguous bytes, one 128-bit
 # load a lane, a warp's 512 bytes contiguous. Bits within each word then go to v2's order.
-def _to_v3_layout(blocks: Tensor) -> Tensor:
+def _to_v3_layout(blocks: Tensor, out: Tensor | None = None) -> Tensor:
     """[E, ..., N, K/2] uint8 in checkpoint order (N % 16 == 0) -> [E, ..., N, Kp/2], Kp = K padded
     to 64 with zeros: each 16-row block is [K/64 chunks kc, 8 g, 4 t, 4 s (k16 step), 2 q, 2 h]
-    bytes = checkpoint byte (row 16 rb + 8h + g, column 32 kc + 8s + 4q + t), in v2's bits order."""
+    bytes = checkpoint byte (row 16 rb + 8h + g, column 32 kc + 8s + 4q + t), in v2's bits order.
+    out=blocks works in place when K % 64 == 0 (each expert is copied before it is written)."""
     *lead, n, kb = blocks.shape
     kc = -(-kb // 32)
-    out = torch.empty(*lead, n, 32 * kc, dtype=torch.uint8, device=blocks.device)
+    if out is None:
+        out = torch.empty(*lead, n, 32 * kc, dtype=torch.uint8, device=blocks.device)
+    elif out.shape != (*lead, n, 32 * kc):
+        raise ValueError(f"_to_v3_layout: out is {tuple(out.shape)}, expected {(*lead, n, 32 * kc)}")
     for e in range(lead[0]):  # one expert at a time, as _to_bits_layout
-        b = F.pad(blocks[e], (0, 32 * kc - kb))  # [..., N, 32 KC]
+        b = F.pad(blocks[e], (0, 32 * kc - kb))  # [..., N, 32 KC]; a copy even when nothing is padded
         d = b.dim() - 2  # leading dims before N
         b = b.reshape(*b.shape[:d], n // 16, 2, 8, kc, 4, 2, 4)  # rb, h, g, kc, s, q, t
         b = b.permute(*range(d), d, d + 3, d + 2, d + 6, d + 4, d + 5, d + 1)  # rb, kc, g, t, s, q, h
