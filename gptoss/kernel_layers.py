@@ -66,15 +66,17 @@ def large_copy_bytes(ref: GptOss) -> int:
     return size if total and moe_layout.large_copy(size, total) else 0
 
 
-def large_layout(ref: GptOss) -> str | None:
-    """moe_layout.large_copy for this model on its device (None on CPU); logs which."""
+def moe_layouts(ref: GptOss) -> tuple[str | None, str | None]:
+    """moe_layout.layouts for this model on its device ((None, None) on CPU: the defaults); logs which."""
     size, total = _experts_and_device_bytes(ref)
     if not total:
-        return None
-    large = moe_layout.large_copy(size, total)
-    what = f"a second ({large}) copy for large batches" if large else f"one copy ({moe_layout.KERNELS}) only"
+        return None, None
+    kernels, large = moe_layout.layouts(size, total)
+    what = (
+        f"{kernels} and a second ({large}) copy for large batches" if large else f"one copy ({kernels}) only"
+    )
     log.info("MoE experts %.1f GB, device %.1f GB: %s", size / 1e9, total / 1e9, what)
-    return large
+    return kernels, large
 
 
 def _attn_lora(ll: LayerLora, out_sizes: tuple[int, int, int]) -> tuple[Tensor, Tensor] | None:
@@ -95,9 +97,9 @@ def _attn_lora(ll: LayerLora, out_sizes: tuple[int, int, int]) -> tuple[Tensor, 
     return a, b
 
 
-def build_layers(ref: GptOss, lora: LoraStack | None, large: str | None) -> list[Layer]:
-    """ref's layers in the kernels' layout (large: the experts' large-batch copy's layout, or None);
-    frees ref's packed experts as it goes."""
+def build_layers(ref: GptOss, lora: LoraStack | None, kernels: str | None, large: str | None) -> list[Layer]:
+    """ref's layers in the kernels' layout (kernels: the experts' layout, None for moe_layout's default;
+    large: their large-batch copy's layout, or None); frees ref's packed experts as it goes."""
     counts = {"full": 0, "ring": 0}
     qkv_sizes = (ref.cfg.q_size, ref.cfg.kv_size, ref.cfg.kv_size)
     layers: list[Layer] = []
@@ -124,6 +126,7 @@ def build_layers(ref: GptOss, lora: LoraStack | None, large: str | None) -> list
                     ex.down_blocks,
                     ex.down_scales,
                     ex.down_bias,
+                    kernels=kernels,
                     large=large,
                 ),
                 window=a.window,

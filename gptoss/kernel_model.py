@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gptoss.kernel_layers import Layer, build_layers, large_layout
+from gptoss.kernel_layers import Layer, build_layers, moe_layouts
 from gptoss.kernels import batch_invariant as bi
 from gptoss.kernels import moe_decode
 from gptoss.kernels.attention import paged_attention, reserve_tickets, write_kv
@@ -116,8 +116,9 @@ class KernelModel:
         self.embed, self.norm, self.lm_head = ref.embed, ref.norm, ref.lm_head
         self.cos_sin = build_cos_sin(ref.rope, max_positions)  # [P, D] float32
         reserve_tickets(self.embed.device)  # before any CUDA-graph capture (GPTOSS_ATTN_REDUCE)
-        large = None if batch_invariant else large_layout(ref)  # invariant mode runs v2 only
-        self.layers = build_layers(ref, lora, large)
+        # The invariant mode's MoE is one v2 tile (batch_invariant.moe): v2 weights only.
+        kernels, large = ("v2", None) if batch_invariant else moe_layouts(ref)
+        self.layers = build_layers(ref, lora, kernels, large)
 
     def forward(
         self, input_ids: Tensor, positions: Tensor, meta: StepMeta, lora_index: Tensor | None = None

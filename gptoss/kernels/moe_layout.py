@@ -23,12 +23,13 @@ _LAYOUTS = {"v1": "nibble", "v2": "bits", "v3": "v3", "v3ds": "v3ds"}  # kernels
 
 
 def _env_kernels(v: str | None) -> str:
-    if v in (None, "", "v2"):
-        return "v2"
-    if v != "v3":
+    if v in (None, ""):
+        return "auto"
+    if v not in ("v2", "v3"):
         raise ValueError(
-            f"GPTOSS_MOE_KERNELS={v!r}: v2 (the default: v2 weights, the decode kernels, a v3 copy for "
-            "large batches where it fits) or v3 (one v3 copy that every batch runs, no decode kernels)"
+            f"GPTOSS_MOE_KERNELS={v!r}: unset (the default: v2 weights with the decode kernels and a v3 "
+            "copy for large batches where it fits, else one v3 copy), v2 (v2 weights, the decode kernels, "
+            "a v3 copy where it fits) or v3 (one v3 copy that every batch runs, no decode kernels)"
         )
     return v
 
@@ -41,10 +42,12 @@ def _env_rows(v: str | None, default: int) -> int:
     return int(v)
 
 
-# The kernels (hence weight layout) prepare_moe_weights picks by default: "v1" | "v2" | "v3". For A/B
-# runs: GPTOSS_MOE_KERNELS=v3 puts every batch on the v3 GEMMs (gpt-oss-120b, where no second copy
-# fits, runs v2 at its Offline batches' 16-32 rows an expert at 27-34 % of HBM: bench/results v21).
-KERNELS = _env_kernels(os.environ.get("GPTOSS_MOE_KERNELS"))
+# GPTOSS_MOE_KERNELS: "auto" (unset), "v2" or "v3" (layouts). KERNELS: the kernels (hence weight
+# layout) prepare_moe_weights picks by default, "v1" | "v2" | "v3"; v3 puts every batch on the v3
+# GEMMs. Where the v3 copy does not fit beside v2's (gpt-oss-120b), auto keeps one v3 copy: on an
+# H100, 600 x (1024 -> 1278) Offline 3,127 -> 4,105 tok/s, batch 1 289 -> 251 (bench/results v22).
+MODE = _env_kernels(os.environ.get("GPTOSS_MOE_KERNELS"))
+KERNELS = "v3" if MODE == "v3" else "v2"
 LARGE_MIN_ROWS = _env_rows(os.environ.get("GPTOSS_MOE_LARGE_MIN_ROWS"), 1)
 
 
@@ -78,6 +81,17 @@ def large_copy(expert_bytes: int, device_bytes: int) -> str | None:
     v2 and all layers' experts take < 1/4 of the device (20b's ~12 GB on an 80 GB H100: yes; 120b's
     ~61 GB on a 141 GB H200: no, the KV cache needs that memory more)."""
     return "v3" if KERNELS == "v2" and expert_bytes < device_bytes / 4 else None
+
+
+def layouts(expert_bytes: int, device_bytes: int) -> tuple[str, str | None]:
+    """(the experts' layout, the layout of a second copy for large batches or None) on this device:
+    KERNELS and large_copy, except that by default v2 with no room for the copy becomes one v3 copy
+    (v3 is the faster past the decode kernels' batches, bench/results v21; those win batch 1 by
+    ~15 %, v22, so GPTOSS_MOE_KERNELS=v2 keeps them for latency runs)."""
+    large = large_copy(expert_bytes, device_bytes)
+    if large is None and MODE == "auto" and KERNELS == "v2":
+        return "v3", None
+    return KERNELS, large
 
 
 def for_rows(w: MoEWeights, t: int, top_k: int) -> MoEWeights:

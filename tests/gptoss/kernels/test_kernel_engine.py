@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from gptoss.engine import EngineConfig, LLMEngine  # noqa: E402
 from gptoss.sampling import SamplingParams  # noqa: E402
-from tests.gptoss.kernels.conftest import DEVICE  # noqa: E402
+from tests.gptoss.kernels.conftest import DEVICE, count_calls  # noqa: E402
 
 
 def prompts_of(lengths, seed=0):
@@ -30,20 +30,6 @@ def make_engine(path, kernels, **kw):
         "device": DEVICE,
     } | kw
     return LLMEngine(EngineConfig(path, kernels=kernels, **kw))
-
-
-def count_calls(monkeypatch, targets) -> dict[str, int]:
-    """Wraps each (module, function name, key) so calls count under key; returns the counts."""
-    calls = dict.fromkeys((key for _, _, key in targets), 0)
-    for owner, name, key in targets:
-        fn = getattr(owner, name)
-
-        def counted(*a, _fn=fn, _key=key, **kw):
-            calls[_key] += 1
-            return _fn(*a, **kw)
-
-        monkeypatch.setattr(owner, name, counted)
-    return calls
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +174,7 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(tiny_checkpoint, e
 @pytest.mark.parametrize(
     ("name", "value", "error"),
     [
-        ("GPTOSS_MOE_KERNELS", "v1", "GPTOSS_MOE_KERNELS='v1': v2 (the default"),
+        ("GPTOSS_MOE_KERNELS", "v1", "GPTOSS_MOE_KERNELS='v1': unset (the default: v2 weights"),
         ("GPTOSS_MOE_LARGE_MIN_ROWS", "0", "GPTOSS_MOE_LARGE_MIN_ROWS='0': a whole number of rows"),
         ("GPTOSS_MOE_LARGE_MIN_ROWS", "6x", "GPTOSS_MOE_LARGE_MIN_ROWS='6x': a whole number of rows"),
     ],
@@ -205,5 +191,5 @@ def test_moe_layout_switches_refuse_bad_values_by_name(name, value, error):
 def test_moe_layout_switches_read_their_values():
     from gptoss.kernels import moe_layout
 
-    assert [moe_layout._env_kernels(v) for v in (None, "", "v2", "v3")] == ["v2", "v2", "v2", "v3"]
+    assert [moe_layout._env_kernels(v) for v in (None, "", "v2", "v3")] == ["auto", "auto", "v2", "v3"]
     assert [moe_layout._env_rows(v, 65) for v in (None, "", "33")] == [65, 65, 33]

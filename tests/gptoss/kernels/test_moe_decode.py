@@ -24,6 +24,7 @@ import triton  # noqa: E402
 from gptoss.kernels import moe, moe_decode, moe_tiles  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
+from tests.gptoss.kernels.conftest import count_calls  # noqa: E402
 from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - fixtures used by name
     ALPHA,
     DEV,
@@ -47,16 +48,7 @@ def _forward(ref, w, x):
 @pytest.fixture
 def spy(monkeypatch):
     """Counts the decode forwards, so a test knows which path moe_forward took."""
-    calls = {"moe_decode": 0, "experts_dec": 0}
-    for name in calls:
-        fn = getattr(moe_decode, name)
-
-        def wrapped(*a, _fn=fn, _name=name, **kw):
-            calls[_name] += 1
-            return _fn(*a, **kw)
-
-        monkeypatch.setattr(moe_decode, name, wrapped)
-    return calls
+    return count_calls(monkeypatch, [(moe_decode, name, name) for name in ("moe_decode", "experts_dec")])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -129,11 +129,20 @@ def test_lora_forward_picks_the_copy_by_rows_and_matches_the_reference(tokens, w
     assert ran == want
 
 
-@pytest.mark.parametrize(("device_gb", "want"), [(80, "v3"), (40, None)])
+@pytest.mark.parametrize(
+    ("device_gb", "mode", "want", "msg"),
+    [
+        (80, "auto", ("v2", "v3"), "v2 and a second (v3) copy for large batches"),
+        (40, "auto", ("v3", None), "one copy (v3) only"),
+        (40, "v2", ("v2", None), "one copy (v2) only"),
+        (80, "v2", ("v2", "v3"), "v2 and a second (v3) copy for large batches"),
+    ],
+)
 def test_kernel_model_builds_the_v3_copy_when_experts_take_under_a_quarter(
-    device_gb, want, monkeypatch, caplog
+    device_gb, mode, want, msg, monkeypatch, caplog
 ):
-    """20b-like: 24 layers x 0.5 GB of experts = 12 GB; 80 GB device -> two copies, 40 GB -> one."""
+    """20b-like: 24 layers x 0.5 GB of experts = 12 GB; 80 GB device -> two copies, 40 GB -> one:
+    v3 by default (GPTOSS_MOE_KERNELS unset), v2 when GPTOSS_MOE_KERNELS=v2."""
     from types import SimpleNamespace
 
     from gptoss import kernel_layers
@@ -152,12 +161,12 @@ def test_kernel_model_builds_the_v3_copy_when_experts_take_under_a_quarter(
     ref = SimpleNamespace(layers=[SimpleNamespace(mlp=SimpleNamespace(experts=ex))] * 24)
     props = SimpleNamespace(total_memory=device_gb * 10**9)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(moe_layout, "MODE", mode)
     with caplog.at_level("INFO", logger="gptoss.kernel_layers"):
-        assert kernel_layers.large_layout(ref) == want
-    msg = "a second (v3) copy for large batches" if want else "one copy (v2) only"
+        assert kernel_layers.moe_layouts(ref) == want
     assert caplog.messages == [f"MoE experts 12.0 GB, device {device_gb:.1f} GB: {msg}"]
     # what the KV cache leaves free for that copy (it is sized before the copy is built)
-    assert kernel_layers.large_copy_bytes(ref) == (12 * 10**9 if want else 0)
+    assert kernel_layers.large_copy_bytes(ref) == (12 * 10**9 if want[1] else 0)
 
 
 @pytest.mark.parametrize(
