@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU side, one H200, detached over several device calls: random gpt-oss-120b, our engine once per
 # MoE kernel family (MODES, default "v2 v3": GPTOSS_MOE_KERNELS; v2 = the decode kernels + the v2
-# GEMMs, 120b's default; v3 = one v3 copy that every batch runs), then vLLM 0.26.0 on the same
+# GEMMs; v3 = one v3 copy that every batch runs, 120b's default since v22), then vLLM 0.26.0 on the same
 # checkpoint and shapes (bench/gptoss_gpu.py: batch-1 128 -> 512, Offline N x (1024 -> 1278), N =
 # ${N:-2000}), once $HOME/vllm_ready exists (bench/vllm_peer_install.sh in the third call).
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
