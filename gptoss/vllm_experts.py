@@ -42,10 +42,12 @@ class GptossExperts:
         limit: float,
         dtype: torch.dtype,
         path: str,
+        kernels: str | None = None,
         large: str | None = None,
     ) -> None:
-        """large: the layout of a second copy of the experts for large batches (triton path, v2 only:
-        moe_layout.large_copy decides), else None."""
+        """kernels: the experts' layout on the triton path (None: moe_layout.KERNELS); large: the
+        layout of a second copy for large batches (v2 only), else None (moe_layout.layouts decides
+        both for a device)."""
         if path not in PATHS:
             raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
         e, n2, half = w13.shape
@@ -58,7 +60,7 @@ class GptossExperts:
             # The v2 kernels scale by a bf16 2^(s - 1): a larger scale byte (no released
             # checkpoint has one) takes the v1 kernels, which read the checkpoint's order.
             top = max(int(s13.max()), int(s2.max()))
-            kernels = None if top <= moe.MAX_SCALE_V2 else "v1"
+            kernels = kernels if top <= moe.MAX_SCALE_V2 else "v1"
             self.kernels = kernels or moe.KERNELS
             self.large = large if self.kernels == "v2" else None
             packed = (_blocks(w13), s13, b13, _blocks(w2), s2, b2)

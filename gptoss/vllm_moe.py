@@ -130,15 +130,15 @@ class GptossMoEMethod(FusedMoEMethodBase):
             )
         w13, w2 = layer.w13_weight.data, layer.w2_weight.data
         b13, b2 = getattr(layer, "w13_bias", None), getattr(layer, "w2_bias", None)
-        large = None
-        if self.path == "triton" and self.peer is None:  # a v3 copy for large batches when it fits
+        kernels, large = None, None  # with a peer our kernels run only decode steps: v2's decode kernels
+        if self.path == "triton" and self.peer is None:  # as the engine: moe_layout.layouts
             from gptoss.kernels import moe_layout
 
             hf = get_current_vllm_config().model_config.hf_config
             packed = (layer.w13_weight, layer.w13_weight_scale, layer.w2_weight, layer.w2_weight_scale)
             per_layer = sum(p.data.numel() for p in packed)  # uint8: bytes
             total = torch.cuda.get_device_properties(w13.device).total_memory
-            large = moe_layout.large_copy(per_layer * int(getattr(hf, "num_hidden_layers", 1)), total)
+            kernels, large = moe_layout.layouts(per_layer * int(getattr(hf, "num_hidden_layers", 1)), total)
         self.experts = GptossExperts(
             w13,
             layer.w13_weight_scale.data,
@@ -151,6 +151,7 @@ class GptossMoEMethod(FusedMoEMethodBase):
             limit=self.limit,
             dtype=self.dtype,
             path=self.path,
+            kernels=kernels,
             large=large,
         )
         if self.peer is not None:

@@ -44,10 +44,12 @@ def vllm_layout(ref) -> tuple[torch.Tensor, ...]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("path", ["torch", "triton"])
-def test_experts_from_vllms_layout_match_the_reference(path, dtype):
+@pytest.mark.parametrize(("path", "kernels"), [("torch", None), ("triton", None), ("triton", "v3")])
+def test_experts_from_vllms_layout_match_the_reference(path, kernels, dtype):
+    """kernels v3: the layout moe_layout.layouts gives 120b (no room for a second copy)."""
     ref, _ = make_moe(8, 64, 96, 4, dtype, seed=5)
-    experts = GptossExperts(*vllm_layout(ref), top_k=4, alpha=ALPHA, limit=LIMIT, dtype=dtype, path=path)
+    kw = {"top_k": 4, "alpha": ALPHA, "limit": LIMIT, "dtype": dtype, "path": path, "kernels": kernels}
+    experts = GptossExperts(*vllm_layout(ref), **kw)
     x = (torch.randn(13, 64, device=DEV) * 3).to(dtype)
     logits = F.linear(x, ref.router_weight, ref.router_bias)  # [T, E]
     got = experts(x, logits)
@@ -56,18 +58,19 @@ def test_experts_from_vllms_layout_match_the_reference(path, dtype):
         assert experts.kernels == "torch"
         assert torch.equal(got, ref(x))
         return
-    assert experts.kernels == "v2"
+    assert experts.kernels == (kernels or "v2") and experts._weights.layout == ("v3" if kernels else "bits")
     want = reference(ref, x)
     err = ((got.double() - want.double()).norm() / want.double().norm()).item()
     assert err <= TOL[dtype], f"rel error {err:.2e} > {TOL[dtype]:.0e}"
 
 
-def test_scales_beyond_the_v2_kernels_range_take_v1():
+@pytest.mark.parametrize("kernels", [None, "v3"])
+def test_scales_beyond_the_v2_kernels_range_take_v1(kernels):
     ref, _ = make_moe(4, 64, 64, 2, torch.float32, seed=6)
     w13, s13, b13, w2, s2, b2 = vllm_layout(ref)
     s2[0, 0, 0] = 129  # > MAX_SCALE_V2: 2^(s - 1) overflows bf16
     kw = {"top_k": 2, "alpha": ALPHA, "limit": LIMIT, "dtype": torch.float32}
-    experts = GptossExperts(w13, s13, b13, w2, s2, b2, path="triton", **kw)
+    experts = GptossExperts(w13, s13, b13, w2, s2, b2, path="triton", kernels=kernels, **kw)
     assert experts.kernels == "v1"
 
 
