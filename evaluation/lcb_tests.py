@@ -76,7 +76,7 @@ def decode_private(blob: str) -> list:
     try:
         return json.loads(blob)
     except json.JSONDecodeError:
-        pass
+        pass  # not JSON: the release's other form, decoded below (which raises if it is not that either)
     text = _NoGlobals(io.BytesIO(zlib.decompress(base64.b64decode(blob.encode())))).load()
     if not isinstance(text, str):
         raise LcbTestsError(f"private_test_cases unpickled to {type(text).__name__}, expected a JSON string")

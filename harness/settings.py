@@ -75,7 +75,7 @@ def _is_number(s: str) -> bool:
         int(s, 0)
         return True
     except ValueError:
-        pass
+        pass  # not an integer literal: maybe a float
     try:
         float(s)
         return True
