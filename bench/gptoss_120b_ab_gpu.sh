@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # GPU side, one H200, detached over several device calls: random gpt-oss-120b, our engine once per
-# MoE kernel family (MODES, default "v2 v3": GPTOSS_MOE_KERNELS; v2 = the decode kernels + the v2
-# GEMMs; v3 = one v3 copy that every batch runs, 120b's default since v22), then vLLM 0.26.0 on the same
+# MoE kernel family (MODES, default "v3": GPTOSS_MOE_KERNELS; v3 = one v3 copy that every batch runs,
+# 120b's default since v22; v2 = the decode kernels + the v2 GEMMs), then vLLM 0.26.0 on the same
 # checkpoint and shapes (bench/gptoss_gpu.py: batch-1 128 -> 512, Offline N x (1024 -> 1278), N =
 # ${N:-2000}), once $HOME/vllm_ready exists (bench/vllm_peer_install.sh in the third call).
+# Between them (v23): the decode-batch MoE at 120b shapes, M 1-16, on the v3 decode tiles and their
+# candidates beside the v2 decode kernels ("slot") and vLLM's matmul_ogs (bench/kernels/moe_gpu.py),
+# then batch 1 alone (B1_MODES, default "v3old v2 v3pick"): v3old the tiles decode batches took
+# before v23, v3pick the sweep's fastest (moe_pick.py), skipped where the table's own win.
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
 # One table a mode last (ours beside vLLM): $HOME/ab/table.txt.
 set -uo pipefail
@@ -28,19 +32,41 @@ say "compiled few-rows tests"
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py -k "few_rows" \
   2>&1 | tail -4 | tee "$RES/tests.txt"
 row "few-rows tile tests" "$(tail -1 "$RES/tests.txt")"
-for mode in ${MODES:-v2 v3}; do
-  say "ours, GPTOSS_MOE_KERNELS=$mode"
-  GPTOSS_MOE_KERNELS=$mode timeout 900 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
-    "${SHAPES[@]}" --out "$RES/$mode" > "$RES/ours_$mode.txt" 2>&1
+ours() {  # ours MODE KERNELS V3_TILES SHAPES...: one engine process, rows into $RES/MODE
+  local mode=$1 kernels=$2 tiles=$3
+  shift 3
+  say "ours $mode (GPTOSS_MOE_KERNELS=$kernels GPTOSS_MOE_V3_TILES=$tiles)"
+  GPTOSS_MOE_KERNELS=$kernels GPTOSS_MOE_V3_TILES=$tiles timeout 900 python3 bench/gptoss_gpu.py \
+    --model-path "$CKPT" --engine gptoss "$@" --out "$RES/$mode" > "$RES/ours_$mode.txt" 2>&1
   row "ours $mode" "$(sed -n '/^workload/,$p' "$RES/ours_$mode.txt" | tr '\n' ' ')"
+}
+MODES=${MODES:-v3}
+for mode in $MODES; do ours "$mode" "$mode" "" "${SHAPES[@]}"; done
+have_vllm=0
+wait_vllm && have_vllm=1
+say "decode-batch MoE sweep, 120b shapes"
+peer=$([ $have_vllm = 1 ] && echo ,vllm)
+timeout 600 python3 bench/kernels/moe_gpu.py --experts 128 --ms 1,2,4,8,16 --rounds 2 \
+  --variants "v3,D-old,D-64k128s4,D-64k256s4,D-64k64s8,D-128k128s6,D-dn128,slot$peer" > "$RES/moe_dec.txt" 2>&1
+tail -40 "$RES/moe_dec.txt"
+pick=$(python3 bench/kernels/moe_pick.py "$RES/moe_dec.txt" --experts 128 2> "$RES/pick.txt")
+row "sweep pick" "${pick:-none, the table wins}: $(tr '\n' ' ' < "$RES/pick.txt")"
+B1=(--decode 128x512 --max-model-len 4096)
+for mode in ${B1_MODES:-v3old v2 v3pick}; do
+  case $mode in
+    v3old) ours v3old v3 "gate_up@dec=32,64,128,4,4,half;down@dec=32,128,128,4,4,half" "${B1[@]}" ;;
+    v3pick) [ -n "$pick" ] && ours v3pick v3 "$pick" "${B1[@]}" ;;
+    *) ours "$mode" "$mode" "" "${B1[@]}" ;;
+  esac
 done
-if wait_vllm; then
+if [ $have_vllm = 1 ]; then
   say "vLLM"
   timeout 900 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm "${SHAPES[@]}" \
     --vllm-script "$VLLM_SCRIPT" --out "$RES/vllm" > "$RES/vllm.txt" 2>&1
 fi
-for mode in ${MODES:-v2 v3}; do
-  echo "== GPTOSS_MOE_KERNELS=$mode" >> "$RES/table.txt"
+for mode in $MODES ${B1_MODES:-v3old v2 v3pick}; do
+  [ -f "$RES/$mode/results.jsonl" ] || continue
+  echo "== $mode" >> "$RES/table.txt"
   python3 - "$RES/$mode/results.jsonl" "$RES/vllm/results.jsonl" >> "$RES/table.txt" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path

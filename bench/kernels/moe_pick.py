@@ -2,8 +2,8 @@
 
     python bench/kernels/moe_pick.py KERNELS_TXT [--experts 128]   (prints the value; the choice on stderr)
 
-For each v3 bucket (rows an expert: 128 is M 513-4088 at 20b's 32 experts, 512 M >= 4096; 16, 32
-and 64 where the table has rows there) and each GEMM, the variant with the
+For each v3 bucket (rows an expert: 128 is M 513-4088 at 20b's 32 experts, 512 M >= 4096; dec
+(M <= 16), 16, 32 and 64 where the table has rows there) and each GEMM, the variant with the
 least summed time of that GEMM alone (moe_gpu's gate_up / down columns) over the table's M of that
 bucket, among the variants timed at all of them; the tiles it ran (its override, else the table's).
 Prints nothing where the table's own tiles win, so an empty value means "the defaults".
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moe_variants import VARIANTS  # noqa: E402
 
-from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3, Tiles, bucket_v3  # noqa: E402
+from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3, DECODE_BUCKET, Tiles, bucket_v3  # noqa: E402
 
 TOP_K = 4
 ROW = re.compile(r"^\s*(\d+) (\S+)\s+(\S+)\s+(\S+)\s+(\S+)")
@@ -53,7 +53,7 @@ def pick(text: str, experts: int = 32) -> tuple[str, list[str]]:
         if "-" in (m[4], m[5]):
             untimed.append(f"{m[2]} at M {m[1]}")
             continue
-        bucket = bucket_v3(triton.cdiv(int(m[1]) * TOP_K, experts))
+        bucket = bucket_v3(triton.cdiv(int(m[1]) * TOP_K, experts), int(m[1]))
         times.setdefault((bucket, m[2]), {})[int(m[1])] = (float(m[4]), float(m[5]))
     values = []
     notes = [f"{len(untimed)} rows untimed, not candidates: {', '.join(untimed)}"] if untimed else []
@@ -65,15 +65,16 @@ def pick(text: str, experts: int = 32) -> tuple[str, list[str]]:
         full = {v: t for (b, v), t in times.items() if b == bucket and t.keys() == ms}
         for col, gemm in enumerate(("gate_up", "down")):
             if not full:
-                notes.append(f"{gemm}@{bucket}: no variant timed at every M of the bucket")
+                notes.append(f"{gemm}@{bucket or 'dec'}: no variant timed at every M of the bucket")
                 continue
             best = min(full, key=lambda v: sum(t[col] for t in full[v].values()))
             tiles, default = _tiles(best, bucket, col == 0), _tiles("v3", bucket, col == 0)
             total = sum(t[col] for t in full[best].values())
             mark = " (the table's)" if tiles == default else ""  # a variant that changed the other GEMM
-            notes.append(f"{gemm}@{bucket}: {best} {_spec(tiles)}{mark} ({total:.1f} us over M {sorted(ms)})")
+            name = "dec" if bucket == DECODE_BUCKET else bucket  # GPTOSS_MOE_V3_TILES' bucket names
+            notes.append(f"{gemm}@{name}: {best} {_spec(tiles)}{mark} ({total:.1f} us over M {sorted(ms)})")
             if tiles != default:
-                values.append(f"{gemm}@{bucket}={_spec(tiles)}")
+                values.append(f"{gemm}@{name}={_spec(tiles)}")
     return ";".join(values), notes
 
 

@@ -152,8 +152,16 @@ _WIDE_GU4, _WIDE_DN4 = replace(_WIDE_GU, stages=4), replace(_WIDE_DN, stages=4)
 # 1e-4 for the rest, as the odd BK-64 half tile of test_v3_prefill_tiles_on_gpu).
 _FEW_GU = {b: Tiles(2 * b, 64, 128, 4, 4, half=True) for b in (16, 32, 64)}
 _FEW_DN = {b: Tiles(2 * b, 128, 128, 4, 4, half=True) for b in (16, 32, 64)}
-_GATE_UP_TILES_V3 = {**_FEW_GU, 128: _WIDE_GU4, 512: _WIDE_GU}
-_DOWN_TILES_V3 = {**_FEW_DN, 128: _WIDE_DN4, 512: _WIDE_DN}
+# Decode batches (T <= DECODE_MAX_T tokens: no expert gets more than 16 rows), key DECODE_BUCKET:
+# one BM-16 tile an expert (no half body: BM 16 is the narrowest tl.dot) and one warpgroup over 64
+# weight rows, so a batch-1 step has 4 x 90 gate_up programs and 4 x 45 down programs, 6 stages
+# deep. Until v23 these batches took bucket 16's tiles (128 weight rows): at T = 1 that is 180
+# gate_up and 92 down programs for 132 SMs, each streaming 184 KB through 4 stages, and 120b's
+# batch-1 decode on the one v3 copy ran 13 % slower than on the v2 decode kernels (v22, H100).
+DECODE_BUCKET, DECODE_MAX_T = 0, 16
+_DEC_GU_V3, _DEC_DN_V3 = Tiles(16, 32, 128, 4, 6), Tiles(16, 64, 128, 4, 6)
+_GATE_UP_TILES_V3 = {DECODE_BUCKET: _DEC_GU_V3, **_FEW_GU, 128: _WIDE_GU4, 512: _WIDE_GU}
+_DOWN_TILES_V3 = {DECODE_BUCKET: _DEC_DN_V3, **_FEW_DN, 128: _WIDE_DN4, 512: _WIDE_DN}
 # The tiles of buckets 128 and 512 before (2026-11-22 to 26), for benchmarks (moe_variants "v3-128").
 NARROW_V3 = {
     (128, True): Tiles(128, 128, 64, 8, 4),
@@ -165,23 +173,24 @@ NARROW_V3 = {
 
 def _v3_env_tiles(v: str | None) -> dict[tuple[int, bool], Tiles]:
     """GPTOSS_MOE_V3_TILES="gate_up=BM,BN,BK,W,S[,half];down@512=..." -> (bucket, gate_up) -> tiles.
-    A GEMM without @bucket sets buckets 128 and 512 (the large-batch tiles); for A/B runs of the
-    engine against the tables above without editing them."""
+    "@dec" names DECODE_BUCKET (T <= DECODE_MAX_T). A GEMM without @bucket sets buckets 128 and 512
+    (the large-batch tiles); for A/B runs of the engine against the tables above without editing them."""
     out: dict[tuple[int, bool], Tiles] = {}
+    names = {str(b): b for b in _GATE_UP_TILES_V3 if b != DECODE_BUCKET} | {"dec": DECODE_BUCKET}
     for item in filter(None, (v or "").split(";")):
         key, _, spec = item.partition("=")
         gemm, _, bucket = key.strip().partition("@")
         parts = spec.split(",")
         if (
             gemm not in ("gate_up", "down")
-            or bucket not in ("", *map(str, _GATE_UP_TILES_V3))
+            or bucket not in ("", *names)
             or len(parts) not in (5, 6)
             or not all(p.isdigit() for p in parts[:5])
             or parts[5:] not in ([], ["half"])
         ):
             raise ValueError(
                 f"GPTOSS_MOE_V3_TILES: {item!r} is not gate_up|down[@BUCKET]=BM,BN,BK,WARPS,STAGES[,half] "
-                f"(buckets {', '.join(map(str, _GATE_UP_TILES_V3))})"
+                f"(buckets {', '.join(names)})"
             )
         bm, bn, bk, warps, stages = map(int, parts[:5])
         if bk % 64 or bn % 16 or bm & (bm - 1) or bm < 16 or warps not in (4, 8) or stages < 1:
@@ -189,7 +198,7 @@ def _v3_env_tiles(v: str | None) -> dict[tuple[int, bool], Tiles]:
                 f"GPTOSS_MOE_V3_TILES: {item!r}: BK a multiple of 64, BN of 16, BM a power of 2 >= 16, "
                 "4 or 8 warps, >= 1 stage"
             )
-        for b in [int(bucket)] if bucket else [128, 512]:
+        for b in [names[bucket]] if bucket else [128, 512]:
             out[(b, gemm == "gate_up")] = Tiles(bm, bn, bk, warps, stages, half=parts[5:] == ["half"])
     return out
 
@@ -197,15 +206,18 @@ def _v3_env_tiles(v: str | None) -> dict[tuple[int, bool], Tiles]:
 V3_ENV_TILES = _v3_env_tiles(os.environ.get("GPTOSS_MOE_V3_TILES"))
 
 
-def bucket_v3(rows: int) -> int:
-    """The v3 tables' key for the rows an expert gets: 16..128 as v1/v2, 512 from 512 rows on."""
+def bucket_v3(rows: int, t: int | None = None) -> int:
+    """The v3 tables' key for the rows an expert gets: DECODE_BUCKET for t <= DECODE_MAX_T tokens,
+    else 16..128 as v1/v2, 512 from 512 rows on."""
+    if t is not None and t <= DECODE_MAX_T:
+        return DECODE_BUCKET
     return 512 if rows >= 512 else min(128, max(16, triton.next_power_of_2(rows)))
 
 
 def choose_tiles_v3(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
     """choose_tiles for the v3 kernels (TILE_OVERRIDE, then GPTOSS_MOE_V3_TILES apply): BN >= 64 (a
     warpgroup's wgmma rows), BK a multiple of 64 (the "v3" layout's K chunk; past K the masked tail)."""
-    bucket = bucket_v3(triton.cdiv(t * top_k, e))
+    bucket = bucket_v3(triton.cdiv(t * top_k, e), t)
     key = (bucket, gate_up)
     cfg = (
         TILE_OVERRIDE.get(key)

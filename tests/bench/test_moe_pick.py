@@ -93,3 +93,18 @@ def test_rows_that_failed_the_output_check_are_named_and_never_picked():
         notes[0]
         == "2 rows WRONG (output check), not candidates: L-gu128k128s4 at M 1024, L-gu128k128s4 at M 2048"
     )
+
+
+def test_decode_batches_are_their_own_bucket_named_dec():
+    # M <= 16 is the decode bucket whatever the experts; M 64 at 120b is bucket 16
+    table = """\
+     1 v3                60.0      30.0      25.0      61.0  50.0%
+     1 D-64k256s4        55.0      28.0      24.0      56.0  55.0%
+    16 v3               200.0     110.0      80.0     201.0  40.0%
+    16 D-64k256s4       190.0     108.0      79.0     191.0  41.0%
+    64 v3               400.0     250.0     140.0     401.0  30.0%
+"""
+    value, notes = pick(table, experts=128)
+    assert value == "gate_up@dec=16,32,256,4,4;down@dec=16,64,256,4,4"
+    assert notes[0] == "gate_up@dec: D-64k256s4 16,32,256,4,4 (136.0 us over M [1, 16])"
+    assert notes[2] == f"gate_up@16: v3 {_spec(_GATE_UP_TILES_V3[16])} (the table's) (250.0 us over M [64])"

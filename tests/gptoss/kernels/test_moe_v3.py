@@ -201,6 +201,7 @@ def test_v3_an_expert_with_every_token_and_one_with_none(kernels):
         Tiles(64, 128, 128, 8, 3),  # N 96: one partial N tile
         Tiles(16, 32, 256, 4, 2),  # one step past both Ks; v3: BN 32 = 2 row blocks
         Tiles(32, 64, 64, 4, 2, half=True),  # ~6 rows an expert: every tile takes the BM/2 body
+        Tiles(16, 32, 128, 4, 6),  # the decode bucket's gate_up: 64 weight rows, more stages than steps
     ],
 )
 def test_every_v3_tile_shape_with_k_and_n_tails(tiles, kernels):
@@ -379,6 +380,24 @@ def test_v3_few_rows_tiles_on_gpu(tiles, tokens, request):
     if tiles in _S_H256K64_B32:
         request.applymarker(pytest.mark.xfail(strict=False, reason="v21: other bits at 120b's M 1024"))
     _check_tiles_bits(tiles, tokens, seed=5, x_seed=1)
+
+
+# Decode batches (T <= 16: moe_tiles.DECODE_BUCKET, since v23) on the table's tiles and the
+# candidates bench/kernels/moe_variants.py times ("D-*"): one BM-16 tile an expert, no half body.
+_DEC = [
+    moe_tiles._GATE_UP_TILES_V3[moe_tiles.DECODE_BUCKET],
+    moe_tiles._DOWN_TILES_V3[moe_tiles.DECODE_BUCKET],
+    Tiles(16, 32, 256, 4, 4),
+    Tiles(16, 64, 64, 4, 8),
+    Tiles(16, 128, 128, 4, 6),
+]
+
+
+@gpu
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+@pytest.mark.parametrize("tiles", _DEC, ids=str)
+def test_v3_few_rows_decode_tiles_on_gpu(tiles, tokens):
+    _check_tiles_bits(tiles, tokens, seed=6, x_seed=2)
 
 
 @gpu
