@@ -3,7 +3,7 @@
 # MoE kernel family (MODES, default "v3": GPTOSS_MOE_KERNELS; v3 = one v3 copy that every batch runs,
 # 120b's default since v22; v2 = the decode kernels + the v2 GEMMs), then vLLM 0.26.0 on the same
 # checkpoint and shapes (bench/gptoss_gpu.py: batch-1 128 -> 512, Offline N x (1024 -> 1278), N =
-# ${N:-2000}), once $HOME/vllm_ready exists (bench/vllm_peer_install.sh in the third call).
+# 2000 on an H200), once $HOME/vllm_ready exists (bench/vllm_peer_install.sh in the third call).
 # Between them (v23): the decode-batch MoE at 120b shapes, M 1-16, on the v3 decode tiles and their
 # candidates beside the v2 decode kernels ("slot") and vLLM's matmul_ogs (bench/kernels/moe_gpu.py),
 # then batch 1 alone (B1_MODES, default "v3old v2 v3pick"): v3old the tiles decode batches took
@@ -17,7 +17,10 @@ CKPT=/mnt/ck120/gptoss-120b-random  # a tmpfs: the disk has 64 GiB, the checkpoi
 # shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
 export VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0
-SHAPES=(--decode 128x512 --throughput "${N:-2000}x1024x1278" --max-model-len 4096 --trace)
+# N: 2000 on an H200; 600 on an H100, where vLLM's KV cache holds ~40 sequences (v22: 1,617 tok/s)
+# and 2000 would outlast its 900 s limit.
+N=${N:-$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo 2000 || echo 600)}
+SHAPES=(--decode 128x512 --throughput "${N}x1024x1278" --max-model-len 4096 --trace)
 vllm_script
 mkdir -p /mnt/ck120
 grep -q " /mnt/ck120 " /proc/mounts || mount -t tmpfs -o size=72g tmpfs /mnt/ck120 || exit 1
