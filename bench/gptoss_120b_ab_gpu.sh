@@ -7,7 +7,8 @@
 # Between them (v23): the decode-batch MoE at 120b shapes, M 1-16, on the v3 decode tiles and their
 # candidates beside the v2 decode kernels ("slot") and vLLM's matmul_ogs (bench/kernels/moe_gpu.py),
 # then batch 1 alone (B1_MODES, default "v3old v2 v3pick"): v3old the tiles decode batches took
-# before v23, v3pick the sweep's fastest (moe_pick.py), skipped where the table's own win.
+# before v23, v3pick the sweep's fastest (moe_pick.py), skipped where the table's own win. VLLM=0
+# runs ours only (no wait for the install); MODES= (empty) skips the Offline run.
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
 # One table a mode last (ours beside vLLM): $HOME/ab/table.txt.
 set -uo pipefail
@@ -21,7 +22,7 @@ export VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_USE_FL
 # and 2000 would outlast its 900 s limit.
 N=${N:-$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo 2000 || echo 600)}
 SHAPES=(--decode 128x512 --throughput "${N}x1024x1278" --max-model-len 4096 --trace)
-vllm_script
+[ "${VLLM:-1}" = 1 ] && vllm_script
 mkdir -p /mnt/ck120
 grep -q " /mnt/ck120 " /proc/mounts || mount -t tmpfs -o size=72g tmpfs /mnt/ck120 || exit 1
 if [ ! -f "$CKPT/config.json" ]; then
@@ -43,19 +44,20 @@ ours() {  # ours MODE KERNELS V3_TILES SHAPES...: one engine process, rows into 
     --model-path "$CKPT" --engine gptoss "$@" --out "$RES/$mode" > "$RES/ours_$mode.txt" 2>&1
   row "ours $mode" "$(sed -n '/^workload/,$p' "$RES/ours_$mode.txt" | tr '\n' ' ')"
 }
-MODES=${MODES:-v3}
+MODES=${MODES-v3}  # set but empty: no Offline run
+B1_MODES=${B1_MODES-v3old v2 v3pick}
 for mode in $MODES; do ours "$mode" "$mode" "" "${SHAPES[@]}"; done
 have_vllm=0
-wait_vllm && have_vllm=1
+[ "${VLLM:-1}" = 1 ] && wait_vllm && have_vllm=1  # VLLM=0: ours only, no wait
 say "decode-batch MoE sweep, 120b shapes"
 peer=$([ $have_vllm = 1 ] && echo ,vllm)
-timeout 600 python3 bench/kernels/moe_gpu.py --experts 128 --ms 1,2,4,8,16 --rounds 2 \
-  --variants "v3,D-old,D-64k128s4,D-64k256s4,D-64k64s8,D-128k128s6,D-dn128,slot$peer" > "$RES/moe_dec.txt" 2>&1
+timeout 600 python3 bench/kernels/moe_gpu.py --experts 128 --ms 1,2,4,8,16 --rounds 3 \
+  --variants "v3,D-old,D-64k128s6,D-64k64s8,D-128k64s8,slot$peer" > "$RES/moe_dec.txt" 2>&1
 tail -40 "$RES/moe_dec.txt"
 pick=$(python3 bench/kernels/moe_pick.py "$RES/moe_dec.txt" --experts 128 2> "$RES/pick.txt")
 row "sweep pick" "${pick:-none, the table wins}: $(tr '\n' ' ' < "$RES/pick.txt")"
 B1=(--decode 128x512 --max-model-len 4096)
-for mode in ${B1_MODES:-v3old v2 v3pick}; do
+for mode in $B1_MODES; do
   case $mode in
     v3old) ours v3old v3 "gate_up@dec=32,64,128,4,4,half;down@dec=32,128,128,4,4,half" "${B1[@]}" ;;
     v3pick) [ -n "$pick" ] && ours v3pick v3 "$pick" "${B1[@]}" ;;
@@ -67,7 +69,7 @@ if [ $have_vllm = 1 ]; then
   timeout 900 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm "${SHAPES[@]}" \
     --vllm-script "$VLLM_SCRIPT" --out "$RES/vllm" > "$RES/vllm.txt" 2>&1
 fi
-for mode in $MODES ${B1_MODES:-v3old v2 v3pick}; do
+for mode in $MODES $B1_MODES; do
   [ -f "$RES/$mode/results.jsonl" ] || continue
   echo "== $mode" >> "$RES/table.txt"
   python3 - "$RES/$mode/results.jsonl" "$RES/vllm/results.jsonl" >> "$RES/table.txt" 2>&1 <<'PY'

@@ -116,7 +116,15 @@ def _capture(fn: Callable[[], object]) -> Callable[[], object] | None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        return graph.replay  # the bound method keeps the graph (and its memory pool) alive
+
+        # The replay keeps the graph (its memory pool) and fn alive: fn's closure holds the inputs
+        # made outside the graph (routing, act). Before v23 they were freed once the variant was
+        # captured, and the next variant's allocations reused them: an illegal address (120b
+        # shapes, two variants at M 1, H100) or garbage rows timed in the gate_up / down columns.
+        def replay(keep: Callable[[], object] = fn) -> None:
+            graph.replay()
+
+        return replay
     except Exception as e:  # noqa: BLE001 - a peer that cannot be captured still gets its eager time
         print(f"  graph capture failed: {type(e).__name__}: {e}", file=sys.stderr)
         return None

@@ -153,13 +153,15 @@ _WIDE_GU4, _WIDE_DN4 = replace(_WIDE_GU, stages=4), replace(_WIDE_DN, stages=4)
 _FEW_GU = {b: Tiles(2 * b, 64, 128, 4, 4, half=True) for b in (16, 32, 64)}
 _FEW_DN = {b: Tiles(2 * b, 128, 128, 4, 4, half=True) for b in (16, 32, 64)}
 # Decode batches (T <= DECODE_MAX_T tokens: no expert gets more than 16 rows), key DECODE_BUCKET:
-# one BM-16 tile an expert (no half body: BM 16 is the narrowest tl.dot) and one warpgroup over 64
-# weight rows, so a batch-1 step has 4 x 90 gate_up programs and 4 x 45 down programs, 6 stages
-# deep. Until v23 these batches took bucket 16's tiles (128 weight rows): at T = 1 that is 180
-# gate_up and 92 down programs for 132 SMs, each streaming 184 KB through 4 stages, and 120b's
-# batch-1 decode on the one v3 copy ran 13 % slower than on the v2 decode kernels (v22, H100).
+# one BM-16 tile an expert (no half body: BM 16 is the narrowest tl.dot), one warpgroup over 64
+# weight rows (gate_up: 32 act columns; a down tile of 32 rows gives other bits), BK 128, 4 stages.
+# Until v23 these batches took bucket 16's tiles (128 weight rows, BM 32 on a half body: at T 1,
+# 180 gate_up and 92 down programs for 132 SMs). H100, 120b shapes, whole MoE in a CUDA graph, us
+# at M 1 / 4 / 16 (bench/results v23, one process a variant): bucket 16's 63.9 / 130.8 / 253.9,
+# these 59.7 / 127.7 / 230.5; 6 stages 62.2 / 137.3 / 254.2; BK 64, 8 stages 58.8 / 128.2 / 232.8;
+# BK 256 64.3 / 149.2 / 286.6; the v2 decode kernels 55.9 / 122.3 / 247.6; vLLM 72.4 / 148.5 / 252.0.
 DECODE_BUCKET, DECODE_MAX_T = 0, 16
-_DEC_GU_V3, _DEC_DN_V3 = Tiles(16, 32, 128, 4, 6), Tiles(16, 64, 128, 4, 6)
+_DEC_GU_V3, _DEC_DN_V3 = Tiles(16, 32, 128, 4, 4), Tiles(16, 64, 128, 4, 4)
 _GATE_UP_TILES_V3 = {DECODE_BUCKET: _DEC_GU_V3, **_FEW_GU, 128: _WIDE_GU4, 512: _WIDE_GU}
 _DOWN_TILES_V3 = {DECODE_BUCKET: _DEC_DN_V3, **_FEW_DN, 128: _WIDE_DN4, 512: _WIDE_DN}
 # The tiles of buckets 128 and 512 before (2026-11-22 to 26), for benchmarks (moe_variants "v3-128").

@@ -25,10 +25,10 @@ def test_choose_tiles_v3_buckets_and_override():
     assert choose_tiles_v3(17, 4, 8, 64, 64, gate_up=True) == Tiles(32, 64, 64, 4, 4, half=True)  # BK <= K's
     # Decode batches (T <= 16, any expert count): one BM-16 tile an expert, 64 weight rows a program
     for t, e in ((1, 128), (16, 128), (16, 32)):
-        assert choose_tiles_v3(t, 4, e, 2880, 2880, gate_up=True) == Tiles(16, 32, 128, 4, 6)
-        assert choose_tiles_v3(t, 4, e, 2880, 2880, gate_up=False) == Tiles(16, 64, 128, 4, 6)
+        assert choose_tiles_v3(t, 4, e, 2880, 2880, gate_up=True) == Tiles(16, 32, 128, 4, 4)
+        assert choose_tiles_v3(t, 4, e, 2880, 2880, gate_up=False) == Tiles(16, 64, 128, 4, 4)
     assert choose_tiles_v3(17, 4, 128, 2880, 2880, gate_up=True) == Tiles(32, 64, 128, 4, 4, half=True)
-    assert choose_tiles_v3(1, 4, 8, 64, 64, gate_up=True) == Tiles(16, 32, 64, 4, 6)
+    assert choose_tiles_v3(1, 4, 8, 64, 64, gate_up=True) == Tiles(16, 32, 64, 4, 4)
     assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=True) == wide_gu4
     assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=False).warps == 8  # BN 128 (N 96's power of 2)
     TILE_OVERRIDE[(128, True)] = Tiles(64, 256, 128, 8, 4)
@@ -60,7 +60,7 @@ def test_v3_tiles_from_the_environment(monkeypatch):
     assert dec == {(moe_tiles.DECODE_BUCKET, True): Tiles(32, 64, 128, 4, 4, half=True)}
     monkeypatch.setattr(moe_tiles, "V3_ENV_TILES", dec)
     assert choose_tiles_v3(1, 4, 128, 2880, 2880, gate_up=True) == Tiles(32, 64, 128, 4, 4, half=True)
-    assert choose_tiles_v3(1, 4, 128, 2880, 2880, gate_up=False) == Tiles(16, 64, 128, 4, 6)
+    assert choose_tiles_v3(1, 4, 128, 2880, 2880, gate_up=False) == Tiles(16, 64, 128, 4, 4)
 
 
 @pytest.mark.parametrize(

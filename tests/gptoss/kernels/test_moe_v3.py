@@ -201,7 +201,7 @@ def test_v3_an_expert_with_every_token_and_one_with_none(kernels):
         Tiles(64, 128, 128, 8, 3),  # N 96: one partial N tile
         Tiles(16, 32, 256, 4, 2),  # one step past both Ks; v3: BN 32 = 2 row blocks
         Tiles(32, 64, 64, 4, 2, half=True),  # ~6 rows an expert: every tile takes the BM/2 body
-        Tiles(16, 32, 128, 4, 6),  # the decode bucket's gate_up: 64 weight rows, more stages than steps
+        Tiles(16, 32, 128, 4, 6),  # 64 weight rows (the decode bucket's gate_up), more stages than steps
     ],
 )
 def test_every_v3_tile_shape_with_k_and_n_tails(tiles, kernels):
@@ -344,60 +344,67 @@ def test_v3_prefill_tiles_on_gpu(tiles, kernels, request):
 _BASE_TILES = Tiles(256, 64, 64, 8, 3, half=True)  # the engine's bucket-512 gate_up tiles
 
 
-def _check_tiles_bits(tiles: Tiles, tokens: int, seed: int, x_seed: int, kernels: str = "v3") -> None:
-    """The 20b shapes on these tiles, both GEMMs: within TOL of the reference and, on the v3 layout,
-    act and output bit-equal to _BASE_TILES'."""
+def _check_tiles_bits(
+    tiles: Tiles, tokens: int, seed: int, x_seed: int, kernels: str = "v3", down: Tiles | None = None
+) -> None:
+    """The 20b shapes on these tiles (down: its own, else the same): within TOL of the reference and,
+    on the v3 layout, act and output bit-equal to _BASE_TILES'."""
     ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=seed, kernels=kernels)
     x = torch.randn(tokens, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(x_seed)).bfloat16()
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
 
-    def run(t: Tiles) -> tuple[torch.Tensor, torch.Tensor]:
-        act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, t)
-        return act, moe.combine(moe.down_v3(act, r, w, t), r.weights, x.dtype)
+    def run(gu: Tiles, dn: Tiles) -> tuple[torch.Tensor, torch.Tensor]:
+        act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu)
+        return act, moe.combine(moe.down_v3(act, r, w, dn), r.weights, x.dtype)
 
-    act, got = run(tiles)
+    act, got = run(tiles, down or tiles)
     assert _rel(got, reference(ref, x)) <= TOL
     if kernels == "v3":
-        base_act, base = run(_BASE_TILES)
+        base_act, base = run(_BASE_TILES, _BASE_TILES)
         assert torch.equal(act, base_act)
         assert torch.equal(got, base)
 
 
-# The engine's few-rows tiles (buckets 16-64 since v21: BM twice the bucket on a half body) and the
-# faster candidates not adopted, at token counts that put experts on both bodies: 16 rows an expert
-# at 128 tokens, 32 at 256, 64 at 512. S-h256k64's bucket-32 tiles (BM 64, BK 64) gave errors of
-# 3.2e-3 against 1e-4 for the rest at 120b's M 1024 (v21), as _V3_ODD_TILES: expected to fail.
-_TABLES = [*moe_tiles._GATE_UP_TILES_V3.values(), *moe_tiles._DOWN_TILES_V3.values()]
-_FEW = [t for t in dict.fromkeys(_TABLES) if t.bm <= 128]
-_S_H256K64 = [Tiles(128, 128, 64, 8, 6, half=True), Tiles(128, 256, 64, 8, 6, half=True)]
-_S_H256K64_B32 = [Tiles(64, 128, 64, 8, 6, half=True), Tiles(64, 256, 64, 8, 6, half=True)]
+# The engine's few-rows tiles (buckets 16-64 since v21: BM twice the bucket on a half body; the
+# decode bucket since v23), each bucket's gate_up and down as the engine pairs them, and the faster
+# candidates not adopted, at token counts that put experts on both bodies: 16 rows an expert at 128
+# tokens, 32 at 256, 64 at 512. S-h256k64's bucket-32 tiles (BM 64, BK 64) gave errors of 3.2e-3
+# against 1e-4 for the rest at 120b's M 1024 (v21), as _V3_ODD_TILES: expected to fail.
+_FEW = [
+    (moe_tiles._GATE_UP_TILES_V3[b], moe_tiles._DOWN_TILES_V3[b])
+    for b in moe_tiles._GATE_UP_TILES_V3
+    if moe_tiles._GATE_UP_TILES_V3[b].bm <= 128
+]
+_S_H256K64 = [(Tiles(128, 128, 64, 8, 6, half=True), Tiles(128, 256, 64, 8, 6, half=True))]
+_S_H256K64_B32 = [(Tiles(64, 128, 64, 8, 6, half=True), Tiles(64, 256, 64, 8, 6, half=True))]
 
 
 @gpu
 @pytest.mark.parametrize("tokens", [128, 256, 512])
-@pytest.mark.parametrize("tiles", [*_FEW, *_S_H256K64, *_S_H256K64_B32], ids=str)
-def test_v3_few_rows_tiles_on_gpu(tiles, tokens, request):
-    if tiles in _S_H256K64_B32:
+@pytest.mark.parametrize(("gu", "dn"), [*_FEW, *_S_H256K64, *_S_H256K64_B32], ids=str)
+def test_v3_few_rows_tiles_on_gpu(gu, dn, tokens, request):
+    if (gu, dn) in _S_H256K64_B32:
         request.applymarker(pytest.mark.xfail(strict=False, reason="v21: other bits at 120b's M 1024"))
-    _check_tiles_bits(tiles, tokens, seed=5, x_seed=1)
+    _check_tiles_bits(gu, tokens, seed=5, x_seed=1, down=dn)
 
 
 # Decode batches (T <= 16: moe_tiles.DECODE_BUCKET, since v23) on the table's tiles and the
-# candidates bench/kernels/moe_variants.py times ("D-*"): one BM-16 tile an expert, no half body.
+# candidates bench/kernels/moe_variants.py times ("D-*"), as (gate_up, down): one BM-16 tile an
+# expert, no half body. A down tile of 32 weight rows (half a warpgroup's wgmma) gives other bits
+# (H100, v23), so gate_up's BN 32 (64 interleaved rows) pairs with down's BN 64.
 _DEC = [
-    moe_tiles._GATE_UP_TILES_V3[moe_tiles.DECODE_BUCKET],
-    moe_tiles._DOWN_TILES_V3[moe_tiles.DECODE_BUCKET],
-    Tiles(16, 32, 256, 4, 4),
-    Tiles(16, 64, 64, 4, 8),
-    Tiles(16, 128, 128, 4, 6),
+    (moe_tiles._GATE_UP_TILES_V3[moe_tiles.DECODE_BUCKET], moe_tiles._DOWN_TILES_V3[moe_tiles.DECODE_BUCKET]),
+    (Tiles(16, 32, 128, 4, 6), Tiles(16, 64, 128, 4, 6)),
+    (Tiles(16, 32, 64, 4, 8), Tiles(16, 64, 64, 4, 8)),
+    (Tiles(16, 64, 64, 4, 8), Tiles(16, 64, 64, 4, 8)),
 ]
 
 
 @gpu
 @pytest.mark.parametrize("tokens", [1, 4, 16])
-@pytest.mark.parametrize("tiles", _DEC, ids=str)
-def test_v3_few_rows_decode_tiles_on_gpu(tiles, tokens):
-    _check_tiles_bits(tiles, tokens, seed=6, x_seed=2)
+@pytest.mark.parametrize(("gu", "dn"), _DEC, ids=str)
+def test_v3_few_rows_decode_tiles_on_gpu(gu, dn, tokens):
+    _check_tiles_bits(gu, tokens, seed=6, x_seed=2, down=dn)
 
 
 @gpu
