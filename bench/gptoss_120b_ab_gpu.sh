@@ -7,7 +7,8 @@
 # Between them (v23): the decode-batch MoE at 120b shapes, M 1-16, on the v3 decode tiles and their
 # candidates beside the v2 decode kernels ("slot") and vLLM's matmul_ogs (bench/kernels/moe_gpu.py),
 # then batch 1 alone (B1_MODES, default "v3old v2 v3pick"): v3old the tiles decode batches took
-# before v23, v3pick the sweep's fastest (moe_pick.py), skipped where the table's own win. VLLM=0
+# before v23, v3pick the sweep's fastest (moe_pick.py), skipped where the table's own win,
+# v3unfused the v3 default with GPTOSS_FUSED_DECODE=0 (routing and combine unfused). VLLM=0
 # runs ours only (no wait for the install); MODES= (empty) skips the Offline run.
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
 # One table a mode last (ours beside vLLM): $HOME/ab/table.txt.
@@ -33,7 +34,8 @@ if [ ! -f "$CKPT/config.json" ]; then
 fi
 gpu_prereqs
 say "compiled few-rows tests"
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py -k "few_rows" \
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py \
+  tests/gptoss/kernels/test_kernel_engine.py -k "few_rows or v3_weights" \
   2>&1 | tail -4 | tee "$RES/tests.txt"
 row "few-rows tile tests" "$(tail -1 "$RES/tests.txt")"
 ours() {  # ours MODE KERNELS V3_TILES SHAPES...: one engine process, rows into $RES/MODE
@@ -61,6 +63,10 @@ for mode in $B1_MODES; do
   case $mode in
     v3old) ours v3old v3 "gate_up@dec=32,64,128,4,4,half;down@dec=32,128,128,4,4,half" "${B1[@]}" ;;
     v3pick) [ -n "$pick" ] && ours v3pick v3 "$pick" "${B1[@]}" ;;
+    v3unfused)  # the decode MoE through moe_forward (7 launches a layer), as before v23
+      export GPTOSS_FUSED_DECODE=0
+      ours v3unfused v3 "" "${B1[@]}"
+      unset GPTOSS_FUSED_DECODE ;;
     *) ours "$mode" "$mode" "" "${B1[@]}" ;;
   esac
 done

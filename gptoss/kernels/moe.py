@@ -64,6 +64,7 @@ from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-expo
 )
 from gptoss.kernels.moe_routing import Routing, route, route_and_group  # noqa: F401
 from gptoss.kernels.moe_tiles import (  # noqa: F401
+    DECODE_MAX_T,
     TILE_OVERRIDE,
     Tiles,
     _grid,
@@ -160,11 +161,27 @@ def moe_forward_from_logits(
         down_tiles = choose_tiles_v2(t, top_k, e, h, i, gate_up=False)
         return _v2_experts(x, r, w, alpha, limit, gate_up_tiles, down_tiles)
     if w.layout in ("v3", "v3ds"):
-        srt, tx = moe_v3.tma_plan(x)
-        gu_tiles = choose_tiles_v3(t, top_k, e, i, h, gate_up=True)
-        act = gate_up_v3(x, r, w, alpha, limit, gu_tiles, sorted_rows=srt, tma_x=tx)
-        y = down_v3(act, r, w, choose_tiles_v3(t, top_k, e, h, i, gate_up=False), sorted_rows=srt)
+        y = expert_rows_v3(x, r, w, alpha, limit)
     else:
         act = gate_up(x, r, w, alpha, limit, choose_tiles(t, top_k, e, i, h, gate_up=True))
         y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False))
     return combine(y, r.weights, x.dtype)
+
+
+def v3_decode(x: Tensor, w: MoEWeights) -> bool:
+    """Whether x [T, H] is a decode batch (T <= moe_tiles.DECODE_MAX_T) on one v3 copy of the experts
+    (120b's default): the engine then routes in norm_route and fuses the combine into its next add +
+    RMSNorm, as on the decode kernels, around expert_rows_v3."""
+    return w.layout in ("v3", "v3ds") and 0 < x.shape[0] <= DECODE_MAX_T
+
+
+def expert_rows_v3(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float) -> Tensor:
+    """x [T, H] routed by r -> the experts' rows y [T*k, H] (combine's input) on the v3 GEMMs."""
+    if w.layout not in ("v3", "v3ds"):
+        raise ValueError(f"expert_rows_v3: weights in the {w.layout!r} layout, not v3 or v3ds")
+    (t, _), (e, h, i), k = x.shape, w.shape, r.ids.shape[1]
+    srt, tx = moe_v3.tma_plan(x)
+    act = gate_up_v3(
+        x, r, w, alpha, limit, choose_tiles_v3(t, k, e, i, h, gate_up=True), sorted_rows=srt, tma_x=tx
+    )
+    return down_v3(act, r, w, choose_tiles_v3(t, k, e, h, i, gate_up=False), sorted_rows=srt)

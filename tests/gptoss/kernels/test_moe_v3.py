@@ -273,6 +273,23 @@ def test_v3_rejects_other_activations_and_layouts():
     _, w2 = make_moe(4, 64, 64, 2, torch.bfloat16, seed=0, kernels="v2")
     with pytest.raises(ValueError, match="prepared with kernels='v3' or 'v3ds', got 'bits'"):
         moe.gate_up_v3(x.bfloat16(), r, w2, ALPHA, LIMIT, Tiles(16, 64, 64, 4, 2))
+    with pytest.raises(ValueError, match="expert_rows_v3: weights in the 'bits' layout, not v3 or v3ds"):
+        moe.expert_rows_v3(x.bfloat16(), r, w2, ALPHA, LIMIT)
+
+
+def test_v3_decode_batches_leave_the_combine_to_the_caller(kernels):
+    """moe.v3_decode: T <= 16 on a v3 copy (the engine then fuses routing and combine around
+    expert_rows_v3); expert_rows_v3's rows combine to moe_forward's output."""
+    ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels=kernels)
+    _, w2 = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels="v2")
+    x = (torch.randn(17, 160, device=DEV) * 3).bfloat16()
+    assert [moe.v3_decode(x[:t], w) for t in (0, 1, 16, 17)] == [False, True, True, False]
+    assert not moe.v3_decode(x[:1], w2)
+    r = route_and_group(F.linear(x[:5], ref.router_weight, ref.router_bias), 4)
+    y = moe.expert_rows_v3(x[:5], r, w, ALPHA, LIMIT)
+    assert y.shape == (20, 160)
+    want = moe_forward(x[:5], ref.router_weight, ref.router_bias, 4, w, ALPHA, LIMIT)
+    assert torch.equal(moe.combine(y, r.weights, x.dtype), want)
 
 
 def test_v3_with_lora_adapters_matches_the_reference(kernels):
