@@ -170,6 +170,7 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(tiny_checkpoint, e
     triton_eng, torch_eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False), engines[1]
     moe_w = triton_eng.runner.kernel_runner.model.layers[0].moe
     assert (moe_w.layout, moe_w.large) == ("v3", None)
+    ran.update(dict.fromkeys(ran, 0))  # on a GPU, start-up ran the MoE at 32 and 64 tokens (warm_moe)
     prompts = prompts_of([3, 21], seed=10)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
