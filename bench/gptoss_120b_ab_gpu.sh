@@ -8,8 +8,10 @@
 # candidates beside the v2 decode kernels ("slot") and vLLM's matmul_ogs (bench/kernels/moe_gpu.py),
 # then batch 1 alone (B1_MODES, default "v3old v2 v3pick"): v3old the tiles decode batches took
 # before v23, v3pick the sweep's fastest (moe_pick.py), skipped where the table's own win,
-# v3unfused the v3 default with GPTOSS_FUSED_DECODE=0 (routing and combine unfused). VLLM=0
-# runs ours only (no wait for the install); MODES= (empty) skips the Offline run.
+# v3unfused the v3 default with GPTOSS_FUSED_DECODE=0 (routing and combine unfused), v3norm with
+# GPTOSS_ROUTER=norm (a routing launch, not the routing inside gate_up). VLLM=0 runs ours only (no
+# wait for the install); MODES= (empty) skips the Offline run; SWEEP=0 the sweep; TESTS the
+# compiled tests' -k expression.
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
 # One table a mode last (ours beside vLLM): $HOME/ab/table.txt.
 set -uo pipefail
@@ -35,7 +37,7 @@ fi
 gpu_prereqs
 say "compiled few-rows tests"
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py \
-  tests/gptoss/kernels/test_kernel_engine.py -k "few_rows or v3_weights" \
+  tests/gptoss/kernels/test_kernel_engine.py -k "${TESTS:-few_rows or v3_weights or routing_the_logits}" \
   2>&1 | tail -4 | tee "$RES/tests.txt"
 row "few-rows tile tests" "$(tail -1 "$RES/tests.txt")"
 ours() {  # ours MODE KERNELS V3_TILES SHAPES...: one engine process, rows into $RES/MODE
@@ -51,13 +53,16 @@ B1_MODES=${B1_MODES-v3old v2 v3pick}
 for mode in $MODES; do ours "$mode" "$mode" "" "${SHAPES[@]}"; done
 have_vllm=0
 [ "${VLLM:-1}" = 1 ] && wait_vllm && have_vllm=1  # VLLM=0: ours only, no wait
-say "decode-batch MoE sweep, 120b shapes"
-peer=$([ $have_vllm = 1 ] && echo ,vllm)
-timeout 600 python3 bench/kernels/moe_gpu.py --experts 128 --ms 1,2,4,8,16 --rounds 3 \
-  --variants "v3,D-old,D-64k128s6,D-64k64s8,D-128k64s8,slot$peer" > "$RES/moe_dec.txt" 2>&1
-tail -40 "$RES/moe_dec.txt"
-pick=$(python3 bench/kernels/moe_pick.py "$RES/moe_dec.txt" --experts 128 2> "$RES/pick.txt")
-row "sweep pick" "${pick:-none, the table wins}: $(tr '\n' ' ' < "$RES/pick.txt")"
+pick=
+if [ "${SWEEP:-1}" = 1 ]; then
+  say "decode-batch MoE sweep, 120b shapes"
+  peer=$([ $have_vllm = 1 ] && echo ,vllm)
+  timeout 600 python3 bench/kernels/moe_gpu.py --experts 128 --ms 1,2,4,8,16 --rounds 3 \
+    --variants "v3,D-old,D-64k128s6,D-64k64s8,D-128k64s8,slot$peer" > "$RES/moe_dec.txt" 2>&1
+  tail -40 "$RES/moe_dec.txt"
+  pick=$(python3 bench/kernels/moe_pick.py "$RES/moe_dec.txt" --experts 128 2> "$RES/pick.txt")
+  row "sweep pick" "${pick:-none, the table wins}: $(tr '\n' ' ' < "$RES/pick.txt")"
+fi
 B1=(--decode 128x512 --max-model-len 4096)
 for mode in $B1_MODES; do
   case $mode in
@@ -67,6 +72,10 @@ for mode in $B1_MODES; do
       export GPTOSS_FUSED_DECODE=0
       ours v3unfused v3 "" "${B1[@]}"
       unset GPTOSS_FUSED_DECODE ;;
+    v3norm)  # routed by norm_route's routing launch, not inside the v3 gate_up
+      export GPTOSS_ROUTER=norm
+      ours v3norm v3 "" "${B1[@]}"
+      unset GPTOSS_ROUTER ;;
     *) ours "$mode" "$mode" "" "${B1[@]}" ;;
   esac
 done

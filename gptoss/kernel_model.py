@@ -32,7 +32,7 @@ from gptoss.kernels import moe_decode
 from gptoss.kernels.attention import paged_attention, reserve_tickets, write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.lora_attn import lora_add
-from gptoss.kernels.moe import expert_rows_v3, moe_forward, v3_decode
+from gptoss.kernels.moe import expert_rows_v3, expert_rows_v3_logits, moe_forward, v3_decode
 from gptoss.kernels.moe_lora import experts_dec_lora, moe_forward_lora
 from gptoss.kernels.norm_route import norm_logits, norm_route
 from gptoss.kernels.qkv_rope import qkv_rope
@@ -44,10 +44,10 @@ from gptoss.model import GptOss
 if TYPE_CHECKING:
     from gptoss.lora_stack import LoraStack
 
-# Decode-sized steps (moe_decode.use_decode, or moe.v3_decode on one v3 copy: fused as "norm" below
-# whatever GPTOSS_ROUTER says but split) fuse the MoE's combine into the next add+RMSNorm (1
-# launch for 2) and take the router in fewer launches; at batch 1 a step is ~275 launches of a few
-# µs each. GPTOSS_FUSED_DECODE=0 turns both off. GPTOSS_ROUTER picks the router at decode:
+# Decode-sized steps (moe_decode.use_decode, or moe.v3_decode on one v3 copy) fuse the MoE's combine
+# into the next add+RMSNorm (1 launch for 2) and take the router in fewer launches; at batch 1 a step
+# is ~275 launches of a few µs each. GPTOSS_FUSED_DECODE=0 turns both off. GPTOSS_ROUTER picks the
+# router at decode:
 #   split  add+RMSNorm, F.linear (cuBLAS GEMV + its split-K reduce), route_and_group: 4 launches
 #   norm   norm_route: add+RMSNorm + router GEMV in one launch, then route_and_group: 2
 #   fused  norm_logits, then the gate_up GEMM routes the logits itself: 1, and no routing launch
@@ -190,9 +190,10 @@ class KernelModel:
         """Decode sizes: add + RMSNorm, the router (ROUTER) and the expert GEMMs -> (the experts' rows
         y [T*k, H], the new residual, the routing weights [T, k] the next add+RMSNorm combines with).
         A layer with expert adapters routes before the GEMMs (their shrink needs the routing), by
-        norm_route unless ROUTER is split, and its GEMMs add the LoRA expand (moe_lora); so does one
-        v3 copy of the experts (moe.v3_decode), whose GEMMs take no logits: 4 launches a layer where
-        moe_forward took 7 (H100, 120b, batch 1: 257 tok/s against 290 on the decode kernels, v23)."""
+        norm_route unless ROUTER is split, and its GEMMs add the LoRA expand (moe_lora). One v3 copy
+        of the experts (moe.v3_decode, 120b) takes the same routers on the v3 GEMMs: 3 launches a
+        layer where moe_forward took 7 (H100, 120b, batch 1, v23: with norm_route's 4, 269 tok/s
+        against 259 through moe_forward and 294 on the v2 decode kernels)."""
         a = (lay.router_w, lay.router_b)
         if lay.lora_moe is not None:
             if ROUTER == "split":
@@ -202,7 +203,11 @@ class KernelModel:
                 h, residual, r = norm_route(x, residual, lay.ln2, self.eps, *a, self.top_k)
             y = experts_dec_lora(h, r, lay.moe, lay.lora_moe, lora_index, self.alpha, self.limit)
             return y, residual, r.weights
-        if lay.moe.layout != "bits":  # one v3 copy (120b): its GEMMs take a routing, not logits
+        if lay.moe.layout != "bits":  # one v3 copy (120b): the same routers, on the v3 GEMMs
+            if ROUTER == "fused":
+                h, residual, logits = norm_logits(x, residual, lay.ln2, self.eps, *a)
+                y, r = expert_rows_v3_logits(h, logits, self.top_k, lay.moe, self.alpha, self.limit)
+                return y, residual, r.weights
             if ROUTER == "split":
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 r = moe_decode.route(h, *a, self.top_k)

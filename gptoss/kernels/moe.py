@@ -175,13 +175,24 @@ def v3_decode(x: Tensor, w: MoEWeights) -> bool:
     return w.layout in ("v3", "v3ds") and 0 < x.shape[0] <= DECODE_MAX_T
 
 
-def expert_rows_v3(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float) -> Tensor:
-    """x [T, H] routed by r -> the experts' rows y [T*k, H] (combine's input) on the v3 GEMMs."""
+def expert_rows_v3(
+    x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, logits: Tensor | None = None
+) -> Tensor:
+    """x [T, H] routed by r -> the experts' rows y [T*k, H] (combine's input) on the v3 GEMMs. With
+    logits [T, E] (a decode batch: v3_decode), gate_up routes them itself and fills r (empty)."""
     if w.layout not in ("v3", "v3ds"):
         raise ValueError(f"expert_rows_v3: weights in the {w.layout!r} layout, not v3 or v3ds")
     (t, _), (e, h, i), k = x.shape, w.shape, r.ids.shape[1]
-    srt, tx = moe_v3.tma_plan(x)
-    act = gate_up_v3(
-        x, r, w, alpha, limit, choose_tiles_v3(t, k, e, i, h, gate_up=True), sorted_rows=srt, tma_x=tx
-    )
+    srt, tx = moe_v3.tma_plan(x) if logits is None else (False, False)
+    gu = choose_tiles_v3(t, k, e, i, h, gate_up=True)
+    act = gate_up_v3(x, r, w, alpha, limit, gu, sorted_rows=srt, tma_x=tx, logits=logits)
     return down_v3(act, r, w, choose_tiles_v3(t, k, e, h, i, gate_up=False), sorted_rows=srt)
+
+
+def expert_rows_v3_logits(
+    x: Tensor, logits: Tensor, top_k: int, w: MoEWeights, alpha: float, limit: float
+) -> tuple[Tensor, Routing]:
+    """x [T, H], router logits [T, E] (a decode batch: v3_decode) -> (y [T*k, H], Routing): no
+    routing launch; the Routing's buffers hold route_and_group's decisions once gate_up has run."""
+    r = Routing.empty(x.shape[0], top_k, w.shape[0], x.device)
+    return expert_rows_v3(x, r, w, alpha, limit, logits=logits), r

@@ -55,6 +55,16 @@ def _tile_rows(rows_ptr, T, e, slot0, n_rows, BM: tl.constexpr):
 
 
 @triton.jit
+def _slot_expert(cnt, ex, s):
+    """cnt [BE] rows per expert -> (the s-th expert with rows, its row count, the rows of the experts
+    before it: where its act rows start); s past them: (0, 0, 0)."""
+    hit = (cnt > 0).to(tl.int32)
+    sel = (hit > 0) & ((tl.cumsum(hit, 0) - hit) == s)
+    e = tl.sum(tl.where(sel, ex, 0), 0)
+    return e, tl.sum(tl.where(sel, cnt, 0), 0), tl.sum(tl.where(ex < e, cnt, 0), 0)
+
+
+@triton.jit
 def _expert_offset(counts_ptr, e, E: tl.constexpr, BE: tl.constexpr):
     """Expert e's first row when the assignments are laid out expert by expert (counts' prefix sum)."""
     ex = tl.arange(0, BE)

@@ -9,19 +9,9 @@ import triton
 import triton.language as tl
 
 from gptoss.kernels import pdl
-from gptoss.kernels.moe_common import _lora_expand
+from gptoss.kernels.moe_common import _lora_expand, _slot_expert
 from gptoss.kernels.moe_routing import _group, _topk, store_routing
 from gptoss.kernels.moe_v2_step import _v2_pair_step, _v2_ptrs, _v2_step
-
-
-@triton.jit
-def _slot_expert(cnt, ex, s):
-    """cnt [BE] rows per expert -> (the s-th expert with rows, its row count, the rows of the experts
-    before it: where its act rows start); s past them: (0, 0, 0)."""
-    hit = (cnt > 0).to(tl.int32)
-    sel = (hit > 0) & ((tl.cumsum(hit, 0) - hit) == s)
-    e = tl.sum(tl.where(sel, ex, 0), 0)
-    return e, tl.sum(tl.where(sel, cnt, 0), 0), tl.sum(tl.where(ex < e, cnt, 0), 0)
 
 
 @triton.jit

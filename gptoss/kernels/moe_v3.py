@@ -125,14 +125,22 @@ def gate_up_v3(
     lora: tuple[Tensor, Tensor] | None = None,
     sorted_rows: bool = False,
     tma_x: bool = False,
+    logits: Tensor | None = None,
 ) -> Tensor:
     """gate_up on v3 weights (layout "v3" or "v3ds"): act [T*k, I] in x.dtype. lora: (B planes
     [E, 2, I, W] contiguous, the shrunk rows [T*k, W]). sorted_rows: act's rows expert by expert
     (for down_v3(..., sorted_rows=True)), else in assignment order. tma_x: x's rows copied expert
-    by expert first (gather_sorted) and read by TMA."""
+    by expert first (gather_sorted) and read by TMA. logits [T, E] (T <= tiles.bm: one tile an
+    expert): the kernel routes them itself and fills r's buffers (empty on entry) for down and
+    the combine, instead of a routing launch before it."""
     if (sorted_rows or tma_x) and lora is not None:
         raise ValueError("gate_up_v3: sorted rows take no LoRA (its shrink reads act in assignment order)")
     (t, h), k = x.shape, r.ids.shape[1]
+    if logits is not None and (sorted_rows or tma_x or lora is not None or t > tiles.bm):
+        raise ValueError(
+            f"gate_up_v3: routing in the kernel needs one tile an expert (T {t} <= BM {tiles.bm}), "
+            "rows in assignment order and no LoRA"
+        )
     e, _, i = w.shape
     _check(x, w)
     if lora is not None and not lora[0].is_contiguous():
@@ -171,10 +179,28 @@ def gate_up_v3(
         **lkw,
         SORTED=sorted_rows,
         **_descriptors(gather_sorted(x, r) if tma_x else None, tiles, "x_desc", "XTMA"),
+        **_route_args(logits, r, t, k),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
     return act
+
+
+def _route_args(logits: Tensor | None, r: Routing, t: int, k: int) -> dict:
+    """The gate_up kernel's in-kernel routing arguments (ROUTE), none without logits."""
+    if logits is None:
+        return {}
+    if logits.shape != (t, r.counts.shape[0]) or logits.stride(-1) != 1:
+        raise ValueError(f"gate_up_v3: logits {tuple(logits.shape)} must be [T, E] rows, contiguous")
+    return {
+        "logits_ptr": logits,
+        "ids_ptr": r.ids,
+        "wts_ptr": r.weights,
+        "stride_l": logits.stride(0),
+        "ROUTE": True,
+        "KP": triton.next_power_of_2(k),
+        "BT": triton.next_power_of_2(t),
+    }
 
 
 def down_v3(

@@ -8,7 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gptoss.kernels.moe_common import _expert_offset, _expert_tile_at, _lora_expand, _tile_rows
+from gptoss.kernels.moe_common import _expert_offset, _expert_tile_at, _lora_expand, _slot_expert, _tile_rows
+from gptoss.kernels.moe_routing import _group, _topk, store_routing
 from gptoss.kernels.moe_v3_step import _v3_ptrs, _v3_step
 
 
@@ -85,11 +86,21 @@ def _gate_up_v3_tile(
     off_e,
     x_desc,
     XTMA: tl.constexpr,
+    routed=None,
 ):
     """One tile: act[rows, pid_n's BN columns] = swiglu(x[rows // k] @ W13_e^T + b13_e), BM rows from
     slot0. The 2*BN weight rows are gate and up interleaved by 8 (moe_layout._interleave8), one dot.
-    SORTED: act's rows expert by expert (row off_e + slot, off_e the expert's first), for down's TMA."""
-    rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
+    SORTED: act's rows expert by expert (row off_e + slot, off_e the expert's first), for down's TMA.
+    routed: the kernel's routing in registers (flat ids, assignments, places: moe_routing._group),
+    whose rows_ptr is not yet written; else the rows come from rows_ptr."""
+    if routed is None:
+        rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
+    else:
+        flat, a, pos = routed
+        slot = slot0 + tl.arange(0, BM)
+        valid = slot < n_rows
+        sel = (flat[None, :] == e) & (pos[None, :] == slot[:, None])  # [BM, A]: e's slot-th assignment
+        rows = tl.sum(tl.where(sel, a[None, :], 0), axis=1)
     if XTMA:  # x's rows expert by expert (_gather_sorted_kernel), read by x_desc
         acc = _v3_gemm(
             x_desc, off_e + slot0, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC, True
@@ -156,15 +167,37 @@ def _gate_up_v3_kernel(
     x_desc=None,
     x_desc_half=None,
     XTMA: tl.constexpr = False,
+    logits_ptr=None,
+    ids_ptr=None,
+    wts_ptr=None,
+    stride_l=0,
+    ROUTE: tl.constexpr = False,
+    KP: tl.constexpr = 1,
+    BT: tl.constexpr = 1,
 ):
     """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H.
     HALF: a tile with <= BM/2 rows runs the BM/2 body (its weights still pass once). SORTED: act's
     rows expert by expert (_gate_up_v3_tile); XTMA: so are x's, read through x_desc ([BM, BK]
-    blocks) and x_desc_half ([BM/2, BK])."""
+    blocks) and x_desc_half ([BM/2, BK]). ROUTE (T <= BM: one tile an expert): every program routes
+    the [T, E] logits in registers (moe_routing._topk, _group: the routing kernel's decisions) and
+    takes the pid_m-th expert with rows; program (0, 0) stores the routing for down and the combine."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
-    e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
-    if pid_m >= n_tiles:
-        return
+    if ROUTE:
+        tt = tl.arange(0, BT)
+        ids, p = _topk(logits_ptr, tt, tt < T, stride_l, E, TOP_K, KP, BE)
+        flat, a, pos, cnt = _group(ids, TOP_K, KP, BE)
+        if (pid_n == 0) & (pid_m == 0):
+            store_routing(ids, p, flat, a, pos, cnt, T, ids_ptr, wts_ptr, counts_ptr, rows_ptr, TOP_K, E)
+        e, n_rows, _ = _slot_expert(cnt, tl.arange(0, BE), pid_m)
+        slot0 = 0
+        if n_rows == 0:  # past the active experts
+            return
+        routed = (flat, a, pos)
+    else:
+        e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
+        if pid_m >= n_tiles:
+            return
+        routed = None
     off_e = _expert_offset(counts_ptr, e, E, BE) if SORTED or XTMA else 0
     EVEN_K: tl.constexpr = ((K + 63) // 64 * 64 if SWZ else K) % BK == 0  # SWZ: K padded to 64
     e64 = e.to(tl.int64)
@@ -194,13 +227,13 @@ def _gate_up_v3_kernel(
         _gate_up_v3_tile(
             x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
             N, K, TOP_K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, SORTED, off_e,
-            x_desc_half, XTMA,
+            x_desc_half, XTMA, routed,
         )  # fmt: skip
     else:
         _gate_up_v3_tile(
             x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
             N, K, TOP_K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, SORTED, off_e,
-            x_desc, XTMA,
+            x_desc, XTMA, routed,
         )  # fmt: skip
 
 

@@ -149,8 +149,9 @@ def test_multi_step_decode_equals_single_steps_and_drops_tokens_past_a_stop(engi
 def test_v3_weights_for_every_batch_give_the_reference_tokens(tiny_checkpoint, engines, monkeypatch):
     """GPTOSS_MOE_KERNELS=v3: one v3 copy of the experts, no second copy and no decode kernels; every
     step's MoE runs the v3 GEMMs (120b's A/B: its Offline batches are 16-32 rows an expert). Decode
-    steps route in norm_route and leave the combine to the next add + RMSNorm (moe.v3_decode), so
-    moe.combine runs in the prefill step alone."""
+    steps route in the gate_up kernel (norm_logits, then moe.expert_rows_v3_logits: the default
+    GPTOSS_ROUTER) and leave the combine to the next add + RMSNorm (moe.v3_decode), so moe.combine
+    runs in the prefill step alone."""
     from gptoss import kernel_model
     from gptoss.kernels import moe, moe_decode, moe_layout
 
@@ -161,8 +162,8 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(tiny_checkpoint, e
             (moe, "gate_up_v3", "v3"),
             (moe, "gate_up_v2", "v2"),
             (moe, "combine", "combine"),
-            (kernel_model, "norm_route", "norm_route"),
-            (kernel_model, "expert_rows_v3", "rows"),
+            (kernel_model, "norm_logits", "norm_logits"),
+            (kernel_model, "expert_rows_v3_logits", "rows"),
             (moe_decode, "experts_dec", "decode"),
             (moe_decode, "experts_dec_logits", "decode"),
         ],
@@ -177,7 +178,7 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(tiny_checkpoint, e
     layers = len(triton_eng.runner.kernel_runner.model.layers)
     assert ran["v2"] == ran["decode"] == 0 and ran["v3"] >= 5 * layers  # a prefill and 4+ decode steps
     # one prefill step of 24 tokens (moe_forward, its combine), then 4 decode steps of 2 and 1 tokens
-    assert ran["combine"] == layers and ran["norm_route"] == ran["rows"] == 4 * layers
+    assert ran["combine"] == layers and ran["norm_logits"] == ran["rows"] == 4 * layers
 
 
 @pytest.mark.parametrize(

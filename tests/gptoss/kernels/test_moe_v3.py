@@ -292,6 +292,34 @@ def test_v3_decode_batches_leave_the_combine_to_the_caller(kernels):
     assert torch.equal(moe.combine(y, r.weights, x.dtype), want)
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 16])
+def test_v3_gate_up_routing_the_logits_itself_matches_the_routing_kernel(tokens, kernels):
+    """expert_rows_v3_logits: the gate_up kernel routes the logits in registers (ROUTE) and its
+    program (0, 0) stores the routing; same rows out, same decisions as route_and_group (each
+    expert's rows in increasing order, as the decode kernels store them)."""
+    ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels=kernels)
+    x = (torch.randn(tokens, 160, device=DEV, generator=torch.Generator(DEV).manual_seed(4)) * 3).bfloat16()
+    logits = F.linear(x, ref.router_weight, ref.router_bias)
+    r = route_and_group(logits, 4)
+    y, got = moe.expert_rows_v3_logits(x, logits, 4, w, ALPHA, LIMIT)
+    assert torch.equal(y, moe.expert_rows_v3(x, r, w, ALPHA, LIMIT))
+    assert torch.equal(got.ids, r.ids) and torch.equal(got.weights, r.weights)
+    assert torch.equal(got.counts, r.counts) and int(got.counts.sum()) == 4 * tokens
+    for e, c in enumerate(r.counts.tolist()):
+        assert got.rows[e, :c].tolist() == sorted(r.rows[e, :c].tolist())
+
+
+def test_v3_gate_up_routes_in_the_kernel_only_one_tile_an_expert():
+    ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels="v3")
+    x = torch.randn(17, 160, device=DEV).bfloat16()
+    logits = F.linear(x, ref.router_weight, ref.router_bias)
+    r = route_and_group(logits, 4)
+    with pytest.raises(ValueError, match=r"one tile an expert \(T 17 <= BM 16\), rows in assignment order"):
+        moe.gate_up_v3(x, r, w, ALPHA, LIMIT, Tiles(16, 32, 64, 4, 2), logits=logits)
+    with pytest.raises(ValueError, match="logits \\(17, 4\\) must be \\[T, E\\] rows"):
+        moe.gate_up_v3(x, r, w, ALPHA, LIMIT, Tiles(32, 32, 64, 4, 2), logits=logits[:, :4])
+
+
 def test_v3_with_lora_adapters_matches_the_reference(kernels):
     """moe_forward_lora on v3 weights: the LoRA expand lands in the v3 kernels' epilogue."""
     from tests.gptoss.kernels.test_moe_lora_kernel import adapter, check, stack_of
