@@ -36,7 +36,7 @@ if [ ! -f "$CKPT/config.json" ]; then
 fi
 gpu_prereqs
 say "compiled few-rows tests"
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py \
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py \
   tests/gptoss/kernels/test_kernel_engine.py -k "${TESTS:-few_rows or v3_weights or routing_the_logits}" \
   2>&1 | tail -4 | tee "$RES/tests.txt"
 row "few-rows tile tests" "$(tail -1 "$RES/tests.txt")"

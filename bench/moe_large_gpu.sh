@@ -23,7 +23,7 @@ if has vllm; then vllm_script; fi
 gpu_prereqs
 if has tests; then
   say "compiled tests"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tma.py -k "gpu and not v3ds" \
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py tests/gptoss/kernels/test_moe_v3_tma.py -k "gpu and not v3ds" \
     2>&1 | tail -4 | tee "$RES/tests.txt"
 fi
 TILES=""
