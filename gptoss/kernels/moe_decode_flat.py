@@ -25,7 +25,7 @@ import triton.language as tl
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _lora_expand
 from gptoss.kernels.moe_decode_kernels import _slot_expert, _x_tile_ok
-from gptoss.kernels.moe_routing import _group, _topk, store_routing
+from gptoss.kernels.moe_routing import route_in_registers
 from gptoss.kernels.moe_v2_step import _v2_pair_step, _v2_ptrs, _v2_step
 
 
@@ -94,11 +94,21 @@ def _gate_up_flat_kernel(
     pdl.wait_then_release(PDL)
     ex = tl.arange(0, BE)
     if ROUTE:
-        tt = tl.arange(0, BT)
-        ids, p = _topk(logits_ptr, tt, tt < T, stride_l, E, TOP_K, KP, BE)
-        flat, a, pos, cnt = _group(ids, TOP_K, KP, BE)
-        if tl.program_id(0) == 0:
-            store_routing(ids, p, flat, a, pos, cnt, T, ids_ptr, wts_ptr, counts_ptr, rows_ptr, TOP_K, E)
+        flat, a, pos, cnt = route_in_registers(
+            logits_ptr,
+            T,
+            stride_l,
+            tl.program_id(0) == 0,
+            ids_ptr,
+            wts_ptr,
+            counts_ptr,
+            rows_ptr,
+            E,
+            TOP_K,
+            KP,
+            BE,
+            BT,
+        )
     else:
         cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
     NB: tl.constexpr = N // BN

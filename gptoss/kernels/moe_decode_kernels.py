@@ -10,7 +10,7 @@ import triton.language as tl
 
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _lora_expand, _slot_expert
-from gptoss.kernels.moe_routing import _group, _topk, store_routing
+from gptoss.kernels.moe_routing import route_in_registers
 from gptoss.kernels.moe_v2_step import _v2_pair_step, _v2_ptrs, _v2_step
 
 
@@ -76,11 +76,10 @@ def _gate_up_dec_kernel(
     pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
     if ROUTE:
-        tt = tl.arange(0, BT)
-        ids, p = _topk(logits_ptr, tt, tt < T, stride_l, E, TOP_K, KP, BE)
-        flat, a, pos, cnt = _group(ids, TOP_K, KP, BE)
-        if (pid_n == 0) & (s == 0):
-            store_routing(ids, p, flat, a, pos, cnt, T, ids_ptr, wts_ptr, counts_ptr, rows_ptr, TOP_K, E)
+        first = (pid_n == 0) & (s == 0)
+        flat, a, pos, cnt = route_in_registers(
+            logits_ptr, T, stride_l, first, ids_ptr, wts_ptr, counts_ptr, rows_ptr, E, TOP_K, KP, BE, BT
+        )
     else:
         cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
     e, n_rows, packed = _slot_expert(cnt, ex, s)

@@ -145,6 +145,33 @@ def store_routing(
     tl.store(rows_ptr + flat * T + pos, a, mask=flat >= 0)
 
 
+@triton.jit
+def route_in_registers(
+    logits_ptr,
+    T,
+    stride_l,
+    store,
+    ids_ptr,
+    w_ptr,
+    counts_ptr,
+    rows_ptr,
+    E: tl.constexpr,
+    TOP_K: tl.constexpr,
+    KP: tl.constexpr,
+    BE: tl.constexpr,
+    BT: tl.constexpr,
+):
+    """The routing of the [T, E] logits inside an expert GEMM (the decode and v3 gate_up kernels):
+    (flat ids, assignments, places, counts [BE]) as _group gives them; where store is true (one
+    program), also route_and_group's buffers for the kernels after it."""
+    tt = tl.arange(0, BT)
+    ids, p = _topk(logits_ptr, tt, tt < T, stride_l, E, TOP_K, KP, BE)
+    flat, a, pos, cnt = _group(ids, TOP_K, KP, BE)
+    if store:
+        store_routing(ids, p, flat, a, pos, cnt, T, ids_ptr, w_ptr, counts_ptr, rows_ptr, TOP_K, E)
+    return flat, a, pos, cnt
+
+
 def route_and_group(logits: Tensor, top_k: int) -> Routing:
     """logits [T, E] -> Routing; grid and buffers depend on T and E only."""
     if logits.dim() != 2:

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from gptoss.kernels.moe_common import _expert_offset, _expert_tile_at, _lora_expand, _slot_expert, _tile_rows
-from gptoss.kernels.moe_routing import _group, _topk, store_routing
+from gptoss.kernels.moe_routing import route_in_registers
 from gptoss.kernels.moe_v3_step import _v3_ptrs, _v3_step
 
 
@@ -183,11 +183,10 @@ def _gate_up_v3_kernel(
     takes the pid_m-th expert with rows; program (0, 0) stores the routing for down and the combine."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     if ROUTE:
-        tt = tl.arange(0, BT)
-        ids, p = _topk(logits_ptr, tt, tt < T, stride_l, E, TOP_K, KP, BE)
-        flat, a, pos, cnt = _group(ids, TOP_K, KP, BE)
-        if (pid_n == 0) & (pid_m == 0):
-            store_routing(ids, p, flat, a, pos, cnt, T, ids_ptr, wts_ptr, counts_ptr, rows_ptr, TOP_K, E)
+        first = (pid_n == 0) & (pid_m == 0)
+        flat, a, pos, cnt = route_in_registers(
+            logits_ptr, T, stride_l, first, ids_ptr, wts_ptr, counts_ptr, rows_ptr, E, TOP_K, KP, BE, BT
+        )
         e, n_rows, _ = _slot_expert(cnt, tl.arange(0, BE), pid_m)
         slot0 = 0
         if n_rows == 0:  # past the active experts
