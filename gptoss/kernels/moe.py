@@ -170,8 +170,8 @@ def moe_forward_from_logits(
 
 def v3_decode(x: Tensor, w: MoEWeights) -> bool:
     """Whether x [T, H] is a decode batch (T <= moe_tiles.DECODE_MAX_T) on one v3 copy of the experts
-    (120b's default): the engine then routes in norm_route and fuses the combine into its next add +
-    RMSNorm, as on the decode kernels, around expert_rows_v3."""
+    (120b's default): the engine then takes expert_rows_v3_logits (the gate_up routes the logits) and
+    fuses the combine into its next add + RMSNorm, as on the decode kernels."""
     return w.layout in ("v3", "v3ds") and 0 < x.shape[0] <= DECODE_MAX_T
 
 

@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from gptoss.kernels import pdl
-from gptoss.kernels.moe_common import _lora_expand
-from gptoss.kernels.moe_decode_kernels import _slot_expert, _x_tile_ok
+from gptoss.kernels.moe_common import _lora_expand, _slot_expert
+from gptoss.kernels.moe_decode_kernels import _x_tile_ok
 from gptoss.kernels.moe_routing import route_in_registers
 from gptoss.kernels.moe_v2_step import _v2_pair_step, _v2_ptrs, _v2_step
 
