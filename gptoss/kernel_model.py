@@ -195,35 +195,23 @@ class KernelModel:
         layer where moe_forward took 7 (H100, 120b, batch 1, v23: 281.4 tok/s; 275.1 with norm_route,
         259.1 through moe_forward, 290.3 on the v2 decode kernels)."""
         a = (lay.router_w, lay.router_b)
-        if lay.lora_moe is not None:
-            if ROUTER == "split":
-                h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
-                r = moe_decode.route(h, *a, self.top_k)
-            else:
-                h, residual, r = norm_route(x, residual, lay.ln2, self.eps, *a, self.top_k)
-            y = experts_dec_lora(h, r, lay.moe, lay.lora_moe, lora_index, self.alpha, self.limit)
-            return y, residual, r.weights
-        if lay.moe.layout != "bits":  # one v3 copy (120b): the same routers, on the v3 GEMMs
-            if ROUTER == "fused":
-                h, residual, logits = norm_logits(x, residual, lay.ln2, self.eps, *a)
-                y, r = expert_rows_v3_logits(h, logits, self.top_k, lay.moe, self.alpha, self.limit)
-                return y, residual, r.weights
-            if ROUTER == "split":
-                h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
-                r = moe_decode.route(h, *a, self.top_k)
-            else:
-                h, residual, r = norm_route(x, residual, lay.ln2, self.eps, *a, self.top_k)
-            return expert_rows_v3(h, r, lay.moe, self.alpha, self.limit), residual, r.weights
-        if ROUTER == "fused":
+        bits = lay.moe.layout == "bits"
+        if ROUTER == "fused" and lay.lora_moe is None:  # the gate_up GEMM routes the logits itself
             h, residual, logits = norm_logits(x, residual, lay.ln2, self.eps, *a)
-            y, r = moe_decode.experts_dec_logits(h, logits, self.top_k, lay.moe, self.alpha, self.limit)
+            rows = moe_decode.experts_dec_logits if bits else expert_rows_v3_logits
+            y, r = rows(h, logits, self.top_k, lay.moe, self.alpha, self.limit)
             return y, residual, r.weights
-        if ROUTER == "norm":
-            h, residual, r = norm_route(x, residual, lay.ln2, self.eps, *a, self.top_k)
-        else:
+        if ROUTER == "split":
             h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
             r = moe_decode.route(h, *a, self.top_k)
-        y = moe_decode.experts_dec(h, r, lay.moe, self.alpha, self.limit, combined=False)
+        else:
+            h, residual, r = norm_route(x, residual, lay.ln2, self.eps, *a, self.top_k)
+        if lay.lora_moe is not None:
+            y = experts_dec_lora(h, r, lay.moe, lay.lora_moe, lora_index, self.alpha, self.limit)
+        elif bits:
+            y = moe_decode.experts_dec(h, r, lay.moe, self.alpha, self.limit, combined=False)
+        else:
+            y = expert_rows_v3(h, r, lay.moe, self.alpha, self.limit)
         return y, residual, r.weights
 
     def _qkv_fused(self, h: Tensor, lay: Layer, write_first: bool) -> bool:
