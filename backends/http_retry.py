@@ -36,7 +36,7 @@ def parse_retry_after(value: str | None) -> float | None:
 
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # neither seconds nor a date: the caller backs off on its own
         return None
     if when.tzinfo is None:  # an HTTP date is always GMT
         from datetime import UTC

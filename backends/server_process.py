@@ -81,7 +81,7 @@ def _group_alive(pgid: int) -> bool:
         return bool(group_members(pgid))
     try:
         os.killpg(pgid, 0)
-    except ProcessLookupError:
+    except ProcessLookupError:  # the answer itself: no process of the group is left
         return False
     return True
 

@@ -37,7 +37,7 @@ def stdout_matches(got: str, expected: str) -> bool:
         try:
             if [Decimal(x) for x in g.split()] != [Decimal(x) for x in w.split()]:
                 return False
-        except InvalidOperation:
+        except InvalidOperation:  # unequal text that is not numbers either: a wrong line
             return False
     return True
 

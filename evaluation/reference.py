@@ -104,6 +104,6 @@ def has_ground_truths(path: Path) -> bool:
     """Whether an accuracy run on this dataset can be scored (what the harness checks first)."""
     try:
         rows = load_reference(path)
-    except DatasetError:
+    except DatasetError:  # the answer itself: an unreadable dataset has nothing to score
         return False
     return bool(rows) and all(r.ground_truth is not None for r in rows)

@@ -187,7 +187,8 @@ def run_stdin(code: str, namespace: dict) -> int:
             t.join()
     try:
         sys.stdout.flush()
-    except BaseException:
+    except BaseException:  # the output did not all get out: a failed run, and why
+        traceback.print_exc()
         return 1
     return rc
 

@@ -79,7 +79,7 @@ class InterruptWatcher:
     def _on_readable(self) -> None:
         try:
             data = self._rsock.recv(64)
-        except BlockingIOError:
+        except BlockingIOError:  # a spurious wake-up: nothing to read, so no signal is lost
             return
         for signum in data:
             if signum not in SIGNALS:

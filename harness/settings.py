@@ -79,7 +79,7 @@ def _is_number(s: str) -> bool:
     try:
         float(s)
         return True
-    except ValueError:
+    except ValueError:  # the answer itself: neither an integer nor a float literal
         return False
 
 
