@@ -10,8 +10,8 @@
 # before v23, v3pick the sweep's fastest (moe_pick.py), skipped where the table's own win,
 # v3unfused the v3 default with GPTOSS_FUSED_DECODE=0 (routing and combine unfused), v3norm with
 # GPTOSS_ROUTER=norm (a routing launch, not the routing inside gate_up). VLLM=0 runs ours only (no
-# wait for the install); MODES= (empty) skips the Offline run; SWEEP=0 the sweep; TESTS the
-# compiled tests' -k expression.
+# wait for the install); MODES= (empty) skips the Offline run; SWEEP=0 the sweep (SWEEP_VARIANTS its
+# variants); TESTS the compiled tests' -k expression (none: no tests).
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
 # One table a mode last (ours beside vLLM): $HOME/ab/table.txt.
 set -uo pipefail
@@ -35,11 +35,14 @@ if [ ! -f "$CKPT/config.json" ]; then
   tail -1 "$RES/checkpoint.log"
 fi
 gpu_prereqs
-say "compiled few-rows tests"
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py \
-  tests/gptoss/kernels/test_kernel_engine.py -k "${TESTS:-few_rows or v3_weights or routing_the_logits}" \
-  2>&1 | tail -4 | tee "$RES/tests.txt"
-row "few-rows tile tests" "$(tail -1 "$RES/tests.txt")"
+if [ "${TESTS:-}" != none ]; then  # TESTS=none: no tests (another GPU of the machine runs them)
+  say "compiled few-rows tests"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py \
+    tests/gptoss/kernels/test_kernel_engine.py tests/gptoss/kernels/test_moe_decode.py \
+    tests/gptoss/kernels/test_moe_decode_flat.py tests/gptoss/kernels/test_norm_route.py -k "${TESTS:-few_rows or v3_weights or routing_the_logits}" \
+    2>&1 | tail -4 | tee "$RES/tests.txt"
+  row "few-rows tile tests" "$(tail -1 "$RES/tests.txt")"
+fi
 ours() {  # ours MODE KERNELS V3_TILES SHAPES...: one engine process, rows into $RES/MODE
   local mode=$1 kernels=$2 tiles=$3
   shift 3
@@ -58,7 +61,7 @@ if [ "${SWEEP:-1}" = 1 ]; then
   say "decode-batch MoE sweep, 120b shapes"
   peer=$([ $have_vllm = 1 ] && echo ,vllm)
   timeout 600 python3 bench/kernels/moe_gpu.py --experts 128 --ms 1,2,4,8,16 --rounds 3 \
-    --variants "v3,D-old,D-64k128s6,D-64k64s8,D-128k64s8,slot$peer" > "$RES/moe_dec.txt" 2>&1
+    --variants "${SWEEP_VARIANTS:-v3,D-old,D-64k128s6,D-64k64s8,D-128k64s8,slot}$peer" > "$RES/moe_dec.txt" 2>&1
   tail -40 "$RES/moe_dec.txt"
   pick=$(python3 bench/kernels/moe_pick.py "$RES/moe_dec.txt" --experts 128 2> "$RES/pick.txt")
   row "sweep pick" "${pick:-none, the table wins}: $(tr '\n' ' ' < "$RES/pick.txt")"

@@ -297,6 +297,11 @@ for _name, _gu, _dn in [
     ("D-64k64s8", Tiles(16, 32, 64, 4, 8), Tiles(16, 64, 64, 4, 8)),
     ("D-128k64s8", Tiles(16, 64, 64, 4, 8), Tiles(16, 64, 64, 4, 8)),  # gate_up on 128 weight rows
     ("D-128k128s6", Tiles(16, 64, 128, 4, 6), Tiles(16, 128, 128, 4, 6)),  # half the programs
+    # down on 32 weight rows (mma.sync, 2 warps): twice the programs (360 at T 1) as v2's decode down,
+    # which beats v3's at batch 1 (10.7 against 16.8 us a layer, v23); its bits differ from the
+    # other buckets' (a candidate only if the gain pays for that)
+    ("D-dn32", Tiles(16, 32, 128, 4, 4), Tiles(16, 32, 128, 2, 4)),
+    ("D-dn32k256", Tiles(16, 32, 128, 4, 4), Tiles(16, 32, 256, 2, 4)),
 ]:
     VARIANTS[_name] = Variant("v3", tiles=_dec(_gu, _dn), max_m=16)
 

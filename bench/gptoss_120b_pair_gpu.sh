@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# GPU side, one 2-GPU machine (nvidia-h200-x2), detached over several device calls: issue 11's
+# gpt-oss-120b rows and issue 14's data-parallel rows in one machine hold, on one random checkpoint.
+#   1. the random 120b checkpoint, once, into the tmpfs /mnt/ck120 (gptoss_120b_ab_gpu.sh's);
+#   2. at once, one GPU each: GPU 0 our engine (gptoss_120b_ab_gpu.sh with VLLM=0: compiled tests,
+#      Offline N x (1024 -> 1278) and batch 1 on one v3 copy, batch 1 on B1_MODES, the decode sweep);
+#      GPU 1 vLLM 0.26.0 on the same shapes once bench/vllm_peer_install.sh (the third call) is done;
+#   3. then run_mlperf Offline through LoadGen, DP=1 against DP=2 (gptoss_dp_gpu.sh, DP_N prompts).
+#   (setsid nohup bash bench/gptoss_120b_pair_gpu.sh > $HOME/pair.log 2>&1 &)   then poll $HOME/pair/done
+# The table last: ours (GPU 0) beside vLLM (GPU 1), then the DP table. The two single-GPU runs share
+# the host's CPUs; each has its own GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+RES=$HOME/pair
+# shellcheck source-path=SCRIPTDIR/..
+. bench/gpu_detached.sh
+CKPT=/mnt/ck120/gptoss-120b-random
+[ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "needs 2 GPUs"; exit 1; }
+mkdir -p /mnt/ck120
+grep -q " /mnt/ck120 " /proc/mounts || mount -t tmpfs -o size=72g tmpfs /mnt/ck120 || exit 1
+if [ ! -f "$CKPT/config.json" ]; then
+  say "120b checkpoint"
+  python3 -m gptoss.tools.make_checkpoint --preset 120b --device cuda --out "$CKPT" > "$RES/checkpoint.log" 2>&1 \
+    || { tail "$RES/checkpoint.log"; exit 1; }
+  tail -1 "$RES/checkpoint.log"
+fi
+say "GPU 0: ours; GPU 1: vLLM"
+CUDA_VISIBLE_DEVICES=0 RES=$HOME/ab0 VLLM=0 SWEEP=${SWEEP:-1} bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab0.log" 2>&1 &
+ours=$!
+CUDA_VISIBLE_DEVICES=1 RES=$HOME/ab1 VLLM=1 MODES='' B1_MODES='' SWEEP=0 TESTS=none \
+  bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab1.log" 2>&1 &
+peer=$!
+wait $ours $peer
+say "DP=1 and DP=2 through run_mlperf"
+CKPT=$CKPT OUT=$HOME/dpres bash bench/gptoss_dp_gpu.sh "${DP_N:-1000}" 1024 1278 "dp1 dp2" > "$RES/dp.log" 2>&1
+{
+  cat "$HOME/ab0/table.txt"
+  python3 - "$HOME/ab0/v3/results.jsonl" "$HOME/ab1/vllm/results.jsonl" 2>&1 <<'PY'
+import json, sys
+from pathlib import Path
+sys.path.insert(0, "bench")
+from gptoss_gpu import table
+print("== v3 (GPU 0) beside vLLM (GPU 1)")
+table([json.loads(line) for f in sys.argv[1:] if Path(f).exists() for line in open(f)])
+PY
+  sed -n '/^run /,$p' "$RES/dp.log"
+} >> "$RES/table.txt"
+finish
