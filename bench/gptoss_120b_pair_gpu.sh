@@ -24,6 +24,7 @@ if [ ! -f "$CKPT/config.json" ]; then
     || { tail "$RES/checkpoint.log"; exit 1; }
   tail -1 "$RES/checkpoint.log"
 fi
+gpu_prereqs  # the harness's wheels, once, before two scripts would install them at the same time
 say "GPU 0: ours; GPU 1: vLLM"
 CUDA_VISIBLE_DEVICES=0 RES=$HOME/ab0 VLLM=0 SWEEP=${SWEEP:-1} bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab0.log" 2>&1 &
 ours=$!
