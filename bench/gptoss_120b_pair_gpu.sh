@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# GPU side, one 2-GPU machine (nvidia-h200-x2), detached over several device calls: issue 11's
+# GPU side, one 2-GPU machine (nvidia-h200-x2), detached over one or more device calls: issue 11's
 # gpt-oss-120b rows and issue 14's data-parallel rows in one machine hold, on one random checkpoint.
 #   1. the random 120b checkpoint, once, into the tmpfs /mnt/ck120 (gptoss_120b_ab_gpu.sh's);
 #   2. at once, one GPU each: GPU 0 our engine (gptoss_120b_ab_gpu.sh with VLLM=0: compiled tests,
-#      Offline N x (1024 -> 1278) and batch 1 on one v3 copy, batch 1 on B1_MODES, the decode sweep);
-#      GPU 1 vLLM 0.26.0 on the same shapes once bench/vllm_peer_install.sh (the third call) is done;
-#   3. then run_mlperf Offline through LoadGen, DP=1 against DP=2 (gptoss_dp_gpu.sh, DP_N prompts).
+#      Offline N x (1024 -> 1278) on MODES, batch 1, batch 1 on B1_MODES, the decode sweep); GPU 1
+#      run_mlperf Offline DP=1 through LoadGen (gptoss_dp_gpu.sh, DP_N prompts), then with PEER=1
+#      vLLM 0.26.0 on the A/B's shapes once bench/vllm_peer_install.sh (the third call) is done;
+#   3. then DP=2 on both GPUs (its table: beside step 2's DP=1).
 #   (setsid nohup bash bench/gptoss_120b_pair_gpu.sh > $HOME/pair.log 2>&1 &)   then poll $HOME/pair/done
-# The table last: ours (GPU 0) beside vLLM (GPU 1), then the DP table. The two single-GPU runs share
-# the host's CPUs; each has its own GPU.
+# The table last: ours (GPU 0) beside vLLM (GPU 1), then the DP table. The two GPUs' runs share the
+# host's CPUs, and DP=1's leftover check sees only GPU 1 (nvidia-smi -i).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=$HOME/pair
@@ -25,15 +26,21 @@ if [ ! -f "$CKPT/config.json" ]; then
   tail -1 "$RES/checkpoint.log"
 fi
 gpu_prereqs  # the harness's wheels, once, before two scripts would install them at the same time
-say "GPU 0: ours; GPU 1: vLLM"
-CUDA_VISIBLE_DEVICES=0 RES=$HOME/ab0 VLLM=0 SWEEP=${SWEEP:-1} bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab0.log" 2>&1 &
+dp() { CKPT=$CKPT OUT=$HOME/dpres bash bench/gptoss_dp_gpu.sh "${DP_N:-1000}" 1024 1278 "$1"; }
+say "GPU 0: ours; GPU 1: DP=1, then vLLM (PEER=${PEER:-1})"
+CUDA_VISIBLE_DEVICES=0 RES=$HOME/ab0 VLLM=0 bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab0.log" 2>&1 &
 ours=$!
-CUDA_VISIBLE_DEVICES=1 RES=$HOME/ab1 VLLM=1 MODES='' B1_MODES='' SWEEP=0 TESTS=none \
-  bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab1.log" 2>&1 &
-peer=$!
-wait $ours $peer
-say "DP=1 and DP=2 through run_mlperf"
-CKPT=$CKPT OUT=$HOME/dpres bash bench/gptoss_dp_gpu.sh "${DP_N:-1000}" 1024 1278 "dp1 dp2" > "$RES/dp.log" 2>&1
+(
+  CUDA_VISIBLE_DEVICES=1 dp dp1 > "$RES/dp1.log" 2>&1
+  if [ "${PEER:-1}" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=1 RES=$HOME/ab1 VLLM=1 MODES='' B1_MODES='' SWEEP=0 TESTS=none \
+      bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab1.log" 2>&1
+  fi
+) &
+gpu1=$!
+wait $ours $gpu1
+say "DP=2 through run_mlperf"
+dp dp2 > "$RES/dp2.log" 2>&1
 {
   cat "$HOME/ab0/table.txt"
   python3 - "$HOME/ab0/v3/results.jsonl" "$HOME/ab1/vllm/results.jsonl" 2>&1 <<'PY'
@@ -44,6 +51,6 @@ from gptoss_gpu import table
 print("== v3 (GPU 0) beside vLLM (GPU 1)")
 table([json.loads(line) for f in sys.argv[1:] if Path(f).exists() for line in open(f)])
 PY
-  sed -n '/^run /,$p' "$RES/dp.log"
+  sed -n '/^run /,$p' "$RES/dp2.log"
 } >> "$RES/table.txt"
 finish

@@ -27,7 +27,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRAN
 t0=$(date +%s)
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi -L
-[ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "needs 2 GPUs"; exit 1; }
+[[ $RUNS != *2* ]] || [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "needs 2 GPUs"; exit 1; }
 "$PY" -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
   "$PY" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl || exit 1
 if [ ! -f "$CKPT/config.json" ]; then
@@ -65,7 +65,8 @@ for run in $RUNS; do
   sleep 3  # a process still there 3 s after the harness exited is a leftover
   # replicas and vLLM's workers are spawned; vLLM renames its own (VLLM::EngineCore, VLLM::Worker_TP0)
   left=$(pgrep -fc "multiprocessing.spawn|VLLM::" || true)
-  held=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)
+  # only this run's GPUs (CUDA_VISIBLE_DEVICES, as nvidia-smi -i takes them): another GPU may be busy
+  held=$(nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} --query-compute-apps=pid --format=csv,noheader | wc -l)
   "$PY" - "$RES" "$run" "$rc" "$start" "$end" "$N" "$IN" "$OUTLEN" "$left" "$held" <<'PY'
 import json, os, sys
 res, run, rc, start, end, n, lin, out, left, held = sys.argv[1:]
