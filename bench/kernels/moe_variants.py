@@ -18,6 +18,7 @@ class Variant:
     min_m: int = 0
     decode: bool = False  # the decode path (moe_decode) at small M, as the engine runs it
     tma: str = "0"  # v3: "down" act expert by expert, down's act tiles by TMA; "all" gate_up's x too
+    v3_dec_down: DecTiles | None = None  # v3 at M <= 16: down on moe_v3_dec's split-K slot kernel
 
 
 DECODE = 64  # M <= 64: BM 16 at E 32, top-4
@@ -304,6 +305,15 @@ for _name, _gu, _dn in [
     ("D-dn32k256", Tiles(16, 32, 128, 4, 4), Tiles(16, 32, 256, 2, 4)),
 ]:
     VARIANTS[_name] = Variant("v3", tiles=_dec(_gu, _dn), max_m=16)
+
+# Decode batches' down on the v3 weights as v2's decode down runs (moe_v3_dec, GPTOSS_V3_DEC_DOWN=1):
+# a program per (32 weight rows, expert with rows), each K step of 512 split over 4 warps (a batched
+# dot): twice the programs of v3's down at T 1 and 4 warps dequantizing at once. v23: v3's down 16.8
+# us a layer at batch 1 against v2's decode down 10.7 (same bytes). -k1024: BK 1024 (8 KB of
+# weights a warp a step); -s4: 4 stages.
+VARIANTS["v3-dd"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 512, 4, 4, 3))
+VARIANTS["v3-dd-s4"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 512, 4, 4, 4))
+VARIANTS["v3-dd-k1024"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 1024, 4, 4, 3))
 
 # The same question on v2, which has no half body: each bucket on the next bucket's BM (so an expert
 # above the mean rows, ~45 % of them at a bucket's mean, still takes one tile, at the cost of a

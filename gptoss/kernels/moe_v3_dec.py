@@ -1,0 +1,237 @@
+"""The v3 layout's down GEMM at decode batch sizes: a split-K expert-slot kernel, as moe_decode's
+_down_dec_kernel on the bits layout, reading the "v3" lane-fragment words (moe_layout._to_v3_layout).
+
+down_v3_dec(act, r, w) = moe_v3.down_v3(act, r, w, tiles) for T <= moe_tiles.DECODE_MAX_T (no LoRA,
+act in assignment order): y [T*k, H] = act @ W2_e^T + b2_e row by row.
+
+Why. At batch 1 on an H100 (120b shapes) the v3 down on its decode tiles (Tiles(16, 64, 128, 4, 4):
+64 weight rows, one warpgroup, BK 128) takes 16.8 us a layer, the v2 decode down 10.7 us for the
+same bytes: that one has twice the programs (BN 32) and splits each 512-K step over 4 warps (a
+batched dot [SPLIT, BN, BM], summed once after the loop), so 4 warps dequantize at once and each
+program keeps 4x the bytes in flight. This kernel does the same on v3 words: warp s of a step owns
+whole 64-K chunks s*KCS .. s*KCS + KCS - 1 (KCS = BK / SPLIT / 64) of all BN rows, so no weight is
+dequantized twice. The batched dot is mma.sync (wgmma takes no batch dim), whose A fragment is the
+layout's lane fragment up to the order of K within a lane (Triton gives 16-bit operands 4 consecutive
+K a lane): both operands are reordered alike (_v3_split_step), so moe_v3_step._dequant_v3's
+registers feed the MMA as they stand, the split folded into its row-block dim. The rows are padded
+to whole 64-K chunks (zeros), so a K tail (I = 2880 = 45 x 64 against BK 512) masks whole chunks.
+
+sm_90a SASS (compiled on CPU as bench/kernels/moe_decode_sass.py does; 120b's down, bf16, PDL), K
+loop instructions a weight value, registers, shared memory, no spills: BM 1 2.88, 101, 19 KB;
+BM 8 3.06, 126, 33 KB; BM 16 3.82, 168, 49 KB (the v2 decode down: BM 1 2.86, BM 8 3.04; the v3
+down's decode tiles: 4.11).
+
+Off by default (ENABLED, GPTOSS_V3_DEC_DOWN=1): untimed on the GPU. moe.expert_rows_v3 takes it for
+decode batches on "v3" weights whose act rows are in assignment order.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from gptoss.kernels import moe_common as common
+from gptoss.kernels import pdl
+from gptoss.kernels.moe_common import _precision, _slot_expert
+from gptoss.kernels.moe_layout import MoEWeights
+from gptoss.kernels.moe_routing import Routing
+from gptoss.kernels.moe_tiles import DecTiles
+from gptoss.kernels.moe_v3 import _check, _scaled, _weight_args
+from gptoss.kernels.moe_v3_step import _dequant_v3
+
+ENABLED = os.environ.get("GPTOSS_V3_DEC_DOWN", "0") == "1"
+# The v2 decode down's tiles (moe_tiles.DOWN_DEC_TILES) with BM up to 16 (the x tile; T's power of
+# 2 at launch): 32 weight rows, a 512-K step split over 4 warps of 128 K (2 chunks each), 3 stages.
+V3_DOWN_DEC = DecTiles(bm=16, bn=32, bk=512, split=4, warps=4, stages=3)
+
+
+@triton.jit
+def _v3_split_ptrs(
+    w_base,
+    s_base,
+    n0,
+    stride_wn,
+    stride_sn,
+    N: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """moe_v3_step._v3_ptrs (SWZ) with a leading split dim: words [SPLIT, BN/16, KCS, 8, 4, 4] and
+    scale words [SPLIT, BN/16, KCS, 8] at k0 = 0, and each chunk's index in the step [SPLIT, KCS]."""
+    RB: tl.constexpr = BN // 16
+    KCS: tl.constexpr = BK // SPLIT // 64
+    tl.static_assert(BK % (64 * SPLIT) == 0 and BN % 16 == 0, "v3 words come in 16-row x 64-K blocks")
+    rb = (n0 // 16 + tl.arange(0, RB)) % (N // 16)  # past-the-end blocks reload valid rows
+    c = tl.arange(0, SPLIT)[:, None] * KCS + tl.arange(0, KCS)[None, :]  # warp s: chunks s*KCS..
+    # (g, t, s) by broadcasting, as _v3_ptrs: one 16-byte cp.async a lane
+    lane = (tl.arange(0, 8) * 16)[:, None, None] + (tl.arange(0, 4) * 4)[None, :, None]
+    lane = lane + tl.arange(0, 4)[None, None, :]
+    w = w_base + rb[None, :, None, None, None, None] * stride_wn + c[:, None, :, None, None, None] * 128
+    w = w + lane[None, None, None, :, :, :]
+    s = s_base + rb[None, :, None, None] * stride_sn + c[:, None, :, None] * 8
+    s = s + tl.arange(0, 8)[None, None, None, :]
+    return w, s, c
+
+
+@triton.jit
+def _v3_split_step(
+    acc,
+    x,
+    w_ptrs,
+    s_ptrs,
+    c,
+    k0,
+    K: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    ASM: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """acc [SPLIT, BN, BM] += W [SPLIT, BN, BK/SPLIT] @ x [SPLIT, BK/SPLIT, BM], warp s's K slice
+    k0 + s*BK/SPLIT.. (c: the pointers' chunk indices in a step)."""
+    RB: tl.constexpr = BN // 16
+    KCS: tl.constexpr = BK // SPLIT // 64
+    if EVEN_K:
+        w = tl.load(w_ptrs + (k0 // 64) * 128)
+        s = tl.load(s_ptrs + (k0 // 64) * 8)
+    else:  # past the padded K: whole 64-K chunks, masked (zero words decode to zeros)
+        c_ok = (k0 // 64 + c) < (K + 63) // 64  # [SPLIT, KCS]
+        w = tl.load(w_ptrs + (k0 // 64) * 128, mask=c_ok[:, None, :, None, None, None], other=0)
+        s = tl.load(s_ptrs + (k0 // 64) * 8, mask=c_ok[:, None, :, None], other=0)
+    # The split folded into the row blocks: row 16 (s RB + rb) + r of the result is warp s's row 16 rb + r.
+    w = tl.reshape(w, (SPLIT * RB, KCS, 8, 4, 4))
+    s = tl.reshape(s, (SPLIT * RB, KCS, 8))
+    wd = _dequant_v3(w, s, SPLIT * RB, KCS, x.dtype, ASM)  # K 16 j + 8q + 2t + nib: lane t, reg 2q + h
+    # Both operands in K order 16 j + 4t + 2q + nib (the same sum). Triton gives mma.sync's 16-bit
+    # operands 4 consecutive K a lane (kWidth 4), so in this order the dequantized registers are the
+    # A fragment as they stand and x's reorder is ldmatrix addressing (sm_90a TTGIR); in _dequant_v3's
+    # order A went through shared memory: 716 instructions in the K loop at BM 1 against 368.
+    wd = tl.permute(tl.reshape(wd, (SPLIT, BN, KCS * 4, 2, 4, 2)), (0, 1, 2, 4, 3, 5))
+    x = tl.permute(tl.reshape(x, (SPLIT, KCS * 4, 2, 4, 2, BM)), (0, 1, 3, 2, 4, 5))
+    return tl.dot(
+        tl.reshape(wd, (SPLIT, BN, KCS * 64)), tl.reshape(x, (SPLIT, KCS * 64, BM)), acc, input_precision=PREC
+    )
+
+
+@triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
+def _down_v3_dec_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    ASM: tl.constexpr,
+    PREC: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program (column block, slot): y[rows of the slot's expert, block] = act[rows] @ W2_e^T + b2_e;
+    N = H, K = I; act and y rows in assignment order (rows_ptr: each expert's list)."""
+    pdl.wait_then_release(PDL)
+    pid_n, s = tl.program_id(0), tl.program_id(1)
+    ex = tl.arange(0, BE)
+    e, n_rows, _ = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
+    if n_rows == 0:  # past the active experts
+        return
+    EVEN_K: tl.constexpr = (K + 63) // 64 * 64 % BK == 0  # the rows are padded to 64
+    BKS: tl.constexpr = BK // SPLIT
+    n = pid_n * BN + tl.arange(0, BN)
+    e64 = e.to(tl.int64)
+    w_t, s_t, c = _v3_split_ptrs(
+        w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN, stride_wn, stride_sn, N, BN, BK, SPLIT
+    )
+    bias = tl.load(b_ptr + e64 * N + n % N)[:, None]  # [BN, 1]; past-the-end columns never stored
+    kx = tl.arange(0, SPLIT)[:, None, None] * BKS + tl.arange(0, BKS)[None, :, None]  # [SPLIT, BKS, 1]
+    for m0 in range(0, n_rows, BM):
+        slot = m0 + tl.arange(0, BM)
+        valid = slot < n_rows
+        rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # [BM] assignments t*k + j
+        a_t = a_ptr + rows.to(tl.int64)[None, None, :] * K + kx  # [SPLIT, BKS, BM]
+        acc = tl.zeros([SPLIT, BN, BM], tl.float32)
+        for k0 in range(0, K, BK):
+            at = tl.load(a_t + k0, mask=valid[None, None, :] & ((k0 + kx) < K), other=0.0)
+            acc = _v3_split_step(acc, at, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC)
+        tl.store(
+            y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+            (tl.sum(acc, 0) + bias).to(y_ptr.dtype.element_ty),  # [BN, BM]
+            mask=(n < N)[:, None] & valid[None, :],
+        )
+
+
+def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None) -> DecTiles:
+    """t (default V3_DOWN_DEC) fitted to T = tokens and K = k: BM T's power of 2 up to t.bm, BK down
+    toward K padded to 64 (no empty chunks past a short K), SPLIT to BK's chunks; warps = SPLIT."""
+    t = V3_DOWN_DEC if t is None else t
+    if t.bn % 16 or t.bk % (64 * t.split) or t.bm & (t.bm - 1) or t.split & (t.split - 1):
+        raise ValueError(
+            f"down_v3_dec: {t} needs BN a multiple of 16, BK of 64 * SPLIT, BM and SPLIT powers of 2"
+        )
+    bk = max(64, min(t.bk, triton.next_power_of_2(triton.cdiv(k, 64) * 64)))
+    split = min(t.split, bk // 64)
+    bm = min(t.bm, triton.next_power_of_2(max(1, tokens)))
+    return DecTiles(bm, t.bn, bk, split, split if split > 1 else t.warps, t.stages)
+
+
+def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = None) -> Tensor:
+    """act [T*k, I] rows in assignment order -> y [T*k, H] in act.dtype, y[a] = act[a] @ W2_e^T + b2_e
+    (moe_v3.down_v3's contract without LoRA or sorted rows) on "v3" weights. t: the tiles before
+    dec_tiles_v3 fits them (default V3_DOWN_DEC)."""
+    if w.layout != "v3":
+        raise ValueError(f"down_v3_dec: weights in the {w.layout!r} layout; it reads the 'v3' layout only")
+    _check(act, w)
+    a, i = act.shape
+    e, h, _ = w.shape
+    n_tok = r.ids.shape[0]
+    y = common._empty((a, h), act.dtype, act.device)
+    if a == 0:
+        return y
+    tiles = dec_tiles_v3(n_tok, i, t)
+    act = act.contiguous()  # row stride I
+    w2, s2, w_strides, s_strides = _weight_args(w.w2, w.s2, True)
+    _down_v3_dec_kernel[(triton.cdiv(h, tiles.bn), min(e, a))](
+        act,
+        w2,
+        s2,
+        w.b2,
+        y,
+        r.counts,
+        r.rows,
+        n_tok,
+        *w_strides,
+        *s_strides,
+        N=h,
+        K=i,
+        E=e,
+        BE=triton.next_power_of_2(e),
+        BM=tiles.bm,
+        BN=tiles.bn,
+        BK=tiles.bk,
+        SPLIT=tiles.split,
+        ASM=_scaled(act, True),
+        PREC=_precision(act),
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+        **pdl.args(act),
+    )
+    return y

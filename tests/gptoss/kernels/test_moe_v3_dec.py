@@ -1,0 +1,176 @@
+"""The v3 layout's split-K decode down (gptoss.kernels.moe_v3_dec) against moe_v3.down_v3 on the
+decode tiles and a torch reference (y[a] = act[a] @ W2_e^T + b2_e, the checkpoint's weights decoded
+by gptoss.mxfp4.dequantize, in float64), and moe.expert_rows_v3's switch to it.
+
+Without CUDA the kernels run in Triton's interpreter (the portable dequant; the PTX runs in the @gpu
+test). Tolerances, relative Frobenius error over the output: float32 1e-5 (exact dequant, IEEE dots:
+summation order only), bfloat16 1e-2 as test_moe_v3.py (y rounded to bf16 from float32 sums in
+another order); against down_v3 in bf16 both round nearly the same sums, so 5e-3.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
+pytest.importorskip("triton")
+
+from gptoss.kernels import moe, moe_v3, moe_v3_dec  # noqa: E402
+from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
+from gptoss.kernels.moe_tiles import DecTiles, choose_tiles_v3  # noqa: E402
+from gptoss.mxfp4 import dequantize  # noqa: E402
+from tests.gptoss.kernels.conftest import count_calls  # noqa: E402
+from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the fixtures apply here too
+    ALPHA,
+    DEV,
+    LIMIT,
+    TOL,
+    gpu,
+    interpreter_like_the_gpu,
+    make_moe,
+    poisoned_buffers,
+    pytestmark,
+)
+
+TOL_V3 = {torch.float32: 1e-5, torch.bfloat16: 5e-3}  # against down_v3
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert not got.isnan().any()
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def _case(e: int, h: int, i: int, k: int, tokens: int, dtype: torch.dtype, seed: int):
+    """A v3 MoE whose expert 0 gets every token and expert e - 1 none, its routing of random x, and
+    random act rows [T*k, I] in assignment order (down's input)."""
+    ref, w = make_moe(e, h, i, k, dtype, seed=seed, kernels="v3")
+    ref.router_bias[0], ref.router_bias[e - 1] = 50.0, -50.0
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(tokens, h, generator=g) * 3).to(DEV, dtype)
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), k)
+    assert r.counts[0].item() == tokens and r.counts[e - 1].item() == 0
+    act = torch.randn(tokens * k, i, generator=g).to(DEV, dtype)
+    return ref, w, r, act
+
+
+def _want(ref, r, act: torch.Tensor) -> torch.Tensor:
+    """act[a] @ W2_e^T + b2_e in float64, e = the expert of assignment a."""
+    ex = ref.experts
+    ids = r.ids.reshape(-1).long()
+    y = torch.empty(act.shape[0], ex.down_bias.shape[1], dtype=torch.float64, device=act.device)
+    for e in ids.unique().tolist():
+        w2 = dequantize(ex.down_blocks[e], ex.down_scales[e], torch.float32).double()  # [H, I]
+        a = (ids == e).nonzero().flatten()
+        y[a] = act[a].double() @ w2.T + ex.down_bias[e].double()
+    return y
+
+
+def _down_v3(act, r, w) -> torch.Tensor:
+    """down_v3 on the decode tiles moe.expert_rows_v3 gives it."""
+    (e, h, i), (t, k) = w.shape, r.ids.shape
+    return moe.down_v3(act, r, w, choose_tiles_v3(t, k, e, h, i, gate_up=False))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "tokens, e, h, i, k",
+    [
+        (1, 4, 128, 128, 2),  # K one 128 step (BK 128, split 2)
+        (3, 8, 160, 160, 4),  # K 160 -> 192: a step of 256 whose 4th chunk is masked
+        (5, 6, 128, 192, 3),  # K 192: 3 whole chunks of 4
+        (16, 8, 160, 160, 4),  # BM 16: the full decode tile
+    ],
+)
+def test_down_v3_dec_matches_down_v3_and_the_reference(tokens, e, h, i, k, dtype):
+    ref, w, r, act = _case(e, h, i, k, tokens, dtype, seed=tokens)
+    got = moe_v3_dec.down_v3_dec(act, r, w)
+    assert got.shape == (tokens * k, h) and got.dtype == dtype
+    assert _rel(got, _down_v3(act, r, w)) <= TOL_V3[dtype]
+    assert _rel(got, _want(ref, r, act)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        DecTiles(16, 16, 256, 2, 2, 2),  # BN 16: one row block, 2 warps of 2 chunks
+        DecTiles(16, 64, 512, 4, 4, 3),  # BN 64: the 2nd block half past H, 2 chunks a warp
+        DecTiles(2, 32, 128, 1, 4, 2),  # no split; BM 2 < T 5: an expert's rows loop over 3 tiles
+    ],
+)
+def test_down_v3_dec_tiles_and_the_k_2880_tail(tiles):
+    """I = 2880 = 45 chunks of 64 (BK 512: a last step of 5 chunks and 3 masked; BK 256 of 1 and 3
+    masked) and H = 96 (3 row blocks), float32 so any misplaced value shows."""
+    ref, w, r, act = _case(4, 96, 2880, 2, 5, torch.float32, seed=2)
+    got = moe_v3_dec.down_v3_dec(act, r, w, tiles)
+    assert _rel(got, _want(ref, r, act)) <= 1e-5
+
+
+def test_dec_tiles_v3_fit_t_and_k():
+    fit = moe_v3_dec.dec_tiles_v3
+    assert fit(1, 2880) == DecTiles(1, 32, 512, 4, 4, 3)
+    assert fit(5, 2880) == DecTiles(8, 32, 512, 4, 4, 3)
+    assert fit(17, 2880).bm == 16
+    assert fit(16, 160) == DecTiles(16, 32, 256, 4, 4, 3)  # K 160 padded to 192: BK 256
+    assert fit(16, 96) == DecTiles(16, 32, 128, 2, 2, 3)  # 2 chunks: 2 warps
+    assert fit(4, 2880, DecTiles(16, 64, 1024, 8, 8, 4)) == DecTiles(4, 64, 1024, 8, 8, 4)
+    for bad in (
+        DecTiles(16, 24, 512, 4, 4, 3),
+        DecTiles(16, 32, 512, 16, 4, 3),
+        DecTiles(12, 32, 512, 4, 4, 3),
+    ):
+        with pytest.raises(ValueError, match="needs BN a multiple of 16, BK of 64 \\* SPLIT"):
+            fit(1, 2880, bad)
+
+
+@pytest.mark.parametrize("kernels, layout", [("v3ds", "v3ds"), ("v2", "bits")])
+def test_down_v3_dec_refuses_other_layouts(kernels, layout):
+    _, w = make_moe(4, 64, 64, 2, torch.bfloat16, seed=0, kernels=kernels)
+    x = torch.randn(3, 64, device=DEV).bfloat16()
+    r = route_and_group(torch.randn(3, 4, device=DEV), 2)
+    with pytest.raises(ValueError, match=f"down_v3_dec: weights in the '{layout}' layout; it reads the 'v3'"):
+        moe_v3_dec.down_v3_dec(x.new_zeros(6, 64), r, w)
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 17])
+def test_expert_rows_v3_takes_the_decode_down_at_t_16_and_below(tokens, monkeypatch):
+    """The switch: the same rows as with it off; the kernel runs for T <= DECODE_MAX_T only."""
+    ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels="v3")
+    x = (torch.randn(tokens, 160, generator=torch.Generator().manual_seed(4)) * 3).to(DEV, torch.bfloat16)
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    off = moe.expert_rows_v3(x, r, w, ALPHA, LIMIT)
+    calls = count_calls(monkeypatch, [(moe_v3_dec, "down_v3_dec", "dec")])
+    monkeypatch.setattr(moe_v3_dec, "ENABLED", True)
+    on = moe.expert_rows_v3(x, r, w, ALPHA, LIMIT)
+    assert calls["dec"] == (1 if tokens <= 16 else 0)
+    assert _rel(on, off) <= TOL_V3[torch.bfloat16]
+
+
+def test_expert_rows_v3_switch_with_routed_logits_and_sorted_rows(monkeypatch):
+    """Logits routed in gate_up (rows in assignment order): the decode down. Rows expert by expert
+    (moe_v3.TMA_DOWN: act sorted for down's TMA): down_v3, whose act the kernel cannot read."""
+    ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=5, kernels="v3")
+    x = (torch.randn(4, 160, generator=torch.Generator().manual_seed(6)) * 3).to(DEV, torch.bfloat16)
+    logits = F.linear(x, ref.router_weight, ref.router_bias)
+    off, _ = moe.expert_rows_v3_logits(x, logits, 4, w, ALPHA, LIMIT)
+    calls = count_calls(monkeypatch, [(moe_v3_dec, "down_v3_dec", "dec")])
+    monkeypatch.setattr(moe_v3_dec, "ENABLED", True)
+    on, _ = moe.expert_rows_v3_logits(x, logits, 4, w, ALPHA, LIMIT)
+    assert calls["dec"] == 1 and _rel(on, off) <= TOL_V3[torch.bfloat16]
+    monkeypatch.setattr(moe_v3, "tma_plan", lambda x, lora=None: (True, False))
+    sorted_y = moe.expert_rows_v3(x, route_and_group(logits, 4), w, ALPHA, LIMIT)
+    assert calls["dec"] == 1 and _rel(sorted_y, off) <= TOL_V3[torch.bfloat16]
+
+
+@gpu
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+def test_down_v3_dec_120b_shapes_on_gpu(tokens):
+    """Compiled (the PTX dequant, mma.sync) at 120b's shapes: E 128, H = I = 2880, top-4."""
+    ref, w, r, act = _case(128, 2880, 2880, 4, tokens, torch.bfloat16, seed=tokens)
+    got = moe_v3_dec.down_v3_dec(act, r, w)
+    assert _rel(got, _down_v3(act, r, w)) <= TOL_V3[torch.bfloat16]
+    assert _rel(got, _want(ref, r, act)) <= TOL[torch.bfloat16]
