@@ -9,8 +9,8 @@
 # then batch 1 alone (B1_MODES, default "v3old v2 v3pick"): v3old the tiles decode batches took
 # before v23, v3pick the sweep's fastest (moe_pick.py), skipped where the table's own win,
 # v3unfused the v3 default with GPTOSS_FUSED_DECODE=0 (routing and combine unfused), v3norm with
-# GPTOSS_ROUTER=norm (a routing launch, not the routing inside gate_up), v3dd with GPTOSS_V3_DEC_DOWN=1
-# (decode batches' down on moe_v3_dec's split-K slot kernel). VLLM=0 runs ours only (no
+# GPTOSS_ROUTER=norm (a routing launch, not the routing inside gate_up), v3tab with GPTOSS_V3_DEC_DOWN=0
+# (batch 1's down on v3's decode tiles, as before v24, not on moe_v3_dec's split-K slot kernel). VLLM=0 runs ours only (no
 # wait for the install); MODES= (empty) skips the Offline run; SWEEP=0 the sweep (SWEEP_VARIANTS its
 # variants); TESTS the compiled tests' -k expression (none: no tests).
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
@@ -81,9 +81,9 @@ for mode in $B1_MODES; do
       export GPTOSS_ROUTER=norm
       ours v3norm v3 "" "${B1[@]}"
       unset GPTOSS_ROUTER ;;
-    v3dd)  # decode batches' down on the split-K slot kernel (moe_v3_dec)
-      export GPTOSS_V3_DEC_DOWN=1
-      ours v3dd v3 "" "${B1[@]}"
+    v3tab)  # batch 1's down on v3's decode tiles, not the split-K slot kernel (moe_v3_dec)
+      export GPTOSS_V3_DEC_DOWN=0
+      ours v3tab v3 "" "${B1[@]}"
       unset GPTOSS_V3_DEC_DOWN ;;
     *) ours "$mode" "$mode" "" "${B1[@]}" ;;
   esac

@@ -170,8 +170,9 @@ def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
 def _switches(v: Variant) -> Iterator[None]:
     """The module switches a variant needs, restored afterwards."""
     saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED, (moe_v3.TMA_DOWN, moe_v3.TMA_X)
-    saved_dd = moe_v3_dec.ENABLED, moe_v3_dec.V3_DOWN_DEC
-    moe_v3_dec.ENABLED = v.v3_dec_down is not None
+    saved_dd = moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC
+    # "v3" the table's tiles at every M; the v3-dd variants the split-K down at every decode M
+    moe_v3_dec.MAX_T = moe_tiles.DECODE_MAX_T if v.v3_dec_down is not None else 0
     moe_v3_dec.V3_DOWN_DEC = v.v3_dec_down or saved_dd[1]
     moe_common.USE_ASM = v.asm
     moe_decode.ENABLED = v.decode  # else the M-tile kernels at every M (the decode path: DEC_VARIANTS)
@@ -186,7 +187,7 @@ def _switches(v: Variant) -> Iterator[None]:
         moe.TILE_OVERRIDE.update(saved[1])
         moe_decode.ENABLED = saved[2]
         moe_v3.TMA_DOWN, moe_v3.TMA_X = saved[3]
-        moe_v3_dec.ENABLED, moe_v3_dec.V3_DOWN_DEC = saved_dd
+        moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC = saved_dd
 
 
 def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
@@ -204,7 +205,7 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
         srt, tx = moe_v3.tma_plan(x)  # the TMA variants (the gather pass inside gate_up)
         gate_up = partial(moe.gate_up_v3, sorted_rows=srt, tma_x=tx)
         down = partial(moe.down_v3, sorted_rows=srt)
-        if moe_v3_dec.ENABLED and t <= moe_tiles.DECODE_MAX_T and w.layout == "v3" and not srt:
+        if t <= moe_v3_dec.MAX_T and w.layout == "v3" and not srt:
             down = lambda act, r, w, _tiles: moe_v3_dec.down_v3_dec(act, r, w)  # noqa: E731
     else:
         gu_tiles = moe.choose_tiles(t, TOP_K, E, I, H, gate_up=True)

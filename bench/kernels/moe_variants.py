@@ -306,7 +306,8 @@ for _name, _gu, _dn in [
 ]:
     VARIANTS[_name] = Variant("v3", tiles=_dec(_gu, _dn), max_m=16)
 
-# Decode batches' down on the v3 weights as v2's decode down runs (moe_v3_dec, GPTOSS_V3_DEC_DOWN=1):
+# Decode batches' down on the v3 weights as v2's decode down runs (moe_v3_dec; the engine's at T 1
+# since v24, GPTOSS_V3_DEC_DOWN; "v3" here is the table's tiles at every M, these at every M <= 16):
 # a program per (32 weight rows, expert with rows), each K step of 512 split over 4 warps (a batched
 # dot): twice the programs of v3's down at T 1 and 4 warps dequantizing at once. v23: v3's down 16.8
 # us a layer at batch 1 against v2's decode down 10.7 (same bytes). -k1024: BK 1024 (8 KB of

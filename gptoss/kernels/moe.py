@@ -180,15 +180,15 @@ def expert_rows_v3(
 ) -> Tensor:
     """x [T, H] routed by r -> the experts' rows y [T*k, H] (combine's input) on the v3 GEMMs. With
     logits [T, E] (a decode batch: v3_decode), gate_up routes them itself and fills r (empty).
-    moe_v3_dec.ENABLED: a decode batch's down on "v3" weights (act in assignment order) runs the
-    split-K slot kernel, moe_v3_dec.down_v3_dec."""
+    A decode batch of up to moe_v3_dec.MAX_T tokens on "v3" weights (act in assignment order) runs
+    its down on the split-K slot kernel, moe_v3_dec.down_v3_dec."""
     if w.layout not in ("v3", "v3ds"):
         raise ValueError(f"expert_rows_v3: weights in the {w.layout!r} layout, not v3 or v3ds")
     (t, _), (e, h, i), k = x.shape, w.shape, r.ids.shape[1]
     srt, tx = moe_v3.tma_plan(x) if logits is None else (False, False)
     gu = choose_tiles_v3(t, k, e, i, h, gate_up=True)
     act = gate_up_v3(x, r, w, alpha, limit, gu, sorted_rows=srt, tma_x=tx, logits=logits)
-    if moe_v3_dec.ENABLED and 0 < t <= DECODE_MAX_T and w.layout == "v3" and not srt:
+    if 0 < t <= moe_v3_dec.MAX_T and w.layout == "v3" and not srt:
         return moe_v3_dec.down_v3_dec(act, r, w)
     return down_v3(act, r, w, choose_tiles_v3(t, k, e, h, i, gate_up=False), sorted_rows=srt)
 

@@ -21,8 +21,15 @@ loop instructions a weight value, registers, shared memory, no spills: BM 1 2.88
 BM 8 3.06, 126, 33 KB; BM 16 3.82, 168, 49 KB (the v2 decode down: BM 1 2.86, BM 8 3.04; the v3
 down's decode tiles: 4.11).
 
-Off by default (ENABLED, GPTOSS_V3_DEC_DOWN=1): untimed on the GPU. moe.expert_rows_v3 takes it for
-decode batches on "v3" weights whose act rows are in assignment order.
+Measured (H100, random 120b, bench/results v24): at batch 1 the down takes 12.6 us a layer (16.8 on
+v3's decode tiles) and the engine 298.2 / 298.1 tok/s against 285.2 / 283.6 (+4.6-5.1 %); the whole
+decode MoE in a CUDA graph at M 1 56.5 against 59.4 us. From M 2 it is slower (M 2 / 4 / 8 / 16:
+87.0 / 123.6 / 179.4 / 294.3 against 83.7 / 115.3 / 169.3 / 245.1 us: its 32-row programs at BM 2-16
+stream less than the warpgroup tiles), so moe.expert_rows_v3 takes it for decode batches of up to
+MAX_T tokens (default 1; GPTOSS_V3_DEC_DOWN=N, 0: never) on "v3" weights whose act rows are in
+assignment order. Its sums run in another order than v3's tiles, so a batch of one token and a
+larger one differ in the last bits, as the decode kernels on the bits layout already do (the
+batch-invariant mode runs neither).
 """
 
 from __future__ import annotations
@@ -38,11 +45,23 @@ from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing
-from gptoss.kernels.moe_tiles import DecTiles
+from gptoss.kernels.moe_tiles import DECODE_MAX_T, DecTiles
 from gptoss.kernels.moe_v3 import _check, _scaled, _weight_args
 from gptoss.kernels.moe_v3_step import _dequant_v3
 
-ENABLED = os.environ.get("GPTOSS_V3_DEC_DOWN", "0") == "1"
+
+def _max_t(v: str | None) -> int:
+    if v in (None, ""):
+        return 1
+    if not v.isdigit() or int(v) > DECODE_MAX_T:
+        raise ValueError(
+            f"GPTOSS_V3_DEC_DOWN must be the most tokens a decode batch has to take the split-K down "
+            f"(0: never, up to {DECODE_MAX_T}), got {v!r}"
+        )
+    return int(v)
+
+
+MAX_T = _max_t(os.environ.get("GPTOSS_V3_DEC_DOWN"))
 # The v2 decode down's tiles (moe_tiles.DOWN_DEC_TILES) with BM up to 16 (the x tile; T's power of
 # 2 at launch): 32 weight rows, a 512-K step split over 4 warps of 128 K (2 chunks each), 3 stages.
 V3_DOWN_DEC = DecTiles(bm=16, bn=32, bk=512, split=4, warps=4, stages=3)
