@@ -7,13 +7,13 @@ On the GPU after `bash bench/vllm_peer_install.sh` (vLLM 0.26.0 and the random 2
 Engines, each in its own process, all through vLLM's offline LLM class with bench_vllm.py's settings
 (gpu_memory_utilization 0.9, max_model_len 8192, CUDA graphs, seed 0) on the same checkpoint:
   vllm       GPTOSS_VLLM_MOE unset: vLLM's own MXFP4 MoE (its TRITON backend on H100)
-  gptoss     GPTOSS_VLLM_MOE=gptoss: our Triton MoE at every batch size
+  gptoss     GPTOSS_VLLM_MOE=gptoss: our Triton MoE at every batch size, on one v3 copy of the
+             experts (gptoss.vllm_moe's default since v24: the memory of vLLM's own; H100, 20b:
+             Offline 1.13x, batch 1 1.15x vLLM's own)
   gptoss:N   ours for steps of up to N tokens, vLLM's own above (GPTOSS_VLLM_MOE_MAX_TOKENS=N; both
-             weight layouts loaded). bench/results/2026-11-22_h100_kernels_v3.jsonl has ours faster
-             only at 1-2 tokens (graph replay: 62 vs 72 us at M=1) and up to 1.8x slower from 256 on.
-  gptoss-v3  ours on one v3 copy of the experts for every batch (GPTOSS_MOE_KERNELS=v3): the memory
-             of vLLM's own (one copy, where gptoss keeps v2 + a v3 copy and gptoss:N v2 + vLLM's), the
-             v3 GEMMs at 0.97-0.99x matmul_ogs' time from M 1024 (v20), no decode kernels.
+             weight layouts loaded; v18, N 16: batch 1 1.17x, Offline 0.85x)
+  gptoss-v3  ours with GPTOSS_MOE_KERNELS=v3 (one v3 copy, as gptoss now; before v24 gptoss kept the
+             engine's v2 + v3 copies on 20b)
 Workloads (random prompt ids, greedy, ignore_eos, exactly OUT tokens): start-up to the first token;
 greedy tokens of 16 prompts x (64 -> 32), compared with the vllm engine's (prefix agreement: tokens
 equal up to each sequence's first difference; and position by position); batch-1 decode 128 -> 512,

@@ -3,10 +3,10 @@
 # (the gptoss plugin) against vLLM's own, one engine a process (bench/vllm_plugin_gpu.py), after
 # $HOME/vllm_ready exists (bench/vllm_peer_install.sh, the payload's third call).
 #   nohup bash bench/vllm_plugin_gpu.sh > $HOME/plug.log 2>&1 &     (then poll $HOME/plug/done)
-# ENGINES (default "gptoss:16 vllm"): gptoss:N runs ours for steps of up to N tokens and vLLM's own
-# MoE above (GPTOSS_VLLM_MOE_MAX_TOKENS): ours is the faster at decode sizes (M 1-16), vLLM's
-# matmul_ogs from M 64 (bench/results v9); gptoss-v3 runs ours on one v3 copy of the experts for
-# every batch (GPTOSS_MOE_KERNELS=v3: vLLM's memory, v3 at ~matmul_ogs' speed from M 1024, v20).
+# ENGINES (default "gptoss vllm"): gptoss runs ours at every size on one v3 copy of the experts
+# (vLLM's memory; v24: Offline 1.13x, batch 1 1.15x vLLM's own on an H100); gptoss:N ours for steps
+# of up to N tokens and vLLM's own MoE above (GPTOSS_VLLM_MOE_MAX_TOKENS; both layouts loaded);
+# gptoss-v3 ours with GPTOSS_MOE_KERNELS=v3 (as gptoss since v24).
 # One table last.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -23,7 +23,7 @@ if [ -z "${NO_TESTS:-}" ]; then
 fi
 wait_vllm || exit 1
 dirs=()
-for eng in ${ENGINES:-gptoss:16 vllm}; do
+for eng in ${ENGINES:-gptoss vllm}; do
   d="$R/${eng/:/_}"; dirs+=("$d")
   say "plugin bench: $eng"
   timeout 480 python3 bench/vllm_plugin_gpu.py --model-path "$CKPT" --engines "$eng" --out "$d" > "$d.txt" 2>&1

@@ -7,8 +7,9 @@ Through vLLM's own extension points only (vLLM 0.26.0 and 0.32.0, gptoss.vllm_pl
 - It gives each RoutedExperts layer a GptossMoEMethod (a FusedMoEMethodBase): the parameters vLLM's
   own method has, under the same names and shapes, so vLLM's gpt-oss loader fills them unchanged;
   then one monolithic step from the router's logits, our routing included (gptoss.vllm_experts).
+- On CUDA our kernels run on one v3 copy of the experts (GptossMoEMethod._layouts).
 - With GPTOSS_VLLM_MOE_MAX_TOKENS (CUDA only) it also builds vLLM's own method on the same layer and
-  hands it the steps of more tokens: vLLM's Triton MXFP4 MoE, faster than ours at large batches.
+  hands it the steps of more tokens (vLLM's Triton MXFP4 MoE; both layouts stay loaded).
 """
 
 from __future__ import annotations
@@ -122,6 +123,23 @@ class GptossMoEMethod(FusedMoEMethodBase):
             if name.endswith("_scale"):
                 param.quant_method = "block"  # as vLLM's method marks its MXFP4 scales
 
+    @staticmethod
+    def _layouts(layer: torch.nn.Module) -> tuple[str, str | None]:
+        """One v3 copy of the experts by default. vLLM sizes its KV cache from the memory the weights
+        leave, so the engine's second copy (v2 + v3 for 20b on an H100: moe_layout.layouts) would
+        cost it ~12 GB of KV; on one v3 copy, as much memory as vLLM's own MoE (H100, random 20b,
+        bench/results v24): 1.13x vLLM's own Offline 1000 x (1024 -> 1024) and 1.15x its batch 1.
+        GPTOSS_MOE_KERNELS=v2|v3 chooses as in the engine."""
+        from gptoss.kernels import moe_layout
+
+        if moe_layout.MODE == "auto":
+            return "v3", None
+        hf = get_current_vllm_config().model_config.hf_config
+        packed = (layer.w13_weight, layer.w13_weight_scale, layer.w2_weight, layer.w2_weight_scale)
+        per_layer = sum(p.data.numel() for p in packed)  # uint8: bytes
+        total = torch.cuda.get_device_properties(layer.w13_weight.device).total_memory
+        return moe_layout.layouts(per_layer * int(getattr(hf, "num_hidden_layers", 1)), total)
+
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         activation = getattr(layer.activation, "value", layer.activation)
         if activation != "swigluoai" or layer.apply_router_weight_on_input:
@@ -131,14 +149,8 @@ class GptossMoEMethod(FusedMoEMethodBase):
         w13, w2 = layer.w13_weight.data, layer.w2_weight.data
         b13, b2 = getattr(layer, "w13_bias", None), getattr(layer, "w2_bias", None)
         kernels, large = None, None  # with a peer our kernels run only decode steps: v2's decode kernels
-        if self.path == "triton" and self.peer is None:  # as the engine: moe_layout.layouts
-            from gptoss.kernels import moe_layout
-
-            hf = get_current_vllm_config().model_config.hf_config
-            packed = (layer.w13_weight, layer.w13_weight_scale, layer.w2_weight, layer.w2_weight_scale)
-            per_layer = sum(p.data.numel() for p in packed)  # uint8: bytes
-            total = torch.cuda.get_device_properties(w13.device).total_memory
-            kernels, large = moe_layout.layouts(per_layer * int(getattr(hf, "num_hidden_layers", 1)), total)
+        if self.path == "triton" and self.peer is None:
+            kernels, large = self._layouts(layer)
         self.experts = GptossExperts(
             w13,
             layer.w13_weight_scale.data,
