@@ -7,7 +7,7 @@ Through vLLM's own extension points only (vLLM 0.26.0 and 0.32.0, gptoss.vllm_pl
 - It gives each RoutedExperts layer a GptossMoEMethod (a FusedMoEMethodBase): the parameters vLLM's
   own method has, under the same names and shapes, so vLLM's gpt-oss loader fills them unchanged;
   then one monolithic step from the router's logits, our routing included (gptoss.vllm_experts).
-- On CUDA our kernels run on one v3 copy of the experts (GptossMoEMethod._layouts).
+- On CUDA our kernels run on one v3 copy of the experts (moe_layout.vllm_layouts).
 - With GPTOSS_VLLM_MOE_MAX_TOKENS (CUDA only) it also builds vLLM's own method on the same layer and
   hands it the steps of more tokens (vLLM's Triton MXFP4 MoE; both layouts stay loaded).
 """
@@ -125,20 +125,15 @@ class GptossMoEMethod(FusedMoEMethodBase):
 
     @staticmethod
     def _layouts(layer: torch.nn.Module) -> tuple[str, str | None]:
-        """One v3 copy of the experts by default. vLLM sizes its KV cache from the memory the weights
-        leave, so the engine's second copy (v2 + v3 for 20b on an H100: moe_layout.layouts) would
-        cost it ~12 GB of KV; on one v3 copy, as much memory as vLLM's own MoE (H100, random 20b,
-        bench/results v24): 1.13x vLLM's own Offline 1000 x (1024 -> 1024) and 1.15x its batch 1.
-        GPTOSS_MOE_KERNELS=v2|v3 chooses as in the engine."""
+        """The experts' layouts on CUDA (moe_layout.vllm_layouts: one v3 copy unless
+        GPTOSS_MOE_KERNELS says otherwise)."""
         from gptoss.kernels import moe_layout
 
-        if moe_layout.MODE == "auto":
-            return "v3", None
         hf = get_current_vllm_config().model_config.hf_config
         packed = (layer.w13_weight, layer.w13_weight_scale, layer.w2_weight, layer.w2_weight_scale)
         per_layer = sum(p.data.numel() for p in packed)  # uint8: bytes
         total = torch.cuda.get_device_properties(layer.w13_weight.device).total_memory
-        return moe_layout.layouts(per_layer * int(getattr(hf, "num_hidden_layers", 1)), total)
+        return moe_layout.vllm_layouts(per_layer * int(getattr(hf, "num_hidden_layers", 1)), total)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         activation = getattr(layer.activation, "value", layer.activation)

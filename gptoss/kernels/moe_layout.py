@@ -94,6 +94,15 @@ def layouts(expert_bytes: int, device_bytes: int) -> tuple[str, str | None]:
     return KERNELS, large
 
 
+def vllm_layouts(expert_bytes: int, device_bytes: int) -> tuple[str, str | None]:
+    """layouts() for our MoE inside vLLM (gptoss.vllm_moe): one v3 copy by default. vLLM sizes its KV
+    cache from the memory the weights leave, so the engine's second copy (v2 + v3 for 20b on an
+    H100) would cost it that much KV; one v3 copy is the memory of vLLM's own MoE (H100, random 20b,
+    bench/results v24: 1.13x vLLM's own Offline 1000 x (1024 -> 1024), 1.15x its batch 1).
+    GPTOSS_MOE_KERNELS=v2|v3 chooses as in the engine."""
+    return ("v3", None) if MODE == "auto" else layouts(expert_bytes, device_bytes)
+
+
 def for_rows(w: MoEWeights, t: int, top_k: int) -> MoEWeights:
     """The copy a forward over t tokens runs: w.large from LARGE_MIN_ROWS rows an expert on, else w."""
     if w.large is not None and -(-t * top_k // w.w13.shape[0]) >= LARGE_MIN_ROWS:

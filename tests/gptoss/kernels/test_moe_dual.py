@@ -180,6 +180,21 @@ def test_large_copy_only_for_v2_and_under_a_quarter_of_the_device(
     assert moe_layout.large_copy(int(expert_gb * 1e9), int(device_gb * 1e9)) == want
 
 
+@pytest.mark.parametrize(
+    ("mode", "kernels", "want"),
+    [("auto", "v2", ("v3", None)), ("v2", "v2", ("v2", "v3")), ("v3", "v3", ("v3", None))],
+)
+def test_inside_vllm_the_experts_take_one_v3_copy_unless_told(mode, kernels, want, monkeypatch):
+    """moe_layout.vllm_layouts (gptoss.vllm_moe): 20b's 12 GB of experts on an 80 GB card. The engine
+    keeps v2 + a v3 copy there; inside vLLM the default is one v3 copy (vLLM's KV cache gets what our
+    weights leave), and GPTOSS_MOE_KERNELS=v2|v3 chooses as in the engine."""
+    monkeypatch.setattr(moe_layout, "MODE", mode)
+    monkeypatch.setattr(moe_layout, "KERNELS", kernels)
+    assert moe_layout.vllm_layouts(12 * 10**9, 80 * 10**9) == want
+    if mode == "auto":
+        assert moe_layout.layouts(12 * 10**9, 80 * 10**9) == ("v2", "v3")  # the engine's
+
+
 def test_warm_moe_runs_every_power_of_two_up_to_the_step_size(monkeypatch):
     """KernelModel.warm_moe: the MoE at 32, 64, ... tokens and at the step's own size, so every tile
     bucket a step can reach is compiled before the first request."""
