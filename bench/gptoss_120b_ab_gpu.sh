@@ -27,14 +27,7 @@ export VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_USE_FL
 N=${N:-$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo 2000 || echo 600)}
 SHAPES=(--decode 128x512 --throughput "${N}x1024x1278" --max-model-len 4096 --trace)
 [ "${VLLM:-1}" = 1 ] && vllm_script
-mkdir -p /mnt/ck120
-grep -q " /mnt/ck120 " /proc/mounts || mount -t tmpfs -o size=72g tmpfs /mnt/ck120 || exit 1
-if [ ! -f "$CKPT/config.json" ]; then
-  say "120b checkpoint"
-  python3 -m gptoss.tools.make_checkpoint --preset 120b --device cuda --out "$CKPT" > "$RES/checkpoint.log" 2>&1 \
-    || { tail "$RES/checkpoint.log"; exit 1; }
-  tail -1 "$RES/checkpoint.log"
-fi
+checkpoint_120b
 gpu_prereqs
 if [ "${TESTS:-}" != none ]; then  # TESTS=none: no tests (another GPU of the machine runs them)
   say "compiled few-rows tests"

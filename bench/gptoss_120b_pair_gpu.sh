@@ -17,14 +17,7 @@ RES=$HOME/pair
 . bench/gpu_detached.sh
 CKPT=/mnt/ck120/gptoss-120b-random
 [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "needs 2 GPUs"; exit 1; }
-mkdir -p /mnt/ck120
-grep -q " /mnt/ck120 " /proc/mounts || mount -t tmpfs -o size=72g tmpfs /mnt/ck120 || exit 1
-if [ ! -f "$CKPT/config.json" ]; then
-  say "120b checkpoint"
-  python3 -m gptoss.tools.make_checkpoint --preset 120b --device cuda --out "$CKPT" > "$RES/checkpoint.log" 2>&1 \
-    || { tail "$RES/checkpoint.log"; exit 1; }
-  tail -1 "$RES/checkpoint.log"
-fi
+checkpoint_120b
 gpu_prereqs  # the harness's wheels, once, before two scripts would install them at the same time
 dp() { CKPT=$CKPT OUT=$HOME/dpres bash bench/gptoss_dp_gpu.sh "${DP_N:-1000}" 1024 1278 "$1"; }
 say "GPU 0: ours; GPU 1: DP=1, then vLLM (PEER=${PEER:-1})"

@@ -1,8 +1,9 @@
 # shellcheck shell=bash
-# Sourced (not run) by the detached one-H100 scripts (moe_flat_gpu.sh, moe_large_gpu.sh,
-# vllm_plugin_gpu.sh), from the repository root, after RES (their results folder) is set:
-# the results folder and its done marker, say() with seconds since the start, and the steps each
-# of them needs first (the harness's wheels, the random 20b checkpoint, waiting for vLLM).
+# Sourced (not run) by the detached GPU scripts (moe_flat_gpu.sh, moe_large_gpu.sh,
+# vllm_plugin_gpu.sh, gptoss_120b_ab_gpu.sh, gptoss_120b_pair_gpu.sh), from the repository root,
+# after RES (their results folder) is set: the results folder and its done marker, say() with
+# seconds since the start, and the steps each of them needs first (the harness's wheels, the random
+# 20b or 120b checkpoint, waiting for vLLM).
 mkdir -p "$RES"; rm -f "$RES/done"
 trap 'touch "$RES/done"' EXIT  # the caller polls for it, whatever way the script ends
 CKPT=${CKPT:-/tmp/ck20}
@@ -23,6 +24,16 @@ gpu_prereqs() {  # the harness's wheels (.whl) unless installed; the 20b checkpo
     python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
   [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
     > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
+}
+
+checkpoint_120b() {  # the random 120b at $CKPT (under /mnt/ck120: a tmpfs, as the disk has 64 GiB)
+  mkdir -p /mnt/ck120
+  grep -q " /mnt/ck120 " /proc/mounts || mount -t tmpfs -o size=72g tmpfs /mnt/ck120 || exit 1
+  [ -f "$CKPT/config.json" ] && return 0
+  say "120b checkpoint"
+  python3 -m gptoss.tools.make_checkpoint --preset 120b --device cuda --out "$CKPT" > "$RES/checkpoint.log" 2>&1 \
+    || { tail "$RES/checkpoint.log"; exit 1; }
+  tail -1 "$RES/checkpoint.log"
 }
 
 wait_vllm() {  # up to 15 min for bench/vllm_peer_install.sh (a later device call) to finish
