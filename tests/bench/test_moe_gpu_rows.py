@@ -1,5 +1,6 @@
 """bench/kernels/moe_gpu.py's rows: each variant's output is checked against the v2 kernels' and a
-row past the bound says WRONG (its time is no result; moe_pick skips it)."""
+row past the bound says WRONG (its time is no result; moe_pick skips it); a graph capture of ours
+that fails fails the bench, the vLLM peer's is reported and its row keeps the eager time."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"))
 
 import torch  # noqa: E402
-from moe_gpu import ERR_LIMIT, _err, _fmt_row  # noqa: E402
+from moe_gpu import ERR_LIMIT, _capture, _err, _fmt_row  # noqa: E402
 
 ROW = {"M": 1024, "variant": "S-h256", "graph_us": 900.0, "gate_up_us": 600.0, "down_us": 280.0}
 ROW |= {"eager_us": 910.0, "hbm": 0.4}
@@ -30,3 +31,14 @@ def test_a_row_past_the_bound_says_wrong():
     bad = _fmt_row(ROW | {"err": ERR_LIMIT * 3})
     assert bad.endswith("  err 6.0e-02 WRONG")
     assert _fmt_row(ROW).endswith("40.0%")  # no check (no reference): no err column
+
+
+def _broken() -> None:
+    raise ValueError("boom")
+
+
+def test_our_capture_failure_fails_the_bench_and_the_peers_is_reported(capsys):
+    with pytest.raises(ValueError, match="boom"):
+        _capture(_broken)
+    assert _capture(_broken, peer=True) is None
+    assert capsys.readouterr().err == "  vLLM graph capture failed: ValueError: boom\n"
