@@ -300,7 +300,8 @@ for _name, _gu, _dn in [
     ("D-128k128s6", Tiles(16, 64, 128, 4, 6), Tiles(16, 128, 128, 4, 6)),  # half the programs
     # down on 32 weight rows (mma.sync, 2 warps): twice the programs (360 at T 1) as v2's decode down,
     # which beats v3's at batch 1 (10.7 against 16.8 us a layer, v23); its bits differ from the
-    # other buckets' (a candidate only if the gain pays for that)
+    # other buckets'. Measured v24: ~2x slower at every M (down alone at M 1 41.5 against 21.2 us);
+    # the split-K kernel over the same words (v3-dd below) is what won
     ("D-dn32", Tiles(16, 32, 128, 4, 4), Tiles(16, 32, 128, 2, 4)),
     ("D-dn32k256", Tiles(16, 32, 128, 4, 4), Tiles(16, 32, 256, 2, 4)),
 ]:
