@@ -10,7 +10,8 @@
 # before v23, v3pick the sweep's fastest (moe_pick.py), skipped where the table's own win,
 # v3unfused the v3 default with GPTOSS_FUSED_DECODE=0 (routing and combine unfused), v3norm with
 # GPTOSS_ROUTER=norm (a routing launch, not the routing inside gate_up), v3tab with GPTOSS_V3_DEC_DOWN=0
-# (batch 1's down on v3's decode tiles, as before v24, not on moe_v3_dec's split-K slot kernel). VLLM=0 runs ours only (no
+# (batch 1's down on v3's decode tiles, as before v24, not on moe_v3_dec's split-K slot kernel), and
+# NAME=ENV=VALUE[+ENV=VALUE...] the v3 default under those variables (e.g. sk64=GPTOSS_ATTN_SPLIT_KEYS=64). VLLM=0 runs ours only (no
 # wait for the install); MODES= (empty) skips the Offline run; SWEEP=0 the sweep (SWEEP_VARIANTS its
 # variants); TESTS the compiled tests' -k expression (none: no tests).
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
@@ -78,6 +79,9 @@ for mode in $B1_MODES; do
       export GPTOSS_V3_DEC_DOWN=0
       ours v3tab v3 "" "${B1[@]}"
       unset GPTOSS_V3_DEC_DOWN ;;
+    *=*)  # NAME=ENV=VALUE[+ENV=VALUE...]: the default kernels under those variables
+      read -ra assigns <<< "$(tr '+' ' ' <<< "${mode#*=}")"
+      (export "${assigns[@]}"; ours "${mode%%=*}" v3 "" "${B1[@]}") ;;
     *) ours "$mode" "$mode" "" "${B1[@]}" ;;
   esac
 done
@@ -87,6 +91,7 @@ if [ $have_vllm = 1 ]; then
     --vllm-script "$VLLM_SCRIPT" --out "$RES/vllm" > "$RES/vllm.txt" 2>&1
 fi
 for mode in $MODES $B1_MODES; do
+  mode=${mode%%=*}
   [ -f "$RES/$mode/results.jsonl" ] || continue
   echo "== $mode" >> "$RES/table.txt"
   python3 - "$RES/$mode/results.jsonl" "$RES/vllm/results.jsonl" >> "$RES/table.txt" 2>&1 <<'PY'

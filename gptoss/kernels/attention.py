@@ -18,9 +18,24 @@ LOG2E = 1.4426950408889634
 # Decode splits the keys of a (sequence, KV head) over several programs until about this many
 # programs per SM run; a split keeps at least MIN_SPLIT_KEYS keys so its partials (16 rows of
 # m, l and D floats, written then read back) stay small next to the K/V it reads (256 B a key).
+# Only small batches reach the bound (S x Hkv < PROGRAMS_PER_SM x SMs): at batch 1 a program then
+# walks its keys in BLOCK_N steps one after another, so fewer keys a split shorten that chain;
+# GPTOSS_ATTN_SPLIT_KEYS=N sets the bound (benchmarks: bench/gptoss_120b_ab_gpu.sh's B1_MODES).
 PROGRAMS_PER_SM = 4
-MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 64
+
+
+def _split_keys_from_env(v: str | None) -> int:
+    if v in (None, ""):
+        return 256
+    if not v.isdigit() or int(v) < 16:
+        raise ValueError(
+            f"GPTOSS_ATTN_SPLIT_KEYS must be the fewest keys a decode split takes (>= 16), got {v!r}"
+        )
+    return int(v)
+
+
+MIN_SPLIT_KEYS = _split_keys_from_env(os.environ.get("GPTOSS_ATTN_SPLIT_KEYS"))
 
 
 def _cfg_from_env(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
