@@ -6,7 +6,8 @@
 # compiled kernel tests of the decode path, greedy agreement and batch invariance, batch-1 kernel
 # profiles of PROFILE_VARIANTS, then Offline throughput. One table last.
 #   bash bench/decode_variants_gpu.sh [THROUGHPUT ...]     e.g. 1000x1024x1024 1000x128x1024
-# Variants: name=ENV assignments (space separated) in VARIANTS, default below.
+# Variants: name=ENV assignments (space separated) in VARIANTS, default below. TESTS=none skips
+# the tests, AGREEMENT=0 the agreement run, PROFILE_VARIANTS=none the profiles.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${OUT:-$PWD/gptoss_gpu_out}; mkdir -p "$RES"
@@ -20,7 +21,7 @@ say "compiled kernel tests of the decode path"
 read -ra tests <<< "${TESTS:-tests/gptoss/kernels/test_norm_route.py tests/gptoss/kernels/test_small_ops.py \
 tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_qkv_rope.py \
 tests/gptoss/kernels/test_attention_kernel.py::test_gpu_decode_merge_in_kernel}"
-python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
+[ "${tests[0]}" = none ] || python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
 ALL=GPTOSS_ROUTER=fused,GPTOSS_QKV=fused,GPTOSS_GATE_UP_MAXNREG=80,GPTOSS_ATTN_REDUCE=fused
 VARIANTS=${VARIANTS:-"default= split=GPTOSS_ROUTER=split qkv=GPTOSS_QKV=fused cap=GPTOSS_GATE_UP_MAXNREG=80 \
 merge=GPTOSS_ATTN_REDUCE=fused all=$ALL default2= all2=$ALL"}
@@ -34,12 +35,15 @@ for v in $VARIANTS; do
   row=$(grep '^batch-1 decode' "$RES/decode_$name.txt" | tail -1)
   echo "$name: ${row:-FAILED (see decode_$name.txt)}" | tee -a "$RES/decode_table.txt"
 done
-say "agreement and batch invariance (default switches)"
-python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine agreement --decode 128x512 > "$RES/agreement.txt" 2>&1
-grep -E "greedy_agreement|batch_invariance" "$RES/agreement.txt" | tail -2
+if [ "${AGREEMENT:-1}" = 1 ]; then  # AGREEMENT=0: skip (measured elsewhere)
+  say "agreement and batch invariance (default switches)"
+  python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine agreement --decode 128x512 > "$RES/agreement.txt" 2>&1
+  grep -E "greedy_agreement|batch_invariance" "$RES/agreement.txt" | tail -2
+fi
 # Batch-1 kernel tables of chosen variants (names from VARIANTS), without PDL: with it a kernel's
 # time includes its wait for the one before.
 for v in ${PROFILE_VARIANTS:-default all}; do
+  [ "$v" = none ] && continue
   envs=$(tr ' ' '\n' <<< "$VARIANTS" | sed -n "s/^$v=//p" | head -1)
   read -ra assigns <<< "${envs//,/ }"
   say "profile batch 1: $v ($envs), GPTOSS_PDL=0"
