@@ -50,7 +50,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gptoss.kernels import moe, moe_common, moe_decode, moe_tiles, moe_v3, moe_v3_dec  # noqa: E402
+from gptoss.kernels import moe, moe_common, moe_decode, moe_tiles, moe_v3, moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 
@@ -175,9 +175,13 @@ def _switches(v: Variant) -> Iterator[None]:
     """The module switches a variant needs, restored afterwards."""
     saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED, (moe_v3.TMA_DOWN, moe_v3.TMA_X)
     saved_dd = moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC
-    # "v3" the table's tiles at every M; the v3-dd variants the split-K down at every decode M
+    saved_gu = moe_v3_dec_gu.MAX_T, moe_v3_dec_gu.V3_GATE_UP_DEC
+    # "v3" the table's tiles at every M; the v3-dd variants the split-K down (-gu: and gate_up) at
+    # every decode M
     moe_v3_dec.MAX_T = moe_tiles.DECODE_MAX_T if v.v3_dec_down is not None else 0
     moe_v3_dec.V3_DOWN_DEC = v.v3_dec_down or saved_dd[1]
+    moe_v3_dec_gu.MAX_T = moe_tiles.DECODE_MAX_T if v.v3_dec_gate_up is not None else 0
+    moe_v3_dec_gu.V3_GATE_UP_DEC = v.v3_dec_gate_up or saved_gu[1]
     moe_common.USE_ASM = v.asm
     moe_decode.ENABLED = v.decode  # else the M-tile kernels at every M (the decode path: DEC_VARIANTS)
     moe_v3.TMA_DOWN, moe_v3.TMA_X = moe_v3._tma_mode(v.tma)
@@ -192,6 +196,7 @@ def _switches(v: Variant) -> Iterator[None]:
         moe_decode.ENABLED = saved[2]
         moe_v3.TMA_DOWN, moe_v3.TMA_X = saved[3]
         moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC = saved_dd
+        moe_v3_dec_gu.MAX_T, moe_v3_dec_gu.V3_GATE_UP_DEC = saved_gu
 
 
 def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
@@ -211,6 +216,8 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
         down = partial(moe.down_v3, sorted_rows=srt)
         if t <= moe_v3_dec.MAX_T and w.layout == "v3" and not srt:
             down = lambda act, r, w, _tiles: moe_v3_dec.down_v3_dec(act, r, w)  # noqa: E731
+        if t <= moe_v3_dec_gu.MAX_T and w.layout == "v3" and not srt:
+            gate_up = lambda x, r, w, a, lim, _tiles: moe_v3_dec_gu.gate_up_v3_dec(x, r, w, a, lim)  # noqa: E731
     else:
         gu_tiles = moe.choose_tiles(t, TOP_K, E, I, H, gate_up=True)
         dn_tiles = moe.choose_tiles(t, TOP_K, E, H, I, gate_up=False)

@@ -61,10 +61,30 @@ def _max_t(v: str | None) -> int:
     return int(v)
 
 
+def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
+    """A split-K decode kernel's tiles from the variable `name` ("BM,BN,BK,SPLIT,WARPS,STAGES"; unset or
+    empty: default), for engine A/B runs of tiles the kernel benches found (bench/gptoss_120b_ab_gpu.sh)."""
+    v = os.environ.get(name, "")
+    if not v:
+        return default
+    parts = v.split(",")
+    if len(parts) != 6 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{name} must be BM,BN,BK,SPLIT,WARPS,STAGES (six positive counts), got {v!r}")
+    t = DecTiles(*map(int, parts))
+    if t.bn % 16 or t.bk % (64 * t.split) or t.bm & (t.bm - 1) or t.split & (t.split - 1):
+        raise ValueError(
+            f"{name}: BN a multiple of 16, BK of 64 * SPLIT, BM and SPLIT powers of 2, got {v!r}"
+        )
+    return t
+
+
 MAX_T = _max_t(os.environ.get("GPTOSS_V3_DEC_DOWN"))
 # The v2 decode down's tiles (moe_tiles.DOWN_DEC_TILES) with BM up to 16 (the x tile; T's power of
 # 2 at launch): 32 weight rows, a 512-K step split over 4 warps of 128 K (2 chunks each), 3 stages.
-V3_DOWN_DEC = DecTiles(bm=16, bn=32, bk=512, split=4, warps=4, stages=3)
+# GPTOSS_V3_DEC_DOWN_TILES overrides them.
+V3_DOWN_DEC = env_dec_tiles(
+    "GPTOSS_V3_DEC_DOWN_TILES", DecTiles(bm=16, bn=32, bk=512, split=4, warps=4, stages=3)
+)
 
 
 @triton.jit

@@ -185,3 +185,15 @@ def test_down_v3_dec_120b_shapes_on_gpu(tokens):
     got = moe_v3_dec.down_v3_dec(act, r, w)
     assert _rel(got, _down_v3(act, r, w)) <= TOL_V3[torch.bfloat16]
     assert _rel(got, _want(ref, r, act)) <= TOL[torch.bfloat16]
+
+
+def test_decode_tiles_come_from_the_environment(monkeypatch):
+    default = DecTiles(16, 32, 512, 4, 4, 3)
+    monkeypatch.delenv("GPTOSS_X_TILES", raising=False)
+    assert moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default) is default
+    monkeypatch.setenv("GPTOSS_X_TILES", "16,32,128,2,2,4")
+    assert moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default) == DecTiles(16, 32, 128, 2, 2, 4)
+    for bad, why in [("16,32,128,2,2", "six positive counts"), ("16,24,128,2,2,4", "BN a multiple of 16")]:
+        monkeypatch.setenv("GPTOSS_X_TILES", bad)
+        with pytest.raises(ValueError, match=f"GPTOSS_X_TILES.*{why}"):
+            moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default)

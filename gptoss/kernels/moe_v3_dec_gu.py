@@ -1,0 +1,243 @@
+"""The v3 layout's gate_up GEMM at decode batch sizes: the split-K expert-slot design of
+moe_v3_dec's down (_down_v3_dec_kernel) on W13, with the clamped SwiGLU of moe_v3's tiles.
+
+gate_up_v3_dec(x, r, w, alpha, limit) = moe_v3.gate_up_v3(x, r, w, alpha, limit, tiles) for T <=
+moe_tiles.DECODE_MAX_T (no LoRA, act in assignment order): act [T*k, I] = swiglu(x[a // k] @ W13_e^T
++ b13_e) row by row; with logits [T, E] it routes them in registers and fills r, as gate_up_v3 does.
+
+Why. With the down on the split-K kernel, the gate_up on v3's decode tiles (Tiles(16, 32, 128, 4, 4):
+64 weight rows, one warpgroup, BK 128) is a decode step's largest kernel at batch 1 (22.3 us a layer
+at 120b's shapes on an H100). This kernel runs the down's K step (moe_v3_dec._v3_split_step: a
+K step split over warps, each dequantizing whole 64-K chunks of all BN rows into registers that are
+the mma.sync A fragment as they stand) on W13, whose rows come gate and up interleaved by 8
+(moe_layout._interleave8): a 16-row block is 8 gate rows and their 8 up rows, so a program's BN = 32
+weight rows are 16 act columns and the SwiGLU pairs them in registers after the split dim is summed,
+as _gate_up_v3_tile does on its wgmma accumulator. K = H = 2880 = 45 x 64: the last K step masks
+whole 64-K chunks (the rows are padded to 64 with zeros). Its tiles are not the down's: at T 1 the
+gate_up has 720 programs (180 row blocks x 4 experts), which at the down's 4 warps and 109 registers
+fit 4 an SM (1.4 waves); 2 warps of one chunk each (78 registers, 7 KB shared) fit 12 (V3_GATE_UP_DEC).
+
+sm_90a SASS (compiled on CPU as bench/kernels/moe_decode_sass.py does; 120b's gate_up, bf16, PDL, the
+default tiles), K loop instructions a weight value, registers, shared memory, no spills: BM 1 3.28,
+78, 7 KB; BM 4 3.30, 96, 10 KB; BM 8 3.42, 111, 13 KB; BM 16 4.16, 119, 19 KB; routing in registers
+T 1 3.31, 80; T 16 4.17, 254 (v3's decode tiles 4.11, 72; the down's tiles here BM 1 2.84, 109, 19 KB).
+One convert_layout in the TTGIR (act before its store): the gate / up split stays in registers.
+
+Measured (H100, 120b, bf16; 48 calls in a CUDA graph on random routings, so mostly L2-cold experts;
+us a call, two runs on two machines): T 1 17.0-17.3 against 20.6 on v3's decode tiles, 18.0-18.3
+against 22.1 routing the logits; T 2 / 4 / 8 34.4 / 59.5 / 102.6 against 36.7 / 62.1 / 111.1; T 16
+217.9 against 191.8. Not yet timed in the engine. MAX_T (GPTOSS_V3_DEC_GATE_UP=N, default 1, 0:
+never) is the switch for moe.py.
+
+Numerics: the same float32 products as v3's tiles (exact dequant, bf16 or IEEE float32 dots), summed
+in another order (a partial sum a warp, added after the loop), so act may differ from gate_up_v3's
+in the last place, as the down's does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from gptoss.kernels import moe_common as common
+from gptoss.kernels import pdl
+from gptoss.kernels.moe_common import _precision, _slot_expert
+from gptoss.kernels.moe_layout import MoEWeights
+from gptoss.kernels.moe_routing import Routing, route_in_registers
+from gptoss.kernels.moe_tiles import DECODE_MAX_T, DecTiles
+from gptoss.kernels.moe_v3 import _check, _route_args, _scaled, _weight_args
+from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step, dec_tiles_v3, env_dec_tiles
+
+_ENV = "GPTOSS_V3_DEC_GATE_UP"
+
+
+def _max_t(v: str | None) -> int:
+    if v in (None, ""):
+        return 1
+    if not v.isdigit() or int(v) > DECODE_MAX_T:
+        raise ValueError(
+            f"{_ENV} must be the most tokens a decode batch has to take the split-K gate_up "
+            f"(0: never, up to {DECODE_MAX_T}), got {v!r}"
+        )
+    return int(v)
+
+
+MAX_T = _max_t(os.environ.get(_ENV))
+# BN 32 weight rows (16 act columns), BM up to 16 (T's power of 2 at launch), a 128-K step split over
+# 2 warps of one 64-K chunk, 4 stages. H100, 120b, bf16, us a call at T 1 / 2 / 4 / 16 (as above):
+# these 17.0 / 34.5 / 60.1 / 220.9; the down's tiles (moe_v3_dec.V3_DOWN_DEC: BK 512 over 4 warps, 3
+# stages) 22.1 / 41.1 / 80.4 / 305.7; BK 256 over 4 warps 19.6 (3 stages) - 20.7 (4); BN 64 19.2;
+# BK 64 one warp 18.7-18.9; 3 / 5 / 6 stages 17.4 / 17.9 / 18.4 (T 1); the down's tiles capped at
+# 96 / 80 registers (5 / 6 an SM) 22.4 / 22.7.
+# GPTOSS_V3_DEC_GATE_UP_TILES overrides them.
+V3_GATE_UP_DEC = env_dec_tiles(
+    "GPTOSS_V3_DEC_GATE_UP_TILES", DecTiles(bm=16, bn=32, bk=128, split=2, warps=2, stages=4)
+)
+
+
+@triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
+def _gate_up_v3_dec_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    act_ptr,
+    counts_ptr,
+    rows_ptr,
+    T,
+    stride_x,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    alpha,
+    limit,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    BE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    ASM: tl.constexpr,
+    PREC: tl.constexpr,
+    PDL: tl.constexpr,
+    logits_ptr=None,
+    ids_ptr=None,
+    wts_ptr=None,
+    stride_l=0,
+    ROUTE: tl.constexpr = False,
+    KP: tl.constexpr = 1,
+    BT: tl.constexpr = 1,
+):
+    """Program (weight row block, slot): act[rows of the slot's expert, pid_n's BN/2 columns] =
+    swiglu(x[rows // k] @ W13_e^T + b13_e); N = I, K = H, BN weight rows. ROUTE: every program
+    routes the [T, E] logits in registers (the routing kernel's decisions) instead of loading counts
+    and rows; program (0, 0) stores them for down and the combine."""
+    pdl.wait_then_release(PDL)
+    pid_n, s = tl.program_id(0), tl.program_id(1)
+    ex = tl.arange(0, BE)
+    if ROUTE:
+        first = (pid_n == 0) & (s == 0)
+        flat, a, pos, cnt = route_in_registers(
+            logits_ptr, T, stride_l, first, ids_ptr, wts_ptr, counts_ptr, rows_ptr, E, TOP_K, KP, BE, BT
+        )
+    else:
+        cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
+    e, n_rows, _ = _slot_expert(cnt, ex, s)
+    if n_rows == 0:  # past the active experts
+        return
+    EVEN_K: tl.constexpr = (K + 63) // 64 * 64 % BK == 0  # the rows are padded to 64
+    BKS: tl.constexpr = BK // SPLIT
+    NC: tl.constexpr = BN // 2  # act columns: each a gate and an up weight row
+    e64 = e.to(tl.int64)
+    w_t, s_t, c = _v3_split_ptrs(
+        w_ptr + e64 * stride_we,
+        s_ptr + e64 * stride_se,
+        pid_n * BN,
+        stride_wn,
+        stride_sn,
+        2 * N,
+        BN,
+        BK,
+        SPLIT,
+    )
+    # Weight row r = 16b + 8h + g is plane h's (gate, up) act column pid_n NC + 8b + g (_interleave8);
+    # past-the-end columns read valid bias and are never stored.
+    r = tl.arange(0, BN)
+    col = (pid_n * NC + (r // 16) * 8 + r % 8) % N
+    bias = tl.load(b_ptr + e64 * 2 * N + ((r // 8) % 2) * N + col)[:, None]  # [BN, 1]: b13 is [E, 2, I]
+    n = pid_n * NC + tl.arange(0, NC)
+    kx = tl.arange(0, SPLIT)[:, None, None] * BKS + tl.arange(0, BKS)[None, :, None]  # [SPLIT, BKS, 1]
+    for m0 in range(0, n_rows, BM):
+        slot = m0 + tl.arange(0, BM)
+        valid = slot < n_rows
+        if ROUTE:  # the slot-th assignment of expert e: its place in e's list (rows_ptr not yet written)
+            sel = (flat[None, :] == e) & (pos[None, :] == slot[:, None])  # [BM, A]
+            rows = tl.sum(tl.where(sel, a[None, :], 0), axis=1)
+        else:
+            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # [BM] assignments t*k + j
+        x_t = x_ptr + (rows // TOP_K).to(tl.int64)[None, None, :] * stride_x + kx  # [SPLIT, BKS, BM]
+        acc = tl.zeros([SPLIT, BN, BM], tl.float32)
+        for k0 in range(0, K, BK):
+            xt = tl.load(x_t + k0, mask=valid[None, None, :] & ((k0 + kx) < K), other=0.0)
+            acc = _v3_split_step(acc, xt, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC)
+        pre = tl.sum(acc, 0) + bias  # [BN, BM]
+        # rows 16b + 8h + g -> [b, g, BM, h], split on h: _gate_up_v3_tile's epilogue
+        gate, up = tl.split(tl.permute(tl.reshape(pre, (BN // 16, 2, 8, BM)), (0, 2, 3, 1)))
+        gate = tl.minimum(tl.reshape(gate, (NC, BM)), limit)  # act column pid_n NC + 8b + g
+        up = tl.minimum(tl.maximum(tl.reshape(up, (NC, BM)), -limit), limit)
+        act = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+        tl.store(
+            act_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
+            act.to(act_ptr.dtype.element_ty),
+            mask=(n < N)[:, None] & valid[None, :],
+        )
+
+
+def gate_up_v3_dec(
+    x: Tensor,
+    r: Routing,
+    w: MoEWeights,
+    alpha: float,
+    limit: float,
+    t: DecTiles | None = None,
+    logits: Tensor | None = None,
+) -> Tensor:
+    """x [T, H] -> act [T*k, I] in x.dtype, rows in assignment order, act[a] = swiglu(x[a // k] @
+    W13_e^T + b13_e) (moe_v3.gate_up_v3's contract without LoRA or sorted rows) on "v3" weights.
+    t: the tiles before dec_tiles_v3 fits them to T and K = H (default V3_GATE_UP_DEC; BN counts
+    weight rows, two an act column). logits [T, E] (T <= the fitted BM): the kernel routes them
+    itself and fills r's buffers (empty on entry) for down and the combine."""
+    if w.layout != "v3":
+        raise ValueError(f"gate_up_v3_dec: weights in the {w.layout!r} layout; it reads the 'v3' layout only")
+    _check(x, w)
+    (n_tok, h), k = x.shape, r.ids.shape[1]
+    e, _, i = w.shape
+    t = V3_GATE_UP_DEC if t is None else t
+    tiles = dec_tiles_v3(n_tok, h, t)
+    if logits is not None and n_tok > tiles.bm:
+        raise ValueError(f"gate_up_v3_dec: routing in the kernel needs T {n_tok} <= BM {tiles.bm}")
+    act = common._empty((n_tok * k, i), x.dtype, x.device)
+    if n_tok == 0:
+        return act
+    if x.stride(1) != 1:  # the kernel reads a row's K contiguous (stride_x between rows)
+        x = x.contiguous()
+    w13, s13, w_strides, s_strides = _weight_args(w.w13, w.s13, True)
+    _gate_up_v3_dec_kernel[(triton.cdiv(2 * i, tiles.bn), min(e, n_tok * k))](
+        x,
+        w13,
+        s13,
+        w.b13,
+        act,
+        r.counts,
+        r.rows,
+        n_tok,
+        x.stride(0),
+        *w_strides,
+        *s_strides,
+        alpha,
+        limit,
+        N=i,
+        K=h,
+        TOP_K=k,
+        E=e,
+        BE=triton.next_power_of_2(e),
+        BM=tiles.bm,
+        BN=tiles.bn,
+        BK=tiles.bk,
+        SPLIT=tiles.split,
+        ASM=_scaled(x, True),
+        PREC=_precision(x),
+        **_route_args(logits, r, n_tok, k),
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+        maxnreg=t.maxnreg,  # dec_tiles_v3 fits the shape only
+        **pdl.args(x),
+    )
+    return act
