@@ -11,9 +11,10 @@ O GEMMs each add one shrink/expand pair (x @ A^T, masked to each token's adapter
 the three QKV adapters run as one, B block-diagonal) and the MoE runs gptoss.kernels.moe_lora.
 
 KV writes: full layers and decode-only steps write the step's K/V in the RoPE kernel, before
-attention (attention reads the step's own keys from k/v, never from the cache). A prefill chunk
-on a sliding layer could overwrite ring slots its first queries still read, so those layers
-write after attention.
+attention (attention reads the step's own keys from k/v, never from the cache); with
+GPTOSS_ROPE_IN_ATTN, decode-only steps have no RoPE launch: attention ropes and writes them itself.
+A prefill chunk on a sliding layer could overwrite ring slots its first queries still read, so
+those layers write after attention.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ if ROUTER not in ROUTERS:
 # (371.0 vs 383-391 tok/s; 19.0 us a layer against cuBLAS's 12.9 + RoPE's 3.0): its 160 programs,
 # each streaming 184 KB of W alone, are 1.2 waves on 132 SMs where cuBLAS splits K.
 QKV_FUSED = os.environ.get("GPTOSS_QKV", "split") == "fused"
+# GPTOSS_ROPE_IN_ATTN=1: decode-only steps skip rope_qkv; paged attention ropes q and the new key
+# itself and writes the KV cache (gptoss.kernels.attention_rope), the same bits with one launch fewer
+# a layer (rope_qkv: ~2.9 us a layer at batch 1 on an H100). Off by default until timed on the GPU.
+ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "0") == "1"
 
 
 @dataclass(slots=True)
@@ -139,10 +144,15 @@ class KernelModel:
             slots = meta.ring_slots if ring else meta.full_slots
             write_first = not ring or meta.decode_only
             h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps, combine=pending)
+            rope = None  # set: attention ropes q, k and writes the cache itself
             if self._qkv_fused(h, lay, write_first):
                 q, k, v = qkv_rope(
                     h, lay.wqkv, lay.bqkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots
                 )
+            elif self._rope_in_attn(lay, meta):
+                qkv = self.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
+                q, k, v = qkv.view(t, -1, self.d).split((self.hq, self.hkv, self.hkv), dim=1)
+                rope = (positions, self.cos_sin, slots)
             else:
                 qkv = self.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
                 if lay.lora_qkv is not None:
@@ -151,7 +161,7 @@ class KernelModel:
                     q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots)
                 else:
                     q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d)
-            o = self._attention(q, k, v, kc, vc, table, meta, lay)  # [T, Hq, D]
+            o = self._attention(q, k, v, kc, vc, table, meta, lay, rope)  # [T, Hq, D]
             if not write_first:
                 write_kv(k, v, kc, vc, slots)
             x = self.linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
@@ -224,6 +234,17 @@ class KernelModel:
             and qkv_rope_suits(h, lay.wqkv)
         )
 
+    def _rope_in_attn(self, lay: Layer, meta: StepMeta) -> bool:
+        """Whether this layer's attention takes the un-roped q, k, v and does RoPE and the KV write
+        (GPTOSS_ROPE_IN_ATTN, decode-only steps, no QKV adapter, not in the batch-invariant mode)."""
+        return (
+            ROPE_IN_ATTN
+            and meta.decode_only
+            and meta.max_query_len == 1
+            and lay.lora_qkv is None
+            and not self.batch_invariant
+        )
+
     def _attention(
         self,
         q: Tensor,
@@ -234,13 +255,15 @@ class KernelModel:
         table: Tensor,
         meta: StepMeta,
         lay: Layer,
+        rope: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Decodes and prefill chunks in separate launches when a step mixes them: the decode launch
-        splits long contexts over programs, the chunk launch tiles queries."""
+        splits long contexts over programs, the chunk launch tiles queries. rope (decode-only steps):
+        q, k, v are views of the QKV output, roped and cached by the attention kernel."""
         ring_len = self.ring_len if lay.pool == "ring" else None
         n, s = meta.num_decode, meta.context_lens.shape[0]
         parts = [(0, n, 1), (n, s, meta.max_query_len)] if 0 < n < s else [(0, s, meta.max_query_len)]
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, also for views of qkv
         for a, b, max_q in parts:
             paged_attention(
                 q,
@@ -259,6 +282,7 @@ class KernelModel:
                 out=out,
                 max_context_hint=self.max_positions,
                 batch_invariant=self.batch_invariant,
+                rope=rope,
             )
         return out
 

@@ -13,6 +13,7 @@ from torch import Tensor
 from gptoss.kernels import pdl
 from gptoss.kernels.attention_kernel import _attn_kernel
 from gptoss.kernels.attention_reduce import _reduce_kernel
+from gptoss.kernels.attention_rope import rope_operands
 
 LOG2E = 1.4426950408889634
 # Decode splits the keys of a (sequence, KV head) over several programs until about this many
@@ -156,6 +157,7 @@ def paged_attention(
     max_context_hint: int | None = None,
     batch_invariant: bool = False,
     merge_in_kernel: bool | None = None,
+    rope: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Causal attention of S sequences' new tokens over their cached context and themselves.
 
@@ -187,6 +189,10 @@ def paged_attention(
     programs than they need (late splits of short contexts exit at once).
     merge_in_kernel (default FUSED_REDUCE): the last split to finish merges the partials in the
     attention kernel, no reduce launch; the same arithmetic, so the same output bits.
+    rope (decode launches only) = (positions [T] int, cos_sin [P, D] float32, slot_mapping [T] int):
+    q, k_new, v_new are the un-roped projections (views of the QKV output) and the caches lack this
+    step's K/V; the kernel ropes q and k as rope_qkv would and stores k, v at slot_mapping (-1: skip),
+    so out and the caches hold the bits of rope_qkv(..., caches) + paged_attention (attention_rope).
     """
     t, hq, d = q.shape
     hkv = k_new.shape[1]
@@ -209,7 +215,8 @@ def paged_attention(
     num_seqs = context_lens.shape[0]
     if query_start.shape[0] != num_seqs + 1:
         raise ValueError("query_start needs S + 1 entries")
-    out = torch.empty_like(q) if out is None else out
+    rope = rope_operands(rope, t, d, max_query_len)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     if t == 0 or num_seqs == 0 or max_query_len == 0:
         return out
     g = hq // hkv
@@ -264,6 +271,7 @@ def paged_attention(
         pl,
         pacc,
         tickets if tickets is not None else pm,
+        *(rope or (context_lens,) * 3),  # positions, cos_sin, slots; unused without rope
         qk_scale,
         win,
         ring_len or 1,
@@ -284,6 +292,7 @@ def paged_attention(
         SPLIT=splits > 1,
         MERGE=tickets is not None,
         NS_PAD=triton.next_power_of_2(splits),
+        ROPE=rope is not None,
         num_warps=warps,
         num_stages=stages,
         **common,

@@ -1,7 +1,8 @@
 """The Triton side of paged attention with sinks (gptoss.kernels.attention launches it): the
 prefill/decode kernel, a tile of query rows against its key range in two phases (cached context, then
 this step's keys: attention_tile), and the end of a split (partials; with MERGE the last split merges
-them, attention_reduce) or of the whole range (the sink, the output)."""
+them, attention_reduce) or of the whole range (the sink, the output). With ROPE a decode ropes q and
+the new key itself and writes the cache (attention_rope)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import triton.language as tl
 
 from gptoss.kernels import pdl
 from gptoss.kernels.attention_reduce import merge_splits
+from gptoss.kernels.attention_rope import rope_rows
 from gptoss.kernels.attention_tile import _phase
 
 
@@ -29,6 +31,9 @@ def _attn_kernel(
     pl_ptr,
     pacc_ptr,
     lock_ptr,
+    pos_ptr,
+    cs_ptr,
+    slot_ptr,
     qk_scale,
     window,
     ring_len,
@@ -58,9 +63,13 @@ def _attn_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
+    ROPE: tl.constexpr,
 ):
     """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads. MERGE
-    (decode splits): the last split of a (sequence, KV head) to finish merges the partials itself."""
+    (decode splits): the last split of a (sequence, KV head) to finish merges the partials itself.
+    ROPE (decode): q and this step's key arrive un-roped; they are roped at positions pos_ptr[t] with
+    the cos_sin table at cs_ptr, and the program whose keys hold this step's key stores the roped key
+    and v at slot_ptr[t] (attention_rope)."""
     pdl.wait_then_release(PDL)
     BM: tl.constexpr = BLOCK_Q * G_PAD
     pid0 = tl.program_id(0)
@@ -85,11 +94,15 @@ def _attn_kernel(
     q_first = ctx + t0
     q_last = ctx + tl.minimum(t0 + BLOCK_Q, q_len) - 1
     d = tl.arange(0, D)
-    q = tl.load(
-        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-        mask=row_ok[:, None],
-        other=0.0,
-    )
+    if ROPE:  # decode: q arrives un-roped, and the new key is roped and cached in its phase below
+        pos = tl.load(pos_ptr + tok, mask=row_ok, other=0)
+        q = rope_rows(q_ptr, tok * stride_qt + head * stride_qh, pos, cs_ptr, row_ok, D)
+    else:
+        q = tl.load(
+            q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+            mask=row_ok[:, None],
+            other=0.0,
+        )
     lo = 0
     if WINDOWED:
         lo = tl.maximum(q_first - window + 1, 0)  # keys below are outside every row's window
@@ -124,6 +137,9 @@ def _attn_kernel(
         kn_ptr,
         vn_ptr,
         table_ptr,
+        pos_ptr,
+        cs_ptr,
+        slot_ptr,
         stride_nt,
         stride_nh,
         stride_cb,
@@ -138,6 +154,7 @@ def _attn_kernel(
         WINDOWED,
         PRECISION,
         UPCAST,
+        False,
     )
     acc, m, l = _phase(
         acc,
@@ -161,6 +178,9 @@ def _attn_kernel(
         kn_ptr,
         vn_ptr,
         table_ptr,
+        pos_ptr,
+        cs_ptr,
+        slot_ptr,
         stride_nt,
         stride_nh,
         stride_cb,
@@ -175,6 +195,7 @@ def _attn_kernel(
         WINDOWED,
         PRECISION,
         UPCAST,
+        ROPE,
     )
     if SPLIT:
         part = (s_idx * hq + head) * num_splits + split  # [BM]

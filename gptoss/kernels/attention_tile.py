@@ -8,6 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from gptoss.kernels.attention_rope import rope_rows, store_kv
+
 
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -40,6 +42,9 @@ def _tile(
     kn_ptr,
     vn_ptr,
     table_ptr,
+    pos_ptr,
+    cs_ptr,
+    slot_ptr,
     stride_nt,
     stride_nh,
     stride_cb,
@@ -55,8 +60,10 @@ def _tile(
     MASKED: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    ROPE: tl.constexpr,
 ):
-    """One online-softmax step over keys [ps + j*BLOCK_N, +BLOCK_N) (log2 domain, float32)."""
+    """One online-softmax step over keys [ps + j*BLOCK_N, +BLOCK_N) (log2 domain, float32). ROPE (new
+    keys only, not FROM_CACHE): rope the keys, then store them and their values in the cache."""
     kp = ps + j * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] key positions
     d = tl.arange(0, D)
     kv_ok = kp < pe
@@ -73,10 +80,13 @@ def _tile(
         k_ptrs = kc_ptr + off[:, None] + d[None, :]
         v_ptrs = vc_ptr + off[:, None] + d[None, :]
     else:
-        off = (q0 + kp - ctx).to(tl.int64) * stride_nt + h * stride_nh  # this step's token rows
+        row = (q0 + kp - ctx).to(tl.int64)  # this step's token rows
+        off = row * stride_nt + h * stride_nh
         k_ptrs = kn_ptr + off[:, None] + d[None, :]
         v_ptrs = vn_ptr + off[:, None] + d[None, :]
-    if MASKED:
+    if ROPE:  # this step's keys arrive un-roped (attention_rope)
+        k = rope_rows(kn_ptr, off, tl.load(pos_ptr + row, mask=kv_ok, other=0), cs_ptr, kv_ok, D)
+    elif MASKED:
         k = tl.load(k_ptrs, mask=kv_ok[:, None], other=0.0)
     else:
         k = tl.load(k_ptrs)
@@ -95,6 +105,10 @@ def _tile(
         v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
+    if ROPE:
+        # Splits partition the key range, so exactly one program holds each new key and stores it;
+        # no program reads that slot in this launch (context keys come from the cache, < ctx).
+        store_kv(k, v, kc_ptr, vc_ptr, slot_ptr, row, kv_ok, h, stride_cb, stride_cs, stride_ch, BS, D)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
     return acc, m_new, l
 
@@ -122,6 +136,9 @@ def _phase(
     kn_ptr,
     vn_ptr,
     table_ptr,
+    pos_ptr,
+    cs_ptr,
+    slot_ptr,
     stride_nt,
     stride_nh,
     stride_cb,
@@ -136,6 +153,7 @@ def _phase(
     WINDOWED: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    ROPE: tl.constexpr,
 ):
     """Keys [ps, pe) in tiles from ps: masked tiles at the window's lower edge, unmasked tiles
     every row sees whole, masked tiles at the causal edge and the range's end."""
@@ -169,6 +187,9 @@ def _phase(
             kn_ptr,
             vn_ptr,
             table_ptr,
+            pos_ptr,
+            cs_ptr,
+            slot_ptr,
             stride_nt,
             stride_nh,
             stride_cb,
@@ -184,6 +205,7 @@ def _phase(
             True,
             PRECISION,
             UPCAST,
+            ROPE,
         )
     for j in range(n_lead, n_lead + n_mid):
         acc, m, l = _tile(
@@ -207,6 +229,9 @@ def _phase(
             kn_ptr,
             vn_ptr,
             table_ptr,
+            pos_ptr,
+            cs_ptr,
+            slot_ptr,
             stride_nt,
             stride_nh,
             stride_cb,
@@ -222,6 +247,7 @@ def _phase(
             False,
             PRECISION,
             UPCAST,
+            ROPE,
         )
     for j in range(n_lead + n_mid, n_tot):
         acc, m, l = _tile(
@@ -245,6 +271,9 @@ def _phase(
             kn_ptr,
             vn_ptr,
             table_ptr,
+            pos_ptr,
+            cs_ptr,
+            slot_ptr,
             stride_nt,
             stride_nh,
             stride_cb,
@@ -260,5 +289,6 @@ def _phase(
             True,
             PRECISION,
             UPCAST,
+            ROPE,
         )
     return acc, m, l
