@@ -21,7 +21,8 @@ LOG2E = 1.4426950408889634
 # m, l and D floats, written then read back) stay small next to the K/V it reads (256 B a key).
 # Only small batches reach the bound (S x Hkv < PROGRAMS_PER_SM x SMs): at batch 1 a program then
 # walks its keys in BLOCK_N steps one after another, so fewer keys a split shorten that chain;
-# GPTOSS_ATTN_SPLIT_KEYS=N sets the bound (benchmarks: bench/gptoss_120b_ab_gpu.sh's B1_MODES).
+# GPTOSS_ATTN_SPLIT_KEYS=N sets the bound (benchmarks: bench/gptoss_120b_ab_gpu.sh's B1_MODES). At
+# 128 (H100, 20b, batch-1 128 -> 512, 2026-11-28): 404.4 against 406.6 tok/s, no gain; 256 stays.
 PROGRAMS_PER_SM = 4
 MAX_SPLITS = 64
 

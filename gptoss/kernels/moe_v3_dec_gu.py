@@ -26,7 +26,9 @@ One convert_layout in the TTGIR (act before its store): the gate / up split stay
 Measured (H100, 120b, bf16; 48 calls in a CUDA graph on random routings, so mostly L2-cold experts;
 us a call, two runs on two machines): T 1 17.0-17.3 against 20.6 on v3's decode tiles, 18.0-18.3
 against 22.1 routing the logits; T 2 / 4 / 8 34.4 / 59.5 / 102.6 against 36.7 / 62.1 / 111.1; T 16
-217.9 against 191.8. Not yet timed in the engine. MAX_T (GPTOSS_V3_DEC_GATE_UP=N, default 1, 0:
+217.9 against 191.8. In the engine (H100, 20b on one v3 copy, batch-1 128 -> 512, 2026-11-28, v25):
+403.5 against 401.9 tok/s on v3's decode tiles, +0.4 %, within the run-to-run spread; 120b's
+engine row was lost to the device budget. MAX_T (GPTOSS_V3_DEC_GATE_UP=N, default 1, 0:
 never) is the switch for moe.py.
 
 Numerics: the same float32 products as v3's tiles (exact dequant, bf16 or IEEE float32 dots), summed
