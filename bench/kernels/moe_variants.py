@@ -320,13 +320,9 @@ VARIANTS["v3-dd-k1024"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 1
 # Both decode GEMMs split-K (moe_v3_dec_gu, 2026-11-28): the gate_up on the down's design with its
 # own tiles (V3_GATE_UP_DEC: BK 128 over 2 warps, 12 programs an SM at T 1), 17.0 against 20.6 us at
 # T 1 alone (its docstring). -dd2: the down on the same 2-warp tiles (11.0 against 14.1 us, one run).
-_DD, _DD2, _GU = (
-    DecTiles(16, 32, 512, 4, 4, 3),
-    DecTiles(16, 32, 128, 2, 2, 4),
-    DecTiles(16, 32, 128, 2, 2, 4),
-)
+_DD, _GU = DecTiles(16, 32, 512, 4, 4, 3), DecTiles(16, 32, 128, 2, 2, 4)
 VARIANTS["v3-dd-gu"] = Variant("v3", max_m=16, v3_dec_down=_DD, v3_dec_gate_up=_GU)
-VARIANTS["v3-dd2-gu"] = Variant("v3", max_m=16, v3_dec_down=_DD2, v3_dec_gate_up=_GU)
+VARIANTS["v3-dd2-gu"] = Variant("v3", max_m=16, v3_dec_down=_GU, v3_dec_gate_up=_GU)
 
 # The same question on v2, which has no half body: each bucket on the next bucket's BM (so an expert
 # above the mean rows, ~45 % of them at a bucket's mean, still takes one tile, at the cost of a

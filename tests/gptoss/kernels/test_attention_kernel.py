@@ -204,25 +204,18 @@ def test_fewer_keys_a_split_give_more_splits_and_the_same_result(keys, monkeypat
     monkeypatch.setattr(attention, "MIN_SPLIT_KEYS", keys)
     assert decode_splits(1, 2, 4096) == {32: 64, 64: 64}[keys]
     assert decode_splits(1, 2, 512) == 512 // keys
-    ctx = [300]
-    st = make_step(ctx, [1], 16, 2, torch.float32, seed=11, fill=float("nan"))
+    st = make_step([300], [1], 16, 2, torch.float32, seed=11, fill=float("nan"))
     got = run_kernel(st, "full", max_context_hint=512)
     assert_rows_close(got, reference(st, "full"), TOL[torch.float32])
 
 
-@pytest.mark.parametrize(("value", "want"), [("", 256), ("64", 64), ("16", 16)])
-def test_split_keys_env_parses(value, want):
+def test_split_keys_env_parses_and_refuses_bad_values():
     from gptoss.kernels import attention
 
-    assert attention._split_keys_from_env(value) == want
-
-
-@pytest.mark.parametrize("value", ["8", "x", "-64", "64.0"])
-def test_split_keys_env_refuses_bad_values(value):
-    from gptoss.kernels import attention
-
-    with pytest.raises(ValueError, match="GPTOSS_ATTN_SPLIT_KEYS"):
-        attention._split_keys_from_env(value)
+    assert [attention._split_keys_from_env(v) for v in (None, "", "64", "16")] == [256, 256, 64, 16]
+    for bad in ("8", "x", "-64", "64.0"):
+        with pytest.raises(ValueError, match=f"GPTOSS_ATTN_SPLIT_KEYS must be .*got '{bad}'"):
+            attention._split_keys_from_env(bad)
 
 
 @pytest.mark.parametrize("cfg", [(16, 4, 4), (64, 4, 3), (128, 4, 2)], ids=str)
