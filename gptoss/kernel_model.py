@@ -68,8 +68,9 @@ QKV_FUSED = os.environ.get("GPTOSS_QKV", "split") == "fused"
 # GPTOSS_ROPE_IN_ATTN=1: decode-only steps skip rope_qkv; paged attention ropes q and the new key
 # itself and writes the KV cache (gptoss.kernels.attention_rope), the same bits with one launch fewer
 # a layer (rope_qkv: ~2.9 us a layer at batch 1 on an H100). Off: slower end to end on an H100
-# (2026-11-28, 20b batch-1 128 -> 512: 384.3 against 406.6 tok/s, one process each, v25); not yet
-# profiled, so which part of the heavier attention kernel costs more than the launch is open.
+# (2026-11-28, 20b batch-1 128 -> 512: 384.3 against 406.6 tok/s, one process each, v25) in its
+# first form, which roped the new key inside the pipelined tile loop (148 registers, 35 KB shared
+# against 96 and 19.5); the key is now roped once before the loops (118, 15.5 KB): not yet timed.
 ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "0") == "1"
 
 

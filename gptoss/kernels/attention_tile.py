@@ -8,8 +8,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gptoss.kernels.attention_rope import rope_rows, store_kv
-
 
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -42,9 +40,7 @@ def _tile(
     kn_ptr,
     vn_ptr,
     table_ptr,
-    pos_ptr,
-    cs_ptr,
-    slot_ptr,
+    k_rope,
     stride_nt,
     stride_nh,
     stride_cb,
@@ -62,8 +58,8 @@ def _tile(
     UPCAST: tl.constexpr,
     ROPE: tl.constexpr,
 ):
-    """One online-softmax step over keys [ps + j*BLOCK_N, +BLOCK_N) (log2 domain, float32). ROPE (new
-    keys only, not FROM_CACHE): rope the keys, then store them and their values in the cache."""
+    """One online-softmax step over keys [ps + j*BLOCK_N, +BLOCK_N) (log2 domain, float32). ROPE (a
+    decode's new key, not FROM_CACHE): the keys are k_rope, the kernel's roped tile of that one key."""
     kp = ps + j * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] key positions
     d = tl.arange(0, D)
     kv_ok = kp < pe
@@ -84,8 +80,8 @@ def _tile(
         off = row * stride_nt + h * stride_nh
         k_ptrs = kn_ptr + off[:, None] + d[None, :]
         v_ptrs = vn_ptr + off[:, None] + d[None, :]
-    if ROPE:  # this step's keys arrive un-roped (attention_rope)
-        k = rope_rows(kn_ptr, off, tl.load(pos_ptr + row, mask=kv_ok, other=0), cs_ptr, kv_ok, D)
+    if ROPE:  # this step's key, roped (and cached) once before the loops: k_rope's row 0, zeros after
+        k = k_rope
     elif MASKED:
         k = tl.load(k_ptrs, mask=kv_ok[:, None], other=0.0)
     else:
@@ -105,10 +101,6 @@ def _tile(
         v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
-    if ROPE:
-        # Splits partition the key range, so exactly one program holds each new key and stores it;
-        # no program reads that slot in this launch (context keys come from the cache, < ctx).
-        store_kv(k, v, kc_ptr, vc_ptr, slot_ptr, row, kv_ok, h, stride_cb, stride_cs, stride_ch, BS, D)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
     return acc, m_new, l
 
@@ -136,9 +128,7 @@ def _phase(
     kn_ptr,
     vn_ptr,
     table_ptr,
-    pos_ptr,
-    cs_ptr,
-    slot_ptr,
+    k_rope,
     stride_nt,
     stride_nh,
     stride_cb,
@@ -165,6 +155,9 @@ def _phase(
     hi_all = tl.minimum(pe, q_first + 1)  # keys below it are causally visible to every row
     n_lead = tl.minimum(n_tot, (tl.maximum(lo_all - ps, 0) + BLOCK_N - 1) // BLOCK_N)
     n_mid = tl.maximum(tl.maximum(hi_all - ps, 0) // BLOCK_N - n_lead, 0)
+    if ROPE:  # decode's new keys, one a sequence: all through the masked loop, the only one that ropes
+        n_lead = 0
+        n_mid = 0
     for j in range(0, n_lead):
         acc, m, l = _tile(
             acc,
@@ -187,9 +180,7 @@ def _phase(
             kn_ptr,
             vn_ptr,
             table_ptr,
-            pos_ptr,
-            cs_ptr,
-            slot_ptr,
+            k_rope,
             stride_nt,
             stride_nh,
             stride_cb,
@@ -205,7 +196,7 @@ def _phase(
             True,
             PRECISION,
             UPCAST,
-            ROPE,
+            False,  # ROPE: these loops never run under it
         )
     for j in range(n_lead, n_lead + n_mid):
         acc, m, l = _tile(
@@ -229,9 +220,7 @@ def _phase(
             kn_ptr,
             vn_ptr,
             table_ptr,
-            pos_ptr,
-            cs_ptr,
-            slot_ptr,
+            k_rope,
             stride_nt,
             stride_nh,
             stride_cb,
@@ -247,7 +236,7 @@ def _phase(
             False,
             PRECISION,
             UPCAST,
-            ROPE,
+            False,  # ROPE: these loops never run under it
         )
     for j in range(n_lead + n_mid, n_tot):
         acc, m, l = _tile(
@@ -271,9 +260,7 @@ def _phase(
             kn_ptr,
             vn_ptr,
             table_ptr,
-            pos_ptr,
-            cs_ptr,
-            slot_ptr,
+            k_rope,
             stride_nt,
             stride_nh,
             stride_cb,
