@@ -50,15 +50,26 @@ from gptoss.kernels.moe_v3 import _check, _scaled, _weight_args
 from gptoss.kernels.moe_v3_step import _dequant_v3
 
 
-def _max_t(v: str | None) -> int:
+def env_max_t(v: str | None, name: str, gemm: str) -> int:
+    """The most tokens a decode batch may have to take a split-K kernel (variable `name`, value v):
+    unset 1, 0 never, up to DECODE_MAX_T."""
     if v in (None, ""):
         return 1
     if not v.isdigit() or int(v) > DECODE_MAX_T:
         raise ValueError(
-            f"GPTOSS_V3_DEC_DOWN must be the most tokens a decode batch has to take the split-K down "
+            f"{name} must be the most tokens a decode batch has to take the split-K {gemm} "
             f"(0: never, up to {DECODE_MAX_T}), got {v!r}"
         )
     return int(v)
+
+
+def _max_t(v: str | None) -> int:
+    return env_max_t(v, "GPTOSS_V3_DEC_DOWN", "down")
+
+
+def _tiles_fit(t: DecTiles) -> bool:
+    """Whether a split-K decode kernel can take t: whole 16-row blocks and 64-K chunks a warp."""
+    return not (t.bn % 16 or t.bk % (64 * t.split) or t.bm & (t.bm - 1) or t.split & (t.split - 1))
 
 
 def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
@@ -71,7 +82,7 @@ def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
     if len(parts) != 6 or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise ValueError(f"{name} must be BM,BN,BK,SPLIT,WARPS,STAGES (six positive counts), got {v!r}")
     t = DecTiles(*map(int, parts))
-    if t.bn % 16 or t.bk % (64 * t.split) or t.bm & (t.bm - 1) or t.split & (t.split - 1):
+    if not _tiles_fit(t):
         raise ValueError(
             f"{name}: BN a multiple of 16, BK of 64 * SPLIT, BM and SPLIT powers of 2, got {v!r}"
         )
@@ -222,7 +233,7 @@ def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None) -> DecTiles:
     """t (default V3_DOWN_DEC) fitted to T = tokens and K = k: BM T's power of 2 up to t.bm, BK down
     toward K padded to 64 (no empty chunks past a short K), SPLIT to BK's chunks; warps = SPLIT."""
     t = V3_DOWN_DEC if t is None else t
-    if t.bn % 16 or t.bk % (64 * t.split) or t.bm & (t.bm - 1) or t.split & (t.split - 1):
+    if not _tiles_fit(t):
         raise ValueError(
             f"down_v3_dec: {t} needs BN a multiple of 16, BK of 64 * SPLIT, BM and SPLIT powers of 2"
         )

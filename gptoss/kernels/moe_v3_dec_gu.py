@@ -49,22 +49,15 @@ from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing, route_in_registers
-from gptoss.kernels.moe_tiles import DECODE_MAX_T, DecTiles
+from gptoss.kernels.moe_tiles import DecTiles
 from gptoss.kernels.moe_v3 import _check, _route_args, _scaled, _weight_args
-from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step, dec_tiles_v3, env_dec_tiles
+from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step, dec_tiles_v3, env_dec_tiles, env_max_t
 
 _ENV = "GPTOSS_V3_DEC_GATE_UP"
 
 
 def _max_t(v: str | None) -> int:
-    if v in (None, ""):
-        return 1
-    if not v.isdigit() or int(v) > DECODE_MAX_T:
-        raise ValueError(
-            f"{_ENV} must be the most tokens a decode batch has to take the split-K gate_up "
-            f"(0: never, up to {DECODE_MAX_T}), got {v!r}"
-        )
-    return int(v)
+    return env_max_t(v, _ENV, "gate_up")
 
 
 MAX_T = _max_t(os.environ.get(_ENV))
