@@ -65,13 +65,15 @@ if ROUTER not in ROUTERS:
 # (371.0 vs 383-391 tok/s; 19.0 us a layer against cuBLAS's 12.9 + RoPE's 3.0): its 160 programs,
 # each streaming 184 KB of W alone, are 1.2 waves on 132 SMs where cuBLAS splits K.
 QKV_FUSED = os.environ.get("GPTOSS_QKV", "split") == "fused"
-# GPTOSS_ROPE_IN_ATTN=1: decode-only steps skip rope_qkv; paged attention ropes q and the new key
-# itself and writes the KV cache (gptoss.kernels.attention_rope), the same bits with one launch fewer
-# a layer (rope_qkv: ~2.9 us a layer at batch 1 on an H100). Off: slower end to end on an H100
-# (2026-11-28, 20b batch-1 128 -> 512: 384.3 against 406.6 tok/s, one process each, v25) in its
-# first form, which roped the new key inside the pipelined tile loop (148 registers, 35 KB shared
-# against 96 and 19.5); the key is now roped once before the loops (118, 15.5 KB): not yet timed.
-ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "0") == "1"
+# GPTOSS_ROPE_IN_ATTN (default 1; 0: rope_qkv's launch as before): decode-only steps skip rope_qkv;
+# paged attention ropes q and the new key itself and writes the KV cache
+# (gptoss.kernels.attention_rope), the same bits with one launch fewer a layer. Its first form, which
+# roped the new key inside the pipelined tile loop (148 registers, 35 KB shared against 96 and
+# 19.5), lost 5.5 % at 20b's batch 1 (v25); with the key roped once before the loops (118, 15.5 KB),
+# H100, one process each (v26): 120b batch-1 128 -> 512 305.1 / 302.2 against 298.6 / 300.7 / 298.7
+# tok/s (+1.4 %); 20b 414.4 against 413.2 (4 and 5 runs: the spread); 20b Offline 1000 x (1024 ->
+# 1024), warm cache, 19,673 against 19,534 tok/s; kernels a step with PDL off 2.231 against 2.294 ms.
+ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0"
 
 
 @dataclass(slots=True)

@@ -50,11 +50,11 @@ from gptoss.kernels.moe_v3 import _check, _scaled, _weight_args
 from gptoss.kernels.moe_v3_step import _dequant_v3
 
 
-def env_max_t(v: str | None, name: str, gemm: str) -> int:
+def env_max_t(v: str | None, name: str, gemm: str, default: int = 1) -> int:
     """The most tokens a decode batch may have to take a split-K kernel (variable `name`, value v):
-    unset 1, 0 never, up to DECODE_MAX_T."""
+    unset `default`, 0 never, up to DECODE_MAX_T."""
     if v in (None, ""):
-        return 1
+        return default
     if not v.isdigit() or int(v) > DECODE_MAX_T:
         raise ValueError(
             f"{name} must be the most tokens a decode batch has to take the split-K {gemm} "

@@ -27,9 +27,11 @@ Measured (H100, 120b, bf16; 48 calls in a CUDA graph on random routings, so most
 us a call, two runs on two machines): T 1 17.0-17.3 against 20.6 on v3's decode tiles, 18.0-18.3
 against 22.1 routing the logits; T 2 / 4 / 8 34.4 / 59.5 / 102.6 against 36.7 / 62.1 / 111.1; T 16
 217.9 against 191.8. In the engine (H100, 20b on one v3 copy, batch-1 128 -> 512, 2026-11-28, v25):
-403.5 against 401.9 tok/s on v3's decode tiles, +0.4 %, within the run-to-run spread; 120b's
-engine row was lost to the device budget. MAX_T (GPTOSS_V3_DEC_GATE_UP=N, default 1, 0:
-never) is the switch for moe.py.
+403.5 against 401.9 tok/s on v3's decode tiles, +0.4 %, within the run-to-run spread. 120b
+(H100, batch-1 128 -> 512, one process each, 2026-11-28, v26): 280.0 against 298.6 / 300.7 / 298.7
+on v3's decode tiles, -6 %: alone in a graph of 48 copies it is faster, but between the step's other
+kernels (PDL) it is not. So MAX_T (GPTOSS_V3_DEC_GATE_UP=N: up to N tokens take it) defaults to 0,
+never; the switch stays for A/B runs.
 
 Numerics: the same float32 products as v3's tiles (exact dequant, bf16 or IEEE float32 dots), summed
 in another order (a partial sum a warp, added after the loop), so act may differ from gate_up_v3's
@@ -57,7 +59,8 @@ _ENV = "GPTOSS_V3_DEC_GATE_UP"
 
 
 def _max_t(v: str | None) -> int:
-    return env_max_t(v, _ENV, "gate_up")
+    # Off unless asked: in the engine at 120b's batch 1 it lost 6 % to v3's decode tiles (v26).
+    return env_max_t(v, _ENV, "gate_up", default=0)
 
 
 MAX_T = _max_t(os.environ.get(_ENV))

@@ -30,7 +30,8 @@ case "$*" in
     echo "  1024 L-dn128k64s4     841.1     517.1     304.1     847.1  16.8%" ;;
   *moe_gpu.py*) echo "     M variant       graph us   gate_up      down  eager us    HBM"
                 echo "  1024 vllm             622.5 - -    1293.0  22.6%" ;;
-  *gptoss_lora_gpu.py*) mkdir -p "${*##*--out }"; echo lora ;;
+  *gptoss_lora_gpu.py*)  # the folder after --out (a pattern over "$*" would act on each word)
+    prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done; echo lora ;;
   *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"; echo "offline 1000x(1024->1024)  -  15000.0 tok/s" ;;
   *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s" \
     "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt}" ;;
@@ -147,6 +148,7 @@ def test_moe_flat_modes_and_vllm_rows(stubs, tmp_path):
         "vllm c16 lora",
         "vllm b1 + offline",
     ]
+    assert (res / "lora_vllm").is_dir()  # the stub wrote where --out said, not into the checkout
 
 
 def test_moe_ncu_digests_what_ncu_wrote(stubs, tmp_path):

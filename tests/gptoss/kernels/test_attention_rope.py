@@ -8,6 +8,8 @@ Without CUDA the kernels run in Triton's interpreter (small shapes); on a GPU ma
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -154,12 +156,14 @@ def test_rope_refuses_prefill_launches_and_bad_operands():
 
 
 def test_engine_rope_in_attention_gives_the_same_tokens(tiny_checkpoint, monkeypatch):
-    """GPTOSS_ROPE_IN_ATTN: decode-only steps skip rope_qkv and hand attention the un-roped views;
-    the prefill step keeps rope_qkv. Greedy tokens equal the switch off's."""
+    """GPTOSS_ROPE_IN_ATTN (the default): decode-only steps skip rope_qkv and hand attention the
+    un-roped views; the prefill step keeps rope_qkv. Greedy tokens equal the switch off's."""
     from gptoss import kernel_model
 
+    assert kernel_model.ROPE_IN_ATTN == (os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0")
     prompts = prompts_of([3, 14], seed=12)  # 14: decode positions cross a block edge (16)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
+    monkeypatch.setattr(kernel_model, "ROPE_IN_ATTN", False)
     want = make_engine(tiny_checkpoint, "triton", cuda_graphs=False).generate(prompts, params)
 
     monkeypatch.setattr(kernel_model, "ROPE_IN_ATTN", True)

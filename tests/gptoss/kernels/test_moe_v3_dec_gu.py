@@ -170,7 +170,7 @@ def test_expert_rows_v3_takes_the_split_k_gate_up_up_to_max_t_tokens(max_t, toke
 
 
 def test_max_t_comes_from_the_environment():
-    assert [moe_v3_dec_gu._max_t(v) for v in (None, "", "0", "5", "16")] == [1, 1, 0, 5, 16]
+    assert [moe_v3_dec_gu._max_t(v) for v in (None, "", "0", "5", "16")] == [0, 0, 0, 5, 16]
     assert moe_v3_dec_gu.MAX_T == moe_v3_dec_gu._max_t(os.environ.get("GPTOSS_V3_DEC_GATE_UP"))
     for bad in ("17", "x", "-1"):
         with pytest.raises(ValueError, match=f"GPTOSS_V3_DEC_GATE_UP must be .* up to 16\\), got '{bad}'"):
