@@ -22,13 +22,16 @@ read -ra tests <<< "${TESTS:-tests/gptoss/kernels/test_norm_route.py tests/gptos
 tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_qkv_rope.py \
 tests/gptoss/kernels/test_attention_kernel.py::test_gpu_decode_merge_in_kernel}"
 [ "${tests[0]}" = none ] || python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
+# A variant's assignments are comma separated; a comma before anything but NAME= stays in the value
+# (GPTOSS_V3_DEC_DOWN_TILES=16,32,128,2,2,4).
+assignments() { sed -E 's/,([A-Z][A-Z0-9_]*=)/ \1/g' <<< "$1"; }
 ALL=GPTOSS_ROUTER=fused,GPTOSS_QKV=fused,GPTOSS_GATE_UP_MAXNREG=80,GPTOSS_ATTN_REDUCE=fused
 VARIANTS=${VARIANTS:-"default= split=GPTOSS_ROUTER=split qkv=GPTOSS_QKV=fused cap=GPTOSS_GATE_UP_MAXNREG=80 \
 merge=GPTOSS_ATTN_REDUCE=fused all=$ALL default2= all2=$ALL"}
 for v in $VARIANTS; do
   name=${v%%=*}; envs=${v#*=}
   say "decode 128x512: $name ($envs)"
-  read -ra assigns <<< "${envs//,/ }"
+  read -ra assigns <<< "$(assignments "$envs")"
   env "${assigns[@]}" python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss --decode 128x512 \
     > "$RES/decode_$name.txt" 2>&1
   # the parent prints the table; its batch-1 row: "batch-1 decode 128->512  <ours> - tok/s host X ms/step"
@@ -45,7 +48,7 @@ fi
 for v in ${PROFILE_VARIANTS:-default all}; do
   [ "$v" = none ] && continue
   envs=$(tr ' ' '\n' <<< "$VARIANTS" | sed -n "s/^$v=//p" | head -1)
-  read -ra assigns <<< "${envs//,/ }"
+  read -ra assigns <<< "$(assignments "$envs")"
   say "profile batch 1: $v ($envs), GPTOSS_PDL=0"
   env GPTOSS_PDL=0 "${assigns[@]}" python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 --steps 10 \
     > "$RES/profile_b1_$v.txt" 2>&1

@@ -32,6 +32,8 @@ case "$*" in
                 echo "  1024 vllm             622.5 - -    1293.0  22.6%" ;;
   *gptoss_lora_gpu.py*)  # the folder after --out (a pattern over "$*" would act on each word)
     prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done; echo lora ;;
+  *gptoss_gpu.py*"--engine gptoss --decode"*)
+    echo "batch-1 decode 128->512  400.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
   *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"; echo "offline 1000x(1024->1024)  -  15000.0 tok/s" ;;
   *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s" \
     "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt}" ;;
@@ -161,3 +163,23 @@ def test_moe_ncu_digests_what_ncu_wrote(stubs, tmp_path):
     assert lines[2].startswith("kernel table 0: 2 instructions, 800 samples")
     assert lines[4] == "  opcodes: BAR 75.0%, DEPBAR 25.0%"
     assert lines[5].split()[:3] == ["75.0%", "00001160", "BAR.SYNC.DEFER_BLOCKING"]
+
+
+def test_decode_variants_keep_commas_inside_a_value(stubs, tmp_path):
+    res = tmp_path / "d20"
+    variants = "dd=GPTOSS_MOE_KERNELS=v3,GPTOSS_V3_DEC_DOWN_TILES=16,32,128,2,2,4 plain="
+    p = _run(
+        "decode_variants_gpu.sh",
+        stubs,
+        OUT=str(res),
+        TESTS="none",
+        AGREEMENT="0",
+        PROFILE_VARIANTS="none",
+        VARIANTS=variants,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = (res / "decode_table.txt").read_text().splitlines()
+    assert [r.split()[0] + " " + " ".join(r.split()[-2:]) for r in rows] == [
+        "dd: k=v3 tiles=16,32,128,2,2,4",
+        "plain: k=auto tiles=dflt",
+    ]
