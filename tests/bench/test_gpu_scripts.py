@@ -33,7 +33,8 @@ case "$*" in
   *gptoss_lora_gpu.py*)  # the folder after --out (a pattern over "$*" would act on each word)
     prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done; echo lora ;;
   *gptoss_gpu.py*"--engine gptoss --decode"*)
-    echo "batch-1 decode 128->512  400.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
+    echo "batch-1 decode 128->512  400.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto}" \
+      "tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
   *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"; echo "offline 1000x(1024->1024)  -  15000.0 tok/s" ;;
   *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s" \
     "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt}" ;;

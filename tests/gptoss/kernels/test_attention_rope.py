@@ -3,7 +3,7 @@ itself gives the bits of rope_qkv(..., caches) followed by paged_attention, both
 the caches; and the engine's GPTOSS_ROPE_IN_ATTN decode path gives the same greedy tokens.
 
 Without CUDA the kernels run in Triton's interpreter (small shapes); on a GPU machine
-`TRITON_INTERPRET=0 pytest tests/gptoss/kernels/test_attention_rope.py` runs them compiled.
+`pytest tests/gptoss/kernels/test_attention_rope.py` runs them compiled.
 """
 
 from __future__ import annotations
@@ -156,11 +156,11 @@ def test_rope_refuses_prefill_launches_and_bad_operands():
 
 
 def test_engine_rope_in_attention_gives_the_same_tokens(tiny_checkpoint, monkeypatch):
-    """GPTOSS_ROPE_IN_ATTN (the default): decode-only steps skip rope_qkv and hand attention the
-    un-roped views; the prefill step keeps rope_qkv. Greedy tokens equal the switch off's."""
+    """GPTOSS_ROPE_IN_ATTN: decode-only steps skip rope_qkv and hand attention the un-roped views;
+    the prefill step keeps rope_qkv. Greedy tokens equal the switch off's."""
     from gptoss import kernel_model
 
-    assert kernel_model.ROPE_IN_ATTN == (os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0")
+    assert kernel_model.ROPE_IN_ATTN == (os.environ.get("GPTOSS_ROPE_IN_ATTN") == "1")
     prompts = prompts_of([3, 14], seed=12)  # 14: decode positions cross a block edge (16)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     monkeypatch.setattr(kernel_model, "ROPE_IN_ATTN", False)
