@@ -43,16 +43,19 @@ if [ "${AGREEMENT:-1}" = 1 ]; then  # AGREEMENT=0: skip (measured elsewhere)
   python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine agreement --decode 128x512 > "$RES/agreement.txt" 2>&1
   grep -E "greedy_agreement|batch_invariance" "$RES/agreement.txt" | tail -2
 fi
-# Batch-1 kernel tables of chosen variants (names from VARIANTS), without PDL: with it a kernel's
-# time includes its wait for the one before.
+# Batch-1 kernel tables of chosen variants (names from VARIANTS), for each GPTOSS_PDL value in
+# PROFILE_PDL (default "0 1"). Without PDL a kernel's time is its own; with it, its own time includes
+# its wait for the one before, and the "added" column is its cost in the step.
 for v in ${PROFILE_VARIANTS:-default all}; do
   [ "$v" = none ] && continue
   envs=$(tr ' ' '\n' <<< "$VARIANTS" | sed -n "s/^$v=//p" | head -1)
   read -ra assigns <<< "$(assignments "$envs")"
-  say "profile batch 1: $v ($envs), GPTOSS_PDL=0"
-  env GPTOSS_PDL=0 "${assigns[@]}" python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 --steps 10 \
-    > "$RES/profile_b1_$v.txt" 2>&1
-  head -30 "$RES/profile_b1_$v.txt"
+  for pdl in ${PROFILE_PDL:-0 1}; do
+    say "profile batch 1: $v ($envs), GPTOSS_PDL=$pdl"
+    env GPTOSS_PDL="$pdl" "${assigns[@]}" python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 \
+      --steps 10 > "$RES/profile_b1_${v}_pdl$pdl.txt" 2>&1
+    head -32 "$RES/profile_b1_${v}_pdl$pdl.txt"
+  done
 done
 if [ $# -gt 0 ]; then
   say "offline $*"

@@ -8,7 +8,10 @@
 
 profile: B requests of --prompt-len (128) tokens are prefilled, then `--steps` decode steps run under
 torch.profiler. Printed per batch size: wall ms per step (CUDA events), host ms per step (before the
-step's one synchronisation), and each kernel's GPU µs per step and share, largest first.
+step's one synchronisation), and each kernel's GPU µs per step and share, largest first, with what
+it adds to the stream's span ("added", `chain`) and the idle time between kernels. With PDL on
+(GPTOSS_PDL unset) a kernel's own time includes its wait for the one before; "added" does not, so
+it ranks the kernels as the step runs them back to back.
 prefill: N prompts of L tokens are added at once and the steps that prefill them all (each up to
 --max-num-batched-tokens) run under torch.profiler: wall ms and prefill tokens/s, kernels as above.
 diag: one prefill forward of 4 prompts x 64 tokens through (a) our kernels in bf16, (b) the torch
@@ -35,23 +38,56 @@ from gptoss.engine import EngineConfig, LLMEngine  # noqa: E402
 from gptoss.sampling import SamplingParams  # noqa: E402
 
 
-def _kernel_times(prof) -> dict[str, list[float]]:
-    """Kernel name (first 60 characters) -> [GPU µs, calls] over the profiled steps."""
-    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+def chain(spans: list[tuple[float, float, str]]) -> tuple[dict[str, float], float]:
+    """What each kernel adds to the stream's span: spans are (start, end, name) in µs. Taken in
+    order of start, a kernel adds the part of it that ends past every kernel before it (its end
+    less max(its start, the latest end so far)); the time when no kernel ran is the idle gap.
+    The added times and the gap sum to the span. With PDL a kernel starts while the one before it
+    runs and waits inside (griddepcontrol.wait), so its own duration counts that wait; what it
+    adds is its cost in the chain as the step runs it. -> (name -> added µs, idle µs)."""
+    added: dict[str, float] = defaultdict(float)
+    idle = 0.0
+    frontier: float | None = None
+    for start, end, name in sorted(spans):
+        if frontier is None:
+            frontier = start
+        idle += max(0.0, start - frontier)
+        added[name] += max(0.0, end - max(start, frontier))
+        frontier = max(frontier, end)
+    return dict(added), idle
+
+
+def _kernel_times(prof) -> tuple[dict[str, list[float]], float]:
+    """Kernel name (first 60 characters) -> [GPU µs, calls, µs added to the chain (`chain`)] over the
+    profiled steps, and the idle µs between kernels."""
+    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
+    spans = []
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             p = per[ev.name[:60]]
             p[0] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
             p[1] += 1
-    return per
+            spans.append((ev.time_range.start, ev.time_range.end, ev.name[:60]))
+    added, idle = chain(spans)
+    for name, us in added.items():
+        per[name][2] = us
+    return per, idle
 
 
-def _print_kernels(per: dict[str, list[float]], steps: int, total: float, rows: int, ms: bool) -> None:
-    """The `rows` largest kernels: time a step (µs, or ms with `ms`), calls a step, share."""
-    print(f"  {'kernel':60} {'ms/step' if ms else 'us/step':>9} {'calls':>6} {'share':>6}")
-    for name, (us, n) in sorted(per.items(), key=lambda kv: -kv[1][0])[:rows]:
-        t = f"{us / steps / 1000:9.2f}" if ms else f"{us / steps:9.1f}"
-        print(f"  {name:60} {t} {n / steps:6.1f} {us / steps / total:6.1%}")
+def _print_kernels(
+    per: dict[str, list[float]], steps: int, total: float, rows: int, ms: bool, idle: float
+) -> None:
+    """The `rows` largest kernels: time a step (µs, or ms with `ms`), calls a step, share, and the
+    time each adds to the stream (`chain`: with PDL on, the ranking that matters), then the idle
+    time between kernels a step."""
+    unit, div, w = ("ms/step", 1000, 2) if ms else ("us/step", 1, 1)
+    print(f"  {'kernel':60} {unit:>9} {'calls':>6} {'share':>6} {'added':>9}")
+    for name, (us, n, added) in sorted(per.items(), key=lambda kv: -kv[1][0])[:rows]:
+        print(
+            f"  {name:60} {us / steps / div:9.{w}f} {n / steps:6.1f} {us / steps / total:6.1%} "
+            f"{added / steps / div:9.{w}f}"
+        )
+    print(f"  {'idle between kernels':60} {idle / steps / div:9.{w}f}")
 
 
 def _new_tokens(batch: int, prompt_len: int, steps: int, step_tokens: int) -> int:
@@ -85,7 +121,7 @@ def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None, pro
         torch.cuda.synchronize()
     wall = start.elapsed_time(end) / steps
     host = 1000 * sum(runner.host_times) / max(1, len(runner.host_times))
-    per = _kernel_times(prof)
+    per, idle = _kernel_times(prof)
     total = sum(v[0] for v in per.values()) / steps
     print(
         f"\nbatch {rows} at context {prompt_len}{' with LoRA' if lora else ''}: {wall:.3f} ms/step wall, "
@@ -93,7 +129,7 @@ def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None, pro
         f"kernels {total / 1000:.3f} ms "
         f"({rows / wall * 1000:.0f} tok/s)"
     )
-    _print_kernels(per, steps, total, 14, ms=False)
+    _print_kernels(per, steps, total, 14, ms=False, idle=idle)
     while eng.has_work():
         eng.step()
 
@@ -150,14 +186,14 @@ def profile_prefill(eng: LLMEngine, n: int, length: int, decoding: int = 0) -> N
             steps += 1
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    per = _kernel_times(prof)
+    per, idle = _kernel_times(prof)
     total = sum(v[0] for v in per.values()) / steps
     print(
         f"\nprefill {n}x{length} beside {decoding} decodes: {steps} steps, "
         f"{1000 * wall / steps:.1f} ms/step wall (profiler on), kernels {total / 1000:.1f} ms/step, "
         f"{n * length / wall:.0f} prefill tok/s"
     )
-    _print_kernels(per, steps, total, 16, ms=True)
+    _print_kernels(per, steps, total, 16, ms=True, idle=idle)
     for i in range(decoding):
         eng.abort(f"d{i}")
     while eng.has_work():

@@ -32,6 +32,7 @@ case "$*" in
                 echo "  1024 vllm             622.5 - -    1293.0  22.6%" ;;
   *gptoss_lora_gpu.py*)  # the folder after --out (a pattern over "$*" would act on each word)
     prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done; echo lora ;;
+  *profile_gpu.py*) echo "profile pdl=${GPTOSS_PDL:-unset} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
   *gptoss_gpu.py*"--engine gptoss --decode"*)
     echo "batch-1 decode 128->512  400.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto}" \
       "tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
@@ -175,7 +176,7 @@ def test_decode_variants_keep_commas_inside_a_value(stubs, tmp_path):
         OUT=str(res),
         TESTS="none",
         AGREEMENT="0",
-        PROFILE_VARIANTS="none",
+        PROFILE_VARIANTS="dd",
         VARIANTS=variants,
     )
     assert p.returncode == 0, p.stdout + p.stderr
@@ -184,3 +185,7 @@ def test_decode_variants_keep_commas_inside_a_value(stubs, tmp_path):
         "dd: k=v3 tiles=16,32,128,2,2,4",
         "plain: k=auto tiles=dflt",
     ]
+    # the profiles: one without PDL and one with it (PROFILE_PDL's default), under the variant's values
+    for pdl in (0, 1):
+        text = (res / f"profile_b1_dd_pdl{pdl}.txt").read_text()
+        assert text == f"profile pdl={pdl} tiles=16,32,128,2,2,4\n"
