@@ -57,6 +57,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         kv_cache_tokens=args.kv_cache_tokens,
+        kv_cache_dtype=args.kv_cache_dtype,
         kernels=args.kernels,
         cuda_graphs=not args.eager,
         batch_invariant=args.batch_invariant,
@@ -76,6 +77,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
             "engine_init_s": round(init, 1),
             "first_token_s": round(time.perf_counter() - T_PROCESS, 1),
             "kv_cache_tokens": eng.runner.kv_cache_tokens,
+            "kv_cache_dtype": args.kv_cache_dtype,
             # which expert layouts ran (an A/B row must say which side it is) and every switch set
             "moe_layouts": None
             if moe is None
@@ -333,6 +335,7 @@ def main() -> None:
     ap.add_argument("--kernels", default="triton")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs for our engine")
     ap.add_argument("--kv-cache-tokens", type=int, default=None, help="our engine's KV cache size")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="our engine's KV cache elements: auto or fp8")
     ap.add_argument("--trace", action="store_true", help="our Offline runs' wall time by kind of step")
     ap.add_argument("--batch-invariant", action="store_true", help="our engine with --batch-invariant")
     ap.add_argument("--vllm-script", default=str(REPO / ".wc1" / "bench_vllm.py"))

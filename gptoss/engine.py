@@ -85,6 +85,7 @@ class LLMEngine:
             "max_num_seqs": c.max_num_seqs,
             "max_num_batched_tokens": c.max_num_batched_tokens,
             "dtype": c.dtype,
+            "kv_cache_dtype": c.kv_cache_dtype,
             "dense_moe": r.dense_moe,
             "kernels": r.kernels,
             "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else [],

@@ -40,6 +40,7 @@ from gptoss.kernels.qkv_rope import qkv_rope
 from gptoss.kernels.qkv_rope import suits as qkv_rope_suits
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
+from gptoss.kv_dtype import is_fp8
 from gptoss.model import GptOss
 
 if TYPE_CHECKING:
@@ -126,6 +127,9 @@ class KernelModel:
         self.max_positions = max_positions
         self.lora = lora  # when set, forward takes each token's adapter index
         self.caches = caches  # pool -> [layers, 2, num_blocks, bs, Hkv, D]
+        # --kv-cache-dtype fp8: rope_qkv and write_kv round what they store (gptoss.kernels.fp8);
+        # qkv_rope and the RoPE inside attention do not, so they stand aside.
+        self.kv_fp8 = any(is_fp8(c) for c in caches.values())
         self.embed, self.norm, self.lm_head = ref.embed, ref.norm, ref.lm_head
         self.cos_sin = build_cos_sin(ref.rope, max_positions)  # [P, D] float32
         reserve_tickets(self.embed.device)  # before any CUDA-graph capture (GPTOSS_ATTN_REDUCE)
@@ -235,6 +239,7 @@ class KernelModel:
         """Whether this layer's QKV + RoPE + KV write take qkv_rope (GPTOSS_QKV=fused, decode sizes)."""
         return (
             QKV_FUSED
+            and not self.kv_fp8
             and write_first
             and lay.lora_qkv is None
             and not self.batch_invariant
@@ -246,6 +251,7 @@ class KernelModel:
         (GPTOSS_ROPE_IN_ATTN, decode-only steps, no QKV adapter, not in the batch-invariant mode)."""
         return (
             ROPE_IN_ATTN
+            and not self.kv_fp8
             and meta.decode_only
             and meta.max_query_len == 1
             and lay.lora_qkv is None

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from gptoss.block_manager import cdiv, longest_seq_blocks
 from gptoss.checkpoint import load_config
+from gptoss.kv_dtype import kv_torch_dtype
 from gptoss.model import GptOss
 from gptoss.moe_dense import DenseMoE, dense_nbytes
 from gptoss.paged_attention import PagedAttention, StepContext
@@ -122,7 +123,8 @@ class ModelRunner:
         self.window = mc.sliding_window if any(w is not None for w in windows) else None
         n_full = sum(w is None for w in windows)
         n_ring = len(windows) - n_full
-        per_slot = 2 * mc.num_key_value_heads * mc.head_dim * self.dtype.itemsize  # one layer's K+V
+        self.kv_dtype = kv_torch_dtype(config.kv_cache_dtype, self.dtype)
+        per_slot = 2 * mc.num_key_value_heads * mc.head_dim * self.kv_dtype.itemsize  # one layer's K+V
         ring_len = cdiv(self.window, self.block_size) if self.window else 0
         bs = self.block_size
 
@@ -165,7 +167,7 @@ class ModelRunner:
             bs,
             mc.num_key_value_heads,
             mc.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
             shared=self.kv_shared,
         )

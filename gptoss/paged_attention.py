@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from gptoss.block_manager import cdiv
+from gptoss.kv_dtype import is_fp8, quantize
 
 # Prefill scores are [B, Hq, Q, K] float32; slice the queries to keep them under this many elements.
 MAX_SCORE_ELEMS = 1 << 26
@@ -263,26 +264,42 @@ class PagedAttention:
         kind, idx = self.where[layer]
         kc, vc = self.cache[kind][idx]  # [rows, D] each
         d = kc.shape[-1]
-        k, v = k.to(kc.dtype), v.to(vc.dtype)
+        if is_fp8(kc):
+            # An e4m3 cache (--kv-cache-dtype fp8) holds quantize(k); attention sees every key as
+            # stored, this step's too. Rows move as bytes (uint8 views: CPU torch lacks float8
+            # index_copy_ / index_select) and widen to q's dtype where they are read.
+            sk, sv = quantize(k).view(torch.uint8), quantize(v).view(torch.uint8)
+            k, v = sk.view(kc.dtype).to(q.dtype), sv.view(vc.dtype).to(q.dtype)
+            kc, vc = kc.view(torch.uint8), vc.view(torch.uint8)
+
+            def read(cache: Tensor, rows: Tensor) -> Tensor:
+                return cache.index_select(0, rows).view(torch.float8_e4m3fn).to(q.dtype)
+        else:
+            k, v = k.to(kc.dtype), v.to(vc.dtype)
+            sk, sv = k, v
+
+            def read(cache: Tensor, rows: Tensor) -> Tensor:
+                return cache.index_select(0, rows)
+
         ix_of = (lambda g: g.full) if kind == "full" else (lambda g: g.ring)
         # Prefill chunks read their context before this step's writes can land on a ring slot.
         early = {
-            i: (kc.index_select(0, ix_of(g).rows), vc.index_select(0, ix_of(g).rows))
+            i: (read(kc, ix_of(g).rows), read(vc, ix_of(g).rows))
             for i, g in enumerate(ctx.groups)
             if g.qlen > 1
         }
         if kind == "full":
-            kc.index_copy_(0, ctx.full_rows, k.reshape(-1, d))
-            vc.index_copy_(0, ctx.full_rows, v.reshape(-1, d))
+            kc.index_copy_(0, ctx.full_rows, sk.reshape(-1, d))
+            vc.index_copy_(0, ctx.full_rows, sv.reshape(-1, d))
         else:
-            kc.index_copy_(0, ctx.ring_rows, k[ctx.ring_src].reshape(-1, d))
-            vc.index_copy_(0, ctx.ring_rows, v[ctx.ring_src].reshape(-1, d))
+            kc.index_copy_(0, ctx.ring_rows, sk[ctx.ring_src].reshape(-1, d))
+            vc.index_copy_(0, ctx.ring_rows, sv[ctx.ring_src].reshape(-1, d))
         outs = []
         for i, g in enumerate(ctx.groups):
             ix = ix_of(g)
             rows = slice(g.start, g.start + g.num_tokens)
             if g.qlen == 1:
-                kx, vx = kc.index_select(0, ix.rows), vc.index_select(0, ix.rows)
+                kx, vx = read(kc, ix.rows), read(vc, ix.rows)
                 outs.append(_decode(q[rows], kx, vx, ix, sinks, scale))
                 continue
             if g.pad_src is None:

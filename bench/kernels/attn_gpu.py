@@ -27,6 +27,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gptoss.kernels.attention import paged_attention, write_kv  # noqa: E402
+from gptoss.kv_dtype import quantize  # noqa: E402
 
 HQ, HKV, D, BS, WINDOW = 64, 8, 64, 16, 128
 RING = triton.cdiv(WINDOW, BS)
@@ -163,10 +164,17 @@ def _check(
 
 
 def decode_case(
-    b: int, ctx: int, sliding: bool, fa: Callable | None, check: bool = False, hint: int | None = None
+    b: int,
+    ctx: int,
+    sliding: bool,
+    fa: Callable | None,
+    check: bool = False,
+    hint: int | None = None,
+    kv_fp8: bool = False,
 ) -> dict:
     """B sequences at context ctx decode one token each. hint: the key bound the splits follow (the
-    engine passes its max_model_len; default ctx)."""
+    engine passes its max_model_len; default ctx). kv_fp8: our caches in float8 e4m3
+    (--kv-cache-dtype fp8), a byte a K or V element; no peer then."""
     nblk = ctx // BS + 1  # positions [0, ctx]: FA3 keeps the new token at ctx in its cache
     table = torch.randperm(b * nblk, device="cuda").view(b, nblk).int()  # [B, nblk]
     kc, vc = _rand(b * nblk, BS, HKV, D), _rand(b * nblk, BS, HKV, D)
@@ -187,6 +195,9 @@ def decode_case(
     else:
         args = (kc, vc, table, qs, ctx_t, sinks, SCALE, None, None)
         keys = ctx + 1
+    if kv_fp8:
+        args = (quantize(args[0]), quantize(args[1]), *args[2:])
+        fa = None
 
     def ours() -> torch.Tensor:
         return paged_attention(q, kn, vn, *args, 1, out=out, max_context_hint=hint or ctx)
@@ -199,7 +210,8 @@ def decode_case(
     case = f"B={b} ctx={ctx} {'sliding' if sliding else 'full'}"
     if check:
         _check(f"decode {case}", ours, peer, peer_out)
-    nbytes = b * HKV * keys * D * 2 * 2 + 2 * b * HQ * D * 2  # K + V read, q read, out written
+    kv_bytes = 1 if kv_fp8 else 2
+    nbytes = b * HKV * keys * D * 2 * kv_bytes + 2 * b * HQ * D * 2  # K + V read, q read, out written
     return _row("attn-decode", case, _us(ours), _peer_us(peer, case), nbytes, None)
 
 

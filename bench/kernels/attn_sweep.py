@@ -1,6 +1,6 @@
 """Decode attention's launch settings swept at the engine's decode shapes (CUDA only).
 
-    python bench/kernels/attn_sweep.py [--configs 64,4,3 32,4,3 ...]
+    python bench/kernels/attn_sweep.py [--configs 64,4,3 32,4,3 ...] [--kv-cache-dtype fp8]
 
 attention.DECODE_CFG (BLOCK_N, num_warps, num_stages) was set by reasoning, never measured. Each
 row: a case (batch, context, full or sliding) and, per config, our decode attention's µs
@@ -53,10 +53,15 @@ def main() -> None:
         sys.exit("attn_sweep.py needs a CUDA GPU")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=CONFIGS)
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="fp8: e4m3 caches")
     args = ap.parse_args()
+    fp8 = args.kv_cache_dtype == "fp8"
     cfgs = [tuple(int(v) for v in c.split(",")) for c in args.configs]
     default = attention.DECODE_CFG
-    print(f"{torch.cuda.get_device_name()}; default DECODE_CFG {default}; us (HBM share)")
+    print(
+        f"{torch.cuda.get_device_name()}; default DECODE_CFG {default}; "
+        f"KV {args.kv_cache_dtype}; us (HBM share)"
+    )
     print(f"{'case':34}" + "".join(f"{','.join(map(str, c)):>16}" for c in cfgs))
     failed = 0
     for b, ctx, sliding, hint in CASES:
@@ -64,7 +69,7 @@ def main() -> None:
         for c in cfgs:
             attention.DECODE_CFG = c
             try:
-                r = decode_case(b, ctx, sliding, None, hint=hint)
+                r = decode_case(b, ctx, sliding, None, hint=hint, kv_fp8=fp8)
                 cells.append(f"{r['ours_us']:.1f} ({r['hbm_frac']:.0%})")
             except Exception as e:  # noqa: BLE001 - one setting that fails is reported, the others still timed
                 failed += 1

@@ -14,6 +14,7 @@ from gptoss.kernels import pdl
 from gptoss.kernels.attention_kernel import _attn_kernel
 from gptoss.kernels.attention_reduce import _reduce_kernel
 from gptoss.kernels.attention_rope import rope_operands
+from gptoss.kernels.fp8 import is_fp8, to_cache
 
 LOG2E = 1.4426950408889634
 # Decode splits the keys of a (sequence, KV head) over several programs until about this many
@@ -111,8 +112,10 @@ def _write_kv_kernel(
     H_PAD: tl.constexpr,
     D: tl.constexpr,
     BS: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
-    """Program t: copies token t's [Hkv, D] K and V into its cache slot, unless the slot is -1."""
+    """Program t: copies token t's [Hkv, D] K and V into its cache slot, unless the slot is -1
+    (KV_FP8: rounded to e4m3, gptoss.kernels.fp8)."""
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
     if slot < 0:
@@ -122,8 +125,9 @@ def _write_kv_kernel(
     mask = hh < HKV
     src = t.to(tl.int64) * stride_nt + hh * stride_nh + d
     dst = (slot // BS) * stride_cb + (slot % BS) * stride_cs + hh * stride_ch + d
-    tl.store(kc_ptr + dst, tl.load(kn_ptr + src, mask=mask).to(kc_ptr.dtype.element_ty), mask=mask)
-    tl.store(vc_ptr + dst, tl.load(vn_ptr + src, mask=mask).to(vc_ptr.dtype.element_ty), mask=mask)
+    kv = kc_ptr.dtype.element_ty
+    tl.store(kc_ptr + dst, to_cache(tl.load(kn_ptr + src, mask=mask), KV_FP8, kv), mask=mask)
+    tl.store(vc_ptr + dst, to_cache(tl.load(vn_ptr + src, mask=mask), KV_FP8, kv), mask=mask)
 
 
 @functools.cache
@@ -205,8 +209,13 @@ def paged_attention(
         )
     if d & (d - 1) or bs & (bs - 1):
         raise ValueError(f"head_dim {d} and block_size {bs} must be powers of two")
-    if not q.dtype == k_new.dtype == v_new.dtype == k_cache.dtype == v_cache.dtype:
-        raise ValueError("q, k_new, v_new and the caches must share one dtype")
+    kv_fp8 = is_fp8(k_cache)
+    if not q.dtype == k_new.dtype == v_new.dtype or k_cache.dtype != v_cache.dtype:
+        raise ValueError("q, k_new and v_new must share one dtype, and the two caches one")
+    if k_cache.dtype != q.dtype and not kv_fp8:
+        raise ValueError(f"the caches must be in q's dtype or float8_e4m3fn, got {k_cache.dtype}")
+    if kv_fp8 and rope is not None:
+        raise ValueError("rope inside attention (GPTOSS_ROPE_IN_ATTN) does not cover a float8 KV cache")
     if (ring_len is not None) and window is None:
         raise ValueError("a ring table (ring_len) needs a window")
     if k_new.stride() != v_new.stride() or k_cache.stride() != v_cache.stride():
@@ -294,6 +303,7 @@ def paged_attention(
         MERGE=tickets is not None,
         NS_PAD=triton.next_power_of_2(splits),
         ROPE=rope is not None,
+        KV_FP8=kv_fp8,
         num_warps=warps,
         num_stages=stages,
         **common,
@@ -353,5 +363,6 @@ def write_kv(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, slo
         H_PAD=triton.next_power_of_2(hkv),
         D=d,
         BS=bs,
+        KV_FP8=is_fp8(k_cache),
         num_warps=1,
     )

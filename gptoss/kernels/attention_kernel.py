@@ -64,6 +64,7 @@ def _attn_kernel(
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
     ROPE: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads. MERGE
     (decode splits): the last split of a (sequence, KV head) to finish merges the partials itself.
@@ -169,6 +170,7 @@ def _attn_kernel(
         PRECISION,
         UPCAST,
         False,
+        KV_FP8,
     )
     acc, m, l = _phase(
         acc,
@@ -208,6 +210,7 @@ def _attn_kernel(
         PRECISION,
         UPCAST,
         ROPE,
+        KV_FP8,
     )
     if SPLIT:
         part = (s_idx * hq + head) * num_splits + split  # [BM]

@@ -22,6 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import pdl
+from gptoss.kernels.fp8 import is_fp8, to_cache
 from gptoss.kernels.rounding import round_to
 from gptoss.model import Rope
 
@@ -90,6 +91,7 @@ def _rope_qkv_kernel(
     HALF: tl.constexpr,
     WRITE_CACHE: tl.constexpr,
     PDL: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     pdl.wait_then_release(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -114,10 +116,11 @@ def _rope_qkv_kernel(
         cmask = mask & (slot >= 0)  # slot -1: a padding token, nothing to store
         kc = kc_ptr + blk * kc_s0 + in_blk * kc_s1 + h * kc_s2 + j
         vc = vc_ptr + blk * vc_s0 + in_blk * vc_s1 + h * vc_s2 + j
-        tl.store(kc, k1.to(kc_ptr.dtype.element_ty), mask=cmask)
-        tl.store(kc + D // 2, k2.to(kc_ptr.dtype.element_ty), mask=cmask)
-        tl.store(vc, v1.to(vc_ptr.dtype.element_ty), mask=cmask)
-        tl.store(vc + D // 2, v2.to(vc_ptr.dtype.element_ty), mask=cmask)
+        kv = kc_ptr.dtype.element_ty
+        tl.store(kc, to_cache(k1, KV_FP8, kv), mask=cmask)
+        tl.store(kc + D // 2, to_cache(k2, KV_FP8, kv), mask=cmask)
+        tl.store(vc, to_cache(v1, KV_FP8, kv), mask=cmask)
+        tl.store(vc + D // 2, to_cache(v2, KV_FP8, kv), mask=cmask)
 
 
 def rope_qkv(
@@ -134,7 +137,8 @@ def rope_qkv(
     """qkv [T, (Hq+2Hkv)*D], positions [T] int, cos_sin [P, D] float32 -> q [T,Hq,D], k, v [T,Hkv,D].
 
     With k_cache, v_cache [num_blocks, block_size, Hkv, D] and slot_mapping [T] int (flat slot
-    block*block_size + offset, -1 = skip), roped k and v are also stored there. positions must lie
+    block*block_size + offset, -1 = skip), roped k and v are also stored there (a float8_e4m3fn
+    cache: rounded as gptoss.kernels.fp8.quantize). positions must lie
     in [0, P): they index the table unchecked (checking would need a host sync).
     """
     hq, hkv, d = num_q_heads, num_kv_heads, head_dim
@@ -202,6 +206,7 @@ def rope_qkv(
         HKV_PAD=triton.next_power_of_2(hkv),
         HALF=half,
         WRITE_CACHE=write,
+        KV_FP8=write and is_fp8(k_cache),
         num_warps=4 if hq * d <= 4096 else 8,
         enable_fp_fusion=False,  # each product rounded, as torch: no FMA (docstring)
         **pdl.args(qkv),
