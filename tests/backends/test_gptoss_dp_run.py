@@ -71,7 +71,10 @@ def test_two_replicas_log_the_tokens_of_one(tiny_checkpoint, tmp_path, monkeypat
 
 
 def test_a_replica_killed_mid_run_is_counted_and_the_run_exits_1(tiny_checkpoint, tmp_path):
-    data = make_data(tmp_path / "d.parquet", 4, (400, 400), seed=6)
+    # 850 output tokens a query (2 a replica: 2 x ~990 tokens fit its 2048-token cache): seconds of
+    # decode, so the run cannot end before the kill below even on a loaded 2-core CI machine
+    # (with 400 it twice did: "the run never started").
+    data = make_data(tmp_path / "d.parquet", 4, (850, 850), seed=6)
     out = tmp_path / "out"
     args = [*ENGINE, "--devices", "cpu,cpu", "--model-path", tiny_checkpoint, "--input-file", data,
             "--min-duration", "0", "--min-query-count", "4", "--output-dir", out]  # fmt: skip
@@ -87,7 +90,8 @@ def test_a_replica_killed_mid_run_is_counted_and_the_run_exits_1(tiny_checkpoint
         pids = wait_ready(proc, timeout=120)
         run_json = out / "offline" / "performance" / "run.json"
         deadline = time.monotonic() + 60
-        while not (run_json.exists() and json.loads(run_json.read_text())["status"] == "running"):
+        while (status := run_status(run_json)) != "running":
+            assert status in (None, "starting"), f"the run ended ({status}) before replica 1 was killed"
             assert time.monotonic() < deadline, "the run never started"
             time.sleep(0.05)
         # Replica 1 idles on a condition variable until its two queries come: CPU time it spends
@@ -107,6 +111,11 @@ def test_a_replica_killed_mid_run_is_counted_and_the_run_exits_1(tiny_checkpoint
     assert record["failures"]["reasons"] == {reason: 2}  # its two queries; replica 0 finished its own
     assert record["queries"]["completed"] == 4 and record["failures"]["count"] == 2
     assert f"gptoss: {died}; its 2 requests in flight failed, 1 replicas go on" in stderr and gone(pids)
+
+
+def run_status(run_json: Path) -> str | None:
+    """run.json's status, None before the first write (it is written atomically)."""
+    return json.loads(run_json.read_text())["status"] if run_json.exists() else None
 
 
 def busy(pid: int) -> float:
