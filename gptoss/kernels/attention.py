@@ -14,7 +14,8 @@ from gptoss.kernels import pdl
 from gptoss.kernels.attention_kernel import _attn_kernel
 from gptoss.kernels.attention_reduce import _reduce_kernel
 from gptoss.kernels.attention_rope import rope_operands
-from gptoss.kernels.fp8 import is_fp8, to_cache
+from gptoss.kernels.fp8 import to_cache
+from gptoss.kv_dtype import is_fp8
 
 LOG2E = 1.4426950408889634
 # Decode splits the keys of a (sequence, KV head) over several programs until about this many

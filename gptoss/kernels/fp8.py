@@ -14,10 +14,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gptoss.kv_dtype import is_fp8
-
-__all__ = ["as_stored", "e4m3_round", "is_fp8", "to_cache"]
-
 
 @triton.jit
 def e4m3_round(x):

@@ -22,8 +22,9 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import pdl
-from gptoss.kernels.fp8 import is_fp8, to_cache
+from gptoss.kernels.fp8 import to_cache
 from gptoss.kernels.rounding import round_to
+from gptoss.kv_dtype import is_fp8
 from gptoss.model import Rope
 
 
