@@ -13,13 +13,15 @@
 # (batch 1's down on v3's decode tiles, as before v24, not on moe_v3_dec's split-K slot kernel), and
 # NAME=ENV=VALUE[+ENV=VALUE...] the v3 default under those variables (e.g. sk64=GPTOSS_ATTN_SPLIT_KEYS=64). VLLM=0 runs ours only (no
 # wait for the install); MODES= (empty) skips the Offline run; SWEEP=0 the sweep (SWEEP_VARIANTS its
-# variants); TESTS the compiled tests' -k expression (none: no tests).
+# variants); TESTS the compiled tests' -k expression (none: no tests, all: every test of TEST_FILES,
+# default the few-rows files). A mode NAME-fp8 (MODES or B1_MODES, e.g. v3-fp8) runs NAME with
+# --kv-cache-dtype fp8. ATTN_SWEEP=1: decode attention's settings, bf16 then fp8 KV (attn_sweep.py).
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
 # One table a mode last (ours beside vLLM): $HOME/ab/table.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/ab}
-CKPT=/mnt/ck120/gptoss-120b-random  # a tmpfs: the disk has 64 GiB, the checkpoint 61 GiB
+CKPT=${CKPT:-/mnt/ck120/gptoss-120b-random}  # a tmpfs: the disk has 64 GiB, the checkpoint 61 GiB
 # shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
 export VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0
@@ -30,14 +32,25 @@ SHAPES=(--decode 128x512 --throughput "${N}x1024x1278" --max-model-len 4096 --tr
 [ "${VLLM:-1}" = 1 ] && vllm_script
 checkpoint_120b
 gpu_prereqs
+TEST_FILES=${TEST_FILES:-tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py
+  tests/gptoss/kernels/test_kernel_engine.py tests/gptoss/kernels/test_moe_decode.py
+  tests/gptoss/kernels/test_moe_decode_flat.py tests/gptoss/kernels/test_norm_route.py
+  tests/gptoss/kernels/test_moe_v3_dec.py}
 if [ "${TESTS:-}" != none ]; then  # TESTS=none: no tests (another GPU of the machine runs them)
-  say "compiled few-rows tests"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py \
-    tests/gptoss/kernels/test_kernel_engine.py tests/gptoss/kernels/test_moe_decode.py \
-    tests/gptoss/kernels/test_moe_decode_flat.py tests/gptoss/kernels/test_norm_route.py \
-    tests/gptoss/kernels/test_moe_v3_dec.py -k "${TESTS:-few_rows or v3_weights or routing_the_logits}" \
-    2>&1 | tail -4 | tee "$RES/tests.txt"
-  row "few-rows tile tests" "$(tail -1 "$RES/tests.txt")"
+  say "compiled tests"
+  select=(-k "${TESTS:-few_rows or v3_weights or routing_the_logits}")
+  [ "${TESTS:-}" = all ] && select=()
+  # shellcheck disable=SC2086  # TEST_FILES is a list of paths
+  timeout 420 python3 -m pytest -q -p no:cacheprovider $TEST_FILES "${select[@]}" 2>&1 | tail -4 | tee "$RES/tests.txt"
+  row "compiled tests" "$(tail -1 "$RES/tests.txt")"
+fi
+if [ "${ATTN_SWEEP:-0}" = 1 ]; then
+  for kv in auto fp8; do
+    say "decode attention sweep, KV $kv"
+    timeout 300 python3 bench/kernels/attn_sweep.py --configs 64,4,3 32,4,3 --kv-cache-dtype $kv \
+      > "$RES/attn_$kv.txt" 2>&1
+    cat "$RES/attn_$kv.txt"
+  done
 fi
 ours() {  # ours MODE KERNELS V3_TILES SHAPES...: one engine process, rows into $RES/MODE
   local mode=$1 kernels=$2 tiles=$3
@@ -49,7 +62,8 @@ ours() {  # ours MODE KERNELS V3_TILES SHAPES...: one engine process, rows into 
 }
 MODES=${MODES-v3}  # set but empty: no Offline run
 B1_MODES=${B1_MODES-v3old v2 v3pick}
-for mode in $MODES; do ours "$mode" "$mode" "" "${SHAPES[@]}"; done
+kv_args() { kv=(); [[ $1 == *-fp8 ]] && kv=(--kv-cache-dtype fp8); return 0; }  # NAME-fp8: e4m3 caches
+for mode in $MODES; do kv_args "$mode"; ours "$mode" "${mode%-fp8}" "" "${SHAPES[@]}" "${kv[@]}"; done
 have_vllm=0
 [ "${VLLM:-1}" = 1 ] && wait_vllm && have_vllm=1  # VLLM=0: ours only, no wait
 pick=
@@ -82,7 +96,7 @@ for mode in $B1_MODES; do
     *=*)  # NAME=ENV=VALUE[+ENV=VALUE...]: the default kernels under those variables
       read -ra assigns <<< "$(tr '+' ' ' <<< "${mode#*=}")"
       (export "${assigns[@]}"; ours "${mode%%=*}" v3 "" "${B1[@]}") ;;
-    *) ours "$mode" "$mode" "" "${B1[@]}" ;;
+    *) kv_args "$mode"; ours "$mode" "${mode%-fp8}" "" "${B1[@]}" "${kv[@]}" ;;
   esac
 done
 if [ $have_vllm = 1 ]; then

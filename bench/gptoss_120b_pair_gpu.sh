@@ -6,6 +6,7 @@
 #      Offline N x (1024 -> 1278) on MODES, batch 1, batch 1 on B1_MODES, the decode sweep); GPU 1
 #      run_mlperf Offline DP=1 through LoadGen (gptoss_dp_gpu.sh, DP_N prompts), then with PEER=1
 #      vLLM 0.26.0 on the A/B's shapes once bench/vllm_peer_install.sh (the third call) is done;
+#      GPU1_ATTN_SWEEP=1 and GPU1_B1 (batch-1 modes) move those A/B parts to GPU 1, before vLLM;
 #   3. then DP=2 on both GPUs (its table: beside step 2's DP=1).
 #   (setsid nohup bash bench/gptoss_120b_pair_gpu.sh > $HOME/pair.log 2>&1 &)   then poll $HOME/pair/done
 # The table last: ours (GPU 0) beside vLLM (GPU 1), then the DP table. The two GPUs' runs share the
@@ -13,9 +14,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=$HOME/pair
+export CKPT=${CKPT:-/mnt/ck120/gptoss-120b-random}  # the A/B reads the same one (set before gpu_detached's default)
 # shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
-CKPT=/mnt/ck120/gptoss-120b-random
 [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "needs 2 GPUs"; exit 1; }
 checkpoint_120b
 gpu_prereqs  # the harness's wheels, once, before two scripts would install them at the same time
@@ -26,7 +27,8 @@ ours=$!
 (
   CUDA_VISIBLE_DEVICES=1 dp dp1 > "$RES/dp1.log" 2>&1
   if [ "${PEER:-1}" = 1 ]; then
-    CUDA_VISIBLE_DEVICES=1 RES=$HOME/ab1 VLLM=1 MODES='' B1_MODES='' SWEEP=0 TESTS=none \
+    CUDA_VISIBLE_DEVICES=1 RES=$HOME/ab1 VLLM=1 MODES='' B1_MODES="${GPU1_B1:-}" SWEEP=0 TESTS=none \
+      ATTN_SWEEP=${GPU1_ATTN_SWEEP:-0} \
       bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab1.log" 2>&1
   fi
 ) &
@@ -35,15 +37,17 @@ wait $ours $gpu1
 say "DP=2 through run_mlperf"
 dp dp2 > "$RES/dp2.log" 2>&1
 {
-  cat "$HOME/ab0/table.txt"
-  python3 - "$HOME/ab0/v3/results.jsonl" "$HOME/ab1/vllm/results.jsonl" 2>&1 <<'PY'
+  cat "$HOME/ab0/table.txt" "$HOME/ab1/table.txt"
+  for mode in ${MODES-v3}; do
+    python3 - "$mode" "$HOME/ab0/$mode/results.jsonl" "$HOME/ab1/vllm/results.jsonl" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "bench")
 from gptoss_gpu import table
-print("== v3 (GPU 0) beside vLLM (GPU 1)")
-table([json.loads(line) for f in sys.argv[1:] if Path(f).exists() for line in open(f)])
+print(f"== {sys.argv[1]} (GPU 0) beside vLLM (GPU 1)")
+table([json.loads(line) for f in sys.argv[2:] if Path(f).exists() for line in open(f)])
 PY
+  done
   sed -n '/^run /,$p' "$RES/dp2.log"
 } >> "$RES/table.txt"
 finish

@@ -27,8 +27,10 @@ gpu_prereqs() {  # the harness's wheels (.whl) unless installed; the 20b checkpo
 }
 
 checkpoint_120b() {  # the random 120b at $CKPT (under /mnt/ck120: a tmpfs, as the disk has 64 GiB)
-  mkdir -p /mnt/ck120
-  grep -q " /mnt/ck120 " /proc/mounts || mount -t tmpfs -o size=72g tmpfs /mnt/ck120 || exit 1
+  if [[ $CKPT == /mnt/ck120/* ]]; then
+    mkdir -p /mnt/ck120
+    grep -q " /mnt/ck120 " /proc/mounts || mount -t tmpfs -o size=72g tmpfs /mnt/ck120 || exit 1
+  fi
   [ -f "$CKPT/config.json" ] && return 0
   say "120b checkpoint"
   python3 -m gptoss.tools.make_checkpoint --preset 120b --device cuda --out "$CKPT" > "$RES/checkpoint.log" 2>&1 \

@@ -34,10 +34,11 @@ case "$*" in
     prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done; echo lora ;;
   *profile_gpu.py*) echo "profile pdl=${GPTOSS_PDL:-unset} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
   *gptoss_gpu.py*"--engine gptoss --decode"*)
-    echo "batch-1 decode 128->512  400.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto}" \
-      "tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
+    echo "batch-1 decode 128->512  400.0  -  tok/s rope=${GPTOSS_ROPE_IN_ATTN:-dflt}" \
+      "k=${GPTOSS_MOE_KERNELS:-auto} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
   *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"; echo "offline 1000x(1024->1024)  -  15000.0 tok/s" ;;
-  *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s" \
+  *attn_sweep.py*) echo "attention sweep: $*" ;;
+  *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto}" \
     "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt}" ;;
   *) echo "stub python3: unexpected $*" >&2; exit 3 ;;
 esac
@@ -189,3 +190,40 @@ def test_decode_variants_keep_commas_inside_a_value(stubs, tmp_path):
     for pdl in (0, 1):
         text = (res / f"profile_b1_dd_pdl{pdl}.txt").read_text()
         assert text == f"profile pdl={pdl} tiles=16,32,128,2,2,4\n"
+
+
+def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, tmp_path):
+    res = tmp_path / "ab"
+    p = _run(
+        "gptoss_120b_ab_gpu.sh",
+        stubs,
+        RES=str(res),
+        VLLM="0",
+        SWEEP="0",
+        N="20",
+        TESTS="all",
+        TEST_FILES="tests/a.py tests/b.py",
+        ATTN_SWEEP="1",
+        MODES="v3 v3-fp8",
+        B1_MODES="v2-fp8 rope=GPTOSS_ROPE_IN_ATTN=1",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (tmp_path / "ck" / "config.json").exists()  # a CKPT outside /mnt/ck120 mounts nothing
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    pytest_calls = [c for c in calls if "-m pytest" in c]
+    assert pytest_calls == ["-m pytest -q -p no:cacheprovider tests/a.py tests/b.py"]  # TESTS=all: no -k
+    sweeps = [c.split("--kv-cache-dtype ")[1] for c in calls if "attn_sweep.py" in c]
+    assert sweeps == ["auto", "fp8"]
+    ours = [c for c in calls if "--engine gptoss" in c]
+    assert len(ours) == 4
+    assert [("--throughput 20x1024x1278" in c, "--kv-cache-dtype fp8" in c) for c in ours] == [
+        (True, False),
+        (True, True),
+        (False, True),
+        (False, False),
+    ]
+    assert f"--out {res}/v3-fp8 " in ours[1] + " "
+    # NAME-fp8 runs NAME's kernels; NAME=ENV=VALUE the default kernels under that variable
+    assert "k=v3 " in (res / "ours_v3-fp8.txt").read_text()
+    assert "rope=dflt k=v2 " in (res / "ours_v2-fp8.txt").read_text()
+    assert "rope=1 k=v3 " in (res / "ours_rope.txt").read_text()
