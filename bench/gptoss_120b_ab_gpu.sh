@@ -15,7 +15,7 @@
 # wait for the install); MODES= (empty) skips the Offline run; SWEEP=0 the sweep (SWEEP_VARIANTS its
 # variants); TESTS the compiled tests' -k expression (none: no tests, all: every test of TEST_FILES,
 # default the few-rows files). A mode NAME-fp8 (MODES or B1_MODES, e.g. v3-fp8) runs NAME with
-# --kv-cache-dtype fp8. ATTN_SWEEP=1: decode attention's settings, bf16 then fp8 KV (attn_sweep.py).
+# --kv-cache-dtype fp8 --max-num-seqs FP8_SEQS. ATTN_SWEEP=1: decode attention's settings, bf16 then fp8 KV (attn_sweep.py).
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
 # One table a mode last (ours beside vLLM): $HOME/ab/table.txt.
 set -uo pipefail
@@ -62,7 +62,9 @@ ours() {  # ours MODE KERNELS V3_TILES SHAPES...: one engine process, rows into 
 }
 MODES=${MODES-v3}  # set but empty: no Offline run
 B1_MODES=${B1_MODES-v3old v2 v3pick}
-kv_args() { kv=(); [[ $1 == *-fp8 ]] && kv=(--kv-cache-dtype fp8); return 0; }  # NAME-fp8: e4m3 caches
+# NAME-fp8: e4m3 caches, and room for the twice as many sequences they hold (FP8_SEQS; the bench's
+# default cap, 1024, is above the ~880 a bf16 cache holds on an H200, below the ~1,800 of an fp8 one)
+kv_args() { kv=(); [[ $1 == *-fp8 ]] && kv=(--kv-cache-dtype fp8 --max-num-seqs "${FP8_SEQS:-1792}"); return 0; }
 for mode in $MODES; do kv_args "$mode"; ours "$mode" "${mode%-fp8}" "" "${SHAPES[@]}" "${kv[@]}"; done
 have_vllm=0
 [ "${VLLM:-1}" = 1 ] && wait_vllm && have_vllm=1  # VLLM=0: ours only, no wait

@@ -223,6 +223,7 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
         (False, False),
     ]
     assert f"--out {res}/v3-fp8 " in ours[1] + " "
+    assert "--max-num-seqs 1792" in ours[1] and "--max-num-seqs" not in ours[0]
     # NAME-fp8 runs NAME's kernels; NAME=ENV=VALUE the default kernels under that variable
     assert "k=v3 " in (res / "ours_v3-fp8.txt").read_text()
     assert "rope=dflt k=v2 " in (res / "ours_v2-fp8.txt").read_text()
