@@ -82,8 +82,12 @@ class _Graph:
 
 
 def _greedy(logits: Tensor) -> Tensor:
-    """[N, V] -> [N] argmax ids; -1 for a row holding NaN (the caller fails that request)."""
-    return torch.where(logits.isnan().any(-1), -1, logits.argmax(-1))
+    """[N, V] -> [N] argmax ids; -1 for a row holding NaN (the caller fails that request).
+
+    argmax propagates NaN (a row holding one returns a NaN's index), so one value a row tells; a
+    [N, V] NaN mask would be 0.35 GB at 1,800 rows of gpt-oss's vocabulary, past the step's budget."""
+    ids = logits.argmax(-1)
+    return torch.where(logits.gather(-1, ids[:, None]).squeeze(-1).isnan(), -1, ids)
 
 
 class KernelRunner:
@@ -273,6 +277,9 @@ class KernelRunner:
                 else sample(logits, temp, top_k, top_p, seeds, pos + 1, filtered=False)
             )
             out[j] = ids
+            # Freed before the next step's logits exist: two [n, V] float32 at once are more than
+            # step_workspace_bytes reserves (an fp8 cache's ~1,800-row batch of 120b ran out of memory).
+            del logits
             if j + 1 == k:
                 break
             ids_in.copy_(ids.clamp(min=0))  # a NaN row (-1) fails the request on the host

@@ -38,12 +38,13 @@ DENSE_MOE_MAX_BYTES = 256 << 20
 def step_workspace_bytes(mc, tokens: int, seqs: int, itemsize: int) -> int:
     """A step's activations at its largest, twice over for the caching allocator's fragmentation: per
     token the hidden rows (x, residual, normed, the MoE's sum), QKV and the attention output, the
-    MoE's k rows of act [I] and y [H]; per sequence its float32 logits and their source row."""
+    MoE's k rows of act [I] and y [H]; per sequence its logits (the lm_head's output, its float32
+    copy, and a top-k/top-p draw's masked float32 copy)."""
     h, d = mc.hidden_size, mc.head_dim
     qkv = (mc.num_attention_heads + 2 * mc.num_key_value_heads) * d
     per_token = itemsize * (4 * h + qkv + mc.num_attention_heads * d)
     per_token += itemsize * mc.num_experts_per_tok * (mc.intermediate_size + h)
-    logits = seqs * mc.vocab_size * (4 + itemsize)
+    logits = seqs * mc.vocab_size * (itemsize + 4 + 4)
     return 2 * tokens * per_token + logits
 
 

@@ -12,8 +12,9 @@ GB = 10**9
 def test_workspace_of_a_20b_step():
     # per token: bf16 x 4 hidden rows (4 * 2880) + QKV (5120) + attention out (4096) = 20736, and the
     # MoE's 4 rows of act (2880) and y (2880) = 23040: 87,552 bytes; doubled over 16,384 tokens; plus
-    # 1,024 sequences' float32 logits and bf16 source rows over the 201,088-token vocabulary
-    assert step_workspace_bytes(PRESETS["20b"], 16384, 1024, 2) == 2 * 16384 * 87552 + 1024 * 201088 * 6
+    # 1,024 sequences' logits over the 201,088-token vocabulary: the bf16 output, its float32 copy,
+    # and a filtered draw's masked float32 copy
+    assert step_workspace_bytes(PRESETS["20b"], 16384, 1024, 2) == 2 * 16384 * 87552 + 1024 * 201088 * 10
 
 
 def test_budget_is_what_is_left_after_the_reserve():
