@@ -1,0 +1,101 @@
+"""SASS statistics of decode attention (gptoss.kernels.attention_kernel), bf16 against float8 caches,
+compiled for sm_90a on CPU.
+
+    python bench/kernels/attn_sass.py [--cfg BLOCK_N,WARPS,STAGES ...]
+
+No GPU needed (moe_decode_sass's compile: GPUTarget("cuda", 90, 32), pointers and strides marked
+16-divisible as at run time). The shape is a decode step of gpt-oss: 8 query heads a KV head, head
+dim 64, 16-token blocks, a full layer split over keys and merged in the kernel. Per config and cache
+dtype: registers, shared memory, and each key loop (a loop holding an HMMA) with its instruction
+count and its commonest opcodes. The cached-key loops are the two longest of the short ones; the
+float8 cache's conversions (F2FP.F16.E4M3.UNPACK_B, F2F.BF16.F16) and byte loads (LDS.U8) show
+there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from moe_decode_sass import CUOBJDUMP, _compile  # noqa: E402
+
+from gptoss.kernels.attention import DECODE_CFG  # noqa: E402
+from gptoss.kernels.attention_kernel import _attn_kernel  # noqa: E402
+
+POINTERS = {
+    "q_ptr": "bf16",
+    "kn_ptr": "bf16",
+    "vn_ptr": "bf16",
+    "kc_ptr": "cache",
+    "vc_ptr": "cache",
+    "table_ptr": "i32",
+    "qstart_ptr": "i32",
+    "ctx_ptr": "i32",
+    "sink_ptr": "fp32",
+    "out_ptr": "bf16",
+    "pm_ptr": "fp32",
+    "pl_ptr": "fp32",
+    "pacc_ptr": "fp32",
+    "lock_ptr": "i32",
+    "pos_ptr": "i32",
+    "cs_ptr": "fp32",
+    "slot_ptr": "i64",
+}
+SCALARS = {"qk_scale": "fp32", "window": "i32", "ring_len": "i32", "num_splits": "i32", "hq": "i32"}
+STRIDES = (
+    "stride_qt stride_qh stride_nt stride_nh stride_cb stride_cs stride_ch stride_tb stride_ot stride_oh"
+)
+
+
+def compile_decode(fp8: bool, block_n: int, warps: int, stages: int):
+    cache = "fp8e4nv" if fp8 else "bf16"
+    sig = {k: "*" + (cache if t == "cache" else t) for k, t in POINTERS.items()}
+    sig |= SCALARS | dict.fromkeys(STRIDES.split(), "i32")
+    consts = dict(G=8, G_PAD=8, BLOCK_Q=2, BLOCK_N=block_n, D=64, BS=16, RING=False, WINDOWED=False)
+    consts |= dict(SPLIT=True, MERGE=True, NS_PAD=32, PRECISION="tf32", UPCAST=False, PDL=True)
+    consts |= dict(ROPE=False, KV_FP8=fp8)
+    return _compile(_attn_kernel, sig, consts, warps, stages)
+
+
+def key_loops(kernel) -> tuple[str, list[tuple[int, collections.Counter]]]:
+    """Registers and each loop that holds an HMMA: its length and opcode counts, shortest first."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
+    ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"^\s+/\*([0-9a-f]{4,5})\*/\s+(.*?);", sass, re.M)]
+    loops = []
+    for addr, text in ins:
+        m = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
+        if m and int(m[1], 16) < addr:
+            body = [x for a, x in ins if int(m[1], 16) <= a <= addr]
+            if any("HMMA" in x for x in body):
+                ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0] for x in body)
+                loops.append((len(body), ops))
+    return re.search(r"REG:(\d+)", res)[1], sorted(loops, key=lambda loop: loop[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cfg", nargs="+", default=[",".join(map(str, DECODE_CFG))])
+    for cfg in ap.parse_args().cfg:
+        block_n, warps, stages = (int(v) for v in cfg.split(","))
+        for fp8 in (False, True):
+            k = compile_decode(fp8, block_n, warps, stages)
+            regs, loops = key_loops(k)
+            print(f"cfg {cfg}, {'fp8' if fp8 else 'bf16'} cache: regs {regs}, smem {k.metadata.shared}")
+            for n, ops in loops:
+                print(f"  loop {n:5d} ins: " + ", ".join(f"{op} {c}" for op, c in ops.most_common(10)))
+
+
+if __name__ == "__main__":
+    main()
