@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_decode_sass import CUOBJDUMP, _compile  # noqa: E402
+from moe_decode_sass import _compile, disassemble, mma_loops  # noqa: E402
 
 from gptoss.kernels.attention import DECODE_CFG  # noqa: E402
 from gptoss.kernels.attention_kernel import _attn_kernel  # noqa: E402
@@ -67,20 +65,11 @@ def compile_decode(fp8: bool, block_n: int, warps: int, stages: int):
 
 def key_loops(kernel) -> tuple[str, list[tuple[int, collections.Counter]]]:
     """Registers and each loop that holds an HMMA: its length and opcode counts, shortest first."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
-        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
-    ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"^\s+/\*([0-9a-f]{4,5})\*/\s+(.*?);", sass, re.M)]
-    loops = []
-    for addr, text in ins:
-        m = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
-        if m and int(m[1], 16) < addr:
-            body = [x for a, x in ins if int(m[1], 16) <= a <= addr]
-            if any("HMMA" in x for x in body):
-                ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0] for x in body)
-                loops.append((len(body), ops))
+    res, _, ins = disassemble(kernel)
+    loops = [
+        (len(body), collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0] for x in body))
+        for body in mma_loops(ins)
+    ]
     return re.search(r"REG:(\d+)", res)[1], sorted(loops, key=lambda loop: loop[0])
 
 

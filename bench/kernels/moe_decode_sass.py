@@ -97,13 +97,19 @@ def qkv_rope():
     return _compile(_qkv_rope_kernel, sig, consts, 4, 6)
 
 
-def stats(k, name: str) -> None:
+def disassemble(k) -> tuple[str, str, list[tuple[int, str]]]:
+    """cuobjdump's resource usage, the SASS, and its instructions as (address, text)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()
         res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
         sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
     ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"^\s+/\*([0-9a-f]{4,5})\*/\s+(.*?);", sass, re.M)]
+    return res, sass, ins
+
+
+def mma_loops(ins: list[tuple[int, str]]) -> list[list[str]]:
+    """The bodies of the loops (a backward branch) that hold a tensor-core MMA."""
     loops = []
     for addr, text in ins:
         m = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
@@ -111,6 +117,12 @@ def stats(k, name: str) -> None:
             body = [x for a, x in ins if int(m[1], 16) <= a <= addr]
             if any("HMMA" in x or "HGMMA" in x for x in body):
                 loops.append(body)
+    return loops
+
+
+def stats(k, name: str) -> None:
+    res, sass, ins = disassemble(k)
+    loops = mma_loops(ins)
     k_loop = min(loops, key=len) if loops else []
     hmul2 = sum("HMUL2" in x for x in k_loop)
     per_value = f"{len(k_loop) / (2 * hmul2):.2f} a value" if hmul2 else "-"
