@@ -7,7 +7,8 @@
 #      run_mlperf Offline DP=1 through LoadGen (gptoss_dp_gpu.sh, DP_N prompts), then with PEER=1
 #      vLLM 0.26.0 on the A/B's shapes once bench/vllm_peer_install.sh (the third call) is done;
 #      GPU1_ATTN_SWEEP=1 and GPU1_B1 (batch-1 modes) move those A/B parts to GPU 1, before vLLM;
-#   3. then DP=2 on both GPUs (its table: beside step 2's DP=1).
+#   3. then DP=2 on both GPUs (its table: beside step 2's DP=1); DP2_RUNS adds runs of both GPUs
+#      (gptoss_dp_gpu.sh's names, e.g. "dp2 vllm-dp2": vLLM's DP=2 on the same prompts, issue 14's peer).
 #   (setsid nohup bash bench/gptoss_120b_pair_gpu.sh > $HOME/pair.log 2>&1 &)   then poll $HOME/pair/done
 # The table last: ours (GPU 0) beside vLLM (GPU 1), then the DP table. The two GPUs' runs share the
 # host's CPUs, and DP=1's leftover check sees only GPU 1 (nvidia-smi -i).
@@ -35,7 +36,7 @@ ours=$!
 gpu1=$!
 wait $ours $gpu1
 say "DP=2 through run_mlperf"
-dp dp2 > "$RES/dp2.log" 2>&1
+dp "${DP2_RUNS:-dp2}" > "$RES/dp2.log" 2>&1
 {
   cat "$HOME/ab0/table.txt" "$HOME/ab1/table.txt"
   for mode in ${MODES-v3}; do

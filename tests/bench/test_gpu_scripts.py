@@ -19,6 +19,9 @@ last=${*: -1}
 echo "$*" >> "$STUB_LOG"
 case "$*" in
   *"import mlperf_loadgen"*) exit 0 ;;
+  -|"- "*) exec "$REAL_PYTHON" "$@" ;;  # the scripts' inline tables, read from stdin
+  *rand_dataset.py*) ;;
+  *run_mlperf.py*) ;;  # no run.json: the dp table shows the run as an error, which is all this needs
   *make_checkpoint*|*make_lora*)
     mkdir -p "$last"; echo '{}' > "$last/config.json"; echo '{}' > "$last/adapter_config.json" ;;
   *moe_pick.py*|*"moe_ncu.py --digest"*|*"moe_ncu.py --sass-digest"*) exec "$REAL_PYTHON" "$@" ;;
@@ -228,3 +231,33 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
     assert "k=v3 " in (res / "ours_v3-fp8.txt").read_text()
     assert "rope=dflt k=v2 " in (res / "ours_v2-fp8.txt").read_text()
     assert "rope=1 k=v3 " in (res / "ours_rope.txt").read_text()
+
+
+def test_pair_runs_dp1_beside_our_ab_then_both_gpu_runs_of_dp2_runs(stubs, tmp_path):
+    bin_dir = Path(stubs["PATH"].split(":")[0])
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stub'\necho 'GPU 1: stub'\n")
+    p = _run(
+        "gptoss_120b_pair_gpu.sh",
+        stubs,
+        MODES="v3",
+        B1_MODES="",
+        SWEEP="0",
+        TESTS="none",
+        N="20",
+        DP_N="30",
+        DP2_RUNS="dp2 vllm-dp2",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    runs = [
+        c.split("--model-path")[0].split("run_mlperf.py ")[1].strip() for c in calls if "run_mlperf.py" in c
+    ]
+    assert runs == [
+        "--backend gptoss --devices cuda:0",
+        "--backend gptoss --data-parallel-size 2 --device cuda",
+        "--backend vllm --data-parallel-size 2",
+    ]
+    engines = [c.split("--engine ")[1].split()[0] for c in calls if "gptoss_gpu.py" in c]
+    assert sorted(engines) == ["gptoss", "vllm"]  # ours on GPU 0, vLLM on GPU 1, one run each
+    table = (Path(stubs["HOME"]) / "pair" / "table.txt").read_text()
+    assert "== v3 (GPU 0) beside vLLM (GPU 1)" in table
