@@ -7,6 +7,7 @@
 #      run_mlperf Offline DP=1 through LoadGen (gptoss_dp_gpu.sh, DP_N prompts), then with PEER=1
 #      vLLM 0.26.0 on the A/B's shapes once bench/vllm_peer_install.sh (the third call) is done;
 #      GPU1_ATTN_SWEEP=1 and GPU1_B1 (batch-1 modes) move those A/B parts to GPU 1, before vLLM;
+#      GPU0_DP (gptoss_dp_gpu.sh's runs, e.g. dp1-fp8) has GPU 0 run those instead of the A/B;
 #   3. then DP=2 on both GPUs (its table: beside step 2's DP=1); DP2_RUNS adds runs of both GPUs
 #      (gptoss_dp_gpu.sh's names, e.g. "dp2 vllm-dp2": vLLM's DP=2 on the same prompts, issue 14's peer).
 #   (setsid nohup bash bench/gptoss_120b_pair_gpu.sh > $HOME/pair.log 2>&1 &)   then poll $HOME/pair/done
@@ -22,8 +23,12 @@ export CKPT=${CKPT:-/mnt/ck120/gptoss-120b-random}  # the A/B reads the same one
 checkpoint_120b
 gpu_prereqs  # the harness's wheels, once, before two scripts would install them at the same time
 dp() { CKPT=$CKPT OUT=$HOME/dpres bash bench/gptoss_dp_gpu.sh "${DP_N:-1000}" 1024 1278 "$1"; }
-say "GPU 0: ours; GPU 1: DP=1, then vLLM (PEER=${PEER:-1})"
-CUDA_VISIBLE_DEVICES=0 RES=$HOME/ab0 VLLM=0 bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab0.log" 2>&1 &
+say "GPU 0: ${GPU0_DP:-ours}; GPU 1: DP=1, then vLLM (PEER=${PEER:-1})"
+if [ -n "${GPU0_DP:-}" ]; then
+  CUDA_VISIBLE_DEVICES=0 dp "$GPU0_DP" > "$RES/dp_gpu0.log" 2>&1 &
+else
+  CUDA_VISIBLE_DEVICES=0 RES=$HOME/ab0 VLLM=0 bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab0.log" 2>&1 &
+fi
 ours=$!
 (
   CUDA_VISIBLE_DEVICES=1 dp dp1 > "$RES/dp1.log" 2>&1
@@ -38,8 +43,8 @@ wait $ours $gpu1
 say "DP=2 through run_mlperf"
 dp "${DP2_RUNS:-dp2}" > "$RES/dp2.log" 2>&1
 {
-  cat "$HOME/ab0/table.txt" "$HOME/ab1/table.txt"
-  for mode in ${MODES-v3}; do
+  cat "$HOME/ab0/table.txt" "$HOME/ab1/table.txt" 2>/dev/null
+  [ -n "${GPU0_DP:-}" ] || for mode in ${MODES-v3}; do
     python3 - "$mode" "$HOME/ab0/$mode/results.jsonl" "$HOME/ab1/vllm/results.jsonl" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path

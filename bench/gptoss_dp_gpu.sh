@@ -6,7 +6,8 @@
 # (bench/vllm_gpu_prepare.sh) unless mlperf_loadgen is installed.
 #   bash bench/gptoss_dp_gpu.sh [N] [IN] [OUT] [RUNS]     defaults: 2000 1024 1278 "dp1 dp2"
 # RUNS picks the runs of this call: dp1, dp2 (ours), vllm-tp2, vllm-dp2, vllm-tp2ep (vLLM 0.26 through
-# run_mlperf --backend vllm, after bench/vllm_peer_install.sh; the leftover-process check covers them).
+# run_mlperf --backend vllm, after bench/vllm_peer_install.sh; the leftover-process check covers them),
+# each also as NAME-fp8 (--kv-cache-dtype fp8). Two calls may run at once, one GPU each.
 # Results accumulate in $RES/results.jsonl and the table shows every run there, so the two can go in two device calls when one is too short
 # (each Offline run of 2000 x 1278 tokens takes minutes). The checkpoint (CKPT, default
 # /tmp/ck120) is written once, on the GPU, and kept for the next call on the same machine.
@@ -34,37 +35,41 @@ if [ ! -f "$CKPT/config.json" ]; then
   say "checkpoint: gpt-oss-120b, random weights, written on the GPU"
   "$PY" -m gptoss.tools.make_checkpoint --preset 120b --device cuda --out "$CKPT" | tail -1 || exit 1
 fi
-"$PY" bench/rand_dataset.py "$DATA" "$N" "$IN" "$OUTLEN"
+[ -f "$DATA" ] || "$PY" bench/rand_dataset.py "$DATA" "$N" "$IN" "$OUTLEN"  # (written whole, then renamed)
 echo '{"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 10240}' > /tmp/greedy.json
 
 failed=0
 for run in $RUNS; do
-  case $run in
+  case ${run%-fp8} in  # NAME-fp8: NAME on an fp8 KV cache (twice the sequences a replica)
     dp1) devices=(--backend gptoss --devices cuda:0) ;;
     dp2) devices=(--backend gptoss --data-parallel-size 2 --device cuda) ;;
     # vLLM on both GPUs (installed first: bench/vllm_peer_install.sh); its own engine flags
     vllm-tp2) devices=(--backend vllm --tensor-parallel-size 2) ;;
     vllm-dp2) devices=(--backend vllm --data-parallel-size 2) ;;
     vllm-tp2ep) devices=(--backend vllm --tensor-parallel-size 2 --enable-expert-parallel) ;;
-    *) echo "unknown run $run (dp1, dp2, vllm-tp2, vllm-dp2, vllm-tp2ep)"; exit 2 ;;
+    *) echo "unknown run $run (dp1, dp2, vllm-tp2, vllm-dp2, vllm-tp2ep, each with or without -fp8)"; exit 2 ;;
   esac
+  [[ $run != *-fp8 ]] || devices+=(--kv-cache-dtype fp8)
   if [[ $run == vllm-* && -n ${VLLM_READY:-} ]]; then
     until [ -f "$VLLM_READY" ] || [ $(( $(date +%s) - t0 )) -ge 900 ]; do sleep 5; done
     [ -f "$VLLM_READY" ] || { say "$run: vLLM never installed ($VLLM_READY)"; failed=1; continue; }
   fi
   say "$run: ${devices[*]}"
   start=$(date +%s.%N)
+  # timeout leads its own process group, which the run's spawned processes join: the leftover check
+  # below counts that group, so a run on the other GPU at the same time is not counted as this one's
   timeout --kill-after=30 "$RUN_LIMIT" "$PY" run_mlperf.py "${devices[@]}" --model-path "$CKPT" --scenario offline \
     --input-file "$DATA" --min-duration 0 --min-query-count "$N" --generation-config /tmp/greedy.json \
     --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-model-len 4096 \
-    --output-dir "$RES/$run" > "$RES/$run.log" 2>&1
+    --output-dir "$RES/$run" > "$RES/$run.log" 2>&1 &
+  group=$!
+  wait $group
   rc=$?
   end=$(date +%s.%N)
   grep -E "^gptoss: replica|Result is|error" "$RES/$run.log" | head -8
   # Shutdown leaves nothing behind: no replica process, no GPU memory held.
   sleep 3  # a process still there 3 s after the harness exited is a leftover
-  # replicas and vLLM's workers are spawned; vLLM renames its own (VLLM::EngineCore, VLLM::Worker_TP0)
-  left=$(pgrep -fc "multiprocessing.spawn|VLLM::" || true)
+  left=$(pgrep -c -g "$group" || true)
   # only this run's GPUs (CUDA_VISIBLE_DEVICES, as nvidia-smi -i takes them): another GPU may be busy
   held=$(nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} --query-compute-apps=pid --format=csv,noheader | wc -l)
   "$PY" - "$RES" "$run" "$rc" "$start" "$end" "$N" "$IN" "$OUTLEN" "$left" "$held" <<'PY'
@@ -93,14 +98,15 @@ rows = {}
 for line in open(sys.argv[1]):
     r = json.loads(line)
     rows[r["run"]] = r  # the latest of each
-base = rows.get("dp1", {}).get("tok_s")
 vllm = [r for name, r in rows.items() if name.startswith("vllm-") and r["validity"] == "VALID"]
 best = max(vllm, key=lambda r: r["tok_s"], default=None)
 print(f"\n{'run':10} {'devices':16} {'workload':22} {'validity':9} {'out tok/s':>11} {'vs dp1':>7} "
       f"{'vs best vLLM':>12} {'wall s':>7} {'exit':>4} {'failed':>6} {'left':>5}")
-for name in ("dp1", "dp2", "vllm-tp2", "vllm-dp2", "vllm-tp2ep"):
+for name in ("dp1", "dp1-fp8", "dp2", "dp2-fp8", "vllm-tp2", "vllm-dp2", "vllm-tp2ep"):
     if (r := rows.get(name)) is None:
         continue
+    # ours against DP=1 on the same cache dtype
+    base = rows.get("dp1-fp8" if name == "dp2-fp8" else "dp1", {}).get("tok_s")
     ratio = f"{r['tok_s'] / base:.2f}x" if base and r["tok_s"] else "-"
     vs = f"{r['tok_s'] / best['tok_s']:.2f}x" if best and r["tok_s"] else "-"
     print(f"{name:10} {str(r['devices']):16} {r['workload']:22} {r['validity']:9} {r['tok_s']:11,.0f} "

@@ -5,6 +5,7 @@ nvidia-smi and ncu: a script that breaks costs a device call, so its control flo
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +22,8 @@ case "$*" in
   *"import mlperf_loadgen"*) exit 0 ;;
   -|"- "*) exec "$REAL_PYTHON" "$@" ;;  # the scripts' inline tables, read from stdin
   *rand_dataset.py*) ;;
-  *run_mlperf.py*) ;;  # no run.json: the dp table shows the run as an error, which is all this needs
+  # no run.json: the dp table shows the run as an error; STUB_LEAVE leaves a process behind in its group
+  *run_mlperf.py*) [ -z "${STUB_LEAVE:-}" ] || (sleep 20 > /dev/null 2>&1 &) ;;
   *make_checkpoint*|*make_lora*)
     mkdir -p "$last"; echo '{}' > "$last/config.json"; echo '{}' > "$last/adapter_config.json" ;;
   *moe_pick.py*|*"moe_ncu.py --digest"*|*"moe_ncu.py --sass-digest"*) exec "$REAL_PYTHON" "$@" ;;
@@ -261,3 +263,53 @@ def test_pair_runs_dp1_beside_our_ab_then_both_gpu_runs_of_dp2_runs(stubs, tmp_p
     assert sorted(engines) == ["gptoss", "vllm"]  # ours on GPU 0, vLLM on GPU 1, one run each
     table = (Path(stubs["HOME"]) / "pair" / "table.txt").read_text()
     assert "== v3 (GPU 0) beside vLLM (GPU 1)" in table
+
+
+def test_pair_gpu0_dp_runs_fp8_dp1_beside_dp1_and_counts_each_runs_leftovers(stubs, tmp_path):
+    bin_dir = Path(stubs["PATH"].split(":")[0])
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stub'\necho 'GPU 1: stub'\n")
+    p = _run(
+        "gptoss_120b_pair_gpu.sh",
+        stubs,
+        PEER="0",
+        GPU0_DP="dp1-fp8",
+        DP_N="30",
+        DP2_RUNS="dp2 dp2-fp8",
+        STUB_LEAVE="1",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert not [c for c in calls if "gptoss_gpu.py" in c]  # GPU 0 ran no A/B
+    runs = [
+        c.split("--model-path")[0].split("run_mlperf.py ")[1].strip() for c in calls if "run_mlperf.py" in c
+    ]
+    assert sorted(runs[:2]) == [  # the two DP=1 runs at once, one a GPU
+        "--backend gptoss --devices cuda:0",
+        "--backend gptoss --devices cuda:0 --kv-cache-dtype fp8",
+    ]
+    assert runs[2:] == [
+        "--backend gptoss --data-parallel-size 2 --device cuda",
+        "--backend gptoss --data-parallel-size 2 --device cuda --kv-cache-dtype fp8",
+    ]
+    rows = [json.loads(line) for line in (Path(stubs["HOME"]) / "dpres" / "results.jsonl").open()]
+    assert sorted(r["run"] for r in rows) == ["dp1", "dp1-fp8", "dp2", "dp2-fp8"]
+    # each run's group holds the one process its stub left, though the other GPU's ran at the same time
+    assert [r["procs_left"] for r in rows] == [1, 1, 1, 1]
+    table = (Path(stubs["HOME"]) / "pair" / "table.txt").read_text()
+    assert "dp1-fp8" in table and "dp2-fp8" in table
+
+
+def test_dp_refuses_an_unknown_run(stubs, tmp_path):
+    p = subprocess.run(
+        ["bash", "bench/gptoss_dp_gpu.sh", "10", "4", "4", "dp3-fp8"],
+        cwd=REPO,
+        env={**stubs, "OUT": str(tmp_path / "dp")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2
+    assert (
+        "unknown run dp3-fp8 (dp1, dp2, vllm-tp2, vllm-dp2, vllm-tp2ep, each with or without -fp8)"
+        in p.stdout
+    )
