@@ -12,7 +12,8 @@ the three QKV adapters run as one, B block-diagonal) and the MoE runs gptoss.ker
 
 KV writes: full layers and decode-only steps write the step's K/V in the RoPE kernel, before
 attention (attention reads the step's own keys from k/v, never from the cache); with
-GPTOSS_ROPE_IN_ATTN, decode-only steps have no RoPE launch: attention ropes and writes them itself.
+GPTOSS_ROPE_IN_ATTN (the default; not over an fp8 cache, a QKV adapter or the batch-invariant mode),
+decode-only steps have no RoPE launch: attention ropes and writes them itself.
 A prefill chunk on a sliding layer could overwrite ring slots its first queries still read, so
 those layers write after attention.
 """
@@ -66,7 +67,7 @@ if ROUTER not in ROUTERS:
 # (371.0 vs 383-391 tok/s; 19.0 us a layer against cuBLAS's 12.9 + RoPE's 3.0): its 160 programs,
 # each streaming 184 KB of W alone, are 1.2 waves on 132 SMs where cuBLAS splits K.
 QKV_FUSED = os.environ.get("GPTOSS_QKV", "split") == "fused"
-# GPTOSS_ROPE_IN_ATTN=1 (default 0): decode-only steps skip rope_qkv;
+# GPTOSS_ROPE_IN_ATTN (default 1; 0 turns it off): decode-only steps skip rope_qkv;
 # paged attention ropes q and the new key itself and writes the KV cache
 # (gptoss.kernels.attention_rope), the same bits with one launch fewer a layer. Its first form, which
 # roped the new key inside the pipelined tile loop (148 registers, 35 KB shared against 96 and
@@ -74,9 +75,9 @@ QKV_FUSED = os.environ.get("GPTOSS_QKV", "split") == "fused"
 # H100, one process each (v26): 120b batch-1 128 -> 512 305.1 / 302.2 against 298.6 / 300.7 / 298.7
 # tok/s (+1.4 %); 20b 414.4 against 413.2 (4 and 5 runs: the spread); 20b Offline 1000 x (1024 ->
 # 1024), warm cache, 19,673 against 19,534 tok/s; kernels a step with PDL off 2.231 against 2.294 ms.
-# Off until this form passes its tests compiled (only the interpreter has run it: the v26 device
-# call ran test_attention_rope.py without TRITON_INTERPRET=0, so kernelkit interpreted it).
-ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "0") == "1"
+# On since its tests passed compiled on an H200 (v28: test_attention_rope.py, 14 of 14, the engine's
+# greedy tokens with it equal to without).
+ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0"
 
 
 @dataclass(slots=True)

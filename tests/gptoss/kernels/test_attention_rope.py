@@ -160,7 +160,7 @@ def test_engine_rope_in_attention_gives_the_same_tokens(tiny_checkpoint, monkeyp
     the prefill step keeps rope_qkv. Greedy tokens equal the switch off's."""
     from gptoss import kernel_model
 
-    assert kernel_model.ROPE_IN_ATTN == (os.environ.get("GPTOSS_ROPE_IN_ATTN") == "1")
+    assert kernel_model.ROPE_IN_ATTN == (os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0")  # on by default
     prompts = prompts_of([3, 14], seed=12)  # 14: decode positions cross a block edge (16)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     monkeypatch.setattr(kernel_model, "ROPE_IN_ATTN", False)
