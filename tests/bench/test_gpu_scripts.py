@@ -197,6 +197,23 @@ def test_decode_variants_keep_commas_inside_a_value(stubs, tmp_path):
         assert text == f"profile pdl={pdl} tiles=16,32,128,2,2,4\n"
 
 
+def _pair(env: dict[str, str], **extra: str) -> str:
+    """gptoss_120b_pair_gpu.sh on two stub GPUs, DP_N 30; its final table."""
+    bin_dir = Path(env["PATH"].split(":")[0])
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stub'\necho 'GPU 1: stub'\n")
+    p = _run("gptoss_120b_pair_gpu.sh", env, DP_N="30", **extra)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return (Path(env["HOME"]) / "pair" / "table.txt").read_text()
+
+
+def _run_mlperf_flags(tmp_path: Path) -> list[str]:
+    """Each run_mlperf call's flags before --model-path, in the order the stub saw them."""
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    return [
+        c.split("--model-path")[0].split("run_mlperf.py ")[1].strip() for c in calls if "run_mlperf.py" in c
+    ]
+
+
 def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, tmp_path):
     res = tmp_path / "ab"
     p = _run(
@@ -236,24 +253,9 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
 
 
 def test_pair_runs_dp1_beside_our_ab_then_both_gpu_runs_of_dp2_runs(stubs, tmp_path):
-    bin_dir = Path(stubs["PATH"].split(":")[0])
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stub'\necho 'GPU 1: stub'\n")
-    p = _run(
-        "gptoss_120b_pair_gpu.sh",
-        stubs,
-        MODES="v3",
-        B1_MODES="",
-        SWEEP="0",
-        TESTS="none",
-        N="20",
-        DP_N="30",
-        DP2_RUNS="dp2 vllm-dp2",
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
+    table = _pair(stubs, MODES="v3", B1_MODES="", SWEEP="0", TESTS="none", N="20", DP2_RUNS="dp2 vllm-dp2")
     calls = (tmp_path / "calls.log").read_text().splitlines()
-    runs = [
-        c.split("--model-path")[0].split("run_mlperf.py ")[1].strip() for c in calls if "run_mlperf.py" in c
-    ]
+    runs = _run_mlperf_flags(tmp_path)
     assert runs == [
         "--backend gptoss --devices cuda:0",
         "--backend gptoss --data-parallel-size 2 --device cuda",
@@ -261,28 +263,14 @@ def test_pair_runs_dp1_beside_our_ab_then_both_gpu_runs_of_dp2_runs(stubs, tmp_p
     ]
     engines = [c.split("--engine ")[1].split()[0] for c in calls if "gptoss_gpu.py" in c]
     assert sorted(engines) == ["gptoss", "vllm"]  # ours on GPU 0, vLLM on GPU 1, one run each
-    table = (Path(stubs["HOME"]) / "pair" / "table.txt").read_text()
     assert "== v3 (GPU 0) beside vLLM (GPU 1)" in table
 
 
 def test_pair_gpu0_dp_runs_fp8_dp1_beside_dp1_and_counts_each_runs_leftovers(stubs, tmp_path):
-    bin_dir = Path(stubs["PATH"].split(":")[0])
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stub'\necho 'GPU 1: stub'\n")
-    p = _run(
-        "gptoss_120b_pair_gpu.sh",
-        stubs,
-        PEER="0",
-        GPU0_DP="dp1-fp8",
-        DP_N="30",
-        DP2_RUNS="dp2 dp2-fp8",
-        STUB_LEAVE="1",
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
+    table = _pair(stubs, PEER="0", GPU0_DP="dp1-fp8", DP2_RUNS="dp2 dp2-fp8", STUB_LEAVE="1")
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert not [c for c in calls if "gptoss_gpu.py" in c]  # GPU 0 ran no A/B
-    runs = [
-        c.split("--model-path")[0].split("run_mlperf.py ")[1].strip() for c in calls if "run_mlperf.py" in c
-    ]
+    runs = _run_mlperf_flags(tmp_path)
     assert sorted(runs[:2]) == [  # the two DP=1 runs at once, one a GPU
         "--backend gptoss --devices cuda:0",
         "--backend gptoss --devices cuda:0 --kv-cache-dtype fp8",
@@ -295,7 +283,6 @@ def test_pair_gpu0_dp_runs_fp8_dp1_beside_dp1_and_counts_each_runs_leftovers(stu
     assert sorted(r["run"] for r in rows) == ["dp1", "dp1-fp8", "dp2", "dp2-fp8"]
     # each run's group holds the one process its stub left, though the other GPU's ran at the same time
     assert [r["procs_left"] for r in rows] == [1, 1, 1, 1]
-    table = (Path(stubs["HOME"]) / "pair" / "table.txt").read_text()
     assert "dp1-fp8" in table and "dp2-fp8" in table
 
 
