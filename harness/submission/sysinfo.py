@@ -97,7 +97,8 @@ class SystemDescription:
 def _cpuinfo() -> dict[str, Any]:
     try:
         text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    except OSError as e:  # the processor fields fall back to platform's, or are left to fill
+        log.warning("no /proc/cpuinfo (%s): the host processor fields are guesses or left to fill", e)
         return {}
     model, sockets, cores, mhz = None, set(), None, None
     for line in text.splitlines():
@@ -133,8 +134,9 @@ def _os_name() -> str:
     return platform.platform()
 
 
-def gpus() -> list[dict[str, str]]:
-    """[{name, memory, driver}] from nvidia-smi; [] without one."""
+def gpus() -> list[dict[str, str]] | None:
+    """[{name, memory, driver}] from nvidia-smi; [] without one; None when it is there but fails (the
+    accelerators are unknown, which is not the same as none)."""
     if shutil.which("nvidia-smi") is None:
         return []
     try:
@@ -145,8 +147,9 @@ def gpus() -> list[dict[str, str]]:
             timeout=20,
             check=True,
         )
-    except (OSError, subprocess.SubprocessError):
-        return []
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("nvidia-smi failed (%s): the accelerator fields are left to fill", e)
+        return None
     out = []
     for line in done.stdout.strip().splitlines():
         name, mem_mib, driver = (s.strip() for s in line.split(",")[:3])
@@ -191,14 +194,17 @@ def describe_system(
         host_processor_frequency=f"{cpu['mhz']:.0f} MHz" if cpu.get("mhz") else "",
         host_memory_capacity=f"{mem:.0f} GB" if mem else "",
         host_storage_capacity=f"{disk:.1f} TB",
-        accelerators_per_node=len(accel),
+        accelerators_per_node=len(accel or []),
         accelerator_model_name=accel[0]["name"] if accel else "N/A",
         accelerator_memory_capacity=accel[0]["memory"] if accel else "N/A",
         framework=_framework(packages, backend),
         operating_system=_os_name(),
         other_software_stack=", ".join(other),
     )
-    if not accel:  # a CPU-only system: no accelerator fields to describe
+    if accel is None:  # nvidia-smi failed: unknown, for the user to fill (to_fill), never "N/A"
+        for key in ("accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity"):
+            fields[key] = ""
+    elif not accel:  # a CPU-only system: no accelerator fields to describe
         for key in (
             "accelerator_host_interconnect",
             "accelerator_memory_configuration",

@@ -4,6 +4,7 @@ holds every file the MLPerf layout asks for, and a missing, INVALID or failed pi
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -211,3 +212,25 @@ def test_unreadable_system_files_are_reported_not_hidden(monkeypatch, caplog):
         "no /etc/os-release ([Errno 13] Permission denied: '/etc/os-release'): "
         "the operating system named by platform.platform()",
     ]
+
+
+def test_a_failing_nvidia_smi_leaves_the_accelerators_to_fill_and_says_so(monkeypatch, caplog, tmp_path):
+    """nvidia-smi there but failing is unknown accelerators, not a CPU-only system ("N/A")."""
+    from harness.submission import sysinfo
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with caplog.at_level("WARNING", logger="harness.submission.sysinfo"):
+        desc = sysinfo.describe_system(
+            division="closed", submitter="Acme", system="s", packages={}, backend=None
+        )
+    assert [r.getMessage() for r in caplog.records if "nvidia-smi" in r.getMessage()] == [
+        f"nvidia-smi failed (Command '['{smi.name}', '--query-gpu=name,memory.total,driver_version', "
+        "'--format=csv,noheader,nounits']' returned non-zero exit status 9.): "
+        "the accelerator fields are left to fill"
+    ]
+    for key in ("accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity"):
+        assert desc.fields[key] == ""
+        assert key in desc.to_fill
