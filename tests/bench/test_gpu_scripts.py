@@ -89,9 +89,9 @@ def stubs(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def _run(script: str, env: dict[str, str], **extra: str) -> subprocess.CompletedProcess:
+def _run(script: str, env: dict[str, str], *args: str, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", f"bench/{script}"],
+        ["bash", f"bench/{script}", *args],
         cwd=REPO,
         env={**env, **extra},
         capture_output=True,
@@ -287,14 +287,7 @@ def test_pair_gpu0_dp_runs_fp8_dp1_beside_dp1_and_counts_each_runs_leftovers(stu
 
 
 def test_dp_refuses_an_unknown_run(stubs, tmp_path):
-    p = subprocess.run(
-        ["bash", "bench/gptoss_dp_gpu.sh", "10", "4", "4", "dp3-fp8"],
-        cwd=REPO,
-        env={**stubs, "OUT": str(tmp_path / "dp")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    p = _run("gptoss_dp_gpu.sh", stubs, "10", "4", "4", "dp3-fp8", OUT=str(tmp_path / "dp"))
     assert p.returncode == 2
     assert (
         "unknown run dp3-fp8 (dp1, dp2, vllm-tp2, vllm-dp2, vllm-tp2ep, each with or without -fp8)"
