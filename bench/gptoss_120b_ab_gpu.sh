@@ -12,7 +12,7 @@
 # GPTOSS_ROUTER=norm (a routing launch, not the routing inside gate_up), v3tab with GPTOSS_V3_DEC_DOWN=0
 # (batch 1's down on v3's decode tiles, as before v24, not on moe_v3_dec's split-K slot kernel), and
 # NAME=ENV=VALUE[+ENV=VALUE...] the v3 default under those variables (e.g. sk64=GPTOSS_ATTN_SPLIT_KEYS=64). VLLM=0 runs ours only (no
-# wait for the install); MODES= (empty) skips the Offline run; SWEEP=0 the sweep (SWEEP_VARIANTS its
+# wait for the install); MODES= (empty) skips the Offline run, and takes NAME=ENV=VALUE as B1_MODES does; SWEEP=0 the sweep (SWEEP_VARIANTS its
 # variants); TESTS the compiled tests' -k expression (none: no tests, all: every test of TEST_FILES,
 # default the few-rows files). A mode NAME-fp8 (MODES or B1_MODES, e.g. v3-fp8) runs NAME with
 # --kv-cache-dtype fp8 --max-num-seqs FP8_SEQS. ATTN_SWEEP=1: decode attention's settings, bf16 then fp8 KV (attn_sweep.py).
@@ -65,7 +65,14 @@ B1_MODES=${B1_MODES-v3old v2 v3pick}
 # NAME-fp8: e4m3 caches, and room for the twice as many sequences they hold (FP8_SEQS; the bench's
 # default cap, 1024, is above the ~880 a bf16 cache holds on an H200, below the ~1,800 of an fp8 one)
 kv_args() { kv=(); [[ $1 == *-fp8 ]] && kv=(--kv-cache-dtype fp8 --max-num-seqs "${FP8_SEQS:-1792}"); return 0; }
-for mode in $MODES; do kv_args "$mode"; ours "$mode" "${mode%-fp8}" "" "${SHAPES[@]}" "${kv[@]}"; done
+for mode in $MODES; do
+  case $mode in
+    *=*)  # NAME=ENV=VALUE[+ENV=VALUE...]: the default kernels under those variables, as in B1_MODES
+      read -ra assigns <<< "$(tr '+' ' ' <<< "${mode#*=}")"
+      (export "${assigns[@]}"; ours "${mode%%=*}" v3 "" "${SHAPES[@]}") ;;
+    *) kv_args "$mode"; ours "$mode" "${mode%-fp8}" "" "${SHAPES[@]}" "${kv[@]}" ;;
+  esac
+done
 have_vllm=0
 [ "${VLLM:-1}" = 1 ] && wait_vllm && have_vllm=1  # VLLM=0: ours only, no wait
 pick=

@@ -9,7 +9,9 @@
 # GPTOSS_MOE_V3_TILES value; ogs (vLLM's matmul_ogs MoE at the same M, once $HOME/vllm_ready exists:
 # bench/vllm_peer_install.sh in the payload's third call); offline (1000 x (1024 -> 1024), ROUNDS
 # rounds of the modes in ORDER, interleaved: default, picked (the picked tiles), tma, tma-all
-# (GPTOSS_MOE_V3_TMA=down / all)); vllm (vLLM's batch-1 and Offline rows).
+# (GPTOSS_MOE_V3_TMA=down / all), wtma (GPTOSS_MOE_V3_WTMA=1: weights by TMA), wtma-all (both));
+# vllm (vLLM's batch-1 and Offline rows). Without offline or vllm no 20b checkpoint is made (the
+# kernel parts make their own random weights).
 # One table last: $HOME/large/table.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -20,10 +22,10 @@ KMS=${KMS:-1024,2048,4096,16384} KEXPERTS=${KEXPERTS:-32}
 KVARIANTS=${KVARIANTS:-v3,v3-tma,v3-tma-all}  # v19 timed the L-* tile shapes; v20 left the TMA ones
 PARTS=" ${PARTS:-tests kernels ogs offline vllm} "; has() { [[ $PARTS == *" $1 "* ]]; }
 if has vllm; then vllm_script; fi
-gpu_prereqs
+if has offline || has vllm; then gpu_prereqs; else nvidia-smi -L; fi
 if has tests; then
   say "compiled tests"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py tests/gptoss/kernels/test_moe_v3_tma.py -k "gpu and not v3ds" \
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py tests/gptoss/kernels/test_moe_v3_tma.py tests/gptoss/kernels/test_moe_v3_wtma.py -k "gpu and not v3ds" \
     2>&1 | tail -4 | tee "$RES/tests.txt"
 fi
 TILES=""
@@ -40,8 +42,8 @@ if has ogs && wait_vllm; then
   python3 bench/kernels/moe_gpu.py --ms "$KMS" --variants vllm --experts "$KEXPERTS" > "$RES/ogs.txt" 2>&1
   sed -n '/^ *M variant/,$p' "$RES/ogs.txt" | tee -a "$RES/table.txt"
 fi
-offline() {  # offline NAME [TILES [TMA]]
-  GPTOSS_MOE_V3_TILES=${2:-} GPTOSS_MOE_V3_TMA=${3:-0} timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
+offline() {  # offline NAME [TILES [TMA [WTMA]]]
+  GPTOSS_MOE_V3_TILES=${2:-} GPTOSS_MOE_V3_TMA=${3:-0} GPTOSS_MOE_V3_WTMA=${4:-0} timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
     --throughput 1000x1024x1024 > "$RES/offline_$1_$round.txt" 2>&1
   row "gptoss offline 1000x1024x1024 $1 r$round" "$(grep '^offline 1000x' "$RES/offline_$1_$round.txt" | tail -1)"
 }
@@ -54,7 +56,9 @@ if has offline; then
         picked) if [ -n "$TILES" ]; then offline picked "$TILES"; fi ;;
         tma) offline tma "" down ;;  # GPTOSS_MOE_V3_TMA=down
         tma-all) offline tma-all "" all ;;
-        *) say "unknown ORDER mode $mode (default, picked, tma, tma-all)" ;;
+        wtma) offline wtma "" 0 1 ;;  # GPTOSS_MOE_V3_WTMA=1
+        wtma-all) offline wtma-all "" all 1 ;;
+        *) say "unknown ORDER mode $mode (default, picked, tma, tma-all, wtma, wtma-all)" ;;
       esac
     done
   done

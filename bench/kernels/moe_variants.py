@@ -20,6 +20,7 @@ class Variant:
     tma: str = "0"  # v3: "down" act expert by expert, down's act tiles by TMA; "all" gate_up's x too
     v3_dec_down: DecTiles | None = None  # v3 at M <= 16: down on moe_v3_dec's split-K slot kernel
     v3_dec_gate_up: DecTiles | None = None  # v3 at M <= 16: gate_up on moe_v3_dec_gu's split-K kernel
+    wtma: bool = False  # v3: weight and scale words by TMA (GPTOSS_MOE_V3_WTMA=1)
 
 
 DECODE = 64  # M <= 64: BM 16 at E 32, top-4
@@ -180,6 +181,20 @@ def _v3_tiles(gu: Tiles | None, dn: Tiles | None, buckets=(128, 512)) -> dict[tu
 VARIANTS["v3"] = Variant("v3")
 VARIANTS["v3-tma"] = Variant("v3", tma="down")  # GPTOSS_MOE_V3_TMA=down
 VARIANTS["v3-tma-all"] = Variant("v3", tma="all")  # GPTOSS_MOE_V3_TMA=all
+# Weights by TMA (GPTOSS_MOE_V3_WTMA=1): one copy a K step instead of a 16-byte cp.async a lane; with
+# x's rows by TMA too (-all); and 6 stages deep at the few-rows buckets 16 and 32 (120b's decode
+# batches of ~250-1000 tokens), which TMA's lighter issue might feed (sm_90a: 99 / 147 KB of shared
+# memory).
+VARIANTS["v3-w"] = Variant("v3", wtma=True)
+VARIANTS["v3-w-all"] = Variant("v3", tma="all", wtma=True)
+VARIANTS["v3-w-s6"] = Variant(
+    "v3",
+    wtma=True,
+    tiles={
+        **{(b, True): Tiles(2 * b, 64, 128, 4, 6, half=True) for b in (16, 32)},
+        **{(b, False): Tiles(2 * b, 128, 128, 4, 6, half=True) for b in (16, 32)},
+    },
+)
 VARIANTS["v3ds"] = Variant("v3ds")
 VARIANTS["dual"] = Variant("dual")
 VARIANTS["engine"] = Variant("dual", decode=True)  # what the engine runs on 20b: decode, v2, v3 by M

@@ -52,15 +52,58 @@ def _tma_mode(v: str) -> tuple[bool, bool]:
 TMA_DOWN, TMA_X = _tma_mode(os.environ.get("GPTOSS_MOE_V3_TMA", "0"))
 
 
+def _wtma_switch(v: str) -> bool:
+    if v not in ("0", "1"):
+        raise ValueError(f"GPTOSS_MOE_V3_WTMA={v!r}: 0 or 1")
+    return v == "1"
+
+
+# GPTOSS_MOE_V3_WTMA=1: both GEMMs load their weight and scale words by TMA (one copy a K step
+# issued by one thread, no per-lane addresses, chunks past K zero-filled) instead of a 16-byte
+# cp.async a lane. For the few-rows steps (8-64 rows an expert) where the K loop waits on its own
+# load path; off until timed on a GPU.
+TMA_W = _wtma_switch(os.environ.get("GPTOSS_MOE_V3_WTMA", "0"))
+
+
+def _tma_runs(x: Tensor) -> bool:
+    """Whether TMA copies run for x's kernels: Hopper and later, or the interpreter."""
+    return triton.knobs.runtime.interpret or (
+        x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+    )
+
+
+def weight_descriptors(blocks: Tensor, scales: Tensor, rows: int, bk: int) -> dict:
+    """The "v3" words [E, N, Kp/2] uint8 and scales [E, N, Kp/32] as TMA descriptors for the kernels'
+    WTMA: words [E*N/16, Kp/64, 128] int32 in blocks [rows/16, BK/64, 128], scale words
+    [E*N/16, Kp/64, 8] in blocks [rows/16, BK/64, 8] (each 16-row block is contiguous in both)."""
+    e, n, kb = blocks.shape
+    if n % 16 or kb % 32 or rows % 16 or bk % 64 or not (blocks.is_contiguous() and scales.is_contiguous()):
+        raise ValueError(
+            f"weight_descriptors: contiguous v3 words with N % 16 == 0 and whole 64-K chunks, rows % 16 == 0 "
+            f"and BK % 64 == 0, got words {tuple(blocks.shape)}, rows {rows}, BK {bk}"
+        )
+    kc = kb // 32
+    words = blocks.view(torch.int32).reshape(e * n // 16, kc, 128)
+    s_words = scales.reshape(-1).view(torch.int32).reshape(e * n // 16, kc, 8)
+    return {
+        "w_desc": TensorDescriptor.from_tensor(words, [rows // 16, bk // 64, 128]),
+        "s_desc": TensorDescriptor.from_tensor(s_words, [rows // 16, bk // 64, 8]),
+        "WTMA": True,
+    }
+
+
+def _wtma_args(x: Tensor, blocks: Tensor, scales: Tensor, swz: bool, rows: int, bk: int) -> dict:
+    """A GEMM's weight-TMA arguments where TMA_W is on, the layout is "v3" and TMA runs."""
+    if not (TMA_W and swz and _tma_runs(x)):
+        return {}
+    return weight_descriptors(blocks, scales, rows, bk)
+
+
 def tma_plan(x: Tensor, lora: object | None = None) -> tuple[bool, bool]:
     """This call's (act expert by expert with down reading it by TMA, gate_up reading x by TMA from
     a copy of its rows expert by expert): TMA_DOWN / TMA_X where TMA runs (Hopper and later, the
     interpreter) and no LoRA is applied (its shrink reads act in assignment order)."""
-    if not (TMA_DOWN or TMA_X) or lora is not None:
-        return False, False
-    if not triton.knobs.runtime.interpret and not (
-        x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
-    ):
+    if not (TMA_DOWN or TMA_X) or lora is not None or not _tma_runs(x):
         return False, False
     return True, TMA_X
 
@@ -180,6 +223,7 @@ def gate_up_v3(
         SORTED=sorted_rows,
         **_descriptors(gather_sorted(x, r) if tma_x else None, tiles, "x_desc", "XTMA"),
         **_route_args(logits, r, t, k),
+        **_wtma_args(x, w.w13, w.s13, swz, 2 * tiles.bn, tiles.bk),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
@@ -248,6 +292,7 @@ def down_v3(
         PREC=_precision(act),
         **lkw,
         **_descriptors(act if sorted_rows else None, tiles, "desc", "TMA"),
+        **_wtma_args(act, w.w2, w.s2, swz, tiles.bn, tiles.bk),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )

@@ -30,13 +30,15 @@ def _v3_gemm(
     SWZ: tl.constexpr,
     PREC: tl.constexpr,
     TMA: tl.constexpr = False,
+    WTMA: tl.constexpr = False,
 ):
     """acc [ROWS, BM] = W [ROWS, K] @ x[rows]^T: the K loop both GEMMs share. x a pointer and row_off
     [BM] the element offsets of the tile's x rows (invalid ones load zeros); or TMA: x a tensor
     descriptor of rows laid out expert by expert and row_off the tile's first row, one TMA copy a K
     step instead of a cp.async and a 64-bit address per row a thread. Its rows past the expert's are
     the next expert's (finite: every row is written) or past the end (zeros): their columns of acc
-    are never stored. K past the end reads zeros, as the masked weights do."""
+    are never stored. K past the end reads zeros, as the masked weights do. WTMA: the weights by
+    TMA too (moe_v3_step._v3_step: w_ptrs, s_ptrs descriptors, g the first 16-row block)."""
     kk = tl.arange(0, BK)
     if not TMA:
         x_t = x + row_off[None, :] + kk[:, None]  # [BK, BM]
@@ -46,7 +48,7 @@ def _v3_gemm(
             xt = tl.trans(x.load([row_off, k0]))  # [BK, BM]
         else:
             xt = tl.load(x_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
-        acc = _v3_step(acc, xt, w_ptrs, s_ptrs, g, k0, K, ROWS, BK, EVEN_K, SCALED, SWZ, PREC)
+        acc = _v3_step(acc, xt, w_ptrs, s_ptrs, g, k0, K, ROWS, BK, EVEN_K, SCALED, SWZ, PREC, WTMA)
     return acc
 
 
@@ -87,6 +89,7 @@ def _gate_up_v3_tile(
     x_desc,
     XTMA: tl.constexpr,
     routed=None,
+    WTMA: tl.constexpr = False,
 ):
     """One tile: act[rows, pid_n's BN columns] = swiglu(x[rows // k] @ W13_e^T + b13_e), BM rows from
     slot0. The 2*BN weight rows are gate and up interleaved by 8 (moe_layout._interleave8), one dot.
@@ -103,11 +106,28 @@ def _gate_up_v3_tile(
         rows = tl.sum(tl.where(sel, a[None, :], 0), axis=1)
     if XTMA:  # x's rows expert by expert (_gather_sorted_kernel), read by x_desc
         acc = _v3_gemm(
-            x_desc, off_e + slot0, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC, True
+            x_desc,
+            off_e + slot0,
+            valid,
+            w_g,
+            s_g,
+            g,
+            K,
+            2 * BN,
+            BM,
+            BK,
+            EVEN_K,
+            SCALED,
+            SWZ,
+            PREC,
+            True,
+            WTMA,
         )
     else:
         x_rows = (rows // TOP_K).to(tl.int64) * stride_x
-        acc = _v3_gemm(x_ptr, x_rows, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC)
+        acc = _v3_gemm(
+            x_ptr, x_rows, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC, False, WTMA
+        )
     r = tl.arange(0, 2 * BN)  # acc row r: plane (r // 8) % 2, act column pid_n * BN + (r // 16) * 8 + r % 8
     plane = (r // 8) % 2
     col = (pid_n * BN + (r // 16) * 8 + r % 8) % N  # past-the-end columns read valid rows; never stored
@@ -174,13 +194,17 @@ def _gate_up_v3_kernel(
     ROUTE: tl.constexpr = False,
     KP: tl.constexpr = 1,
     BT: tl.constexpr = 1,
+    w_desc=None,
+    s_desc=None,
+    WTMA: tl.constexpr = False,
 ):
     """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H.
     HALF: a tile with <= BM/2 rows runs the BM/2 body (its weights still pass once). SORTED: act's
     rows expert by expert (_gate_up_v3_tile); XTMA: so are x's, read through x_desc ([BM, BK]
     blocks) and x_desc_half ([BM/2, BK]). ROUTE (T <= BM: one tile an expert): every program routes
     the [T, E] logits in registers (moe_routing._topk, _group: the routing kernel's decisions) and
-    takes the pid_m-th expert with rows; program (0, 0) stores the routing for down and the combine."""
+    takes the pid_m-th expert with rows; program (0, 0) stores the routing for down and the combine.
+    WTMA: the weights and scales by TMA through w_desc and s_desc (moe_v3.weight_descriptors)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     if ROUTE:
         first = (pid_n == 0) & (pid_m == 0)
@@ -200,17 +224,20 @@ def _gate_up_v3_kernel(
     off_e = _expert_offset(counts_ptr, e, E, BE) if SORTED or XTMA else 0
     EVEN_K: tl.constexpr = ((K + 63) // 64 * 64 if SWZ else K) % BK == 0  # SWZ: K padded to 64
     e64 = e.to(tl.int64)
-    w_g, s_g, g = _v3_ptrs(
-        w_ptr + e64 * stride_we,
-        s_ptr + e64 * stride_se,
-        pid_n * 2 * BN,
-        stride_wn,
-        stride_sn,
-        2 * N,
-        2 * BN,
-        BK,
-        SWZ,
-    )
+    if WTMA:  # the tile's first 16-row block in the [E * 2N/16, ...] descriptors
+        w_g, s_g, g = w_desc, s_desc, e * (2 * N // 16) + pid_n * (2 * BN // 16)
+    else:
+        w_g, s_g, g = _v3_ptrs(
+            w_ptr + e64 * stride_we,
+            s_ptr + e64 * stride_se,
+            pid_n * 2 * BN,
+            stride_wn,
+            stride_sn,
+            2 * N,
+            2 * BN,
+            BK,
+            SWZ,
+        )
     args = (
         w_g,
         s_g,
@@ -226,13 +253,13 @@ def _gate_up_v3_kernel(
         _gate_up_v3_tile(
             x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
             N, K, TOP_K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, SORTED, off_e,
-            x_desc_half, XTMA, routed,
+            x_desc_half, XTMA, routed, WTMA,
         )  # fmt: skip
     else:
         _gate_up_v3_tile(
             x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
             N, K, TOP_K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, SORTED, off_e,
-            x_desc, XTMA, routed,
+            x_desc, XTMA, routed, WTMA,
         )  # fmt: skip
 
 
@@ -267,18 +294,20 @@ def _down_v3_tile(
     desc,
     off_e,
     TMA: tl.constexpr,
+    WTMA: tl.constexpr = False,
 ):
     """One tile: y[rows, n] = act[rows] @ W2_e[n]^T + bias, BM rows from slot0. TMA: act's rows are
     expert by expert (gate_up's SORTED), read by desc (block [BM, BK]) from row off_e + slot0."""
     rows, valid = _tile_rows(rows_ptr, T, e, slot0, n_rows, BM)
     if TMA:
         acc = _v3_gemm(
-            desc, off_e + slot0, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC, True
+            desc, off_e + slot0, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC, True, WTMA
         )
     else:
         acc = _v3_gemm(
-            a_ptr, rows.to(tl.int64) * K, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC
-        )
+            a_ptr, rows.to(tl.int64) * K, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC,
+            False, WTMA,
+        )  # fmt: skip
     if LORA:
         acc = _lora_expand(acc, lb_e, ls_ptr, rows, valid, n_ld, LW, PREC)
     tl.store(
@@ -321,9 +350,13 @@ def _down_v3_kernel(
     desc=None,
     desc_half=None,
     TMA: tl.constexpr = False,
+    w_desc=None,
+    s_desc=None,
+    WTMA: tl.constexpr = False,
 ):
     """y[a, n] = act[a] @ W2_e^T + b2_e for the rows a of tile pid_m; N = H, K = I. HALF as gate_up's.
-    TMA: act expert by expert, read through desc (block [BM, BK]) and desc_half ([BM/2, BK])."""
+    TMA: act expert by expert, read through desc (block [BM, BK]) and desc_half ([BM/2, BK]). WTMA: the
+    weights and scales by TMA through w_desc and s_desc (moe_v3.weight_descriptors)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
     if pid_m >= n_tiles:
@@ -333,9 +366,12 @@ def _down_v3_kernel(
     n = pid_n * BN + tl.arange(0, BN)
     n_ld = n % N
     e64 = e.to(tl.int64)
-    w_t, s_t, g = _v3_ptrs(
-        w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN, stride_wn, stride_sn, N, BN, BK, SWZ
-    )
+    if WTMA:  # the tile's first 16-row block in the [E * N/16, ...] descriptors
+        w_t, s_t, g = w_desc, s_desc, e * (N // 16) + pid_n * (BN // 16)
+    else:
+        w_t, s_t, g = _v3_ptrs(
+            w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN, stride_wn, stride_sn, N, BN, BK, SWZ
+        )
     bias = tl.load(b_ptr + e64 * N + n_ld)[:, None]  # [BN, 1]
     args = (
         w_t,
@@ -355,10 +391,13 @@ def _down_v3_kernel(
     )
     if HALF and n_rows - slot0 <= BM // 2:
         _down_v3_tile(
-            a_ptr, *args, N, K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, desc_half, off_e, TMA
-        )
+            a_ptr, *args, N, K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, desc_half, off_e, TMA,
+            WTMA,
+        )  # fmt: skip
     else:
-        _down_v3_tile(a_ptr, *args, N, K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, desc, off_e, TMA)
+        _down_v3_tile(
+            a_ptr, *args, N, K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, desc, off_e, TMA, WTMA
+        )
 
 
 @triton.jit

@@ -119,14 +119,21 @@ def _v3_step(
     SCALED: tl.constexpr,
     SWZ: tl.constexpr,
     PREC: tl.constexpr,
+    WTMA: tl.constexpr = False,
 ):
     """acc [BN, BM] += W[:, k0:k0+BK] [BN, BK] @ x [BK, BM] (see _v3_ptrs for the pointers; g: their
     K-chunk index). SWZ: _dequant_v3 and tl.dot (SCALED: its PTX). Else tl.dot_scaled on bytes (low
     nibble first) and e8m0 scales if SCALED (CUDA), or the interpreter's stand-in: the same bytes
-    dequantized by v1's portable path and a plain tl.dot."""
+    dequantized by v1's portable path and a plain tl.dot. WTMA (SWZ only): w_ptrs and s_ptrs are
+    tensor descriptors of the words [E*N/16, Kp/64, 128] and scale words [E*N/16, Kp/64, 8] (blocks
+    [BN/16, BK/64, ...]) and g the tile's first 16-row block: one TMA copy each a K step, and the
+    chunks past Kp arrive as zeros (which decode to zeros), so no mask."""
     if SWZ:
         KC: tl.constexpr = BK // 64
-        if EVEN_K:
+        if WTMA:
+            w = tl.reshape(w_ptrs.load([g, k0 // 64, 0]), (BN // 16, KC, 8, 4, 4))
+            s = tl.reshape(s_ptrs.load([g, k0 // 64, 0]), (BN // 16, KC, 8))
+        elif EVEN_K:
             w = tl.load(w_ptrs + (k0 // 64) * 128)
             s = tl.load(s_ptrs + (k0 // 64) * 8)
         else:  # past the padded K: whole 64-K chunks, masked (zero words decode to zeros)

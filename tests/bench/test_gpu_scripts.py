@@ -39,12 +39,13 @@ case "$*" in
     prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done; echo lora ;;
   *profile_gpu.py*) echo "profile pdl=${GPTOSS_PDL:-unset} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
   *gptoss_gpu.py*"--engine gptoss --decode"*)
-    echo "batch-1 decode 128->512  400.0  -  tok/s rope=${GPTOSS_ROPE_IN_ATTN:-dflt}" \
-      "k=${GPTOSS_MOE_KERNELS:-auto} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
+    echo "batch-1 decode 128->512  400.0  -  tok/s wtma=${GPTOSS_MOE_V3_WTMA:-unset}" \
+      "rope=${GPTOSS_ROPE_IN_ATTN:-dflt} k=${GPTOSS_MOE_KERNELS:-auto}" \
+      "tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
   *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"; echo "offline 1000x(1024->1024)  -  15000.0 tok/s" ;;
   *attn_sweep.py*) echo "attention sweep: $*" ;;
   *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto}" \
-    "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt}" ;;
+    "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt} wtma=${GPTOSS_MOE_V3_WTMA:-unset}" ;;
   *) echo "stub python3: unexpected $*" >&2; exit 3 ;;
 esac
 """
@@ -109,10 +110,11 @@ def test_moe_large_picks_tiles_and_runs_offline_with_them(stubs, tmp_path):
     assert table[0] == "picked GPTOSS_MOE_V3_TILES | gate_up@128=128,128,128,8,4,half"
     assert "  1024 vllm             622.5 - -    1293.0  22.6%" in table
     assert any(
-        r.startswith("gptoss offline 1000x1024x1024 default r1 |") and r.endswith("tiles=dflt") for r in table
+        r.startswith("gptoss offline 1000x1024x1024 default r1 |") and r.endswith("tiles=dflt wtma=0")
+        for r in table
     )
     picked = [r for r in table if r.startswith("gptoss offline 1000x1024x1024 picked r1 |")]
-    assert len(picked) == 1 and picked[0].endswith("tiles=gate_up@128=128,128,128,8,4,half")
+    assert len(picked) == 1 and picked[0].endswith("tiles=gate_up@128=128,128,128,8,4,half wtma=0")
     assert table[-1].startswith("vllm b1 + offline | workload x offline")
     assert "--rounds 3" in (tmp_path / "calls.log").read_text()  # KROUNDS' default
 
@@ -125,16 +127,31 @@ def test_moe_large_offline_modes_set_the_tma_switch(stubs, tmp_path):
         RES=str(res),
         PARTS="offline",
         ROUNDS="1",
-        ORDER="tma default tma-all bogus",
+        ORDER="tma default tma-all wtma wtma-all bogus",
     )
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [r for r in (res / "table.txt").read_text().splitlines() if r.startswith("gptoss offline")]
-    assert [(r.split(" |")[0].split()[-2], r.split("tma=")[1].split()[0]) for r in rows] == [
-        ("tma", "down"),
-        ("default", "0"),
-        ("tma-all", "all"),
+    assert [
+        (r.split(" |")[0].split()[-2], r.split(" tma=")[1].split()[0], r.split("wtma=")[1].split()[0])
+        for r in rows
+    ] == [
+        ("tma", "down", "0"),
+        ("default", "0", "0"),
+        ("tma-all", "all", "0"),
+        ("wtma", "0", "1"),
+        ("wtma-all", "all", "1"),
     ]
-    assert "unknown ORDER mode bogus (default, picked, tma, tma-all)" in p.stdout
+    assert "unknown ORDER mode bogus (default, picked, tma, tma-all, wtma, wtma-all)" in p.stdout
+
+
+def test_moe_large_kernel_parts_make_no_checkpoint(stubs, tmp_path):
+    """The kernel bench makes its own weights: no 20b written (at a 120b's CKPT it would land there)."""
+    p = _run("moe_large_gpu.sh", stubs, RES=str(tmp_path / "r"), PARTS="tests kernels", KEXPERTS="128")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert not (tmp_path / "ck").exists()
+    calls = (tmp_path / "calls.log").read_text()
+    assert "make_checkpoint" not in calls and "--experts 128" in calls
+    assert "tests/gptoss/kernels/test_moe_v3_wtma.py" in calls
 
 
 def test_a_missing_vllm_bench_script_stops_at_once(stubs, tmp_path):
@@ -226,7 +243,7 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
         TESTS="all",
         TEST_FILES="tests/a.py tests/b.py",
         ATTN_SWEEP="1",
-        MODES="v3 v3-fp8",
+        MODES="v3 v3-fp8 w=GPTOSS_MOE_V3_WTMA=1",
         B1_MODES="v2-fp8 rope=GPTOSS_ROPE_IN_ATTN=1",
     )
     assert p.returncode == 0, p.stdout + p.stderr
@@ -237,10 +254,11 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
     sweeps = [c.split("--kv-cache-dtype ")[1] for c in calls if "attn_sweep.py" in c]
     assert sweeps == ["auto", "fp8"]
     ours = [c for c in calls if "--engine gptoss" in c]
-    assert len(ours) == 4
+    assert len(ours) == 5
     assert [("--throughput 20x1024x1278" in c, "--kv-cache-dtype fp8" in c) for c in ours] == [
         (True, False),
         (True, True),
+        (True, False),
         (False, True),
         (False, False),
     ]
@@ -250,6 +268,8 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
     assert "k=v3 " in (res / "ours_v3-fp8.txt").read_text()
     assert "rope=dflt k=v2 " in (res / "ours_v2-fp8.txt").read_text()
     assert "rope=1 k=v3 " in (res / "ours_rope.txt").read_text()
+    assert "wtma=1 rope=dflt k=v3 " in (res / "ours_w.txt").read_text()
+    assert f"--out {res}/w " in ours[2] + " "
 
 
 def test_pair_runs_dp1_beside_our_ab_then_both_gpu_runs_of_dp2_runs(stubs, tmp_path):

@@ -1,0 +1,118 @@
+"""The v3 MoE GEMMs with their weight and scale words loaded by TMA (GPTOSS_MOE_V3_WTMA=1,
+moe_v3.weight_descriptors): the same words reach the same dequant and dot in the same K order, so
+act and y are the pointer path's bit for bit, under Triton's interpreter (CI) and compiled on a GPU.
+The shapes include a K tail (chunks past K arrive as TMA's zero fill, not masked loads), a last
+program whose rows run past the expert's (the next expert's words, or zeros past the last expert:
+computed, never stored) and the in-kernel routing of a decode step."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
+pytest.importorskip("triton")
+
+from gptoss.kernels import moe, moe_v3  # noqa: E402
+from gptoss.kernels.moe import Tiles  # noqa: E402
+from gptoss.kernels.moe_routing import Routing, route_and_group  # noqa: E402
+from tests.gptoss.kernels.moekit import ALPHA, DEV, LIMIT, gpu, make_moe, poisoned_buffers  # noqa: E402, F401
+
+
+def _both(monkeypatch, x, r, w, gu: Tiles, dn: Tiles) -> tuple[tuple, tuple]:
+    """(act, y) by cp.async pointers, then by TMA."""
+    out = []
+    for on in (False, True):
+        monkeypatch.setattr(moe_v3, "TMA_W", on)
+        act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu)
+        out.append((act, moe.down_v3(act, r, w, dn)))
+    return out[0], out[1]
+
+
+@pytest.mark.usefixtures("poisoned_buffers")
+@pytest.mark.parametrize(
+    ("e", "h", "i", "tokens", "gu", "dn"),
+    [
+        # several tiles an expert; down's BN 128 over H 192: the last program's rows run past H
+        (4, 192, 128, 40, Tiles(16, 64, 64, 4, 2), Tiles(16, 128, 64, 4, 2)),
+        # K 192 (gate_up) and 192 (down) at BK 128: a step's second chunk is TMA's zero fill
+        (4, 192, 192, 40, Tiles(32, 64, 128, 4, 2, half=True), Tiles(32, 64, 128, 4, 2, half=True)),
+        # ~3 rows an expert, some experts none, the last expert's last rows past the tensor's end
+        (8, 64, 128, 6, Tiles(16, 64, 64, 4, 2, half=True), Tiles(16, 128, 64, 4, 2)),
+    ],
+)
+def test_weights_by_tma_give_the_pointer_paths_bits(monkeypatch, e, h, i, tokens, gu, dn):
+    ref, w = make_moe(e, h, i, 4, torch.float32, seed=7, kernels="v3")
+    x = torch.randn(tokens, h, device=DEV, generator=torch.Generator(DEV).manual_seed(2))
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    (act, y), (act_t, y_t) = _both(monkeypatch, x, r, w, gu, dn)
+    assert torch.isfinite(y).all()
+    assert torch.equal(act_t, act)
+    assert torch.equal(y_t, y)
+
+
+def test_the_decode_steps_in_kernel_routing_with_weights_by_tma(monkeypatch):
+    """T 1 with the logits routed inside gate_up (the engine's decode step): same routing buffers,
+    same act."""
+    ref, w = make_moe(8, 128, 128, 4, torch.float32, seed=4, kernels="v3")
+    x = torch.randn(1, 128, device=DEV, generator=torch.Generator(DEV).manual_seed(5))
+    logits = F.linear(x, ref.router_weight, ref.router_bias).contiguous()
+    tiles = Tiles(16, 64, 64, 4, 2)
+    got = []
+    for on in (False, True):
+        monkeypatch.setattr(moe_v3, "TMA_W", on)
+        r = Routing.empty(1, 4, 8, DEV)
+        act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles, logits=logits)
+        got.append((act, r.ids.clone(), r.counts.clone()))
+    assert torch.equal(got[1][1], got[0][1]) and torch.equal(got[1][2], got[0][2])
+    assert torch.equal(got[1][0], got[0][0])
+
+
+def test_descriptors_refuse_what_the_copies_cannot_tile():
+    _, w = make_moe(4, 128, 128, 4, torch.float32, seed=1, kernels="v3")
+    d = moe_v3.weight_descriptors(w.w13, w.s13, 128, 128)
+    assert d["WTMA"] is True
+    assert list(d["w_desc"].shape) == [4 * 256 // 16, 2, 128]
+    assert list(d["w_desc"].block_shape) == [8, 2, 128]
+    assert list(d["s_desc"].shape) == [4 * 256 // 16, 2, 8]
+    with pytest.raises(
+        ValueError, match="rows % 16 == 0 and BK % 64 == 0, got words \\(4, 256, 64\\), rows 24"
+    ):
+        moe_v3.weight_descriptors(w.w13, w.s13, 24, 128)
+
+
+@pytest.mark.parametrize(("value", "on"), [("0", False), ("1", True)])
+def test_the_switch_reads_0_or_1(value, on):
+    assert moe_v3._wtma_switch(value) is on
+    with pytest.raises(ValueError, match="GPTOSS_MOE_V3_WTMA='yes': 0 or 1"):
+        moe_v3._wtma_switch("yes")
+
+
+@gpu
+@pytest.mark.parametrize(
+    ("e", "tokens", "gu", "dn"),
+    [
+        (128, 1, Tiles(16, 64, 128, 4, 4), Tiles(16, 64, 128, 4, 4)),  # 120b's decode tiles
+        (128, 256, Tiles(32, 64, 128, 4, 3), Tiles(32, 64, 128, 4, 3)),  # ~8 rows an expert
+        (128, 1024, Tiles(64, 64, 128, 4, 3, half=True), Tiles(64, 128, 64, 8, 3, half=True)),
+        (
+            32,
+            1024,
+            Tiles(256, 64, 64, 8, 4, half=True),
+            Tiles(256, 128, 64, 8, 4, half=True),
+        ),  # 20b bucket 128
+    ],
+)
+def test_weights_by_tma_give_the_pointer_paths_bits_on_gpu(monkeypatch, e, tokens, gu, dn):
+    """Full 2880 shapes, bf16, compiled: wgmma sums over K in the same order whichever way the words
+    reached the registers."""
+    ref, w = make_moe(e, 2880, 2880, 4, torch.bfloat16, seed=3, kernels="v3")
+    x = torch.randn(tokens, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(0)).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    (act, y), (act_t, y_t) = _both(monkeypatch, x, r, w, gu, dn)
+    assert torch.equal(act_t, act)
+    assert torch.equal(y_t, y)
