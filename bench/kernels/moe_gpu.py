@@ -186,7 +186,7 @@ def _switches(v: Variant) -> Iterator[None]:
     moe_common.USE_ASM = v.asm
     moe_decode.ENABLED = v.decode  # else the M-tile kernels at every M (the decode path: DEC_VARIANTS)
     moe_v3.TMA_DOWN, moe_v3.TMA_X = moe_v3._tma_mode(v.tma)
-    moe_v3.TMA_W = v.wtma
+    moe_v3.TMA_W = "1" if v.wtma else "0"  # "v3": the cp.async path, whatever the default
     moe.TILE_OVERRIDE.clear()
     moe.TILE_OVERRIDE.update(v.tiles or {})
     try:

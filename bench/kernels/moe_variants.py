@@ -20,7 +20,7 @@ class Variant:
     tma: str = "0"  # v3: "down" act expert by expert, down's act tiles by TMA; "all" gate_up's x too
     v3_dec_down: DecTiles | None = None  # v3 at M <= 16: down on moe_v3_dec's split-K slot kernel
     v3_dec_gate_up: DecTiles | None = None  # v3 at M <= 16: gate_up on moe_v3_dec_gu's split-K kernel
-    wtma: bool = False  # v3: weight and scale words by TMA (GPTOSS_MOE_V3_WTMA=1)
+    wtma: bool = False  # v3: weight and scale words by TMA at every tile (GPTOSS_MOE_V3_WTMA=1), else never
 
 
 DECODE = 64  # M <= 64: BM 16 at E 32, top-4

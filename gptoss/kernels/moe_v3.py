@@ -52,17 +52,22 @@ def _tma_mode(v: str) -> tuple[bool, bool]:
 TMA_DOWN, TMA_X = _tma_mode(os.environ.get("GPTOSS_MOE_V3_TMA", "0"))
 
 
-def _wtma_switch(v: str) -> bool:
-    if v not in ("0", "1"):
-        raise ValueError(f"GPTOSS_MOE_V3_WTMA={v!r}: 0 or 1")
-    return v == "1"
+def _wtma_switch(v: str) -> str:
+    if v not in ("0", "1", "auto"):
+        raise ValueError(f"GPTOSS_MOE_V3_WTMA={v!r}: 0, 1 or auto")
+    return v
 
 
-# GPTOSS_MOE_V3_WTMA=1: both GEMMs load their weight and scale words by TMA (one copy a K step
-# issued by one thread, no per-lane addresses, chunks past K zero-filled) instead of a 16-byte
-# cp.async a lane. For the few-rows steps (8-64 rows an expert) where the K loop waits on its own
-# load path; off until timed on a GPU.
-TMA_W = _wtma_switch(os.environ.get("GPTOSS_MOE_V3_WTMA", "0"))
+# Weights by TMA: both GEMMs load their weight and scale words with one TMA copy a K step (issued
+# by one thread: no per-lane addresses, chunks past K zero-filled) instead of a 16-byte cp.async a
+# lane. The same words reach the same dequant and dot, so the bits are the same. H200, 120b shapes,
+# whole MoE in a CUDA graph (bench/results v29): M 1 / 16 / 256 / 512 / 1024 56.6 / 244.3 / 651.7 /
+# 829.2 / 1095.2 -> 54.0 / 230.8 / 540.3 / 739.9 / 1027.5 us; the engine's Offline 1000 x (1024 ->
+# 1278) 9,507.7 -> 10,213.0 out tok/s, batch 1 328 -> 334 tok/s. Those are the tiles of <= 128 rows
+# (decode and the few-rows buckets); the BM-256 tiles of 20b's large batches are untimed with it
+# (their K loop takes 218 instructions instead of 172 in the sm_90a SASS), so "auto" (the default)
+# takes TMA for tiles of BM <= 128; 1 for every tile, 0 never.
+TMA_W = _wtma_switch(os.environ.get("GPTOSS_MOE_V3_WTMA", "auto"))
 
 
 def _tma_runs(x: Tensor) -> bool:
@@ -92,11 +97,13 @@ def weight_descriptors(blocks: Tensor, scales: Tensor, rows: int, bk: int) -> di
     }
 
 
-def _wtma_args(x: Tensor, blocks: Tensor, scales: Tensor, swz: bool, rows: int, bk: int) -> dict:
-    """A GEMM's weight-TMA arguments where TMA_W is on, the layout is "v3" and TMA runs."""
-    if not (TMA_W and swz and _tma_runs(x)):
+def _wtma_args(x: Tensor, blocks: Tensor, scales: Tensor, swz: bool, rows: int, tiles: Tiles) -> dict:
+    """A GEMM's weight-TMA arguments where TMA_W takes these tiles ("1": all; "auto": BM <= 128),
+    the layout is "v3" and TMA runs; else none (the cp.async path)."""
+    on = TMA_W == "1" or (TMA_W == "auto" and tiles.bm <= 128)
+    if not (on and swz and _tma_runs(x)):
         return {}
-    return weight_descriptors(blocks, scales, rows, bk)
+    return weight_descriptors(blocks, scales, rows, tiles.bk)
 
 
 def tma_plan(x: Tensor, lora: object | None = None) -> tuple[bool, bool]:
@@ -223,7 +230,7 @@ def gate_up_v3(
         SORTED=sorted_rows,
         **_descriptors(gather_sorted(x, r) if tma_x else None, tiles, "x_desc", "XTMA"),
         **_route_args(logits, r, t, k),
-        **_wtma_args(x, w.w13, w.s13, swz, 2 * tiles.bn, tiles.bk),
+        **_wtma_args(x, w.w13, w.s13, swz, 2 * tiles.bn, tiles),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
@@ -292,7 +299,7 @@ def down_v3(
         PREC=_precision(act),
         **lkw,
         **_descriptors(act if sorted_rows else None, tiles, "desc", "TMA"),
-        **_wtma_args(act, w.w2, w.s2, swz, tiles.bn, tiles.bk),
+        **_wtma_args(act, w.w2, w.s2, swz, tiles.bn, tiles),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )

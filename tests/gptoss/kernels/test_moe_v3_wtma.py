@@ -1,9 +1,9 @@
-"""The v3 MoE GEMMs with their weight and scale words loaded by TMA (GPTOSS_MOE_V3_WTMA=1,
-moe_v3.weight_descriptors): the same words reach the same dequant and dot in the same K order, so
-act and y are the pointer path's bit for bit, under Triton's interpreter (CI) and compiled on a GPU.
-The shapes include a K tail (chunks past K arrive as TMA's zero fill, not masked loads), a last
-program whose rows run past the expert's (the next expert's words, or zeros past the last expert:
-computed, never stored) and the in-kernel routing of a decode step."""
+"""The v3 MoE GEMMs with their weight and scale words loaded by TMA (GPTOSS_MOE_V3_WTMA, default
+auto: tiles of BM <= 128; moe_v3.weight_descriptors): the same words reach the same dequant and dot
+in the same K order, so act and y are the pointer path's bit for bit, under Triton's interpreter
+(CI) and compiled on a GPU. The shapes include a K tail (chunks past K arrive as TMA's zero fill,
+not masked loads), a last program whose rows run past the expert's (the next expert's words, or
+zeros past the last expert: computed, never stored) and the in-kernel routing of a decode step."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from tests.gptoss.kernels.moekit import ALPHA, DEV, LIMIT, gpu, make_moe, poison
 def _both(monkeypatch, x, r, w, gu: Tiles, dn: Tiles) -> tuple[tuple, tuple]:
     """(act, y) by cp.async pointers, then by TMA."""
     out = []
-    for on in (False, True):
-        monkeypatch.setattr(moe_v3, "TMA_W", on)
+    for mode in ("0", "1"):
+        monkeypatch.setattr(moe_v3, "TMA_W", mode)
         act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu)
         out.append((act, moe.down_v3(act, r, w, dn)))
     return out[0], out[1]
@@ -63,8 +63,8 @@ def test_the_decode_steps_in_kernel_routing_with_weights_by_tma(monkeypatch):
     logits = F.linear(x, ref.router_weight, ref.router_bias).contiguous()
     tiles = Tiles(16, 64, 64, 4, 2)
     got = []
-    for on in (False, True):
-        monkeypatch.setattr(moe_v3, "TMA_W", on)
+    for mode in ("0", "1"):
+        monkeypatch.setattr(moe_v3, "TMA_W", mode)
         r = Routing.empty(1, 4, 8, DEV)
         act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles, logits=logits)
         got.append((act, r.ids.clone(), r.counts.clone()))
@@ -85,11 +85,24 @@ def test_descriptors_refuse_what_the_copies_cannot_tile():
         moe_v3.weight_descriptors(w.w13, w.s13, 24, 128)
 
 
-@pytest.mark.parametrize(("value", "on"), [("0", False), ("1", True)])
-def test_the_switch_reads_0_or_1(value, on):
-    assert moe_v3._wtma_switch(value) is on
-    with pytest.raises(ValueError, match="GPTOSS_MOE_V3_WTMA='yes': 0 or 1"):
+def test_the_switch_reads_0_1_or_auto():
+    assert [moe_v3._wtma_switch(v) for v in ("0", "1", "auto")] == ["0", "1", "auto"]
+    with pytest.raises(ValueError, match="GPTOSS_MOE_V3_WTMA='yes': 0, 1 or auto"):
         moe_v3._wtma_switch("yes")
+
+
+@pytest.mark.parametrize(
+    ("mode", "bm", "takes"),
+    [("auto", 128, True), ("auto", 256, False), ("1", 256, True), ("0", 16, False)],
+)
+def test_which_tiles_take_the_weights_by_tma(monkeypatch, mode, bm, takes):
+    """auto (the default): the decode and few-rows tiles (timed faster), not the BM-256 ones (untimed)."""
+    _, w = make_moe(4, 128, 128, 4, torch.float32, seed=1, kernels="v3")
+    x = torch.zeros(2, 128, device=DEV)
+    monkeypatch.setattr(moe_v3, "TMA_W", mode)
+    args = moe_v3._wtma_args(x, w.w13, w.s13, True, 128, Tiles(bm, 64, 64, 4, 2, half=bm > 16))
+    assert (args.get("WTMA") is True) is takes
+    assert moe_v3._wtma_args(x, w.w13, w.s13, False, 128, Tiles(bm, 64, 64, 4, 2)) == {}  # "v3ds": never
 
 
 @gpu
