@@ -41,7 +41,9 @@ if [ "${TESTS:-}" != none ]; then  # TESTS=none: no tests (another GPU of the ma
   select=(-k "${TESTS:-few_rows or v3_weights or routing_the_logits}")
   [ "${TESTS:-}" = all ] && select=()
   # shellcheck disable=SC2086  # TEST_FILES is a list of paths
-  timeout 420 python3 -m pytest -q -p no:cacheprovider $TEST_FILES "${select[@]}" 2>&1 | tail -4 | tee "$RES/tests.txt"
+  # the whole log too (tests_full.txt): v29 kept only the tail, and which assertion failed was lost
+  timeout 420 python3 -m pytest -q -p no:cacheprovider $TEST_FILES "${select[@]}" 2>&1 | tee "$RES/tests_full.txt" \
+    | tail -4 | tee "$RES/tests.txt"
   row "compiled tests" "$(tail -1 "$RES/tests.txt")"
 fi
 if [ "${ATTN_SWEEP:-0}" = 1 ]; then

@@ -332,6 +332,10 @@ for _name, _gu, _dn in [
 VARIANTS["v3-dd"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 512, 4, 4, 3))
 VARIANTS["v3-dd-s4"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 512, 4, 4, 4))
 VARIANTS["v3-dd-k1024"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 1024, 4, 4, 3))
+# The engine's batch-1 MoE (v3-dd) with every weight by TMA: the gate_up's (GPTOSS_MOE_V3_WTMA's
+# default) and the split-K down's (GPTOSS_V3_DEC_WTMA=1; sm_90a: 6 UTMALDG.3D for 12 LDGSTS.128 a
+# K loop, 368 -> 388 instructions, no added layout conversion); v3-dd is the same on cp.async.
+VARIANTS["v3-dd-w"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 512, 4, 4, 3), wtma=True)
 # Both decode GEMMs split-K (moe_v3_dec_gu, 2026-11-28): the gate_up on the down's design with its
 # own tiles (V3_GATE_UP_DEC: BK 128 over 2 warps, 12 programs an SM at T 1), 17.0 against 20.6 us at
 # T 1 alone (its docstring). -dd2: the down on the same 2-warp tiles (11.0 against 14.1 us, one run).

@@ -46,7 +46,7 @@ from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing
 from gptoss.kernels.moe_tiles import DECODE_MAX_T, DecTiles
-from gptoss.kernels.moe_v3 import _check, _scaled, _weight_args
+from gptoss.kernels.moe_v3 import _check, _scaled, _tma_runs, _weight_args, weight_descriptors
 from gptoss.kernels.moe_v3_step import _dequant_v3
 
 
@@ -90,6 +90,9 @@ def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
 
 
 MAX_T = _max_t(os.environ.get("GPTOSS_V3_DEC_DOWN"))
+# GPTOSS_V3_DEC_WTMA=1: this kernel's weight and scale words by TMA too (one copy a K step, the same
+# bits), as moe_v3's GEMMs take them by default (GPTOSS_MOE_V3_WTMA). Off: untimed on a GPU.
+WTMA = os.environ.get("GPTOSS_V3_DEC_WTMA", "0") == "1"
 # The v2 decode down's tiles (moe_tiles.DOWN_DEC_TILES) with BM up to 16 (the x tile; T's power of
 # 2 at launch): 32 weight rows, a 512-K step split over 4 warps of 128 K (2 chunks each), 3 stages.
 # GPTOSS_V3_DEC_DOWN_TILES overrides them.
@@ -143,12 +146,20 @@ def _v3_split_step(
     EVEN_K: tl.constexpr,
     ASM: tl.constexpr,
     PREC: tl.constexpr,
+    WTMA: tl.constexpr = False,
 ):
     """acc [SPLIT, BN, BM] += W [SPLIT, BN, BK/SPLIT] @ x [SPLIT, BK/SPLIT, BM], warp s's K slice
-    k0 + s*BK/SPLIT.. (c: the pointers' chunk indices in a step)."""
+    k0 + s*BK/SPLIT.. (c: the pointers' chunk indices in a step). WTMA: w_ptrs and s_ptrs are
+    moe_v3.weight_descriptors' (blocks [BN/16, BK/64, ...]) and c the tile's first 16-row block: the
+    step's chunks in one copy each, chunk j of the step warp j // KCS's (zero fill past K)."""
     RB: tl.constexpr = BN // 16
     KCS: tl.constexpr = BK // SPLIT // 64
-    if EVEN_K:
+    if WTMA:
+        w = tl.permute(
+            tl.reshape(w_ptrs.load([c, k0 // 64, 0]), (RB, SPLIT, KCS, 8, 4, 4)), (1, 0, 2, 3, 4, 5)
+        )
+        s = tl.permute(tl.reshape(s_ptrs.load([c, k0 // 64, 0]), (RB, SPLIT, KCS, 8)), (1, 0, 2, 3))
+    elif EVEN_K:
         w = tl.load(w_ptrs + (k0 // 64) * 128)
         s = tl.load(s_ptrs + (k0 // 64) * 8)
     else:  # past the padded K: whole 64-K chunks, masked (zero words decode to zeros)
@@ -195,6 +206,9 @@ def _down_v3_dec_kernel(
     ASM: tl.constexpr,
     PREC: tl.constexpr,
     PDL: tl.constexpr,
+    w_desc=None,
+    s_desc=None,
+    WTMA: tl.constexpr = False,
 ):
     """Program (column block, slot): y[rows of the slot's expert, block] = act[rows] @ W2_e^T + b2_e;
     N = H, K = I; act and y rows in assignment order (rows_ptr: each expert's list)."""
@@ -208,9 +222,20 @@ def _down_v3_dec_kernel(
     BKS: tl.constexpr = BK // SPLIT
     n = pid_n * BN + tl.arange(0, BN)
     e64 = e.to(tl.int64)
-    w_t, s_t, c = _v3_split_ptrs(
-        w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN, stride_wn, stride_sn, N, BN, BK, SPLIT
-    )
+    if WTMA:  # the tile's first 16-row block in the [E * N/16, ...] descriptors
+        w_t, s_t, c = w_desc, s_desc, e * (N // 16) + pid_n * (BN // 16)
+    else:
+        w_t, s_t, c = _v3_split_ptrs(
+            w_ptr + e64 * stride_we,
+            s_ptr + e64 * stride_se,
+            pid_n * BN,
+            stride_wn,
+            stride_sn,
+            N,
+            BN,
+            BK,
+            SPLIT,
+        )
     bias = tl.load(b_ptr + e64 * N + n % N)[:, None]  # [BN, 1]; past-the-end columns never stored
     kx = tl.arange(0, SPLIT)[:, None, None] * BKS + tl.arange(0, BKS)[None, :, None]  # [SPLIT, BKS, 1]
     for m0 in range(0, n_rows, BM):
@@ -221,7 +246,7 @@ def _down_v3_dec_kernel(
         acc = tl.zeros([SPLIT, BN, BM], tl.float32)
         for k0 in range(0, K, BK):
             at = tl.load(a_t + k0, mask=valid[None, None, :] & ((k0 + kx) < K), other=0.0)
-            acc = _v3_split_step(acc, at, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC)
+            acc = _v3_split_step(acc, at, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC, WTMA)
         tl.store(
             y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
             (tl.sum(acc, 0) + bias).to(y_ptr.dtype.element_ty),  # [BN, BM]
@@ -283,5 +308,6 @@ def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = Non
         num_warps=tiles.warps,
         num_stages=tiles.stages,
         **pdl.args(act),
+        **(weight_descriptors(w.w2, w.s2, tiles.bn, tiles.bk) if WTMA and _tma_runs(act) else {}),
     )
     return y

@@ -148,6 +148,7 @@ def test_moe_large_kernel_parts_make_no_checkpoint(stubs, tmp_path):
     """The kernel bench makes its own weights: no 20b written (at a 120b's CKPT it would land there)."""
     p = _run("moe_large_gpu.sh", stubs, RES=str(tmp_path / "r"), PARTS="tests kernels", KEXPERTS="128")
     assert p.returncode == 0, p.stdout + p.stderr
+    assert (tmp_path / "r" / "tests_full.txt").read_text() == "14 passed in 1.0s\n"  # the whole log kept
     assert not (tmp_path / "ck").exists()
     calls = (tmp_path / "calls.log").read_text()
     assert "make_checkpoint" not in calls and "--experts 128" in calls
@@ -249,6 +250,7 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
     assert p.returncode == 0, p.stdout + p.stderr
     assert (tmp_path / "ck" / "config.json").exists()  # a CKPT outside /mnt/ck120 mounts nothing
     calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert (res / "tests_full.txt").read_text() == "14 passed in 1.0s\n"
     pytest_calls = [c for c in calls if "-m pytest" in c]
     assert pytest_calls == ["-m pytest -q -p no:cacheprovider tests/a.py tests/b.py"]  # TESTS=all: no -k
     sweeps = [c.split("--kv-cache-dtype ")[1] for c in calls if "attn_sweep.py" in c]

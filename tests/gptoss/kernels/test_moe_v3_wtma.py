@@ -17,9 +17,10 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe, moe_v3  # noqa: E402
+from gptoss.kernels import moe, moe_v3, moe_v3_dec  # noqa: E402
 from gptoss.kernels.moe import Tiles  # noqa: E402
 from gptoss.kernels.moe_routing import Routing, route_and_group  # noqa: E402
+from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
 from tests.gptoss.kernels.moekit import ALPHA, DEV, LIMIT, gpu, make_moe, poisoned_buffers  # noqa: E402, F401
 
 
@@ -70,6 +71,36 @@ def test_the_decode_steps_in_kernel_routing_with_weights_by_tma(monkeypatch):
         got.append((act, r.ids.clone(), r.counts.clone()))
     assert torch.equal(got[1][1], got[0][1]) and torch.equal(got[1][2], got[0][2])
     assert torch.equal(got[1][0], got[0][0])
+
+
+def _dec_both(monkeypatch, e, h, i, tokens, tiles, dtype=torch.float32):
+    ref, w = make_moe(e, h, i, 4, dtype, seed=9, kernels="v3")
+    x = torch.randn(tokens, h, device=DEV, generator=torch.Generator(DEV).manual_seed(3)).to(dtype)
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    act = torch.randn(tokens * 4, i, device=DEV, generator=torch.Generator(DEV).manual_seed(4)).to(dtype)
+    out = []
+    for on in (False, True):
+        monkeypatch.setattr(moe_v3_dec, "WTMA", on)
+        out.append(moe_v3_dec.down_v3_dec(act, r, w, tiles))
+    return out
+
+
+@pytest.mark.usefixtures("poisoned_buffers")
+@pytest.mark.parametrize(
+    ("h", "i", "tiles"),
+    [
+        (96, 2880, DecTiles(16, 64, 512, 4, 4, 3)),  # I 45 chunks: the last step's 3 are zero fill; BN past H
+        (128, 256, DecTiles(16, 32, 256, 2, 2, 2)),  # 2 warps of 2 chunks: the chunk-to-warp order
+        (64, 192, DecTiles(2, 16, 128, 1, 4, 2)),  # no split; 3 chunks: the second step's 2nd is fill
+    ],
+)
+def test_the_split_k_down_with_weights_by_tma_gives_the_same_bits(monkeypatch, h, i, tiles):
+    """GPTOSS_V3_DEC_WTMA=1: moe_v3_dec's split-K down (batch 1's) reads a step's chunks in one copy
+    and hands warp s chunks s*KCS.. as the pointers did: the same bits, float32 so any misplaced
+    chunk shows."""
+    base, tma = _dec_both(monkeypatch, 4, h, i, 5, tiles)
+    assert torch.isfinite(base).all()
+    assert torch.equal(tma, base)
 
 
 def test_descriptors_refuse_what_the_copies_cannot_tile():
@@ -129,3 +160,10 @@ def test_weights_by_tma_give_the_pointer_paths_bits_on_gpu(monkeypatch, e, token
     (act, y), (act_t, y_t) = _both(monkeypatch, x, r, w, gu, dn)
     assert torch.equal(act_t, act)
     assert torch.equal(y_t, y)
+
+
+@gpu
+def test_the_split_k_down_with_weights_by_tma_gives_the_same_bits_on_gpu(monkeypatch):
+    """120b's batch-1 down (one token, 4 experts, the default tiles), bf16, compiled."""
+    base, tma = _dec_both(monkeypatch, 128, 2880, 2880, 1, None, torch.bfloat16)
+    assert torch.equal(tma, base)
