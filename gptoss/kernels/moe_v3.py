@@ -38,8 +38,11 @@ from gptoss.kernels.moe_v3_kernels import _down_v3_kernel, _gate_up_v3_kernel, _
 
 # GPTOSS_MOE_V3_TMA=down: gate_up writes act expert by expert and down reads its act tiles with TMA
 # (one copy a K step, no per-row addresses; Hopper and the interpreter); =all: gate_up's x too, after
-# a pass that lays x's rows out expert by expert. Off until timed on a GPU: the v20 profile has the
-# gather's address arithmetic at the top of the K loop's stall samples.
+# a pass that lays x's rows out expert by expert. Off: compiled on an H200 (bench/results v29), the
+# down on act tiles by TMA gave other VALUES than the gather path in the last columns of a row
+# (test_tma_down_gives_the_gather_paths_bits_on_gpu, 20b's BM-256 down tiles, BK 64), while gate_up
+# with x by TMA gave the same bits. Not found yet; the v20 profile had the gather's address
+# arithmetic at the top of the K loop's stall samples, which is why it exists.
 _TMA_MODES = {"0": (False, False), "down": (True, False), "all": (True, True)}
 
 
