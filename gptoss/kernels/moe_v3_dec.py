@@ -103,18 +103,24 @@ V3_DOWN_DEC = env_dec_tiles(
 
 @triton.jit
 def _v3_split_ptrs(
-    w_base,
-    s_base,
+    w_ptr,
+    s_ptr,
+    e,
     n0,
+    stride_we,
     stride_wn,
+    stride_se,
     stride_sn,
     N: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
-    """moe_v3_step._v3_ptrs (SWZ) with a leading split dim: words [SPLIT, BN/16, KCS, 8, 4, 4] and
-    scale words [SPLIT, BN/16, KCS, 8] at k0 = 0, and each chunk's index in the step [SPLIT, KCS]."""
+    """moe_v3_step._v3_ptrs (SWZ) with a leading split dim, for expert e's rows n0..: words
+    [SPLIT, BN/16, KCS, 8, 4, 4] and scale words [SPLIT, BN/16, KCS, 8] at k0 = 0, and each chunk's
+    index in the step [SPLIT, KCS]."""
+    e64 = e.to(tl.int64)
+    w_base, s_base = w_ptr + e64 * stride_we, s_ptr + e64 * stride_se
     RB: tl.constexpr = BN // 16
     KCS: tl.constexpr = BK // SPLIT // 64
     tl.static_assert(BK % (64 * SPLIT) == 0 and BN % 16 == 0, "v3 words come in 16-row x 64-K blocks")
@@ -225,17 +231,8 @@ def _down_v3_dec_kernel(
     if WTMA:  # the tile's first 16-row block in the [E * N/16, ...] descriptors
         w_t, s_t, c = w_desc, s_desc, e * (N // 16) + pid_n * (BN // 16)
     else:
-        w_t, s_t, c = _v3_split_ptrs(
-            w_ptr + e64 * stride_we,
-            s_ptr + e64 * stride_se,
-            pid_n * BN,
-            stride_wn,
-            stride_sn,
-            N,
-            BN,
-            BK,
-            SPLIT,
-        )
+        args = (w_ptr, s_ptr, e, pid_n * BN, stride_we, stride_wn, stride_se, stride_sn)
+        w_t, s_t, c = _v3_split_ptrs(*args, N, BN, BK, SPLIT)
     bias = tl.load(b_ptr + e64 * N + n % N)[:, None]  # [BN, 1]; past-the-end columns never stored
     kx = tl.arange(0, SPLIT)[:, None, None] * BKS + tl.arange(0, BKS)[None, :, None]  # [SPLIT, BKS, 1]
     for m0 in range(0, n_rows, BM):

@@ -134,17 +134,8 @@ def _gate_up_v3_dec_kernel(
     BKS: tl.constexpr = BK // SPLIT
     NC: tl.constexpr = BN // 2  # act columns: each a gate and an up weight row
     e64 = e.to(tl.int64)
-    w_t, s_t, c = _v3_split_ptrs(
-        w_ptr + e64 * stride_we,
-        s_ptr + e64 * stride_se,
-        pid_n * BN,
-        stride_wn,
-        stride_sn,
-        2 * N,
-        BN,
-        BK,
-        SPLIT,
-    )
+    args = (w_ptr, s_ptr, e, pid_n * BN, stride_we, stride_wn, stride_se, stride_sn)
+    w_t, s_t, c = _v3_split_ptrs(*args, 2 * N, BN, BK, SPLIT)
     # Weight row r = 16b + 8h + g is plane h's (gate, up) act column pid_n NC + 8b + g (_interleave8);
     # past-the-end columns read valid bias and are never stored.
     r = tl.arange(0, BN)
