@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moe_decode_sass import _compile, stats  # noqa: E402
 
-from gptoss.kernels import moe_v3_kernels as moe_v3  # noqa: E402
+from gptoss.kernels import moe_v3_down, moe_v3_kernels  # noqa: E402
 from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3, Tiles  # noqa: E402
 
 SHAPE = dict(N=2880, K=2880, E=32, BE=32, SCALED=True, SWZ=True, PREC="tf32", LORA=False, LW=16)
@@ -34,13 +34,13 @@ def gate_up(t: Tiles):
     sig = dict(x_ptr="*bf16", act_ptr="*bf16", **SIG, stride_lbp="i32", stride_x="i32")
     sig.update(alpha="fp32", limit="fp32")
     consts = dict(SHAPE, TOP_K=4, BM=t.bm, BN=t.bn, BK=t.bk, HALF=t.half)
-    return _compile(moe_v3._gate_up_v3_kernel, sig, consts, t.warps, t.stages)
+    return _compile(moe_v3_kernels._gate_up_v3_kernel, sig, consts, t.warps, t.stages)
 
 
 def down(t: Tiles):
     sig = dict(a_ptr="*bf16", y_ptr="*bf16", **SIG)
     consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, HALF=t.half)
-    return _compile(moe_v3._down_v3_kernel, sig, consts, t.warps, t.stages)
+    return _compile(moe_v3_down._down_v3_kernel, sig, consts, t.warps, t.stages)
 
 
 def ttgir(k) -> str:

@@ -34,7 +34,8 @@ from gptoss.kernels.moe_common import _lora_args, _precision
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing
 from gptoss.kernels.moe_tiles import Tiles, _grid
-from gptoss.kernels.moe_v3_kernels import _down_v3_kernel, _gate_up_v3_kernel, _gather_sorted_kernel
+from gptoss.kernels.moe_v3_down import _down_v3_kernel
+from gptoss.kernels.moe_v3_kernels import _gate_up_v3_kernel, _gather_sorted_kernel
 
 # GPTOSS_MOE_V3_TMA=down: gate_up writes act expert by expert and down reads its act tiles with TMA
 # (one copy a K step, no per-row addresses; Hopper and the interpreter); =all: gate_up's x too, after
