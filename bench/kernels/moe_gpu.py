@@ -55,9 +55,10 @@ from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: 
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe_dec_variants import DEC_VARIANTS, DecVariant  # noqa: E402
 from moe_peer import ALPHA, LIMIT, TOP_K, H, I, check, vllm_moe  # noqa: E402
 from moe_subnormal import subnormal_checks  # noqa: E402
-from moe_variants import DEC_VARIANTS, VARIANTS, DecVariant, Variant  # noqa: E402
+from moe_variants import VARIANTS, Variant  # noqa: E402
 
 E = 32  # 20b; --experts 128: 120b
 MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096, 16384)
