@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import logging
 import os
 import platform
 import shlex
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+log = logging.getLogger(__name__)
 
 PACKAGES = (
     "gptoss-mlperf",
@@ -53,8 +56,11 @@ def git_commit(root: Path) -> str | None:
             timeout=5,
             check=True,
         )
-    except (OSError, subprocess.SubprocessError):
+    except subprocess.CalledProcessError:
         return None  # not a git checkout (an installed wheel): the package version says what ran
+    except (OSError, subprocess.SubprocessError) as e:  # git missing or hung: say so, record none
+        log.warning("run.json: the code's git commit is unknown (%s: %s)", type(e).__name__, e)
+        return None
     return done.stdout.strip() or None
 
 
