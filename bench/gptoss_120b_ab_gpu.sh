@@ -67,14 +67,16 @@ B1_MODES=${B1_MODES-v3old v2 v3pick}
 # NAME-fp8: e4m3 caches, and room for the twice as many sequences they hold (FP8_SEQS; the bench's
 # default cap, 1024, is above the ~880 a bf16 cache holds on an H200, below the ~1,800 of an fp8 one)
 kv_args() { kv=(); [[ $1 == *-fp8 ]] && kv=(--kv-cache-dtype fp8 --max-num-seqs "${FP8_SEQS:-1792}"); return 0; }
-for mode in $MODES; do
+mode_run() {  # mode_run MODE SHAPES...: NAME=ENV=VALUE[+ENV=VALUE...] the default kernels under those
+  local mode=$1 assigns  # variables; NAME[-fp8] that kernel family (on an fp8 cache)
+  shift
   case $mode in
-    *=*)  # NAME=ENV=VALUE[+ENV=VALUE...]: the default kernels under those variables, as in B1_MODES
-      read -ra assigns <<< "$(tr '+' ' ' <<< "${mode#*=}")"
-      (export "${assigns[@]}"; ours "${mode%%=*}" v3 "" "${SHAPES[@]}") ;;
-    *) kv_args "$mode"; ours "$mode" "${mode%-fp8}" "" "${SHAPES[@]}" "${kv[@]}" ;;
+    *=*) read -ra assigns <<< "$(tr '+' ' ' <<< "${mode#*=}")"
+         (export "${assigns[@]}"; ours "${mode%%=*}" v3 "" "$@") ;;
+    *) kv_args "$mode"; ours "$mode" "${mode%-fp8}" "" "$@" "${kv[@]}" ;;
   esac
-done
+}
+for mode in $MODES; do mode_run "$mode" "${SHAPES[@]}"; done
 have_vllm=0
 [ "${VLLM:-1}" = 1 ] && wait_vllm && have_vllm=1  # VLLM=0: ours only, no wait
 pick=
@@ -104,10 +106,7 @@ for mode in $B1_MODES; do
       export GPTOSS_V3_DEC_DOWN=0
       ours v3tab v3 "" "${B1[@]}"
       unset GPTOSS_V3_DEC_DOWN ;;
-    *=*)  # NAME=ENV=VALUE[+ENV=VALUE...]: the default kernels under those variables
-      read -ra assigns <<< "$(tr '+' ' ' <<< "${mode#*=}")"
-      (export "${assigns[@]}"; ours "${mode%%=*}" v3 "" "${B1[@]}") ;;
-    *) kv_args "$mode"; ours "$mode" "${mode%-fp8}" "" "${B1[@]}" "${kv[@]}" ;;
+    *) mode_run "$mode" "${B1[@]}" ;;
   esac
 done
 if [ $have_vllm = 1 ]; then
