@@ -11,7 +11,8 @@
 # v3unfused the v3 default with GPTOSS_FUSED_DECODE=0 (routing and combine unfused), v3norm with
 # GPTOSS_ROUTER=norm (a routing launch, not the routing inside gate_up), v3tab with GPTOSS_V3_DEC_DOWN=0
 # (batch 1's down on v3's decode tiles, as before v24, not on moe_v3_dec's split-K slot kernel), and
-# NAME=ENV=VALUE[+ENV=VALUE...] the v3 default under those variables (e.g. sk64=GPTOSS_ATTN_SPLIT_KEYS=64). VLLM=0 runs ours only (no
+# NAME=ENV=VALUE[+ENV=VALUE...] the v3 default under those variables (e.g. sk64=GPTOSS_ATTN_SPLIT_KEYS=64). VLLM_B1=1: vLLM
+# runs batch 1 alone (its Offline 2000 takes ~7 min). VLLM=0 runs ours only (no
 # wait for the install); MODES= (empty) skips the Offline run, and takes NAME=ENV=VALUE as B1_MODES does; SWEEP=0 the sweep (SWEEP_VARIANTS its
 # variants); TESTS the compiled tests' -k expression (none: no tests, all: every test of TEST_FILES,
 # default the few-rows files). A mode NAME-fp8 (MODES or B1_MODES, e.g. v3-fp8) runs NAME with
@@ -78,7 +79,9 @@ mode_run() {  # mode_run MODE SHAPES...: NAME=ENV=VALUE[+ENV=VALUE...] the defau
 }
 for mode in $MODES; do mode_run "$mode" "${SHAPES[@]}"; done
 have_vllm=0
-[ "${VLLM:-1}" = 1 ] && wait_vllm && have_vllm=1  # VLLM=0: ours only, no wait
+# VLLM=0: ours only, no wait. The sweep times vLLM's kernel beside ours, so it waits for the install
+# here; without it the batch-1 modes run while vLLM installs, and the wait comes before vLLM's run.
+[ "${VLLM:-1}" = 1 ] && [ "${SWEEP:-1}" = 1 ] && wait_vllm && have_vllm=1
 pick=
 if [ "${SWEEP:-1}" = 1 ]; then
   say "decode-batch MoE sweep, 120b shapes"
@@ -109,9 +112,12 @@ for mode in $B1_MODES; do
     *) mode_run "$mode" "${B1[@]}" ;;
   esac
 done
+[ "${VLLM:-1}" = 1 ] && [ "${SWEEP:-1}" != 1 ] && wait_vllm && have_vllm=1
 if [ $have_vllm = 1 ]; then
   say "vLLM"
-  timeout 900 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm "${SHAPES[@]}" \
+  vshapes=("${SHAPES[@]}")
+  [ "${VLLM_B1:-0}" = 1 ] && vshapes=("${B1[@]}")  # batch 1 only: vLLM's Offline 2000 takes ~7 min
+  timeout 900 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm "${vshapes[@]}" \
     --vllm-script "$VLLM_SCRIPT" --out "$RES/vllm" > "$RES/vllm.txt" 2>&1
 fi
 for mode in $MODES $B1_MODES; do

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from gptoss.kernel_layers import Layer, build_layers, moe_layouts
 from gptoss.kernels import batch_invariant as bi
-from gptoss.kernels import moe_decode
+from gptoss.kernels import l2_prefetch, moe_decode
 from gptoss.kernels.attention import paged_attention, reserve_tickets, write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.lora_attn import lora_add
@@ -148,7 +148,7 @@ class KernelModel:
         residual: Tensor | None = None
         pending: Tensor | None = None  # [T, k] expert weights while x holds the MoE's uncombined rows
         t = x.shape[0]
-        for lay in self.layers:
+        for i, lay in enumerate(self.layers):
             kv = self.caches[lay.pool][lay.index]  # [2, num_blocks, bs, Hkv, D]
             kc, vc = kv[0], kv[1]
             ring = lay.pool == "ring"
@@ -173,7 +173,8 @@ class KernelModel:
                     q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots)
                 else:
                     q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d)
-            o = self._attention(q, k, v, kc, vc, table, meta, lay, rope)  # [T, Hq, D]
+            warm = self._l2_warm(t, meta)
+            o = self._attention(q, k, v, kc, vc, table, meta, lay, rope, lay.wo if "o" in warm else None)
             if not write_first:
                 write_kv(k, v, kc, vc, slots)
             x = self.linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
@@ -187,6 +188,8 @@ class KernelModel:
                 moe_decode.use_decode(x, lay.moe) or (lay.lora_moe is None and v3_decode(x, lay.moe))
             ):
                 x, residual, pending = self._decode_moe(x, residual, lay, lora_index)
+                if "qkv" in warm and i + 1 < len(self.layers):  # beside the down GEMM just launched
+                    l2_prefetch.prefetch_l2(self.layers[i + 1].wqkv)
             elif lay.lora_moe is not None:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = moe_forward_lora(
@@ -236,6 +239,12 @@ class KernelModel:
             y = expert_rows_v3(h, r, lay.moe, self.alpha, self.limit)
         return y, residual, r.weights
 
+    def _l2_warm(self, t: int, meta: StepMeta) -> frozenset[str]:
+        """The L2 prefetches (GPTOSS_L2_PREFETCH's parts) this step's layers issue: decode-only steps of
+        up to l2_prefetch.MAX_T tokens, outside the batch-invariant mode; "moe" is the MoE's own."""
+        small = meta.decode_only and t <= l2_prefetch.MAX_T and not self.batch_invariant
+        return l2_prefetch.ON if small else frozenset()
+
     def _qkv_fused(self, h: Tensor, lay: Layer, write_first: bool) -> bool:
         """Whether this layer's QKV + RoPE + KV write take qkv_rope (GPTOSS_QKV=fused, decode sizes)."""
         return (
@@ -270,10 +279,12 @@ class KernelModel:
         meta: StepMeta,
         lay: Layer,
         rope: tuple[Tensor, Tensor, Tensor] | None = None,
+        l2_next: Tensor | None = None,
     ) -> Tensor:
         """Decodes and prefill chunks in separate launches when a step mixes them: the decode launch
         splits long contexts over programs, the chunk launch tiles queries. rope (decode-only steps):
-        q, k, v are views of the QKV output, roped and cached by the attention kernel."""
+        q, k, v are views of the QKV output, roped and cached by the attention kernel. l2_next: a
+        weight prefetched into L2 beside the (last) attention kernel."""
         ring_len = self.ring_len if lay.pool == "ring" else None
         n, s = meta.num_decode, meta.context_lens.shape[0]
         parts = [(0, n, 1), (n, s, meta.max_query_len)] if 0 < n < s else [(0, s, meta.max_query_len)]
@@ -297,6 +308,7 @@ class KernelModel:
                 max_context_hint=self.max_positions,
                 batch_invariant=self.batch_invariant,
                 rope=rope,
+                l2_next=l2_next if b == s else None,
             )
         return out
 

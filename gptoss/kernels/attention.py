@@ -15,6 +15,7 @@ from gptoss.kernels.attention_kernel import _attn_kernel
 from gptoss.kernels.attention_reduce import _reduce_kernel
 from gptoss.kernels.attention_rope import rope_operands
 from gptoss.kernels.fp8 import to_cache
+from gptoss.kernels.l2_prefetch import prefetch_l2
 from gptoss.kv_dtype import is_fp8
 
 LOG2E = 1.4426950408889634
@@ -164,6 +165,7 @@ def paged_attention(
     batch_invariant: bool = False,
     merge_in_kernel: bool | None = None,
     rope: tuple[Tensor, Tensor, Tensor] | None = None,
+    l2_next: Tensor | None = None,
 ) -> Tensor:
     """Causal attention of S sequences' new tokens over their cached context and themselves.
 
@@ -199,6 +201,8 @@ def paged_attention(
     q, k_new, v_new are the un-roped projections (views of the QKV output) and the caches lack this
     step's K/V; the kernel ropes q and k as rope_qkv would and stores k, v at slot_mapping (-1: skip),
     so out and the caches hold the bits of rope_qkv(..., caches) + paged_attention (attention_rope).
+    l2_next: a tensor the kernels after this call read (the O projection's weight), prefetched into
+    L2 by a launch right after the attention kernel's, so that it runs beside it (l2_prefetch).
     """
     t, hq, d = q.shape
     hkv = k_new.shape[1]
@@ -310,6 +314,8 @@ def paged_attention(
         **common,
         **pdl.args(q),
     )
+    if l2_next is not None:
+        prefetch_l2(l2_next)
     if splits > 1 and tickets is None:
         _reduce_kernel[(num_seqs, hkv)](
             query_start,

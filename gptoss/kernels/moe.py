@@ -49,8 +49,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gptoss.kernels import l2_prefetch, moe_decode, moe_v3, moe_v3_dec, moe_v3_dec_gu, pdl
 from gptoss.kernels import moe_common as common
-from gptoss.kernels import moe_decode, moe_v3, moe_v3_dec, moe_v3_dec_gu, pdl
 from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-exported
     _BIT_FROM,
     _E2M1_TO_BF16_BIT,
@@ -182,7 +182,9 @@ def expert_rows_v3(
     logits [T, E] (a decode batch: v3_decode), gate_up routes them itself and fills r (empty).
     A decode batch of up to moe_v3_dec.MAX_T tokens on "v3" weights (act in assignment order) runs
     its down on the split-K slot kernel, moe_v3_dec.down_v3_dec; up to moe_v3_dec_gu.MAX_T tokens
-    its gate_up on the split-K gate_up, moe_v3_dec_gu.gate_up_v3_dec."""
+    its gate_up on the split-K gate_up, moe_v3_dec_gu.gate_up_v3_dec. One token routed in the
+    kernel with GPTOSS_L2_PREFETCH's "moe": gate_up warms L2 with the down's weights
+    (gate_up_v3's prefetch_down; a token's 4 experts fit L2, a batch's do not)."""
     if w.layout not in ("v3", "v3ds"):
         raise ValueError(f"expert_rows_v3: weights in the {w.layout!r} layout, not v3 or v3ds")
     (t, _), (e, h, i), k = x.shape, w.shape, r.ids.shape[1]
@@ -191,7 +193,10 @@ def expert_rows_v3(
         act = moe_v3_dec_gu.gate_up_v3_dec(x, r, w, alpha, limit, logits=logits)
     else:
         gu = choose_tiles_v3(t, k, e, i, h, gate_up=True)
-        act = gate_up_v3(x, r, w, alpha, limit, gu, sorted_rows=srt, tma_x=tx, logits=logits)
+        pf = "moe" in l2_prefetch.ON and t == 1 and logits is not None
+        act = gate_up_v3(
+            x, r, w, alpha, limit, gu, sorted_rows=srt, tma_x=tx, logits=logits, prefetch_down=pf
+        )
     if 0 < t <= moe_v3_dec.MAX_T and w.layout == "v3" and not srt:
         return moe_v3_dec.down_v3_dec(act, r, w)
     return down_v3(act, r, w, choose_tiles_v3(t, k, e, h, i, gate_up=False), sorted_rows=srt)

@@ -29,6 +29,7 @@ import triton
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from gptoss.kernels import l2_prefetch
 from gptoss.kernels import moe_common as common
 from gptoss.kernels.moe_common import _lora_args, _precision
 from gptoss.kernels.moe_layout import MoEWeights
@@ -180,13 +181,15 @@ def gate_up_v3(
     sorted_rows: bool = False,
     tma_x: bool = False,
     logits: Tensor | None = None,
+    prefetch_down: bool = False,
 ) -> Tensor:
     """gate_up on v3 weights (layout "v3" or "v3ds"): act [T*k, I] in x.dtype. lora: (B planes
     [E, 2, I, W] contiguous, the shrunk rows [T*k, W]). sorted_rows: act's rows expert by expert
     (for down_v3(..., sorted_rows=True)), else in assignment order. tma_x: x's rows copied expert
     by expert first (gather_sorted) and read by TMA. logits [T, E] (T <= tiles.bm: one tile an
     expert): the kernel routes them itself and fills r's buffers (empty on entry) for down and
-    the combine, instead of a routing launch before it."""
+    the combine, instead of a routing launch before it. prefetch_down: each program first warms L2
+    with its tile's weights and a share of its expert's down weights (_prefetch_args)."""
     if (sorted_rows or tma_x) and lora is not None:
         raise ValueError("gate_up_v3: sorted rows take no LoRA (its shrink reads act in assignment order)")
     (t, h), k = x.shape, r.ids.shape[1]
@@ -235,10 +238,31 @@ def gate_up_v3(
         **_descriptors(gather_sorted(x, r) if tma_x else None, tiles, "x_desc", "XTMA"),
         **_route_args(logits, r, t, k),
         **_wtma_args(x, w.w13, w.s13, swz, 2 * tiles.bn, tiles),
+        **(_prefetch_args(x, w, tiles) if prefetch_down and swz else {}),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
     return act
+
+
+def _prefetch_args(x: Tensor, w: MoEWeights, tiles: Tiles) -> dict:
+    """gate_up's PF arguments where bulk prefetches run (l2_prefetch.supported) and every range is
+    16-byte aligned with a multiple of 16 bytes (the instruction's rule; real shapes all are); else
+    none. The W2 arguments are the uint8 tensors, so the kernel's offsets are bytes."""
+    ts = (w.w13, w.s13, w.w2, w.s2)  # uint8: strides are bytes
+    offsets = [t.data_ptr() for t in ts] + [t.stride(0) for t in ts] + [16 * t.stride(1) for t in ts[:2]]
+    if not (
+        l2_prefetch.supported(x) and all(t.is_contiguous() for t in ts) and all(b % 16 == 0 for b in offsets)
+    ):
+        return {}
+    return dict(
+        w2_ptr=w.w2,
+        s2_ptr=w.s2,
+        w2_bytes=w.w2.stride(0),
+        s2_bytes=w.s2.stride(0),
+        PF=True,
+        PF_NT=32 * tiles.warps,
+    )
 
 
 def _route_args(logits: Tensor | None, r: Routing, t: int, k: int) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from gptoss.kernels.l2_prefetch import prefetch_part
 from gptoss.kernels.moe_common import _expert_offset, _expert_tile_at, _lora_expand, _slot_expert, _tile_rows
 from gptoss.kernels.moe_routing import route_in_registers
 from gptoss.kernels.moe_v3_step import _v3_ptrs, _v3_step
@@ -198,6 +199,12 @@ def _gate_up_v3_kernel(
     w_desc=None,
     s_desc=None,
     WTMA: tl.constexpr = False,
+    w2_ptr=None,
+    s2_ptr=None,
+    w2_bytes=0,
+    s2_bytes=0,
+    PF: tl.constexpr = False,
+    PF_NT: tl.constexpr = 32,
 ):
     """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H.
     HALF: a tile with <= BM/2 rows runs the BM/2 body (its weights still pass once). SORTED: act's
@@ -205,7 +212,10 @@ def _gate_up_v3_kernel(
     blocks) and x_desc_half ([BM/2, BK]). ROUTE (T <= BM: one tile an expert): every program routes
     the [T, E] logits in registers (moe_routing._topk, _group: the routing kernel's decisions) and
     takes the pid_m-th expert with rows; program (0, 0) stores the routing for down and the combine.
-    WTMA: the weights and scales by TMA through w_desc and s_desc (moe_v3.weight_descriptors)."""
+    WTMA: the weights and scales by TMA through w_desc and s_desc (moe_v3.weight_descriptors).
+    PF (SWZ): first warm L2 with the tile's W13 words and scales (all of K) and this program's share
+    of expert e's W2 bytes (w2_ptr, s2_ptr: the uint8 tensors, w2_bytes, s2_bytes an expert), for
+    the down GEMM after it (gptoss.kernels.l2_prefetch); PF_NT = the program's threads."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     if ROUTE:
         first = (pid_n == 0) & (pid_m == 0)
@@ -222,9 +232,17 @@ def _gate_up_v3_kernel(
         if pid_m >= n_tiles:
             return
         routed = None
+    e64 = e.to(tl.int64)
+    if PF:
+        rb: tl.constexpr = 2 * BN // 16  # the tile's 16-row blocks
+        nb = tl.minimum(rb, 2 * N // 16 - pid_n * rb)
+        blk = e64 * stride_we + pid_n * rb * stride_wn
+        prefetch_part(w_ptr + blk, nb * stride_wn * 4, 0, 1, PF_NT)
+        prefetch_part(s_ptr + e64 * stride_se + pid_n * rb * stride_sn, nb * stride_sn * 4, 0, 1, PF_NT)
+        prefetch_part(w2_ptr + e64 * w2_bytes, w2_bytes, pid_n, tl.num_programs(0), PF_NT)
+        prefetch_part(s2_ptr + e64 * s2_bytes, s2_bytes, pid_n, tl.num_programs(0), PF_NT)
     off_e = _expert_offset(counts_ptr, e, E, BE) if SORTED or XTMA else 0
     EVEN_K: tl.constexpr = ((K + 63) // 64 * 64 if SWZ else K) % BK == 0  # SWZ: K padded to 64
-    e64 = e.to(tl.int64)
     if WTMA:  # the tile's first 16-row block in the [E * 2N/16, ...] descriptors
         w_g, s_g, g = w_desc, s_desc, e * (2 * N // 16) + pid_n * (2 * BN // 16)
     else:

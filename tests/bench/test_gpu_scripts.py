@@ -274,6 +274,30 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
     assert f"--out {res}/w " in ours[2] + " "
 
 
+def test_120b_ab_vllm_b1_runs_vllm_at_batch_1_alone(stubs, tmp_path):
+    res = tmp_path / "ab"
+    p = _run(
+        "gptoss_120b_ab_gpu.sh",
+        stubs,
+        RES=str(res),
+        SWEEP="0",
+        TESTS="none",
+        MODES="",
+        B1_MODES="pf=GPTOSS_L2_PREFETCH=all",
+        VLLM_B1="1",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    vllm = [c for c in calls if "--engine vllm" in c]
+    assert len(vllm) == 1 and "--decode 128x512 --max-model-len 4096 " in vllm[0] + " "
+    assert "--throughput" not in vllm[0]
+    assert [c for c in calls if "--engine gptoss" in c][0].count("--decode 128x512") == 1
+    # without the sweep, our batch-1 modes run before the wait for vLLM's install, vLLM after it
+    log = p.stdout.splitlines()
+    wait = next(i for i, x in enumerate(log) if "waiting for vLLM" in x)
+    assert next(i for i, x in enumerate(log) if "ours pf" in x) < wait
+
+
 def test_pair_runs_dp1_beside_our_ab_then_both_gpu_runs_of_dp2_runs(stubs, tmp_path):
     table = _pair(stubs, MODES="v3", B1_MODES="", SWEEP="0", TESTS="none", N="20", DP2_RUNS="dp2 vllm-dp2")
     calls = (tmp_path / "calls.log").read_text().splitlines()

@@ -1,0 +1,139 @@
+"""Warm the L2 cache with weights that the next kernels will stream (Hopper's bulk prefetch).
+
+Why. A batch-1 decode step is a chain of kernels that each stream one weight (QKV, O, the experts)
+and are bound by memory latency, not bandwidth: on an H200 the O GEMV moves 23.6 MB in ~11.8 us
+(2 TB/s of ~4.3), the experts' gate_up ~34 MB in 22 us, and attention between them reads almost
+nothing for ~10 us. The L2 holds 60 MB. So the bytes of the next GEMM can be on their way while the
+current kernel runs: `cp.async.bulk.prefetch.L2.global [addr], size` asks the copy engine to bring
+`size` bytes into L2 without a register or shared-memory destination, and the consumer then finds
+its loads in L2 (or merged with the lines in flight) instead of waiting a DRAM round trip per stage.
+
+Two forms:
+  prefetch_part (a @jit helper): a program's share of a byte range, split over its threads, one
+      bulk prefetch each. A kernel that knows what comes next calls it (the MoE's gate_up, which
+      routes in registers, warms its own tile and its share of the same expert's down weights).
+  prefetch_l2 (a launch): a small kernel of one warp a program whose only work is to prefetch a
+      tensor. Launched with PDL right after a kernel that releases its dependents at its start
+      (all of ours), it runs beside that kernel: it releases its own dependents at once, prefetches,
+      then waits for its predecessor, so the kernel after it still sees every earlier write
+      (griddepcontrol.wait covers only the grid just before; waiting last keeps the chain whole).
+
+The prefetch is a hint: it changes no value, so a kernel's bits are the same with and without it.
+The interpreter runs no PTX, and GPUs before Hopper lack the instruction, so `supported` is false
+there and the callers leave it out.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from gptoss.kernels import pdl
+
+# GPTOSS_L2_PREFETCH: which prefetches decode steps of up to MAX_T tokens issue, a comma list of
+#   moe  the gate_up GEMM (one token: 4 experts, ~52 MB at 120b, inside L2's 60 MB) warms its own
+#        tile of W13 and its share of the same expert's W2 for the down GEMM after it
+#   o    a prefetch launch beside attention warms the O projection's weight
+#   qkv  a prefetch launch beside the MoE's down GEMM warms the next layer's QKV weight
+# "all" is all three; empty or 0, none.
+PARTS = ("moe", "o", "qkv")
+MAX_T = 16
+
+
+def parse_parts(v: str | None) -> frozenset[str]:
+    if v in (None, "", "0"):
+        return frozenset()
+    if v == "all":
+        return frozenset(PARTS)
+    parts = frozenset(p.strip() for p in v.split(","))
+    if not parts <= set(PARTS):
+        raise ValueError(f"GPTOSS_L2_PREFETCH={v!r}: a comma list of {', '.join(PARTS)}, or all, or 0")
+    return parts
+
+
+ON = parse_parts(os.environ.get("GPTOSS_L2_PREFETCH"))
+
+# A thread's bulk prefetch of $2 bytes at $1 (16-byte aligned, a multiple of 16; none when $2 <= 0).
+# The dummy output is what inline_asm_elementwise needs; is_pure=False keeps the instruction.
+_PREFETCH_ASM: tl.constexpr = tl.constexpr("""
+{
+.reg .pred p;
+setp.gt.s32 p, $2, 0;
+@p cp.async.bulk.prefetch.L2.global [$1], $2;
+mov.u32 $0, 0;
+}
+""")
+
+
+@triton.jit
+def chunks(nbytes, part, parts, NT: tl.constexpr):
+    """(lo, size) [NT] of part `part` of `parts` of [0, nbytes): the part and each thread's chunk of
+    it rounded up to 16 bytes, so every lo stays 16-aligned; size 0 past the end (nbytes a multiple
+    of 16, so every size is one too)."""
+    nbytes = nbytes.to(tl.int64)
+    share = ((nbytes + parts - 1) // parts + 15) // 16 * 16
+    chunk = ((share + NT - 1) // NT + 15) // 16 * 16
+    lo = part * share + tl.arange(0, NT).to(tl.int64) * chunk  # part * share is int64
+    hi = tl.minimum(tl.minimum(lo + chunk, part * share + share), nbytes)
+    return lo, tl.maximum(hi - lo, 0).to(tl.int32)
+
+
+@triton.jit
+def prefetch_part(base, nbytes, part, parts, NT: tl.constexpr):
+    """Prefetch part `part` of `parts` of the bytes [base, base + nbytes) into L2 (`chunks`), NT
+    threads a program (32 x num_warps: one chunk each); base 16-byte aligned."""
+    lo, size = chunks(nbytes, part, parts, NT)
+    tl.inline_asm_elementwise(
+        _PREFETCH_ASM,
+        "=r,l,r",
+        [base.to(tl.pointer_type(tl.uint8)) + lo, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _prefetch_kernel(ptr, nbytes, NT: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()
+    prefetch_part(ptr, nbytes, tl.program_id(0), tl.num_programs(0), NT)
+    if PDL:
+        gdc_wait()
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.cache
+def _hopper(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def supported(t: Tensor) -> bool:
+    """Whether bulk prefetches run for t's kernels: a compiled CUDA kernel on Hopper or later."""
+    if not t.is_cuda or triton.knobs.runtime.interpret:
+        return False
+    return _hopper(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def prefetch_l2(t: Tensor) -> None:
+    """Launch the prefetch of t's bytes (contiguous, 16-byte aligned) on the current stream, one
+    program an SM; a no-op where `supported` is false. With PDL on (gptoss.kernels.pdl) it overlaps
+    the kernel before it; without, it runs after it and still warms L2 for the kernels after."""
+    if not supported(t):
+        return
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        raise ValueError(f"prefetch_l2 needs a contiguous, 16-byte aligned tensor, got strides {t.stride()}")
+    nbytes = t.numel() * t.element_size() // 16 * 16  # a tail under 16 bytes is not worth a chunk
+    if nbytes == 0:
+        return
+    _prefetch_kernel[(_num_sms(t.device.index or 0),)](t, nbytes, NT=32, num_warps=1, **pdl.args(t))
