@@ -18,6 +18,14 @@ Two forms:
       then waits for its predecessor, so the kernel after it still sees every earlier write
       (griddepcontrol.wait covers only the grid just before; waiting last keeps the chain whole).
 
+Measured: it loses (H200, random 120b, batch-1 128 -> 512, one process each, bench/results v30):
+the default 337.0 / 337.3 / 334.7 tok/s; moe 312.1; o,qkv 297.4; all 285.2; moe with per-thread
+128-byte line prefetches from the load/store unit instead of bulk ones 312.7. So the step is not
+short of bytes in flight that another kernel could have sent: the prefetch launches sit between
+kernels whose programs fill the SMs (the next kernel starts only once all 132 of the prefetch's
+programs were placed and released it), and the gate_up's extra 17.6 MB of the down's weights slow
+its own stream by more than the down then saves. Off by default; the switch stays for A/B runs.
+
 The prefetch is a hint: it changes no value, so a kernel's bits are the same with and without it.
 The interpreter runs no PTX, and GPUs before Hopper lack the instruction, so `supported` is false
 there and the callers leave it out.
@@ -41,7 +49,7 @@ from gptoss.kernels import pdl
 #        tile of W13 and its share of the same expert's W2 for the down GEMM after it
 #   o    a prefetch launch beside attention warms the O projection's weight
 #   qkv  a prefetch launch beside the MoE's down GEMM warms the next layer's QKV weight
-# "all" is all three; empty or 0, none.
+# "all" is all three; empty or 0, none (the default: each lost at batch 1, see above).
 PARTS = ("moe", "o", "qkv")
 MAX_T = 16
 

@@ -300,6 +300,13 @@ def down_v3(
     _check(act, w)
     swz = w.layout == "v3"
     w2, s2, w_strides, s_strides = _weight_args(w.w2, w.s2, swz)
+    wtma = _wtma_args(act, w.w2, w.s2, swz, tiles.bn, tiles)
+    if swz and not wtma and racy_pointer_down(tiles) and act.is_cuda and not triton.knobs.runtime.interpret:
+        raise ValueError(
+            f"down_v3: {tiles} on the cp.async path gives other values from run to run on the GPU (half "
+            "tiles of BM 64-128 at BK 64; bench/kernels/moe_repeat_gpu.py, bench/results v30): take BK 128, "
+            "or load their weights by TMA (GPTOSS_MOE_V3_WTMA=auto or 1)"
+        )
     y = common._empty((a, h), act.dtype, act.device)
     largs, lkw = _lora_args(lora, act, planes=False)
     _down_v3_kernel[_grid(t, r.ids.shape[1], e, h, tiles)](
@@ -327,11 +334,20 @@ def down_v3(
         PREC=_precision(act),
         **lkw,
         **_descriptors(act if sorted_rows else None, tiles, "desc", "TMA"),
-        **_wtma_args(act, w.w2, w.s2, swz, tiles.bn, tiles),
+        **wtma,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
     return y
+
+
+def racy_pointer_down(tiles: Tiles) -> bool:
+    """Whether down_v3's cp.async path races on these tiles: compiled on an H200 (v30), half tiles of
+    BM 64 and 128 at BK 64 gave 6-20 distinct outputs in 20 runs of one input (values in 8-column
+    groups of some rows), at 8 and 4 warps, 3 and 4 stages; BM 32 and 256 half tiles, BM 64 whole
+    ones and BK 128 gave one, and so did every tile with its weights by TMA. Not found yet; no
+    default tile is one of these (the few-rows downs take BK 128, BM 256 the wide ones)."""
+    return tiles.half and tiles.bk == 64 and 64 <= tiles.bm <= 128
 
 
 def _descriptors(a: Tensor | None, tiles: Tiles, name: str, flag: str) -> dict:

@@ -142,7 +142,8 @@ def test_which_tiles_take_the_weights_by_tma(monkeypatch, mode, bm, takes):
     [
         (128, 1, Tiles(16, 64, 128, 4, 4), Tiles(16, 64, 128, 4, 4)),  # 120b's decode tiles
         (128, 256, Tiles(32, 64, 128, 4, 3), Tiles(32, 64, 128, 4, 3)),  # ~8 rows an expert
-        (128, 1024, Tiles(64, 64, 128, 4, 3, half=True), Tiles(64, 128, 64, 8, 3, half=True)),
+        # BK 128: the pointer path of half tiles of BM 64 at BK 64 races (moe_v3.racy_pointer_down)
+        (128, 1024, Tiles(64, 64, 128, 4, 3, half=True), Tiles(64, 128, 128, 4, 4, half=True)),
         (
             32,
             1024,
@@ -167,3 +168,39 @@ def test_the_split_k_down_with_weights_by_tma_gives_the_same_bits_on_gpu(monkeyp
     """120b's batch-1 down (one token, 4 experts, the default tiles), bf16, compiled."""
     base, tma = _dec_both(monkeypatch, 128, 2880, 2880, 1, None, torch.bfloat16)
     assert torch.equal(tma, base)
+
+
+@pytest.mark.parametrize(
+    ("tiles", "racy"),
+    [
+        (Tiles(64, 128, 64, 8, 3, half=True), True),
+        (Tiles(128, 128, 64, 8, 3, half=True), True),
+        (Tiles(64, 128, 64, 4, 3, half=True), True),
+        (Tiles(32, 128, 64, 4, 3, half=True), False),
+        (Tiles(256, 128, 64, 8, 3, half=True), False),
+        (Tiles(64, 128, 64, 4, 3), False),
+        (Tiles(64, 128, 128, 4, 4, half=True), False),
+    ],
+)
+def test_which_down_tiles_race_on_the_pointer_path(tiles, racy):
+    """The tiles measured racy on the GPU (bench/kernels/moe_repeat_gpu.py, v30) and their neighbours
+    measured deterministic; no default down tile is racy."""
+    from gptoss.kernels.moe_tiles import _DOWN_TILES_V3
+
+    assert moe_v3.racy_pointer_down(tiles) is racy
+    assert not any(moe_v3.racy_pointer_down(t) for t in _DOWN_TILES_V3.values())
+
+
+@gpu
+def test_the_racy_pointer_down_is_refused_and_runs_by_tma(monkeypatch):
+    ref, w = make_moe(8, 256, 256, 4, torch.bfloat16, seed=3, kernels="v3")
+    x = torch.randn(64, 256, device=DEV, generator=torch.Generator(DEV).manual_seed(0)).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    act = torch.randn(256, 256, device=DEV, generator=torch.Generator(DEV).manual_seed(1)).bfloat16()
+    racy = Tiles(64, 128, 64, 8, 3, half=True)
+    monkeypatch.setattr(moe_v3, "TMA_W", "0")
+    with pytest.raises(ValueError, match=r"on the cp.async path gives other values from run to run"):
+        moe.down_v3(act, r, w, racy)
+    monkeypatch.setattr(moe_v3, "TMA_W", "auto")
+    runs = [moe.down_v3(act, r, w, racy) for _ in range(5)]
+    assert all(torch.equal(runs[0], y) for y in runs[1:])
