@@ -232,12 +232,18 @@ def _run_mlperf_flags(tmp_path: Path) -> list[str]:
     ]
 
 
-def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, tmp_path):
+def _ab(stubs, tmp_path, **extra: str) -> tuple[subprocess.CompletedProcess, Path, list[str]]:
+    """gptoss_120b_ab_gpu.sh under the stubs with RES=tmp_path/ab: (the process, RES, the stub's calls)."""
     res = tmp_path / "ab"
-    p = _run(
-        "gptoss_120b_ab_gpu.sh",
+    p = _run("gptoss_120b_ab_gpu.sh", stubs, RES=str(res), **extra)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p, res, (tmp_path / "calls.log").read_text().splitlines()
+
+
+def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, tmp_path):
+    _, res, calls = _ab(
         stubs,
-        RES=str(res),
+        tmp_path,
         VLLM="0",
         SWEEP="0",
         N="20",
@@ -247,9 +253,7 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
         MODES="v3 v3-fp8 w=GPTOSS_MOE_V3_WTMA=1",
         B1_MODES="v2-fp8 rope=GPTOSS_ROPE_IN_ATTN=1",
     )
-    assert p.returncode == 0, p.stdout + p.stderr
     assert (tmp_path / "ck" / "config.json").exists()  # a CKPT outside /mnt/ck120 mounts nothing
-    calls = (tmp_path / "calls.log").read_text().splitlines()
     assert (res / "tests_full.txt").read_text() == "14 passed in 1.0s\n"
     pytest_calls = [c for c in calls if "-m pytest" in c]
     assert pytest_calls == ["-m pytest -q -p no:cacheprovider tests/a.py tests/b.py"]  # TESTS=all: no -k
@@ -275,19 +279,9 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
 
 
 def test_120b_ab_vllm_b1_runs_vllm_at_batch_1_alone(stubs, tmp_path):
-    res = tmp_path / "ab"
-    p = _run(
-        "gptoss_120b_ab_gpu.sh",
-        stubs,
-        RES=str(res),
-        SWEEP="0",
-        TESTS="none",
-        MODES="",
-        B1_MODES="pf=GPTOSS_L2_PREFETCH=all",
-        VLLM_B1="1",
+    p, _, calls = _ab(
+        stubs, tmp_path, SWEEP="0", TESTS="none", MODES="", B1_MODES="pf=GPTOSS_L2_PREFETCH=all", VLLM_B1="1"
     )
-    assert p.returncode == 0, p.stdout + p.stderr
-    calls = (tmp_path / "calls.log").read_text().splitlines()
     vllm = [c for c in calls if "--engine vllm" in c]
     assert len(vllm) == 1 and "--decode 128x512 --max-model-len 4096 " in vllm[0] + " "
     assert "--throughput" not in vllm[0]
