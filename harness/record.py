@@ -8,12 +8,13 @@ import logging
 import os
 import platform
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from harness.git_info import git_line
 
 log = logging.getLogger(__name__)
 
@@ -48,20 +49,10 @@ def package_versions() -> dict[str, str]:
 
 
 def git_commit(root: Path) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        )
-    except subprocess.CalledProcessError:
-        return None  # not a git checkout (an installed wheel): the package version says what ran
-    except (OSError, subprocess.SubprocessError) as e:  # git missing or hung: say so, record none
-        log.warning("run.json: the code's git commit is unknown (%s: %s)", type(e).__name__, e)
-        return None
-    return done.stdout.strip() or None
+    """The checkout's HEAD; none outside one (an installed wheel: the package version says what ran)."""
+    return git_line(
+        root, ["rev-parse", "HEAD"], ("not a git repository",), log, "run.json: the code's git commit"
+    )
 
 
 def config_dict(cfg: Any) -> dict[str, Any]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.git_info import git_line
 from harness.submission.pieces import SubmissionError, check, collect, official_gaps
 from harness.submission.sysinfo import describe_system
 from harness.submission.tree import UNTRUNCATED_DIR, write_tree
@@ -28,20 +28,14 @@ class Built:
 
 
 def _git_remote(commit_dir: Path) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(commit_dir), "remote", "get-url", "origin"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        )
-    except subprocess.CalledProcessError:
-        return None  # no "origin" remote (or not a git checkout): nothing to record
-    except (OSError, subprocess.SubprocessError) as e:  # git missing or hung: say so, record none
-        log.warning("submission: the code's git remote is unknown (%s: %s)", type(e).__name__, e)
-        return None
-    return done.stdout.strip() or None
+    """The checkout's "origin" URL; none, quietly, without that remote or outside a checkout."""
+    return git_line(
+        commit_dir,
+        ["remote", "get-url", "origin"],
+        ("No such remote", "not a git repository"),
+        log,
+        "submission: the code's git remote",
+    )
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:

@@ -1,5 +1,5 @@
 """run.json's git commit: a checkout gives its HEAD, a tree outside git gives none quietly, and a git
-that cannot run (missing, hung) gives none and says so."""
+that cannot run (missing, hung) or refuses the repository gives none and says so."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import record
+from harness import git_info, record
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,9 +36,23 @@ def test_a_git_that_cannot_run_gives_none_and_says_so(monkeypatch, caplog, error
     def fail(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(record.subprocess, "run", fail)
+    monkeypatch.setattr(git_info.subprocess, "run", fail)
     with caplog.at_level(logging.WARNING, logger="harness.record"):
         assert record.git_commit(REPO) is None
     assert [r.getMessage() for r in caplog.records] == [
         f"run.json: the code's git commit is unknown ({type(error).__name__}: {error})"
+    ]
+
+
+def test_a_git_that_refuses_the_repository_gives_none_and_says_so(monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        raise subprocess.CalledProcessError(
+            128, ["git"], "", "fatal: detected dubious ownership in repository\n"
+        )
+
+    monkeypatch.setattr(git_info.subprocess, "run", refuse)
+    with caplog.at_level(logging.WARNING, logger="harness.record"):
+        assert record.git_commit(REPO) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "run.json: the code's git commit could not be read: fatal: detected dubious ownership in repository"
     ]

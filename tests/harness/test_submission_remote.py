@@ -1,11 +1,12 @@
 """harness.submission.build._git_remote: no remote is recorded as none, quietly; git that cannot run
-is recorded as none with a warning naming why (never hidden)."""
+or refuses the repository is recorded as none with a warning naming why (never hidden)."""
 
 from __future__ import annotations
 
 import logging
 import subprocess
 
+from harness import git_info
 from harness.submission import build
 
 
@@ -20,10 +21,24 @@ def test_git_that_cannot_run_is_none_with_a_warning(tmp_path, monkeypatch, caplo
     def missing(*a, **kw):
         raise FileNotFoundError(2, "No such file or directory", "git")
 
-    monkeypatch.setattr(build.subprocess, "run", missing)
+    monkeypatch.setattr(git_info.subprocess, "run", missing)
     with caplog.at_level(logging.WARNING):
         assert build._git_remote(tmp_path) is None
     assert [r.getMessage() for r in caplog.records] == [
         "submission: the code's git remote is unknown "
         "(FileNotFoundError: [Errno 2] No such file or directory: 'git')"
+    ]
+
+
+def test_git_that_refuses_the_repository_is_none_with_a_warning(tmp_path, monkeypatch, caplog):
+    def refuse(*a, **kw):
+        raise subprocess.CalledProcessError(
+            128, ["git"], "", "fatal: detected dubious ownership in repository\n"
+        )
+
+    monkeypatch.setattr(git_info.subprocess, "run", refuse)
+    with caplog.at_level(logging.WARNING):
+        assert build._git_remote(tmp_path) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "submission: the code's git remote could not be read: fatal: detected dubious ownership in repository"
     ]
