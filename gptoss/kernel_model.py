@@ -148,6 +148,7 @@ class KernelModel:
         residual: Tensor | None = None
         pending: Tensor | None = None  # [T, k] expert weights while x holds the MoE's uncombined rows
         t = x.shape[0]
+        warm = self._l2_warm(t, meta)
         for i, lay in enumerate(self.layers):
             kv = self.caches[lay.pool][lay.index]  # [2, num_blocks, bs, Hkv, D]
             kc, vc = kv[0], kv[1]
@@ -173,7 +174,6 @@ class KernelModel:
                     q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots)
                 else:
                     q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d)
-            warm = self._l2_warm(t, meta)
             o = self._attention(q, k, v, kc, vc, table, meta, lay, rope, lay.wo if "o" in warm else None)
             if not write_first:
                 write_kv(k, v, kc, vc, slots)

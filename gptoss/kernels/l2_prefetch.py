@@ -121,16 +121,9 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-@functools.cache
-def _hopper(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
 def supported(t: Tensor) -> bool:
     """Whether bulk prefetches run for t's kernels: a compiled CUDA kernel on Hopper or later."""
-    if not t.is_cuda or triton.knobs.runtime.interpret:
-        return False
-    return _hopper(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return pdl.compiled_on_hopper(t)
 
 
 def prefetch_l2(t: Tensor) -> None:

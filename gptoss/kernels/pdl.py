@@ -32,14 +32,18 @@ def _hopper_or_later(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def on(t: Tensor) -> bool:
-    """Whether kernels on t's device launch with PDL now."""
+def compiled_on_hopper(t: Tensor) -> bool:
+    """Whether t's kernels run compiled (not in the interpreter) on a Hopper or later GPU."""
     return (
-        ENABLED
-        and t.is_cuda
+        t.is_cuda
         and not triton.knobs.runtime.interpret
         and _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
     )
+
+
+def on(t: Tensor) -> bool:
+    """Whether kernels on t's device launch with PDL now."""
+    return ENABLED and compiled_on_hopper(t)
 
 
 def args(t: Tensor) -> dict[str, bool]:
