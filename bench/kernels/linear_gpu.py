@@ -3,13 +3,16 @@
     python bench/kernels/linear_gpu.py                       (CUDA only; bf16)
     python bench/kernels/linear_gpu.py --variants \
         default,16x256x4x4,16x128x4x8,32x256x4x3,32x128x4x6,32x512x4x3,64x256x4x3,32x256x8x4
+    python bench/kernels/linear_gpu.py --ts 1,2 --variants default,preload,preload:2x4,preload:8x8
 
 Shapes: QKV W [5120, 2880] and O W [2880, 4096] with their biases; gpt-oss-120b has the same
 attention shapes as 20b (hidden 2880, 64 q heads, 8 kv heads, head dim 64), so these rows are both.
 Each time is one CUDA graph holding LAYERS launches on LAYERS distinct weights (24 x 29.5 MB for
 QKV), replayed and divided by LAYERS: W streams from HBM as in the real layer stack, never from L2
 (50 MB). Times are triton.testing.do_bench medians of the replay. A variant is "default" (the
-launcher's block_sizes) or BNxBKxWARPSxSTAGES. Columns: T, shape, variant, ours_us, torch_us,
+launcher's block_sizes), BNxBKxWARPSxSTAGES, or preload[:BNxWARPS] (gemv_preload, T <= its MAX_T;
+with PDL each launch's W loads overlap the launch before it, as in the engine they overlap the
+attention or norm kernel before the projection). Columns: T, shape, variant, ours_us, torch_us,
 ratio = ours / torch (< 1: ours is faster), ours_tbs and torch_tbs = W's bytes / time, in TB/s.
 Every variant is checked against F.linear first (max |diff| <= 2^-7 |ref| + 1e-2; else FAIL).
 """
@@ -31,6 +34,7 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gptoss.config import PRESETS
+from gptoss.kernels import gemv_preload as gp
 from gptoss.kernels.linear import GEMV_MAX_T, block_sizes, gemv
 
 CFG = PRESETS["20b"]
@@ -44,6 +48,16 @@ def _variant(spec: str, n: int, k: int) -> tuple[int, int, int, int]:
         return block_sizes(n, k, torch.device("cuda"))
     bn, bk, warps, stages = (int(v) for v in spec.split("x"))
     return bn, bk, warps, stages
+
+
+def _kernel(spec: str, n: int, k: int) -> tuple[str, Callable]:
+    """(the row's variant label, the launch) of a spec."""
+    if spec.startswith("preload"):  # preload or preload:BNxWARPS (gemv_preload)
+        bn, warps = (int(v) for v in spec.split(":")[1].split("x")) if ":" in spec else gp.TILE
+        return f"preload:{bn}x{warps}", partial(gp.gemv_preload, block_n=bn, num_warps=warps)
+    bn, bk, warps, stages = _variant(spec, n, k)
+    name = f"{spec}={bn}x{bk}x{warps}x{stages}" if spec == "default" else spec
+    return name, partial(gemv, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
 
 
 def _graph_us(fn: Callable[[int], object]) -> float:
@@ -75,8 +89,9 @@ def bench_shape(name: str, ts: list[int], variants: list[str]) -> list[dict]:
         torch_us = _graph_us(lambda i, x=x: F.linear(x, ws[i], bs[i]))
         want = F.linear(x, ws[0], bs[0])
         for spec in variants:
-            bn, bk, warps, stages = _variant(spec, n, k)
-            fn = partial(gemv, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+            label, fn = _kernel(spec, n, k)
+            if spec.startswith("preload") and t > gp.MAX_T:
+                continue
             try:
                 ok = _check(fn(x, ws[0], bs[0]), want)
                 ours = _graph_us(lambda i, x=x, fn=fn: fn(x, ws[i], bs[i]))
@@ -93,7 +108,7 @@ def bench_shape(name: str, ts: list[int], variants: list[str]) -> list[dict]:
                 {
                     "T": t,
                     "shape": f"{name} [{n}, {k}]",
-                    "variant": f"{spec}={bn}x{bk}x{warps}x{stages}" if spec == "default" else spec,
+                    "variant": label,
                     "ours_us": round(ours, 2),
                     "torch_us": round(torch_us, 2),
                     "ratio": round(ours / torch_us, 3),

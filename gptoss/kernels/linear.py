@@ -23,6 +23,7 @@ interpreter multiplies their raw bits); products of bf16 values are exact in flo
 
 from __future__ import annotations
 
+import os
 from functools import cache
 
 import torch
@@ -32,12 +33,29 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import pdl
+from gptoss.kernels.gemv_preload import gemv_preload
+from gptoss.kernels.gemv_preload import suits as preload_suits
 from gptoss.kernels.rounding import round_to
 
 # linear() hands larger T to F.linear: every program re-reads its T rows of x from L2, which at
 # T = 16 is half of W's bytes again (QKV, BN 32), and cuBLAS's GEMM tiles stop being mostly padding.
 # bench/kernels/linear_gpu.py times T = 16 too: raise this if ours still wins there.
 GEMV_MAX_T = 8
+
+
+def gemv_from_env(v: str | None) -> str:
+    """GPTOSS_GEMV: "dot" (unset) or "preload"."""
+    v = v or "dot"
+    if v not in ("dot", "preload"):
+        raise ValueError(f"GPTOSS_GEMV={v!r}: dot or preload")
+    return v
+
+
+# GPTOSS_GEMV picks the CUDA decode projections' kernel:
+#   dot      T <= GEMV_MAX_T on the tl.dot GEMV below where W is wider than tall (O), else cuBLAS (QKV)
+#   preload  T <= gemv_preload.MAX_T on gemv_preload, QKV and O alike (W read before the PDL wait);
+#            larger T as with dot
+GEMV = gemv_from_env(os.environ.get("GPTOSS_GEMV"))
 
 
 @triton.jit
@@ -174,6 +192,8 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     [5120, 2880] 14.3 vs 13.7 us, so QKV stays on cuBLAS. CPU tensors always take F.linear, also
     under TRITON_INTERPRET=1: the interpreter runs a program in milliseconds, and the CPU engine
     tests would pay that on every projection (tests call gemv directly)."""
+    if GEMV == "preload" and x.is_cuda and preload_suits(x, w, b):
+        return gemv_preload(x, w, b)
     suits = (
         x.is_cuda
         and x.dim() == 2

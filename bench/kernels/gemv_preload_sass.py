@@ -1,0 +1,66 @@
+"""SASS of the preloading decode GEMV (gptoss.kernels.gemv_preload), compiled for sm_90a on CPU.
+
+    python bench/kernels/gemv_preload_sass.py [--json]
+
+No GPU needed (as moe_decode_sass.py). For O [2880, 4096] and QKV [5120, 2880] (bf16, bias, PDL) at
+a few tiles (BN x WARPS): registers, spills (STL/LDL), the global loads (LDG) issued before ACQBULK
+(griddepcontrol.wait) and after it, and the order of ACQBULK and PREEXIT (launch_dependents). The
+preload holds when all of W's loads (BN*K*2 / (16 * 32 * WARPS) 16-byte LDG a thread) come before
+ACQBULK and only x, the bias and nothing of W after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from moe_decode_sass import _compile, disassemble  # noqa: E402
+from prefetch_sass import _opcode  # noqa: E402
+
+from gptoss.kernels.gemv_preload import _gemv_preload_kernel, k_parts  # noqa: E402
+
+SHAPES = {"o": (2880, 4096), "qkv": (5120, 2880)}  # name: (N, K)
+TILES = ((4, 4), (8, 8), (2, 4))  # (BN, WARPS)
+
+
+def compile_stats(k: int, bn: int, warps: int) -> dict:
+    k1, k2 = k_parts(k)
+    sig = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", T="i32", N="i32", K="i32")
+    sig.update(stride_x="i32", stride_w="i32", stride_y="i32")
+    consts = dict(HAS_BIAS=True, BN=bn, K1=k1, K2=k2, PDL=True)
+    res, _, ins = disassemble(_compile(_gemv_preload_kernel, sig, consts, warps, 1))
+    ops = [_opcode(x) for _, x in ins]
+    wait = ops.index("ACQBULK")
+    regs = int(res.split("REG:")[1].split()[0])
+    return {
+        "regs": regs,
+        "spills": sum(op in ("STL", "LDL") for op in ops),
+        "ldg_before_wait": sum(op == "LDG" for op in ops[:wait]),
+        "ldg_after_wait": sum(op == "LDG" for op in ops[wait:]),
+        "wait_then_release": ops.index("PREEXIT") > wait,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    args = ap.parse_args()
+    out = {
+        f"{name} {bn}x{warps}": compile_stats(k, bn, warps)
+        for name, (_, k) in SHAPES.items()
+        for bn, warps in TILES
+    }
+    if args.json:
+        print(json.dumps(out))
+        return
+    for name, v in out.items():
+        print(f"{name}: {v}")
+
+
+if __name__ == "__main__":
+    main()

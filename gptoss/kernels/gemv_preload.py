@@ -1,0 +1,166 @@
+"""Decode projection y = x @ W^T + b for one or two tokens, with W read before the previous kernel ends.
+
+Why. At batch 1 every projection is bound by memory latency, not bandwidth: linear.py's GEMV (a tl.dot
+pipeline, each program a chain of 32 dependent K steps) moves the O weight (23.6 MB) in ~11.8 us on an
+H200, 2 TB/s of ~4.3, and cuBLAS the QKV weight (29.5 MB) in ~10.2 us. Two things cost there: the
+bytes in flight (a few stages a program) and the wait: a kernel's first load leaves only once the
+kernel before it has finished (PDL's griddepcontrol.wait), so each projection starts with a DRAM
+round trip and a ramp. But W never changes. Here a program loads its whole share of W, BN rows of the
+whole K, into registers in one go, and only then waits for the previous kernel: with PDL the programs
+that find room on the SMs beside that kernel (attention before O uses a few dozen programs at batch
+1; the norm before QKV one or two) stream their rows while it runs, and after the wait only x (from
+L2), the sums and the store remain. Without PDL (GPTOSS_PDL=0, older GPUs, the interpreter) the same
+code runs the loads after the previous kernel, as one wide burst of BN x K loads a program.
+
+A program: rows [pid*BN, pid*BN + BN) of W and all of K, as one tile [BN, K1] plus, when K is not a
+power of two, a second [BN, K2] for the rest (K 2880 = 2048 + 832 in a 1024 tile: 94 % of the
+registers hold bytes, not 70 % for one 4096 tile). Each token's row of y is the float32 sum of the
+products over K (tl.sum: a fixed tree per row, the same whatever T is, so rows do not depend on the
+batch), plus the bias, rounded once. No tensor cores: at T <= MAX_T the FMAs are ~K per row a token.
+
+Bytes: W (N*K*e), then T*K*e of x per program from L2 and T*N*e out. Registers hold BN*(K1+K2)*e per
+program, so BN*K*e / (32 * num_warps) bytes a thread: 4 rows of O (K 4096, bf16) at 4 warps are 256
+B a thread (64 registers).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from gptoss.kernels import pdl
+from gptoss.kernels.rounding import round_to
+
+# The most tokens a launch takes: each program re-reads its T rows of x from L2 (K*e each, next to
+# its BN*K*e of W) and does T times the FMAs on the same registers.
+MAX_T = 2
+
+
+def tiles_from_env(v: str | None) -> tuple[int, int]:
+    """(BN, num_warps) from GPTOSS_GEMV_PRELOAD_TILE="BN,WARPS" (unset or empty: 4, 4)."""
+    if v in (None, ""):
+        return 4, 4
+    parts = v.split(",")
+    ok = len(parts) == 2 and all(p.isdigit() and int(p) > 0 and not int(p) & (int(p) - 1) for p in parts)
+    if not ok:
+        raise ValueError(f"GPTOSS_GEMV_PRELOAD_TILE must be BN,WARPS (two powers of two), got {v!r}")
+    return int(parts[0]), int(parts[1])
+
+
+TILE = tiles_from_env(os.environ.get("GPTOSS_GEMV_PRELOAD_TILE"))
+
+
+def k_parts(k: int) -> tuple[int, int]:
+    """(K1, K2): K1 the largest power of two <= k, K2 the next power of two >= the rest (0: none)."""
+    if k < 1:
+        raise ValueError(f"K must be positive, got {k}")
+    k1 = 1 << (k.bit_length() - 1)
+    return k1, (triton.next_power_of_2(k - k1) if k > k1 else 0)
+
+
+@triton.jit
+def _row_sums(w1, w2, x_ptr, K, K1: tl.constexpr, K2: tl.constexpr):
+    """[BN] float32: each row of the tiles [BN, K1] (+ [BN, K2] at K1..K) times x [K]."""
+    k1 = tl.arange(0, K1)
+    x1 = tl.load(x_ptr + k1).to(tl.float32)
+    acc = tl.sum(w1.to(tl.float32) * x1[None, :], axis=1)
+    if K2 > 0:
+        k2 = K1 + tl.arange(0, K2)
+        x2 = tl.load(x_ptr + k2, mask=k2 < K, other=0.0).to(tl.float32)
+        acc += tl.sum(w2.to(tl.float32) * x2[None, :], axis=1)
+    return acc
+
+
+@triton.jit(do_not_specialize=["T"])
+def _gemv_preload_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    T,
+    N,
+    K,
+    stride_x,
+    stride_w,
+    stride_y,
+    HAS_BIAS: tl.constexpr,
+    BN: tl.constexpr,
+    K1: tl.constexpr,
+    K2: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN]
+    # Rows past N are clamped, not masked: W's loads carry only the K mask; the store drops them.
+    w_rows = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * stride_w  # [BN, 1]
+    w1 = tl.load(w_rows + tl.arange(0, K1)[None, :])  # [BN, K1]
+    w2 = w1  # unused unless K2 > 0
+    if K2 > 0:
+        k2 = K1 + tl.arange(0, K2)
+        w2 = tl.load(w_rows + k2[None, :], mask=(k2 < K)[None, :], other=0.0)  # [BN, K2]
+    # W is never written, so its loads may leave before the previous kernel's writes are visible;
+    # x and y wait for them.
+    pdl.wait_then_release(PDL)
+    bias = tl.zeros((BN,), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + tl.minimum(rows, N - 1)).to(tl.float32)
+    for t in range(T):
+        acc = _row_sums(w1, w2, x_ptr + t * stride_x, K, K1, K2) + bias
+        tl.store(y_ptr + t * stride_y + rows, round_to(acc, y_ptr.dtype.element_ty), mask=rows < N)
+
+
+def suits(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
+    """Whether gemv_preload takes x [T, K] (1 <= T <= MAX_T) and w [N, K] as they stand."""
+    return (
+        x.dim() == 2
+        and w.dim() == 2
+        and 1 <= x.shape[0] <= MAX_T
+        and x.shape[1] == w.shape[1]
+        and x.stride(1) == 1
+        and w.stride(1) == 1
+        and x.dtype == w.dtype
+        and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and (b is None or (b.dtype == x.dtype and b.shape == (w.shape[0],) and b.is_contiguous()))
+    )
+
+
+def gemv_preload(
+    x: Tensor, w: Tensor, b: Tensor | None = None, *, block_n: int | None = None, num_warps: int | None = None
+) -> Tensor:
+    """x [T, K], w [N, K], b [N] | None -> y [T, N] = x @ w^T + b, T <= MAX_T; tiles default to TILE."""
+    if not suits(x, w, b):
+        raise ValueError(
+            f"gemv_preload needs x [T, K] with 1 <= T <= {MAX_T}, w [N, K] and b [N] | None of one dtype "
+            f"and a contiguous last dim, got x {tuple(x.shape)} {x.dtype} strides {x.stride()}, "
+            f"w {tuple(w.shape)} {w.dtype}, b {None if b is None else (tuple(b.shape), b.dtype)}"
+        )
+    t, k = x.shape
+    n = w.shape[0]
+    y = torch.empty(t, n, dtype=x.dtype, device=x.device)  # [T, N]
+    if n == 0:
+        return y
+    bn, warps = block_n or TILE[0], num_warps or TILE[1]
+    k1, k2 = k_parts(k)
+    _gemv_preload_kernel[(triton.cdiv(n, bn),)](
+        x,
+        w,
+        b if b is not None else w,
+        y,
+        t,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        y.stride(0),
+        HAS_BIAS=b is not None,
+        BN=bn,
+        K1=k1,
+        K2=k2,
+        num_warps=warps,
+        num_stages=1,
+        **pdl.args(x),
+    )
+    return y

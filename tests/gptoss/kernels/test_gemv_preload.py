@@ -1,0 +1,161 @@
+"""The preloading decode GEMV (gptoss.kernels.gemv_preload) against float32 F.linear, and linear()'s
+switch to it (GPTOSS_GEMV=preload).
+
+Runs in Triton's interpreter on CPU (TRITON_INTERPRET=1, the default here); on a GPU machine
+`TRITON_INTERPRET=0 pytest tests/gptoss/kernels/test_gemv_preload.py` runs the same tests compiled,
+with PDL (the loads of W before the wait) where the GPU has it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gptoss.kernels.linear as lin
+from gptoss.kernels.gemv_preload import MAX_T, gemv_preload, k_parts, tiles_from_env
+
+ROOT = Path(__file__).resolve().parents[3]
+DEV = "cpu" if os.environ["TRITON_INTERPRET"] == "1" else "cuda"
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+
+def operands(t: int, n: int, k: int, dtype: torch.dtype, bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=g).to(DEV, dtype)  # [T, K]
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(DEV, dtype)  # [N, K]
+    b = torch.randn(n, generator=g).to(DEV, dtype) if bias else None  # [N]
+    return x, w, b
+
+
+def reference(x, w, b):
+    return F.linear(x.float(), w.float(), None if b is None else b.float())
+
+
+def test_k_parts_split_k_into_two_power_of_two_tiles():
+    assert k_parts(2880) == (2048, 1024)  # QKV's K: 2048 + 832 of a 1024 tile
+    assert k_parts(4096) == (4096, 0)  # O's K: one tile
+    assert k_parts(300) == (256, 64)
+    assert k_parts(40) == (32, 8)
+    assert k_parts(1) == (1, 0)
+    with pytest.raises(ValueError, match="K must be positive"):
+        k_parts(0)
+
+
+def test_tiles_from_env():
+    assert tiles_from_env(None) == (4, 4) and tiles_from_env("") == (4, 4)
+    assert tiles_from_env("8,8") == (8, 8)
+    for bad in ("8", "3,4", "8,4,2", "a,4", "0,4"):
+        with pytest.raises(ValueError, match="GPTOSS_GEMV_PRELOAD_TILE must be BN,WARPS"):
+            tiles_from_env(bad)
+
+
+@pytest.mark.parametrize("t", [1, 2])
+@pytest.mark.parametrize(("n", "k"), [(77, 96), (64, 40), (130, 300), (33, 128)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_matches_float32_reference(t, n, k, bias):
+    x, w, b = operands(t, n, k, torch.bfloat16, bias, seed=t * 1000 + n + k)
+    y = gemv_preload(x, w, b)
+    want = reference(x, w, b)  # [T, N] float32
+    assert y.dtype == torch.bfloat16 and y.shape == (t, n)
+    # One rounding of a float32 sum to bf16 (half an ulp, 2^-8 relative) plus the sum's order error.
+    err = (y.float() - want).abs()
+    assert bool((err <= want.abs() * 2**-8 + 1e-4).all()), float(err.max())
+    assert (y == want.bfloat16()).float().mean().item() >= 0.99
+
+
+@pytest.mark.parametrize(("bn", "warps"), [(1, 1), (8, 2), (16, 4)])
+def test_tiles_do_not_change_a_row(bn, warps):
+    """A row's sum is a tree over K alone: the same bits at any BN and warp count."""
+    x, w, b = operands(2, 50, 300, torch.bfloat16, True, seed=5)
+    assert torch.equal(gemv_preload(x, w, b, block_n=bn, num_warps=warps), gemv_preload(x, w, b))
+
+
+def test_float32_matches_f_linear():
+    x, w, b = operands(2, 77, 96, torch.float32, True, seed=2)
+    torch.testing.assert_close(gemv_preload(x, w, b), reference(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_rows_do_not_depend_on_the_batch():
+    x, w, b = operands(2, 77, 300, torch.bfloat16, True, seed=7)
+    together = gemv_preload(x, w, b)  # [2, N]
+    for i in (0, 1):
+        assert torch.equal(gemv_preload(x[i : i + 1], w, b), together[i : i + 1])
+
+
+def test_strided_x_rows():
+    x, w, b = operands(2, 33, 64, torch.bfloat16, True, seed=3)
+    wide = torch.zeros(2, 80, dtype=x.dtype, device=DEV)
+    wide[:, :64] = x
+    assert torch.equal(gemv_preload(wide[:, :64], w, b), gemv_preload(x, w, b))
+
+
+def test_rejects_what_it_does_not_take():
+    x, w, b = operands(MAX_T + 1, 40, 64, torch.bfloat16, True, seed=4)
+    with pytest.raises(ValueError, match=rf"1 <= T <= {MAX_T}.*x \({MAX_T + 1}, 64\)"):
+        gemv_preload(x, w, b)
+    with pytest.raises(ValueError, match="of one dtype"):
+        gemv_preload(x[:1], w.float(), None)
+    with pytest.raises(ValueError, match="contiguous last dim"):
+        gemv_preload(x[:1], w, torch.zeros(80, dtype=x.dtype, device=DEV)[::2])
+
+
+def test_linear_takes_it_on_cuda_when_switched_on(monkeypatch):
+    calls = []
+
+    def spy(x, w, b):
+        calls.append((x.shape[0], w.shape[0]))
+        return gemv_preload(x, w, b)
+
+    monkeypatch.setattr(lin, "gemv_preload", spy)
+    monkeypatch.setattr(lin, "GEMV", "preload")
+    # T 1 and 2 take it, for a wide W (O) and a tall one (QKV) alike; T 3 takes the dot GEMV
+    for t, n, k in ((1, 96, 77), (MAX_T, 40, 64), (MAX_T + 1, 40, 64)):
+        x, w, b = operands(t, n, k, torch.bfloat16, True, seed=t)
+        want = gemv_preload(x, w, b) if DEV == "cuda" and t <= MAX_T else None
+        y = lin.linear(x, w, b)
+        if want is not None:
+            assert torch.equal(y, want)
+    assert calls == ([(1, 96), (MAX_T, 40)] if DEV == "cuda" else [])
+    monkeypatch.setattr(lin, "GEMV", "dot")
+    x, w, b = operands(1, 40, 64, torch.bfloat16, True, seed=1)
+    lin.linear(x, w, b)
+    assert len(calls) == (2 if DEV == "cuda" else 0)
+
+
+def test_gemv_switch_values():
+    assert lin.gemv_from_env(None) == "dot" and lin.gemv_from_env("preload") == "preload"
+    with pytest.raises(ValueError, match="GPTOSS_GEMV='fast': dot or preload"):
+        lin.gemv_from_env("fast")
+
+
+def test_the_sm90a_code_loads_all_of_w_before_the_pdl_wait():
+    """Compiled for sm_90a on CPU by bench/kernels/gemv_preload_sass.py (a process without the
+    interpreter): every one of W's 16-byte loads comes before griddepcontrol.wait (ACQBULK), which
+    comes before the release (PREEXIT); after it only x and the bias are loaded; no spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench/kernels/gemv_preload_sass.py"), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=True,
+    )
+    got = json.loads(out.stdout)
+    assert len(got) == 6
+    for name, v in got.items():
+        shape, tile = name.split()
+        bn, warps = map(int, tile.split("x"))
+        k1, k2 = k_parts({"o": 4096, "qkv": 2880}[shape])
+        assert v["ldg_before_wait"] == bn * (k1 + k2) * 2 // (16 * 32 * warps), name
+        assert 0 < v["ldg_after_wait"] < v["ldg_before_wait"], name
+        assert v["spills"] == 0 and v["wait_then_release"], name
