@@ -32,7 +32,7 @@ def compile_stats(k: int, bn: int, warps: int) -> dict:
     k1, k2 = k_parts(k)
     sig = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", T="i32", N="i32", K="i32")
     sig.update(stride_x="i32", stride_w="i32", stride_y="i32")
-    consts = dict(HAS_BIAS=True, BN=bn, K1=k1, K2=k2, PDL=True)
+    consts = dict(HAS_BIAS=True, BN=bn, K1=k1, K2=k2, EARLY=True, PDL=True)
     res, _, ins = disassemble(_compile(_gemv_preload_kernel, sig, consts, warps, 1))
     ops = [_opcode(x) for _, x in ins]
     wait = ops.index("ACQBULK")

@@ -21,6 +21,15 @@ batch), plus the bias, rounded once. No tensor cores: at T <= MAX_T the FMAs are
 Bytes: W (N*K*e), then T*K*e of x per program from L2 and T*N*e out. Registers hold BN*(K1+K2)*e per
 program, so BN*K*e / (32 * num_warps) bytes a thread: 4 rows of O (K 4096, bf16) at 4 warps are 256
 B a thread (64 registers).
+
+Measured (H200, bench/results v31). Alone, 24 launches on distinct weights in a CUDA graph
+(bench/kernels/linear_gpu.py), T 1: O 7.85 us (3.0 TB/s) against the tl.dot GEMV's 11.64, QKV 10.23
+against cuBLAS's 10.56; at T 2 QKV loses (12.70 against 10.94), so linear() gives it one-token
+steps only. In the engine (random 120b, batch-1 128 -> 512, one process each, vLLM 229.3 in the same
+call): 351.0 tok/s at BN 2 x 4 warps against 341.6 (+2.8 %); 4 x 4 341.8, 8 x 8 323.8. The profile
+(PDL on) says why the kernels' gain mostly does not reach the step: the projections add 501 us a
+step against 788 (O GEMV + cuBLAS QKV), but the kernels they preload beside grow: attention +142 us,
+the norms +77, the reduce +36. Their chains of dependent loads wait behind the streams of W.
 """
 
 from __future__ import annotations
@@ -41,9 +50,10 @@ MAX_T = 2
 
 
 def tiles_from_env(v: str | None) -> tuple[int, int]:
-    """(BN, num_warps) from GPTOSS_GEMV_PRELOAD_TILE="BN,WARPS" (unset or empty: 4, 4)."""
+    """(BN, num_warps) from GPTOSS_GEMV_PRELOAD_TILE="BN,WARPS" (unset or empty: 2, 4, the engine's best
+    of 4,4 / 2,4 / 8,8 at 120b batch 1 on an H200, bench/results v31)."""
     if v in (None, ""):
-        return 4, 4
+        return 2, 4
     parts = v.split(",")
     ok = len(parts) == 2 and all(p.isdigit() and int(p) > 0 and not int(p) & (int(p) - 1) for p in parts)
     if not ok:
@@ -52,6 +62,8 @@ def tiles_from_env(v: str | None) -> tuple[int, int]:
 
 
 TILE = tiles_from_env(os.environ.get("GPTOSS_GEMV_PRELOAD_TILE"))
+# GPTOSS_GEMV_PRELOAD_EARLY=0: W's loads wait for the previous kernel too (A/B of the overlap).
+EARLY = os.environ.get("GPTOSS_GEMV_PRELOAD_EARLY", "1") != "0"
 
 
 def k_parts(k: int) -> tuple[int, int]:
@@ -91,8 +103,11 @@ def _gemv_preload_kernel(
     BN: tl.constexpr,
     K1: tl.constexpr,
     K2: tl.constexpr,
+    EARLY: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    if not EARLY:  # A/B: W's loads after the wait, as one wide burst
+        pdl.wait_then_release(PDL)
     rows = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN]
     # Rows past N are clamped, not masked: W's loads carry only the K mask; the store drops them.
     w_rows = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * stride_w  # [BN, 1]
@@ -103,7 +118,8 @@ def _gemv_preload_kernel(
         w2 = tl.load(w_rows + k2[None, :], mask=(k2 < K)[None, :], other=0.0)  # [BN, K2]
     # W is never written, so its loads may leave before the previous kernel's writes are visible;
     # x and y wait for them.
-    pdl.wait_then_release(PDL)
+    if EARLY:
+        pdl.wait_then_release(PDL)
     bias = tl.zeros((BN,), dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + tl.minimum(rows, N - 1)).to(tl.float32)
@@ -159,6 +175,7 @@ def gemv_preload(
         BN=bn,
         K1=k1,
         K2=k2,
+        EARLY=EARLY,
         num_warps=warps,
         num_stages=1,
         **pdl.args(x),

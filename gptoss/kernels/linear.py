@@ -44,8 +44,8 @@ GEMV_MAX_T = 8
 
 
 def gemv_from_env(v: str | None) -> str:
-    """GPTOSS_GEMV: "dot" (unset) or "preload"."""
-    v = v or "dot"
+    """GPTOSS_GEMV: "preload" (unset) or "dot"."""
+    v = v or "preload"
     if v not in ("dot", "preload"):
         raise ValueError(f"GPTOSS_GEMV={v!r}: dot or preload")
     return v
@@ -53,8 +53,9 @@ def gemv_from_env(v: str | None) -> str:
 
 # GPTOSS_GEMV picks the CUDA decode projections' kernel:
 #   dot      T <= GEMV_MAX_T on the tl.dot GEMV below where W is wider than tall (O), else cuBLAS (QKV)
-#   preload  T <= gemv_preload.MAX_T on gemv_preload, QKV and O alike (W read before the PDL wait);
-#            larger T as with dot
+#   preload  (the default) one token on gemv_preload, QKV and O alike (W read before the PDL wait),
+#            and up to gemv_preload.MAX_T for a wide W (O; a tall one, QKV, lost to cuBLAS at T 2);
+#            larger T as with dot. H200, 120b batch 1: 351.0 against 341.6 tok/s (bench/results v31)
 GEMV = gemv_from_env(os.environ.get("GPTOSS_GEMV"))
 
 
@@ -186,13 +187,16 @@ def gemv(
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear(x, w, b), on the GEMV kernel when x is a CUDA [T, K] with 1 <= T <= GEMV_MAX_T, W is
-    wider than tall (K > N: where cuBLAS splits K and adds a reduce kernel) and the operands suit
-    it; otherwise F.linear itself. Measured on the H100 (v7): O [2880, 4096] 12.3 vs 14.3 us, but QKV
-    [5120, 2880] 14.3 vs 13.7 us, so QKV stays on cuBLAS. CPU tensors always take F.linear, also
-    under TRITON_INTERPRET=1: the interpreter runs a program in milliseconds, and the CPU engine
-    tests would pay that on every projection (tests call gemv directly)."""
-    if GEMV == "preload" and x.is_cuda and preload_suits(x, w, b):
+    """F.linear(x, w, b). With GPTOSS_GEMV=preload (the default), a CUDA x of one token, or of up to
+    gemv_preload.MAX_T for a wide W, takes gemv_preload. Else the GEMV kernel takes a CUDA [T, K]
+    with 1 <= T <= GEMV_MAX_T when W is wider than tall (K > N: where cuBLAS splits K and adds a
+    reduce kernel) and the operands suit it; otherwise F.linear itself. Measured on the H100 (v7):
+    O [2880, 4096] 12.3 vs 14.3 us, but QKV [5120, 2880] 14.3 vs 13.7 us, so QKV stays on cuBLAS
+    there. CPU tensors always take F.linear, also under TRITON_INTERPRET=1: the interpreter runs a
+    program in milliseconds, and the CPU engine tests would pay that on every projection (tests
+    call the kernels directly)."""
+    one_or_wide = x.dim() == 2 and (x.shape[0] == 1 or w.shape[1] > w.shape[0])
+    if GEMV == "preload" and x.is_cuda and one_or_wide and preload_suits(x, w, b):
         return gemv_preload(x, w, b)
     suits = (
         x.is_cuda
