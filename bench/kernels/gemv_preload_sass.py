@@ -6,7 +6,8 @@ No GPU needed (as moe_decode_sass.py). For O [2880, 4096] and QKV [5120, 2880] (
 a few tiles (BN x WARPS): registers, spills (STL/LDL), the global loads (LDG) issued before ACQBULK
 (griddepcontrol.wait) and after it, and the order of ACQBULK and PREEXIT (launch_dependents). The
 preload holds when all of W's loads (BN*K*2 / (16 * 32 * WARPS) 16-byte LDG a thread) come before
-ACQBULK and only x, the bias and nothing of W after it.
+ACQBULK and only x, the bias and nothing of W after it; with GPTOSS_GEMV_PRELOAD_EARLY (rows a
+program loads before the wait) at 2 of 4, half of them; at 0, none.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ SHAPES = {"o": (2880, 4096), "qkv": (5120, 2880)}  # name: (N, K)
 TILES = ((4, 4), (8, 8), (2, 4))  # (BN, WARPS)
 
 
-def compile_stats(k: int, bn: int, warps: int) -> dict:
+def compile_stats(k: int, bn: int, warps: int, early: int | None = None) -> dict:
     k1, k2 = k_parts(k)
     sig = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", T="i32", N="i32", K="i32")
     sig.update(stride_x="i32", stride_w="i32", stride_y="i32")
-    consts = dict(HAS_BIAS=True, BN=bn, K1=k1, K2=k2, EARLY=True, PDL=True)
+    consts = dict(HAS_BIAS=True, BN=bn, K1=k1, K2=k2, EARLY=early if early is not None else bn, PDL=True)
     res, _, ins = disassemble(_compile(_gemv_preload_kernel, sig, consts, warps, 1))
     ops = [_opcode(x) for _, x in ins]
     wait = ops.index("ACQBULK")
@@ -55,6 +56,8 @@ def main() -> None:
         for name, (_, k) in SHAPES.items()
         for bn, warps in TILES
     }
+    # GPTOSS_GEMV_PRELOAD_EARLY: half of O's rows before the wait, and none
+    out |= {f"o 4x4 early {e}": compile_stats(4096, 4, 4, e) for e in (2, 0)}
     if args.json:
         print(json.dumps(out))
         return

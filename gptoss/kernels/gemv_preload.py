@@ -62,8 +62,21 @@ def tiles_from_env(v: str | None) -> tuple[int, int]:
 
 
 TILE = tiles_from_env(os.environ.get("GPTOSS_GEMV_PRELOAD_TILE"))
-# GPTOSS_GEMV_PRELOAD_EARLY=0: W's loads wait for the previous kernel too (A/B of the overlap).
-EARLY = os.environ.get("GPTOSS_GEMV_PRELOAD_EARLY", "1") != "0"
+
+
+def early_from_env(v: str | None) -> int | None:
+    """GPTOSS_GEMV_PRELOAD_EARLY: how many of a program's BN rows of W load before the PDL wait, for
+    A/B runs of the overlap against the contention it puts on the kernel before (bench/results
+    v31): unset or "all" every row (None), 0 none (W after the wait, as one wide burst), N the first
+    N (at most BN)."""
+    if v in (None, "", "all"):
+        return None
+    if not v.isdigit():
+        raise ValueError(f"GPTOSS_GEMV_PRELOAD_EARLY must be all or a row count, got {v!r}")
+    return int(v)
+
+
+EARLY = early_from_env(os.environ.get("GPTOSS_GEMV_PRELOAD_EARLY"))
 
 
 def k_parts(k: int) -> tuple[int, int]:
@@ -106,20 +119,33 @@ def _gemv_preload_kernel(
     EARLY: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if not EARLY:  # A/B: W's loads after the wait, as one wide burst
+    """EARLY: rows of the program's BN whose W loads leave before the PDL wait (BN: all, 0: none)."""
+    if EARLY == 0:
         pdl.wait_then_release(PDL)
     rows = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN]
     # Rows past N are clamped, not masked: W's loads carry only the K mask; the store drops them.
     w_rows = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * stride_w  # [BN, 1]
-    w1 = tl.load(w_rows + tl.arange(0, K1)[None, :])  # [BN, K1]
-    w2 = w1  # unused unless K2 > 0
-    if K2 > 0:
-        k2 = K1 + tl.arange(0, K2)
-        w2 = tl.load(w_rows + k2[None, :], mask=(k2 < K)[None, :], other=0.0)  # [BN, K2]
+    kk1 = tl.arange(0, K1)[None, :]
+    kk2 = K1 + tl.arange(0, max(K2, 1))[None, :]
+    if EARLY == BN or EARLY == 0:
+        w1 = tl.load(w_rows + kk1)  # [BN, K1]
+        w2 = w1  # unused unless K2 > 0
+        if K2 > 0:
+            w2 = tl.load(w_rows + kk2, mask=kk2 < K, other=0.0)  # [BN, K2]
+    else:  # the first EARLY rows now, the rest after the wait
+        early = (tl.arange(0, BN) < EARLY)[:, None]
+        w1 = tl.load(w_rows + kk1, mask=early, other=0.0)
+        w2 = w1
+        if K2 > 0:
+            w2 = tl.load(w_rows + kk2, mask=early & (kk2 < K), other=0.0)
     # W is never written, so its loads may leave before the previous kernel's writes are visible;
     # x and y wait for them.
-    if EARLY:
+    if EARLY > 0:
         pdl.wait_then_release(PDL)
+    if EARLY > 0 and EARLY < BN:
+        w1 = tl.where(early, w1, tl.load(w_rows + kk1, mask=~early, other=0.0))
+        if K2 > 0:
+            w2 = tl.where(early, w2, tl.load(w_rows + kk2, mask=~early & (kk2 < K), other=0.0))
     bias = tl.zeros((BN,), dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + tl.minimum(rows, N - 1)).to(tl.float32)
@@ -144,9 +170,16 @@ def suits(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
 
 
 def gemv_preload(
-    x: Tensor, w: Tensor, b: Tensor | None = None, *, block_n: int | None = None, num_warps: int | None = None
+    x: Tensor,
+    w: Tensor,
+    b: Tensor | None = None,
+    *,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    early_rows: int | None = None,
 ) -> Tensor:
-    """x [T, K], w [N, K], b [N] | None -> y [T, N] = x @ w^T + b, T <= MAX_T; tiles default to TILE."""
+    """x [T, K], w [N, K], b [N] | None -> y [T, N] = x @ w^T + b, T <= MAX_T; tiles default to TILE,
+    early_rows (the rows of a program's BN loaded before the PDL wait) to EARLY, both all BN rows."""
     if not suits(x, w, b):
         raise ValueError(
             f"gemv_preload needs x [T, K] with 1 <= T <= {MAX_T}, w [N, K] and b [N] | None of one dtype "
@@ -160,6 +193,7 @@ def gemv_preload(
         return y
     bn, warps = block_n or TILE[0], num_warps or TILE[1]
     k1, k2 = k_parts(k)
+    early = EARLY if early_rows is None else early_rows
     _gemv_preload_kernel[(triton.cdiv(n, bn),)](
         x,
         w,
@@ -175,7 +209,7 @@ def gemv_preload(
         BN=bn,
         K1=k1,
         K2=k2,
-        EARLY=EARLY,
+        EARLY=min(bn, bn if early is None else early),
         num_warps=warps,
         num_stages=1,
         **pdl.args(x),

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import gptoss.kernels.linear as lin
-from gptoss.kernels.gemv_preload import MAX_T, gemv_preload, k_parts, tiles_from_env
+from gptoss.kernels.gemv_preload import MAX_T, early_from_env, gemv_preload, k_parts, tiles_from_env
 
 ROOT = Path(__file__).resolve().parents[3]
 DEV = "cpu" if os.environ["TRITON_INTERPRET"] == "1" else "cuda"
@@ -77,6 +77,20 @@ def test_tiles_do_not_change_a_row(bn, warps):
     """A row's sum is a tree over K alone: the same bits at any BN and warp count."""
     x, w, b = operands(2, 50, 300, torch.bfloat16, True, seed=5)
     assert torch.equal(gemv_preload(x, w, b, block_n=bn, num_warps=warps), gemv_preload(x, w, b))
+
+
+@pytest.mark.parametrize("early", [0, 1, 3])
+def test_rows_loaded_after_the_wait_give_the_same_bits(early):
+    """GPTOSS_GEMV_PRELOAD_EARLY moves loads of W across the wait; the values stay the same."""
+    x, w, b = operands(2, 50, 300, torch.bfloat16, True, seed=6)
+    assert torch.equal(gemv_preload(x, w, b, block_n=4, early_rows=early), gemv_preload(x, w, b, block_n=4))
+
+
+def test_early_from_env():
+    assert early_from_env(None) is None and early_from_env("all") is None and early_from_env("") is None
+    assert early_from_env("0") == 0 and early_from_env("2") == 2
+    with pytest.raises(ValueError, match="GPTOSS_GEMV_PRELOAD_EARLY must be all or a row count, got 'half'"):
+        early_from_env("half")
 
 
 def test_float32_matches_f_linear():
@@ -151,7 +165,10 @@ def test_the_sm90a_code_loads_all_of_w_before_the_pdl_wait():
         check=True,
     )
     got = json.loads(out.stdout)
-    assert len(got) == 6
+    assert len(got) == 8
+    # GPTOSS_GEMV_PRELOAD_EARLY: 2 of O's 4 rows before the wait load half of W there; 0 none
+    assert got.pop("o 4x4 early 2")["ldg_before_wait"] == got["o 4x4"]["ldg_before_wait"] // 2
+    assert got.pop("o 4x4 early 0")["ldg_before_wait"] == 0
     for name, v in got.items():
         shape, tile = name.split()
         bn, warps = map(int, tile.split("x"))
