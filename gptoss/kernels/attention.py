@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -14,6 +13,7 @@ from gptoss.kernels import pdl
 from gptoss.kernels.attention_kernel import _attn_kernel
 from gptoss.kernels.attention_reduce import _reduce_kernel
 from gptoss.kernels.attention_rope import rope_operands
+from gptoss.kernels.device_info import sm_count
 from gptoss.kernels.fp8 import to_cache
 from gptoss.kernels.l2_prefetch import prefetch_l2
 from gptoss.kv_dtype import is_fp8
@@ -130,11 +130,6 @@ def _write_kv_kernel(
     kv = kc_ptr.dtype.element_ty
     tl.store(kc_ptr + dst, to_cache(tl.load(kn_ptr + src, mask=mask), KV_FP8, kv), mask=mask)
     tl.store(vc_ptr + dst, to_cache(tl.load(vn_ptr + src, mask=mask), KV_FP8, kv), mask=mask)
-
-
-@functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, max_keys: int, num_sms: int = 132) -> int:
@@ -255,7 +250,7 @@ def paged_attention(
         max_keys = max_context_hint or block_table.shape[1] * bs
         if window is not None:
             max_keys = min(max_keys, window)
-        sms = _num_sms(q.device.index or 0) if q.is_cuda else 132
+        sms = sm_count(q) if q.is_cuda else 132
         splits = decode_splits(1 if batch_invariant else num_seqs, hkv, max_keys, sms)
     else:
         block_n, warps, stages = PREFILL_CFG

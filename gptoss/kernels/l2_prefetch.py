@@ -33,16 +33,15 @@ there and the callers leave it out.
 
 from __future__ import annotations
 
-import functools
 import os
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gptoss.kernels import pdl
+from gptoss.kernels.device_info import sm_count
 
 # GPTOSS_L2_PREFETCH: which prefetches decode steps of up to MAX_T tokens issue, a comma list of
 #   moe  the gate_up GEMM (one token: 4 experts, ~52 MB at 120b, inside L2's 60 MB) warms its own
@@ -116,11 +115,6 @@ def _prefetch_kernel(ptr, nbytes, NT: tl.constexpr, PDL: tl.constexpr):
         gdc_wait()
 
 
-@functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def supported(t: Tensor) -> bool:
     """Whether bulk prefetches run for t's kernels: a compiled CUDA kernel on Hopper or later."""
     return pdl.compiled_on_hopper(t)
@@ -137,4 +131,4 @@ def prefetch_l2(t: Tensor) -> None:
     nbytes = t.numel() * t.element_size() // 16 * 16  # a tail under 16 bytes is not worth a chunk
     if nbytes == 0:
         return
-    _prefetch_kernel[(_num_sms(t.device.index or 0),)](t, nbytes, NT=32, num_warps=1, **pdl.args(t))
+    _prefetch_kernel[(sm_count(t),)](t, nbytes, NT=32, num_warps=1, **pdl.args(t))

@@ -24,7 +24,6 @@ interpreter multiplies their raw bits); products of bf16 values are exact in flo
 from __future__ import annotations
 
 import os
-from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -108,11 +107,6 @@ def _gemv_kernel(
     y_off = toks[None, :].to(tl.int64) * stride_y + rows[:, None]  # [BN, TB]
     mask = tok_ok & (rows[:, None] < N)
     tl.store(y_ptr + y_off, round_to(acc, y_ptr.dtype.element_ty), mask=mask)
-
-
-@cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def block_sizes(n: int, k: int, device: torch.device) -> tuple[int, int, int, int]:

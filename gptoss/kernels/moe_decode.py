@@ -38,8 +38,6 @@ results compiled (bf16 rel error up to 7 at some tiles), so it is gone.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -48,6 +46,7 @@ from torch import Tensor
 from gptoss.kernels import moe_common as common
 from gptoss.kernels import moe_decode_flat as flat
 from gptoss.kernels import pdl
+from gptoss.kernels.device_info import sm_count
 from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_decode_kernels import _down_dec_kernel, _gate_up_dec_kernel
 from gptoss.kernels.moe_layout import MoEWeights
@@ -69,14 +68,8 @@ SMS_OFF_GPU = 3  # the interpreter's "SMs": a flat grid of a few programs, so te
 
 def _sms(x: Tensor) -> int:
     if x.is_cuda and not triton.knobs.runtime.interpret:
-        return _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
+        return sm_count(x)
     return SMS_OFF_GPU
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    """An SM count, asked of the driver once a device (the launchers run on every decode step)."""
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _kernel_grid(slot_kernel, flat_kernel, t: DecTiles, n: int, slots: int, x: Tensor):

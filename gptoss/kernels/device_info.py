@@ -1,0 +1,18 @@
+"""Facts about a CUDA device that launchers read on every step, asked of the driver once a device."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(t: Tensor) -> int:
+    """The SM count of the CUDA device t lives on (a bare "cuda" device: the current one)."""
+    return _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device())
