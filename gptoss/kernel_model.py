@@ -174,7 +174,9 @@ class KernelModel:
                     q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots)
                 else:
                     q, k, v = rope_qkv(qkv, positions, self.cos_sin, self.hq, self.hkv, self.d)
-            o = self._attention(q, k, v, kc, vc, table, meta, lay, rope, lay.wo if "o" in warm else None)
+            o = self._attention(
+                q, k, v, kc, vc, table, meta, lay, rope, lay.wo if "o" in warm else None, "kv" in warm
+            )
             if not write_first:
                 write_kv(k, v, kc, vc, slots)
             x = self.linear(o.view(t, -1), lay.wo, lay.bo)  # [T, H]
@@ -280,11 +282,13 @@ class KernelModel:
         lay: Layer,
         rope: tuple[Tensor, Tensor, Tensor] | None = None,
         l2_next: Tensor | None = None,
+        prefetch_kv: bool = False,
     ) -> Tensor:
         """Decodes and prefill chunks in separate launches when a step mixes them: the decode launch
         splits long contexts over programs, the chunk launch tiles queries. rope (decode-only steps):
         q, k, v are views of the QKV output, roped and cached by the attention kernel. l2_next: a
-        weight prefetched into L2 beside the (last) attention kernel."""
+        weight prefetched into L2 beside the (last) attention kernel; prefetch_kv: the decode launch's
+        programs prefetch their cached K/V before their PDL wait (paged_attention)."""
         ring_len = self.ring_len if lay.pool == "ring" else None
         n, s = meta.num_decode, meta.context_lens.shape[0]
         parts = [(0, n, 1), (n, s, meta.max_query_len)] if 0 < n < s else [(0, s, meta.max_query_len)]
@@ -309,6 +313,7 @@ class KernelModel:
                 batch_invariant=self.batch_invariant,
                 rope=rope,
                 l2_next=l2_next if b == s else None,
+                prefetch_kv=prefetch_kv,
             )
         return out
 

@@ -6,7 +6,9 @@ No GPU needed (as moe_decode_sass.py). Prints, for the standalone prefetch kerne
 order among PREEXIT (griddepcontrol.launch_dependents), UBLKPF (cp.async.bulk.prefetch.L2) and
 ACQBULK (griddepcontrol.wait): dependents released first, the wait last. For 120b's decode gate_up
 (routing in the kernel) with and without PF: UBLKPF count, registers, and the K loop's instructions,
-which the prefetch, issued before the loop, must leave as they are.
+which the prefetch, issued before the loop, must leave as they are. For decode attention (a full
+layer's split, bf16, DECODE_CFG) with and without the "kv" prefetch: its line prefetches (CCTL.E.PF2)
+before ACQBULK, and the release (PREEXIT) after it.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from attn_sass import compile_decode  # noqa: E402
 from moe_decode_sass import _compile, disassemble, mma_loops  # noqa: E402
 from moe_v3_sass import SHAPE, SIG  # noqa: E402
 
 from gptoss.kernels import l2_prefetch, moe_v3_kernels  # noqa: E402
+from gptoss.kernels.attention import DECODE_CFG  # noqa: E402
 from gptoss.kernels.moe_tiles import _DEC_GU_V3  # noqa: E402
 
 MARKS = ("PREEXIT", "UBLKPF", "ACQBULK")
@@ -59,11 +63,24 @@ def gate_up(pf: bool) -> dict:
     }
 
 
+def attention(pf_keys: int) -> dict:
+    _, _, ins = disassemble(compile_decode(False, *DECODE_CFG, pf_keys=pf_keys))
+    ops = [_opcode(x) for _, x in ins]
+    wait = ops.index("ACQBULK")
+    pf = [i for i, x in enumerate(x for _, x in ins) if "CCTL.E.PF2" in x]
+    return {
+        "pf_before_wait": sum(i < wait for i in pf),
+        "pf_after_wait": sum(i > wait for i in pf),
+        "release_after_wait": ops.index("PREEXIT") > wait,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     args = ap.parse_args()
     out = {"standalone": standalone(), "gate_up": gate_up(False), "gate_up_pf": gate_up(True)}
+    out |= {"attn": attention(0), "attn_kv": attention(l2_prefetch.ATTN_KEYS)}
     if args.json:
         print(json.dumps(out))
         return

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels import pdl
+from gptoss.kernels import l2_prefetch, pdl
 from gptoss.kernels.attention_kernel import _attn_kernel
 from gptoss.kernels.attention_reduce import _reduce_kernel
 from gptoss.kernels.attention_rope import rope_operands
@@ -161,6 +161,7 @@ def paged_attention(
     merge_in_kernel: bool | None = None,
     rope: tuple[Tensor, Tensor, Tensor] | None = None,
     l2_next: Tensor | None = None,
+    prefetch_kv: bool = False,
 ) -> Tensor:
     """Causal attention of S sequences' new tokens over their cached context and themselves.
 
@@ -198,6 +199,9 @@ def paged_attention(
     so out and the caches hold the bits of rope_qkv(..., caches) + paged_attention (attention_rope).
     l2_next: a tensor the kernels after this call read (the O projection's weight), prefetched into
     L2 by a launch right after the attention kernel's, so that it runs beside it (l2_prefetch).
+    prefetch_kv (decode launches with PDL on; GPTOSS_L2_PREFETCH's "kv"): each program prefetches the
+    cached K and V rows of its first l2_prefetch.ATTN_KEYS keys into L2 before its PDL wait, while
+    the kernel before it still runs. A hint: the output bits are the same.
     """
     t, hq, d = q.shape
     hkv = k_new.shape[1]
@@ -304,6 +308,7 @@ def paged_attention(
         NS_PAD=triton.next_power_of_2(splits),
         ROPE=rope is not None,
         KV_FP8=kv_fp8,
+        PF_KEYS=l2_prefetch.ATTN_KEYS if prefetch_kv and max_query_len == 1 and pdl.on(q) else 0,
         num_warps=warps,
         num_stages=stages,
         **common,

@@ -13,6 +13,39 @@ from gptoss.kernels import pdl
 from gptoss.kernels.attention_reduce import merge_splits
 from gptoss.kernels.attention_rope import rope_rows, store_kv
 from gptoss.kernels.attention_tile import _phase
+from gptoss.kernels.l2_prefetch import prefetch_lines
+
+
+@triton.jit
+def _prefetch_context(
+    kc_ptr,
+    vc_ptr,
+    table_ptr,
+    s_idx,
+    h,
+    lo,
+    hi,
+    ring_len,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_tb,
+    BS: tl.constexpr,
+    RING: tl.constexpr,
+    KEYS: tl.constexpr,
+):
+    """L2 prefetches of the cached K and V rows of KV head h at key positions [lo, min(hi, lo + KEYS)),
+    found through the block table (or ring) as the key loop finds them: one line a row and tensor."""
+    kp = lo + tl.arange(0, KEYS)
+    ok = kp < hi
+    if RING:
+        slot = (kp // BS) % ring_len
+    else:
+        slot = kp // BS
+    page = tl.load(table_ptr + s_idx * stride_tb + slot, mask=ok, other=0)
+    off = page.to(tl.int64) * stride_cb + (kp % BS) * stride_cs + h * stride_ch
+    prefetch_lines(kc_ptr + off, ok)
+    prefetch_lines(vc_ptr + off, ok)
 
 
 @triton.jit
@@ -65,13 +98,18 @@ def _attn_kernel(
     PDL: tl.constexpr,
     ROPE: tl.constexpr,
     KV_FP8: tl.constexpr,
+    PF_KEYS: tl.constexpr = 0,
 ):
     """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads. MERGE
     (decode splits): the last split of a (sequence, KV head) to finish merges the partials itself.
     ROPE (decode): q and this step's key arrive un-roped; they are roped at positions pos_ptr[t] with
     the cos_sin table at cs_ptr, and the program whose keys hold this step's key stores the roped key
-    and v at slot_ptr[t] (attention_rope)."""
-    pdl.wait_then_release(PDL)
+    and v at slot_ptr[t] (attention_rope). PF_KEYS > 0 (decode, PDL): before the wait, the program
+    prefetches into L2 the cached K and V rows of the first PF_KEYS keys of its range; everything
+    it reads for that (the step's metadata, the table, the cache below ctx) was written before the
+    kernel ahead of it started."""
+    if PF_KEYS == 0:
+        pdl.wait_then_release(PDL)
     BM: tl.constexpr = BLOCK_Q * G_PAD
     pid0 = tl.program_id(0)
     s_idx = tl.program_id(1)
@@ -95,6 +133,33 @@ def _attn_kernel(
     q_first = ctx + t0
     q_last = ctx + tl.minimum(t0 + BLOCK_Q, q_len) - 1
     d = tl.arange(0, D)
+    lo = 0
+    if WINDOWED:
+        lo = tl.maximum(q_first - window + 1, 0)  # keys below are outside every row's window
+    hi = q_last + 1
+    if SPLIT:
+        chunk = ((hi - lo + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        lo = lo + split * chunk
+        hi = tl.minimum(hi, lo + chunk)  # empty for late splits: neutral partials below
+    if PF_KEYS > 0:
+        _prefetch_context(
+            kc_ptr,
+            vc_ptr,
+            table_ptr,
+            s_idx,
+            h,
+            lo,
+            tl.minimum(hi, ctx),
+            ring_len,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_tb,
+            BS,
+            RING,
+            PF_KEYS,
+        )
+        pdl.wait_then_release(PDL)
     if ROPE:  # decode: q arrives un-roped, and the new key is roped and cached in its phase below
         pos = tl.load(pos_ptr + tok, mask=row_ok, other=0)
         q = rope_rows(q_ptr, tok * stride_qt + head * stride_qh, pos, cs_ptr, row_ok, D)
@@ -104,14 +169,6 @@ def _attn_kernel(
             mask=row_ok[:, None],
             other=0.0,
         )
-    lo = 0
-    if WINDOWED:
-        lo = tl.maximum(q_first - window + 1, 0)  # keys below are outside every row's window
-    hi = q_last + 1
-    if SPLIT:
-        chunk = ((hi - lo + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        lo = lo + split * chunk
-        hi = tl.minimum(hi, lo + chunk)  # empty for late splits: neutral partials below
     k_rope = None
     if ROPE:
         # The new key (token row q0, position ctx) once, as the new keys' tile sees it: row 0 of a

@@ -8,7 +8,7 @@ current kernel runs: `cp.async.bulk.prefetch.L2.global [addr], size` asks the co
 `size` bytes into L2 without a register or shared-memory destination, and the consumer then finds
 its loads in L2 (or merged with the lines in flight) instead of waiting a DRAM round trip per stage.
 
-Two forms:
+Three forms:
   prefetch_part (a @jit helper): a program's share of a byte range, split over its threads, one
       bulk prefetch each. A kernel that knows what comes next calls it (the MoE's gate_up, which
       routes in registers, warms its own tile and its share of the same expert's down weights).
@@ -17,6 +17,9 @@ Two forms:
       (all of ours), it runs beside that kernel: it releases its own dependents at once, prefetches,
       then waits for its predecessor, so the kernel after it still sees every earlier write
       (griddepcontrol.wait covers only the grid just before; waiting last keeps the chain whole).
+  prefetch_lines (a @jit helper): one 128-byte line a pointer (prefetch.global.L2). Decode
+      attention ("kv") calls it before its PDL wait for the cached K and V rows of its keys: rows of
+      one KV head are 128 bytes apart from the next head's, so a bulk range would fetch all heads.
 
 Measured: it loses (H200, random 120b, batch-1 128 -> 512, one process each, bench/results v30):
 the default 337.0 / 337.3 / 334.7 tok/s; moe 312.1; o,qkv 297.4; all 285.2; moe with per-thread
@@ -48,8 +51,12 @@ from gptoss.kernels.device_info import sm_count
 #        tile of W13 and its share of the same expert's W2 for the down GEMM after it
 #   o    a prefetch launch beside attention warms the O projection's weight
 #   qkv  a prefetch launch beside the MoE's down GEMM warms the next layer's QKV weight
-# "all" is all three; empty or 0, none (the default: each lost at batch 1, see above).
-PARTS = ("moe", "o", "qkv")
+#   kv   a decode attention program, before its PDL wait (while the QKV projection still runs),
+#        prefetches the cached K and V rows of its first ATTN_KEYS keys (prefetch_lines), so its
+#        key loop finds them in L2 (after v31; not yet timed)
+# "all" is all four; empty or 0, none (the default: moe, o and qkv each lost at batch 1, see above).
+PARTS = ("moe", "o", "qkv", "kv")
+ATTN_KEYS = 256  # attention.MIN_SPLIT_KEYS: a batch-1 split's keys, whole
 MAX_T = 16
 
 
@@ -100,6 +107,31 @@ def prefetch_part(base, nbytes, part, parts, NT: tl.constexpr):
         _PREFETCH_ASM,
         "=r,l,r",
         [base.to(tl.pointer_type(tl.uint8)) + lo, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+# One L2 prefetch of the line holding $1 where $2 is non-zero (the load/store unit's prefetch: no
+# register or shared-memory destination, no wait).
+_LINE_ASM: tl.constexpr = tl.constexpr("""
+{
+.reg .pred p;
+setp.ne.s32 p, $2, 0;
+@p prefetch.global.L2 [$1];
+mov.u32 $0, 0;
+}
+""")
+
+
+@triton.jit
+def prefetch_lines(ptrs, mask):
+    """Prefetch into L2 the line of each pointer of ptrs where mask holds (any shape, one each)."""
+    tl.inline_asm_elementwise(
+        _LINE_ASM,
+        "=r,l,r",
+        [ptrs.to(tl.pointer_type(tl.uint8)), mask.to(tl.int32)],
         dtype=tl.int32,
         is_pure=False,
         pack=1,

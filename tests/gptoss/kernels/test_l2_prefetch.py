@@ -34,14 +34,23 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.mark.parametrize(
     ("v", "want"),
-    [(None, set()), ("", set()), ("0", set()), ("all", {"moe", "o", "qkv"}), ("o, qkv", {"o", "qkv"})],
+    [
+        (None, set()),
+        ("", set()),
+        ("0", set()),
+        ("all", {"moe", "o", "qkv", "kv"}),
+        ("o, qkv", {"o", "qkv"}),
+        ("kv", {"kv"}),
+    ],
 )
 def test_the_switch_reads_parts(v, want):
     assert l2_prefetch.parse_parts(v) == want
 
 
 def test_the_switch_refuses_unknown_parts_by_name():
-    with pytest.raises(ValueError, match=r"GPTOSS_L2_PREFETCH='moe,lm_head': a comma list of moe, o, qkv"):
+    with pytest.raises(
+        ValueError, match=r"GPTOSS_L2_PREFETCH='moe,lm_head': a comma list of moe, o, qkv, kv"
+    ):
         l2_prefetch.parse_parts("moe,lm_head")
 
 
@@ -93,6 +102,13 @@ def test_the_sm90a_code_releases_first_prefetches_then_waits_and_keeps_the_k_loo
     assert got["gate_up"]["ublkpf"] == 0
     assert got["gate_up_pf"]["ublkpf"] == 4 and got["gate_up_pf"]["ublkpf_in_loop"] == 0
     assert abs(got["gate_up_pf"]["k_loop"] - got["gate_up"]["k_loop"]) <= 2
+    # decode attention with "kv": a line prefetch a key and tensor (K, V) a thread of its 2 warps,
+    # all before the wait; none without
+    from gptoss.kernels.attention import DECODE_CFG
+
+    assert got["attn_kv"]["pf_before_wait"] == 2 * l2_prefetch.ATTN_KEYS // (32 * DECODE_CFG[1])
+    assert got["attn_kv"]["pf_after_wait"] == 0 and got["attn_kv"]["release_after_wait"]
+    assert got["attn"]["pf_before_wait"] == got["attn"]["pf_after_wait"] == 0
 
 
 def test_prefetch_l2_is_a_no_op_where_it_cannot_run():
@@ -127,8 +143,9 @@ def test_gate_up_with_the_prefetch_gives_the_same_bits_on_gpu():
 
 def test_the_engine_with_every_prefetch_gives_the_reference_tokens(tiny_checkpoint, monkeypatch):
     """GPTOSS_L2_PREFETCH=all on one v3 copy: decode steps launch the O prefetch beside attention
-    (every layer) and the next layer's QKV beside the down (every layer but the last), and one-token
-    steps ask gate_up for the MoE's; prefill steps none. Tokens equal the torch reference's."""
+    (every layer) and the next layer's QKV beside the down (every layer but the last), ask attention
+    for its K/V prefetch (every layer), and one-token steps ask gate_up for the MoE's; prefill steps
+    none. Tokens equal the torch reference's."""
     from gptoss import kernel_model
     from gptoss.kernels import attention, moe_layout
 
@@ -142,6 +159,14 @@ def test_the_engine_with_every_prefetch_gives_the_reference_tokens(tiny_checkpoi
         return gate_up_v3(*a, prefetch_down=prefetch_down, **kw)
 
     monkeypatch.setattr(moe, "gate_up_v3", gate_up)
+    pf_kv = []
+    paged_attention = kernel_model.paged_attention
+
+    def attend(*a, prefetch_kv=False, **kw):
+        pf_kv.append(prefetch_kv)
+        return paged_attention(*a, prefetch_kv=prefetch_kv, **kw)
+
+    monkeypatch.setattr(kernel_model, "paged_attention", attend)
     calls = count_calls(
         monkeypatch, [(attention, "prefetch_l2", "o"), (kernel_model.l2_prefetch, "prefetch_l2", "qkv")]
     )
@@ -150,15 +175,19 @@ def test_the_engine_with_every_prefetch_gives_the_reference_tokens(tiny_checkpoi
     layers = len(eng.runner.kernel_runner.model.layers)
     calls.update(dict.fromkeys(calls, 0))
     pf_down.clear()
+    pf_kv.clear()
     # two prompts: a prefill step, then 4 decode steps of 2 tokens (multi-step decode keeps both)
     prompts = prompts_of([3, 21], seed=11)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 3)]
     assert eng.generate(prompts, params) == ref.generate(prompts, params)
     assert calls == {"o": 4 * layers, "qkv": 4 * (layers - 1)}
     assert pf_down == [False] * 5 * layers  # no step of one token
+    assert pf_kv == [False] * layers + [True] * 4 * layers
     # one prompt: a prefill step, then 3 decode steps of 1 token, whose gate_up prefetches
     pf_down.clear()
+    pf_kv.clear()
     prompts, params = prompts[:1], [SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)]
     assert eng.generate(prompts, params) == ref.generate(prompts, params)
     assert pf_down == [False] * layers + [True] * 3 * layers
+    assert pf_kv == [False] * layers + [True] * 3 * layers
     assert calls == {"o": 7 * layers, "qkv": 7 * (layers - 1)}
