@@ -12,8 +12,6 @@ program loads before the wait) at 2 of 4, half of them; at 0, none.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moe_decode_sass import _compile, disassemble  # noqa: E402
-from prefetch_sass import _opcode  # noqa: E402
+from prefetch_sass import _opcode, report  # noqa: E402
 
 from gptoss.kernels.gemv_preload import _gemv_preload_kernel, k_parts  # noqa: E402
 
@@ -47,22 +45,18 @@ def compile_stats(k: int, bn: int, warps: int, early: int | None = None) -> dict
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", action="store_true", help="one JSON object instead of lines")
-    args = ap.parse_args()
+def stats() -> dict:
     out = {
         f"{name} {bn}x{warps}": compile_stats(k, bn, warps)
         for name, (_, k) in SHAPES.items()
         for bn, warps in TILES
     }
     # GPTOSS_GEMV_PRELOAD_EARLY: half of O's rows before the wait, and none
-    out |= {f"o 4x4 early {e}": compile_stats(4096, 4, 4, e) for e in (2, 0)}
-    if args.json:
-        print(json.dumps(out))
-        return
-    for name, v in out.items():
-        print(f"{name}: {v}")
+    return out | {f"o 4x4 early {e}": compile_stats(4096, 4, 4, e) for e in (2, 0)}
+
+
+def main() -> None:
+    report(__doc__, stats)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -75,17 +76,27 @@ def attention(pf_keys: int) -> dict:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def report(doc: str, stats: Callable[[], dict]) -> None:
+    """A SASS script's main: stats() as one JSON object with --json, else a line a key."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     args = ap.parse_args()
-    out = {"standalone": standalone(), "gate_up": gate_up(False), "gate_up_pf": gate_up(True)}
-    out |= {"attn": attention(0), "attn_kv": attention(l2_prefetch.ATTN_KEYS)}
+    out = stats()
     if args.json:
         print(json.dumps(out))
         return
     for name, v in out.items():
         print(f"{name}: {v}")
+
+
+def main() -> None:
+    report(
+        __doc__,
+        lambda: (
+            {"standalone": standalone(), "gate_up": gate_up(False), "gate_up_pf": gate_up(True)}
+            | {"attn": attention(0), "attn_kv": attention(l2_prefetch.ATTN_KEYS)}
+        ),
+    )
 
 
 if __name__ == "__main__":

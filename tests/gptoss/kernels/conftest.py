@@ -1,6 +1,10 @@
 """Kernel tests run compiled on a GPU and in Triton's interpreter elsewhere (set before triton loads)."""
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -23,3 +27,31 @@ def count_calls(monkeypatch, targets) -> dict[str, int]:
 
         monkeypatch.setattr(owner, name, counted)
     return calls
+
+
+def record_flag(monkeypatch, owner, name: str, flag: str) -> list[bool]:
+    """Wraps owner.name so each call appends its keyword `flag` (False when not passed); returns the list."""
+    seen: list[bool] = []
+    fn = getattr(owner, name)
+
+    def recorded(*a, **kw):
+        seen.append(kw.get(flag, False))
+        return fn(*a, **kw)
+
+    monkeypatch.setattr(owner, name, recorded)
+    return seen
+
+
+def sass_json(script: str) -> dict:
+    """The --json output of a bench/kernels SASS script, run in a process without the interpreter
+    (it compiles for sm_90a on CPU)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parents[3] / "bench/kernels" / script), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=True,
+    )
+    return json.loads(out.stdout)

@@ -8,36 +8,19 @@ with PDL (the loads of W before the wait) where the GPU has it.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import gptoss.kernels.linear as lin
 from gptoss.kernels.gemv_preload import MAX_T, early_from_env, gemv_preload, k_parts, tiles_from_env
+from tests.gptoss.kernels.conftest import sass_json
+from tests.gptoss.kernels.test_linear import DEV, operands, reference
 
-ROOT = Path(__file__).resolve().parents[3]
-DEV = "cpu" if os.environ["TRITON_INTERPRET"] == "1" else "cuda"
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-
-
-def operands(t: int, n: int, k: int, dtype: torch.dtype, bias: bool, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(t, k, generator=g).to(DEV, dtype)  # [T, K]
-    w = (torch.randn(n, k, generator=g) / k**0.5).to(DEV, dtype)  # [N, K]
-    b = torch.randn(n, generator=g).to(DEV, dtype) if bias else None  # [N]
-    return x, w, b
-
-
-def reference(x, w, b):
-    return F.linear(x.float(), w.float(), None if b is None else b.float())
 
 
 def test_k_parts_split_k_into_two_power_of_two_tiles():
@@ -155,16 +138,7 @@ def test_the_sm90a_code_loads_all_of_w_before_the_pdl_wait():
     """Compiled for sm_90a on CPU by bench/kernels/gemv_preload_sass.py (a process without the
     interpreter): every one of W's 16-byte loads comes before griddepcontrol.wait (ACQBULK), which
     comes before the release (PREEXIT); after it only x and the bias are loaded; no spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench/kernels/gemv_preload_sass.py"), "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=True,
-    )
-    got = json.loads(out.stdout)
+    got = sass_json("gemv_preload_sass.py")
     assert len(got) == 8
     # GPTOSS_GEMV_PRELOAD_EARLY: 2 of O's 4 rows before the wait load half of W there; 0 none
     assert got.pop("o 4x4 early 2")["ldg_before_wait"] == got["o 4x4"]["ldg_before_wait"] // 2

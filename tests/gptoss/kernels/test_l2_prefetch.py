@@ -6,11 +6,7 @@ compiled on a GPU the prefetches run and the bits must not move)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,11 +21,9 @@ from gptoss.kernels import l2_prefetch, moe  # noqa: E402
 from gptoss.kernels.moe import Tiles  # noqa: E402
 from gptoss.kernels.moe_routing import Routing  # noqa: E402
 from gptoss.sampling import SamplingParams  # noqa: E402
-from tests.gptoss.kernels.conftest import count_calls  # noqa: E402
+from tests.gptoss.kernels.conftest import count_calls, record_flag, sass_json  # noqa: E402
 from tests.gptoss.kernels.moekit import ALPHA, DEV, LIMIT, gpu, make_moe  # noqa: E402
 from tests.gptoss.kernels.test_kernel_engine import make_engine, prompts_of  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(
@@ -88,16 +82,7 @@ def test_the_sm90a_code_releases_first_prefetches_then_waits_and_keeps_the_k_loo
     interpreter): the standalone kernel's PREEXIT, UBLKPF, ACQBULK in that order; gate_up with PF has
     its 4 bulk prefetches (own W13 words and scales, a share of W2's words and scales), none in the
     K loop, whose length stays within 2 instructions of the kernel without PF."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench/kernels/prefetch_sass.py"), "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=True,
-    )
-    got = json.loads(out.stdout)
+    got = sass_json("prefetch_sass.py")
     assert got["standalone"]["order"] == ["PREEXIT", "UBLKPF", "ACQBULK"]
     assert got["gate_up"]["ublkpf"] == 0
     assert got["gate_up_pf"]["ublkpf"] == 4 and got["gate_up_pf"]["ublkpf_in_loop"] == 0
@@ -151,22 +136,8 @@ def test_the_engine_with_every_prefetch_gives_the_reference_tokens(tiny_checkpoi
 
     monkeypatch.setattr(moe_layout, "KERNELS", "v3")
     monkeypatch.setattr(l2_prefetch, "ON", frozenset(l2_prefetch.PARTS))
-    pf_down = []
-    gate_up_v3 = moe.gate_up_v3
-
-    def gate_up(*a, prefetch_down=False, **kw):
-        pf_down.append(prefetch_down)
-        return gate_up_v3(*a, prefetch_down=prefetch_down, **kw)
-
-    monkeypatch.setattr(moe, "gate_up_v3", gate_up)
-    pf_kv = []
-    paged_attention = kernel_model.paged_attention
-
-    def attend(*a, prefetch_kv=False, **kw):
-        pf_kv.append(prefetch_kv)
-        return paged_attention(*a, prefetch_kv=prefetch_kv, **kw)
-
-    monkeypatch.setattr(kernel_model, "paged_attention", attend)
+    pf_down = record_flag(monkeypatch, moe, "gate_up_v3", "prefetch_down")
+    pf_kv = record_flag(monkeypatch, kernel_model, "paged_attention", "prefetch_kv")
     calls = count_calls(
         monkeypatch, [(attention, "prefetch_l2", "o"), (kernel_model.l2_prefetch, "prefetch_l2", "qkv")]
     )
