@@ -8,7 +8,7 @@ kernel before it has finished (PDL's griddepcontrol.wait), so each projection st
 round trip and a ramp. But W never changes. Here a program loads its whole share of W, BN rows of the
 whole K, into registers in one go, and only then waits for the previous kernel: with PDL the programs
 that find room on the SMs beside that kernel (attention before O uses a few dozen programs at batch
-1; the norm before QKV one or two) stream their rows while it runs, and after the wait only x (from
+1; the norm before QKV a few) stream their rows while it runs, and after the wait only x (from
 L2), the sums and the store remain. Without PDL (GPTOSS_PDL=0, older GPUs, the interpreter) the same
 code runs the loads after the previous kernel, as one wide burst of BN x K loads a program.
 
