@@ -328,7 +328,9 @@ class DPEngine:
         except (EOFError, OSError):
             pass  # the pipe closed: the replica exited; its exit reason is reported below
         except RuntimeError:  # the loop is closed: nobody is listening any more
-            return
+            if self._loop.is_closed():
+                return
+            raise  # any other RuntimeError is a bug: not hidden as a closed loop
         rep.process.join(5.0)
         if not ready.done():
             reason = _exit_reason(rep.process.exitcode)
