@@ -154,18 +154,27 @@ def _gemv_preload_kernel(
         tl.store(y_ptr + t * stride_y + rows, round_to(acc, y_ptr.dtype.element_ty), mask=rows < N)
 
 
-def suits(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
-    """Whether gemv_preload takes x [T, K] (1 <= T <= MAX_T) and w [N, K] as they stand."""
+def plain_operands(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
+    """What both decode GEMVs (this one and linear.gemv) need of their operands: x 2-D, x's and W's
+    last dim contiguous, one float dtype for x, W and a contiguous b."""
     return (
         x.dim() == 2
-        and w.dim() == 2
-        and 1 <= x.shape[0] <= MAX_T
-        and x.shape[1] == w.shape[1]
         and x.stride(1) == 1
         and w.stride(1) == 1
         and x.dtype == w.dtype
         and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-        and (b is None or (b.dtype == x.dtype and b.shape == (w.shape[0],) and b.is_contiguous()))
+        and (b is None or (b.dtype == x.dtype and b.is_contiguous()))
+    )
+
+
+def suits(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
+    """Whether gemv_preload takes x [T, K] (1 <= T <= MAX_T) and w [N, K] as they stand."""
+    return (
+        plain_operands(x, w, b)
+        and w.dim() == 2
+        and 1 <= x.shape[0] <= MAX_T
+        and x.shape[1] == w.shape[1]
+        and (b is None or b.shape == (w.shape[0],))
     )
 
 

@@ -32,7 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import pdl
-from gptoss.kernels.gemv_preload import gemv_preload
+from gptoss.kernels.gemv_preload import gemv_preload, plain_operands
 from gptoss.kernels.gemv_preload import suits as preload_suits
 from gptoss.kernels.rounding import round_to
 
@@ -193,14 +193,6 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     if GEMV == "preload" and x.is_cuda and one_or_wide and preload_suits(x, w, b):
         return gemv_preload(x, w, b)
     suits = (
-        x.is_cuda
-        and x.dim() == 2
-        and 1 <= x.shape[0] <= GEMV_MAX_T
-        and w.shape[1] > w.shape[0]
-        and x.stride(1) == 1
-        and w.stride(1) == 1
-        and x.dtype == w.dtype
-        and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-        and (b is None or (b.dtype == x.dtype and b.is_contiguous()))
+        x.is_cuda and plain_operands(x, w, b) and 1 <= x.shape[0] <= GEMV_MAX_T and w.shape[1] > w.shape[0]
     )
     return gemv(x, w, b) if suits else F.linear(x, w, b)
