@@ -71,9 +71,9 @@ def test_two_replicas_log_the_tokens_of_one(tiny_checkpoint, tmp_path, monkeypat
 
 
 def test_a_replica_killed_mid_run_is_counted_and_the_run_exits_1(tiny_checkpoint, tmp_path):
-    # 850 output tokens a query (2 a replica: 2 x ~990 tokens fit its 2048-token cache): seconds of
-    # decode, so the run cannot end before the kill below even on a loaded 2-core CI machine
-    # (with 400 it twice did: "the run never started").
+    # 850 output tokens a query (2 a replica: 2 x ~990 tokens fit its 2048-token cache). Replica 1 is
+    # stopped (SIGSTOP) before the run starts, so its two queries cannot finish before the kill below
+    # however fast or slow the machine is: timing alone twice let the run end first on a loaded CI.
     data = make_data(tmp_path / "d.parquet", 4, (850, 850), seed=6)
     out = tmp_path / "out"
     args = [*ENGINE, "--devices", "cpu,cpu", "--model-path", tiny_checkpoint, "--input-file", data,
@@ -88,17 +88,19 @@ def test_a_replica_killed_mid_run_is_counted_and_the_run_exits_1(tiny_checkpoint
     )
     try:
         pids = wait_ready(proc, timeout=120)
+        victim = psutil.Process(pids[1])
+        victim.send_signal(signal.SIGSTOP)
         run_json = out / "offline" / "performance" / "run.json"
         deadline = time.monotonic() + 60
         while (status := run_status(run_json)) != "running":
-            assert status in (None, "starting"), f"the run ended ({status}) before replica 1 was killed"
+            assert status in (None, "starting"), f"the run ended ({status}) with replica 1 stopped"
             assert time.monotonic() < deadline, "the run never started"
             time.sleep(0.05)
-        # Replica 1 idles on a condition variable until its two queries come: CPU time it spends
-        # now is their prefill and decode (400 steps each, far from done after 0.3 s).
-        victim, start = psutil.Process(pids[1]), busy(pids[1])
-        while busy(pids[1]) < start + 0.3:
-            assert time.monotonic() < deadline, "replica 1 never got work"
+        # Offline issues all 4 queries at once, and the engine assigns them (2 a replica, least
+        # tokens first) in the same loop turn: once replica 0 computes, replica 1 owns its two.
+        start = busy(pids[0])
+        while busy(pids[0]) < start + 0.3:
+            assert time.monotonic() < deadline, "replica 0 never got work"
             time.sleep(0.02)
         victim.send_signal(signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=120)  # no hang: the time limit of the whole test
