@@ -342,6 +342,20 @@ VARIANTS["v3-dd-w"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 512, 
 _DD, _GU = DecTiles(16, 32, 512, 4, 4, 3), DecTiles(16, 32, 128, 2, 2, 4)
 VARIANTS["v3-dd-gu"] = Variant("v3", max_m=16, v3_dec_down=_DD, v3_dec_gate_up=_GU)
 VARIANTS["v3-dd2-gu"] = Variant("v3", max_m=16, v3_dec_down=_GU, v3_dec_gate_up=_GU)
+# Both split-K decode GEMMs with their weights by TMA (GPTOSS_V3_DEC_WTMA covers the gate_up since
+# 2026-11-29), at tiles that put more warps on each weight row: at T 1 the gate_up's warps are
+# (4 * 2I / BN) * warps, 1440 (~11 an SM) at the default BN 32 x 2 warps as on v3's tiles, and its
+# K loop runs ~20 us for 35 MB (120b), ~1.7 TB/s. -bn16: twice the programs; -k256w4: 4 warps of 1
+# chunk a 256-K step (twice the warps); -s6: 6 stages; -k512: the down's tiles.
+_GU_W = {
+    "v3-dd-gu-w": _GU,
+    "v3-dd-gu-w-bn16": DecTiles(16, 16, 128, 2, 2, 4),
+    "v3-dd-gu-w-k256w4": DecTiles(16, 32, 256, 4, 4, 4),
+    "v3-dd-gu-w-s6": DecTiles(16, 32, 128, 2, 2, 6),
+    "v3-dd-gu-w-k512": DecTiles(16, 32, 512, 4, 4, 3),
+}
+for _name, _t in _GU_W.items():
+    VARIANTS[_name] = Variant("v3", max_m=16, v3_dec_down=_DD, v3_dec_gate_up=_t, wtma=True)
 
 # The same question on v2, which has no half body: each bucket on the next bucket's BM (so an expert
 # above the mean rows, ~45 % of them at a bucket's mean, still takes one tile, at the cost of a

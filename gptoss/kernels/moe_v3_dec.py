@@ -91,7 +91,8 @@ def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
 
 MAX_T = _max_t(os.environ.get("GPTOSS_V3_DEC_DOWN"))
 # GPTOSS_V3_DEC_WTMA (default on; 0 turns it off): this kernel's weight and scale words by TMA too
-# (one copy a K step, the same bits), as moe_v3's GEMMs take them (GPTOSS_MOE_V3_WTMA). H200, random
+# (one copy a K step, the same bits), as moe_v3's GEMMs take them (GPTOSS_MOE_V3_WTMA), and those of
+# moe_v3_dec_gu's split-K gate_up where GPTOSS_V3_DEC_GATE_UP takes it (untimed there). H200, random
 # 120b, batch-1 128 -> 512, one process each, interleaved (bench/results v30): 350.7 / 341.5 / 347.3
 # tok/s against 337.0 / 337.3 / 334.7 off (+3.0 % on the means); the down 11.9 -> 9.8 us a layer
 # in the profile (PDL off).

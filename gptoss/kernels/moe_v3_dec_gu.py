@@ -31,7 +31,10 @@ against 22.1 routing the logits; T 2 / 4 / 8 34.4 / 59.5 / 102.6 against 36.7 / 
 (H100, batch-1 128 -> 512, one process each, 2026-11-28, v26): 280.0 against 298.6 / 300.7 / 298.7
 on v3's decode tiles, -6 %: alone in a graph of 48 copies it is faster, but between the step's other
 kernels (PDL) it is not. So MAX_T (GPTOSS_V3_DEC_GATE_UP=N: up to N tokens take it) defaults to 0,
-never; the switch stays for A/B runs.
+never; the switch stays for A/B runs. Its weight and scale words come by TMA as the down's do
+(GPTOSS_V3_DEC_WTMA, on by default; the same bits, interpreter-tested): sm_90a at 120b's T 1 with the
+routing inside, the default tiles: 72 registers against 80, the K loop 238 instructions against 212
+(one UTMALDG a step for the words and one for the scales instead of 12 cp.async). Not yet timed.
 
 Numerics: the same float32 products as v3's tiles (exact dequant, bf16 or IEEE float32 dots), summed
 in another order (a partial sum a warp, added after the loop), so act may differ from gate_up_v3's
@@ -47,12 +50,13 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import moe_common as common
+from gptoss.kernels import moe_v3_dec as dec
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing, route_in_registers
 from gptoss.kernels.moe_tiles import DecTiles
-from gptoss.kernels.moe_v3 import _check, _route_args, _scaled, _weight_args
+from gptoss.kernels.moe_v3 import _check, _route_args, _scaled, _tma_runs, _weight_args, weight_descriptors
 from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step, dec_tiles_v3, env_dec_tiles, env_max_t
 
 _ENV = "GPTOSS_V3_DEC_GATE_UP"
@@ -112,11 +116,16 @@ def _gate_up_v3_dec_kernel(
     ROUTE: tl.constexpr = False,
     KP: tl.constexpr = 1,
     BT: tl.constexpr = 1,
+    w_desc=None,
+    s_desc=None,
+    WTMA: tl.constexpr = False,
 ):
     """Program (weight row block, slot): act[rows of the slot's expert, pid_n's BN/2 columns] =
     swiglu(x[rows // k] @ W13_e^T + b13_e); N = I, K = H, BN weight rows. ROUTE: every program
     routes the [T, E] logits in registers (the routing kernel's decisions) instead of loading counts
-    and rows; program (0, 0) stores them for down and the combine."""
+    and rows; program (0, 0) stores them for down and the combine. WTMA: the weight and scale words
+    come by TMA (w_desc, s_desc: moe_v3.weight_descriptors over W13's E * 2N rows), one copy each a
+    K step, as the split-K down takes them."""
     pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
@@ -134,8 +143,11 @@ def _gate_up_v3_dec_kernel(
     BKS: tl.constexpr = BK // SPLIT
     NC: tl.constexpr = BN // 2  # act columns: each a gate and an up weight row
     e64 = e.to(tl.int64)
-    args = (w_ptr, s_ptr, e, pid_n * BN, stride_we, stride_wn, stride_se, stride_sn)
-    w_t, s_t, c = _v3_split_ptrs(*args, 2 * N, BN, BK, SPLIT)
+    if WTMA:  # the tile's first 16-row block in the [E * 2N/16, ...] descriptors
+        w_t, s_t, c = w_desc, s_desc, e * (2 * N // 16) + pid_n * (BN // 16)
+    else:
+        args = (w_ptr, s_ptr, e, pid_n * BN, stride_we, stride_wn, stride_se, stride_sn)
+        w_t, s_t, c = _v3_split_ptrs(*args, 2 * N, BN, BK, SPLIT)
     # Weight row r = 16b + 8h + g is plane h's (gate, up) act column pid_n NC + 8b + g (_interleave8);
     # past-the-end columns read valid bias and are never stored.
     r = tl.arange(0, BN)
@@ -155,7 +167,7 @@ def _gate_up_v3_dec_kernel(
         acc = tl.zeros([SPLIT, BN, BM], tl.float32)
         for k0 in range(0, K, BK):
             xt = tl.load(x_t + k0, mask=valid[None, None, :] & ((k0 + kx) < K), other=0.0)
-            acc = _v3_split_step(acc, xt, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC)
+            acc = _v3_split_step(acc, xt, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC, WTMA)
         pre = tl.sum(acc, 0) + bias  # [BN, BM]
         # rows 16b + 8h + g -> [b, g, BM, h], split on h: _gate_up_v3_tile's epilogue
         gate, up = tl.split(tl.permute(tl.reshape(pre, (BN // 16, 2, 8, BM)), (0, 2, 3, 1)))
@@ -228,5 +240,6 @@ def gate_up_v3_dec(
         num_stages=tiles.stages,
         maxnreg=t.maxnreg,  # dec_tiles_v3 fits the shape only
         **pdl.args(x),
+        **(weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk) if dec.WTMA and _tma_runs(x) else {}),
     )
     return act

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe, moe_v3, moe_v3_dec  # noqa: E402
+from gptoss.kernels import moe, moe_v3, moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe import Tiles  # noqa: E402
 from gptoss.kernels.moe_routing import Routing, route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
@@ -101,6 +101,53 @@ def test_the_split_k_down_with_weights_by_tma_gives_the_same_bits(monkeypatch, h
     base, tma = _dec_both(monkeypatch, 4, h, i, 5, tiles)
     assert torch.isfinite(base).all()
     assert torch.equal(tma, base)
+
+
+def _gu_dec_both(monkeypatch, e, h, i, tokens, tiles, route=False, dtype=torch.float32):
+    """moe_v3_dec_gu's split-K gate_up by pointers, then by TMA (GPTOSS_V3_DEC_WTMA): (act, routing
+    ids) each; route: the kernel routes the logits itself into empty buffers (the engine's T 1)."""
+    ref, w = make_moe(e, h, i, 4, dtype, seed=11, kernels="v3")
+    x = torch.randn(tokens, h, device=DEV, generator=torch.Generator(DEV).manual_seed(6)).to(dtype)
+    logits = F.linear(x, ref.router_weight, ref.router_bias).contiguous()
+    out = []
+    for on in (False, True):
+        monkeypatch.setattr(moe_v3_dec, "WTMA", on)
+        r = Routing.empty(tokens, 4, e, DEV) if route else route_and_group(logits, 4)
+        act = moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, tiles, logits=logits if route else None)
+        out.append((act, r.ids.clone()))
+    return out
+
+
+@pytest.mark.usefixtures("poisoned_buffers")
+@pytest.mark.parametrize(
+    ("e", "h", "i", "tokens", "tiles", "route"),
+    [
+        # the default tiles (BK 128, 2 warps of one chunk); H 2880 = 45 chunks: the last step's 2nd
+        # chunk is zero fill; routing in the kernel at T 1, as the engine's decode step
+        (4, 2880, 96, 1, None, True),
+        (
+            4,
+            256,
+            64,
+            5,
+            DecTiles(16, 32, 256, 2, 2, 2),
+            False,
+        ),  # 2 warps of 2 chunks: the chunk-to-warp order
+        # 2I = 192 rows at BN 128: each expert's second block runs 64 rows into the next expert's
+        # words (zeros past the last expert's); computed, never stored
+        (4, 192, 96, 3, DecTiles(4, 128, 128, 2, 2, 3), False),
+    ],
+)
+def test_the_split_k_gate_up_with_weights_by_tma_gives_the_same_bits(
+    monkeypatch, e, h, i, tokens, tiles, route
+):
+    """GPTOSS_V3_DEC_WTMA also takes the split-K gate_up (GPTOSS_V3_DEC_GATE_UP): a step's chunks in
+    one copy, warp s given chunks s*KCS.. as the pointers give them: the same act bit for bit in
+    float32, where any misplaced chunk or row shows, and the same routing."""
+    (act, ids), (act_t, ids_t) = _gu_dec_both(monkeypatch, e, h, i, tokens, tiles, route)
+    assert torch.isfinite(act).all() and act.abs().sum() > 0
+    assert torch.equal(ids_t, ids)
+    assert torch.equal(act_t, act)
 
 
 def test_descriptors_refuse_what_the_copies_cannot_tile():
