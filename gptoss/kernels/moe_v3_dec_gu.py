@@ -34,7 +34,8 @@ kernels (PDL) it is not. So MAX_T (GPTOSS_V3_DEC_GATE_UP=N: up to N tokens take 
 never; the switch stays for A/B runs. Its weight and scale words come by TMA as the down's do
 (GPTOSS_V3_DEC_WTMA, on by default; the same bits, interpreter-tested): sm_90a at 120b's T 1 with the
 routing inside, the default tiles: 72 registers against 80, the K loop 238 instructions against 212
-(one UTMALDG a step for the words and one for the scales instead of 12 cp.async). Not yet timed.
+(two UTMALDG a step, words and scales, instead of 4 cp.async a thread; x stays on cp.async).
+Not yet timed.
 
 Numerics: the same float32 products as v3's tiles (exact dequant, bf16 or IEEE float32 dots), summed
 in another order (a partial sum a warp, added after the loop), so act may differ from gate_up_v3's
