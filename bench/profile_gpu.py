@@ -14,6 +14,8 @@ it adds to the stream's span ("added", `chain`) and the idle time between kernel
 it ranks the kernels as the step runs them back to back.
 prefill: N prompts of L tokens are added at once and the steps that prefill them all (each up to
 --max-num-batched-tokens) run under torch.profiler: wall ms and prefill tokens/s, kernels as above.
+ncu: the same decode steps without torch.profiler, inside CUDA's profiler range, so Nsight Compute
+(`ncu --profile-from-start off`) reads the counters of exactly their kernels (bench/moe_ncu_gpu.sh).
 diag: one prefill forward of 4 prompts x 64 tokens through (a) our kernels in bf16, (b) the torch
 reference in bf16, (c) the torch reference in float32; prints rel L2 error of (a) and (b) against (c)
 and top-1 agreement, so kernel error can be told apart from bf16 noise of a random-weight model.
@@ -96,7 +98,9 @@ def _new_tokens(batch: int, prompt_len: int, steps: int, step_tokens: int) -> in
     return steps + 8 + -(-batch * prompt_len // step_tokens) + 2
 
 
-def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None, prompt_len: int = 128) -> None:
+def profile(
+    eng: LLMEngine, batch: int, steps: int, lora: str | None = None, prompt_len: int = 128, ncu: bool = False
+) -> None:
     rng = random.Random(batch)
     new_tokens = _new_tokens(batch, prompt_len, steps, eng.config.max_num_batched_tokens)
     sp = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
@@ -112,6 +116,16 @@ def profile(eng: LLMEngine, batch: int, steps: int, lora: str | None = None, pro
         print(f"warning: {rows} of {batch} sequences still decoding when the profile starts")
     runner.host_times.clear()
     torch.cuda.synchronize()
+    if ncu:  # Nsight Compute (--profile-from-start off) takes exactly these steps' kernels
+        torch.cuda.profiler.start()
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        print(f"batch {rows} at context {prompt_len}: {steps} decode steps inside ncu's capture range")
+        while eng.has_work():
+            eng.step()
+        return
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         start.record()
@@ -288,6 +302,12 @@ def main() -> None:
     ap.add_argument(
         "--prompt-len", type=int, default=128, help="--batch requests' prompt tokens (their context)"
     )
+    ap.add_argument(
+        "--ncu",
+        action="store_true",
+        help="no torch.profiler: the --steps decode steps between cudaProfilerStart and Stop, for "
+        "`ncu --profile-from-start off` (bench/moe_ncu_gpu.sh TARGET=step)",
+    )
     args = ap.parse_args()
     if args.diag:
         diag(args.model_path)
@@ -316,7 +336,7 @@ def main() -> None:
     print(f"engine up in {time.perf_counter() - t:.1f} s")
     for b in batches:
         if b > 0:
-            profile(eng, b, args.steps, "lora" if args.lora else None, args.prompt_len)
+            profile(eng, b, args.steps, "lora" if args.lora else None, args.prompt_len, args.ncu)
     for spec in args.prefill:
         n, length = map(int, spec.split("x"))
         profile_prefill(eng, n, length, args.decoding)

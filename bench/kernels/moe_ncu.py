@@ -49,9 +49,11 @@ def _short(kernel: str) -> str:
     return re.sub(r"\(.*", "", kernel).strip()[:28]
 
 
-def digest(text: str) -> list[str]:
+def digest(text: str, by_kernel: bool = False) -> list[str]:
     """ncu's --csv --page details output -> one line a kernel launch (ID), columns as COLUMNS, then
-    its warps' three largest stall reasons (cycles stalled per issued instruction)."""
+    its warps' three largest stall reasons (cycles stalled per issued instruction). by_kernel (a
+    whole decode step's ~290 launches): one line a kernel name instead, its launches' count first,
+    the columns their means ("us" their sum), the most time first, the stalls summed over launches."""
     rows: dict[str, dict] = defaultdict(dict)
     names: dict[str, str] = {}
     stalls: dict[str, list[tuple[float, str]]] = defaultdict(list)
@@ -69,6 +71,8 @@ def digest(text: str) -> list[str]:
                 rows[launch][label] = float(value) * scale if value else None
         if (m := STALL.search(metric)) and value and m[1] != "selected":  # selected: issuing, no stall
             stalls[launch].append((float(value), m[1]))
+    if by_kernel:
+        return _by_kernel(rows, names, stalls)
     head = f"{'id':>4} {'kernel':<28} " + " ".join(f"{label:>7}" for label, _, _ in COLUMNS) + "  top stalls"
     out = [head]
     for launch in sorted(rows, key=int):
@@ -78,6 +82,33 @@ def digest(text: str) -> list[str]:
         )
         top = ", ".join(f"{n} {v:.1f}" for v, n in sorted(stalls[launch], reverse=True)[:3])
         out.append(f"{launch:>4} {names[launch]:<28} {cells}  {top}")
+    return out
+
+
+def _by_kernel(rows: dict[str, dict], names: dict[str, str], stalls: dict[str, list]) -> list[str]:
+    groups: dict[str, list[str]] = defaultdict(list)
+    for launch in rows:
+        groups[names[launch]].append(launch)
+
+    def column(launches: list[str], label: str) -> float | None:
+        vals = [v for x in launches if (v := rows[x].get(label)) is not None]
+        if not vals:
+            return None
+        return sum(vals) if label == "us" else sum(vals) / len(vals)
+
+    head = f"{'n':>4} {'kernel':<28} " + " ".join(f"{label:>7}" for label, _, _ in COLUMNS) + "  top stalls"
+    out = [head]
+    for name, launches in sorted(groups.items(), key=lambda kv: -(column(kv[1], "us") or 0.0)):
+        cells = " ".join(
+            f"{v:7.1f}" if (v := column(launches, label)) is not None else f"{'-':>7}"
+            for label, _, _ in COLUMNS
+        )
+        summed: dict[str, float] = defaultdict(float)
+        for x in launches:
+            for v, reason in stalls[x]:
+                summed[reason] += v / len(launches)
+        top = ", ".join(f"{n} {v:.1f}" for n, v in sorted(summed.items(), key=lambda kv: -kv[1])[:3])
+        out.append(f"{len(launches):>4} {name:<28} {cells}  {top}")
     return out
 
 
@@ -178,13 +209,14 @@ def profile(ms: list[int], variant: str, with_vllm: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--digest", type=Path, help="ncu's CSV: print the table (no GPU needed)")
+    ap.add_argument("--by-kernel", action="store_true", help="--digest: one line a kernel name")
     ap.add_argument("--sass-digest", type=Path, help="ncu's source-page CSV: the most stalled instructions")
     ap.add_argument("--ms", default="1024,16384")
     ap.add_argument("--variant", default="engine", help="a moe_variants.VARIANTS name")
     ap.add_argument("--vllm", action="store_true", help="vLLM's MoE after ours, at each M")
     args = ap.parse_args()
     if args.digest:
-        print("\n".join(digest(args.digest.read_text())))
+        print("\n".join(digest(args.digest.read_text(), args.by_kernel)))
     elif args.sass_digest:
         print("\n".join(sass_digest(args.sass_digest.read_text())))
     else:

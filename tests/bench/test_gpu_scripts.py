@@ -50,6 +50,7 @@ case "$*" in
 esac
 """
 NCU_STUB = r"""#!/usr/bin/env bash
+echo "ncu $*" >> "$STUB_LOG"
 case "$*" in
   *"--page details"*)
     echo '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"'
@@ -189,6 +190,24 @@ def test_moe_ncu_digests_what_ncu_wrote(stubs, tmp_path):
     assert lines[2].startswith("kernel table 0: 2 instructions, 800 samples")
     assert lines[4] == "  opcodes: BAR 75.0%, DEPBAR 25.0%"
     assert lines[5].split()[:3] == ["75.0%", "00001160", "BAR.SYNC.DEFER_BLOCKING"]
+
+
+def test_moe_ncu_step_target_profiles_the_engines_decode_step(stubs, tmp_path):
+    """TARGET=step: ncu over profile_gpu.py --ncu (one decode step at BATCH) on CKPT, made if missing,
+    without waiting for vLLM; one line a kernel name; the source page of the MoE GEMMs."""
+    res = tmp_path / "step"
+    p = _run("moe_ncu_gpu.sh", stubs, RES=str(res), TARGET="step", BATCH="2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    step = f"profile_gpu.py --model-path {tmp_path / 'ck'} --batch 2 --steps 1 --ncu"
+    profiled = [c for c in calls if c.startswith("ncu --profile-from-start off")]
+    assert len(profiled) == 2 and all(c.endswith(step) for c in profiled)
+    assert "--page details" in profiled[0] and "-k regex:gate_up|down -c 2" in profiled[1]
+    assert any("make_checkpoint --preset 20b" in c for c in calls)  # CKPT was missing
+    assert "waiting for vLLM" not in p.stdout and not any("moe_ncu.py --ms" in c for c in calls)
+    lines = (res / "table.txt").read_text().splitlines()
+    assert lines[0].split()[:3] == ["n", "kernel", "us"]
+    assert lines[1].split()[:3] == ["1", "_gate_up_v3_kernel", "480.2"]
 
 
 def test_decode_variants_keep_commas_inside_a_value(stubs, tmp_path):

@@ -61,6 +61,35 @@ def test_one_line_a_launch_with_units_and_top_stalls():
     assert out[2].split()[:3] == ["1", "_matmul_ogs_NNT_bf16xbf16xmx", "1234500.0"]  # ms -> us, thousands
 
 
+def test_by_kernel_sums_a_steps_launches_of_each_kernel():
+    """A decode step runs each kernel once a layer: one line a name, most time first, its count,
+    the durations summed and the other columns and stalls averaged over its launches."""
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    cl = "Command line profiler metrics"
+    lines = [HEAD]
+    for launch, (name, us, dram, stalls) in enumerate(
+        [
+            ("_rmsnorm_kernel", "3.0", "5.0", {"long_scoreboard": "8.0"}),
+            ("_gate_up_v3_dec_kernel", "20.0", "40.0", {"long_scoreboard": "6.0", "barrier": "1.0"}),
+            ("_rmsnorm_kernel", "5.0", "7.0", {"long_scoreboard": "4.0", "wait": "2.0"}),
+            ("_gate_up_v3_dec_kernel", "22.0", "50.0", {"long_scoreboard": "8.0", "barrier": "3.0"}),
+        ]
+    ):
+        lines += [
+            _row(launch, name, SOL, "Duration", "usecond", us),
+            _row(launch, name, SOL, "DRAM Throughput", "%", dram),
+        ]
+        lines += [_row(launch, name, cl, stall.format(k), "", v) for k, v in stalls.items()]
+    out = digest("\n".join(lines), by_kernel=True)
+    assert out[0].split()[:3] == ["n", "kernel", "us"]
+    gu, norm = out[1].split(), out[2].split()
+    assert gu[:3] == ["2", "_gate_up_v3_dec_kernel", "42.0"] and gu[6] == "45.0"  # us summed, dram% averaged
+    assert norm[:3] == ["2", "_rmsnorm_kernel", "8.0"] and norm[6] == "6.0"
+    assert out[1].endswith("long_scoreboard 7.0, barrier 2.0")
+    assert out[2].endswith("long_scoreboard 6.0, wait 1.0")  # a stall one launch lacks counts as 0 there
+    assert len(out) == 3
+
+
 def test_no_table_says_so():
     assert digest("==PROF== Connected\n==ERROR== failed") == [
         "no ncu table in the input (did ncu profile anything? see its log lines above)"
