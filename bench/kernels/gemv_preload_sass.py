@@ -1,4 +1,5 @@
-"""SASS of the preloading decode GEMV (gptoss.kernels.gemv_preload), compiled for sm_90a on CPU.
+"""SASS of the kernels that load weights before their PDL wait, compiled for sm_90a on CPU: the
+preloading decode GEMV (gptoss.kernels.gemv_preload) and norm_logits' router row (norm_route).
 
     python bench/kernels/gemv_preload_sass.py [--json]
 
@@ -7,7 +8,9 @@ a few tiles (BN x WARPS): registers, spills (STL/LDL), the global loads (LDG) is
 (griddepcontrol.wait) and after it, and the order of ACQBULK and PREEXIT (launch_dependents). The
 preload holds when all of W's loads (BN*K*2 / (16 * 32 * WARPS) 16-byte LDG a thread) come before
 ACQBULK and only x, the bias and nothing of W after it; with GPTOSS_GEMV_PRELOAD_EARLY (rows a
-program loads before the wait) at 2 of 4, half of them; at 0, none.
+program loads before the wait) at 2 of 4, half of them; at 0, none. norm_logits (20b: H 2880 in a
+4096 tile over 8 warps): its norm weight (float32), router row and bias before ACQBULK, x and the
+residual after.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_decode_sass import _compile, disassemble  # noqa: E402
+from moe_decode_sass import _compile, disassemble, norm_logits  # noqa: E402
 from prefetch_sass import _opcode, report  # noqa: E402
 
 from gptoss.kernels.gemv_preload import _gemv_preload_kernel, k_parts  # noqa: E402
@@ -32,7 +35,11 @@ def compile_stats(k: int, bn: int, warps: int, early: int | None = None) -> dict
     sig = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", T="i32", N="i32", K="i32")
     sig.update(stride_x="i32", stride_w="i32", stride_y="i32")
     consts = dict(HAS_BIAS=True, BN=bn, K1=k1, K2=k2, EARLY=early if early is not None else bn, PDL=True)
-    res, _, ins = disassemble(_compile(_gemv_preload_kernel, sig, consts, warps, 1))
+    return _load_stats(_compile(_gemv_preload_kernel, sig, consts, warps, 1))
+
+
+def _load_stats(kernel) -> dict:
+    res, _, ins = disassemble(kernel)
     ops = [_opcode(x) for _, x in ins]
     wait = ops.index("ACQBULK")
     regs = int(res.split("REG:")[1].split()[0])
@@ -52,7 +59,8 @@ def stats() -> dict:
         for bn, warps in TILES
     }
     # GPTOSS_GEMV_PRELOAD_EARLY: half of O's rows before the wait, and none
-    return out | {f"o 4x4 early {e}": compile_stats(4096, 4, 4, e) for e in (2, 0)}
+    out |= {f"o 4x4 early {e}": compile_stats(4096, 4, 4, e) for e in (2, 0)}
+    return out | {"norm_logits": _load_stats(norm_logits(True))}
 
 
 def main() -> None:

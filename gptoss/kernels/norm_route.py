@@ -13,7 +13,9 @@ router costs this one launch, against four unfused (~10 us a layer at batch 1 on
 _norm_logits_kernel runs a program per (expert, token): it loads the token's x and residual row,
 the norm weight and its one router row in a single round (H <= 8192 in registers: one DRAM/L2
 latency, not a chain), adds and normalizes the row itself and takes the dot; program (0, t) also
-stores r[t] and h[t]. No program reads another's writes. The first versions were slower than the
+stores r[t] and h[t]. The weights (norm, router row, bias) load before the PDL wait, x and the
+residual after it (2026-11-29, untimed: as gemv_preload does with W, one DRAM trip less after the
+wait). No program reads another's writes. The first versions were slower than the
 four launches: one program for all (184 KB of router weights through one SM, ~36 us a layer), and a
 program per expert looping over 512-column chunks of every token twice (a chain of ~12 dependent
 loads; 377.5 vs 388.6 tok/s at batch 1); E programs handing the routing to the last one by an atomic
@@ -65,17 +67,20 @@ def _norm_logits_kernel(
     PDL: tl.constexpr,
 ):
     """Program (e, t): logits[t, e] = h[t] @ W[e] + b[e] (F.linear's output rounding); e == 0 stores r, h."""
-    pdl.wait_then_release(PDL)
     e = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     DT: tl.constexpr = r_ptr.dtype.element_ty
     hc = tl.arange(0, BH)
     m = hc < H
-    # One round: the four loads are independent, so they are in flight together.
-    xv = tl.load(x_ptr + t * stride_x + hc, mask=m, other=0.0)
-    rv = tl.load(res_ptr + t * stride_res + hc, mask=m, other=0.0)
+    # The weights never change: their loads leave before the PDL wait, so with PDL the router row
+    # (from DRAM: 128 rows are 737 KB at 120b) streams while the kernel before (the down GEMM) ends,
+    # and after the wait only x and the residual (from L2) stand between the wait and the sums.
     nw = tl.load(nw_ptr + hc, mask=m, other=0.0)
     wv = tl.load(rw_ptr + e * H + hc, mask=m, other=0.0)
+    bias = tl.load(rb_ptr + e).to(tl.float32)
+    pdl.wait_then_release(PDL)
+    xv = tl.load(x_ptr + t * stride_x + hc, mask=m, other=0.0)
+    rv = tl.load(res_ptr + t * stride_res + hc, mask=m, other=0.0)
     r = round_to(xv.to(tl.float32) + rv.to(tl.float32), DT)  # torch's add: float32 sum, one rounding
     rf = r.to(tl.float32)
     # 1/sqrt_rn rather than the approximate rsqrt, as rmsnorm.py.
@@ -84,7 +89,7 @@ def _norm_logits_kernel(
     if e == 0:
         tl.store(r_ptr + t * H + hc, r, mask=m)
         tl.store(h_ptr + t * H + hc, hv, mask=m)
-    logit = tl.sum(hv.to(tl.float32) * wv.to(tl.float32), axis=0) + tl.load(rb_ptr + e).to(tl.float32)
+    logit = tl.sum(hv.to(tl.float32) * wv.to(tl.float32), axis=0) + bias
     tl.store(logits_ptr + t * E + e, round_to(logit, DT).to(tl.float32))  # F.linear's output rounding
 
 

@@ -26,6 +26,7 @@ pytest.importorskip("triton")
 from gptoss.kernels.moe_routing import Routing, route_and_group  # noqa: E402
 from gptoss.kernels.norm_route import norm_route  # noqa: E402
 from gptoss.kernels.rmsnorm import fused_add_rms_norm  # noqa: E402
+from tests.gptoss.kernels.conftest import sass_json  # noqa: E402
 from tests.gptoss.kernels.test_small_ops import assert_within_ulp  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -192,6 +193,16 @@ def test_argument_errors():
         call(k=0)
     with pytest.raises(ValueError, match=r"top_k must be in \[1, 8\], got 9"):
         call(k=9)
+
+
+def test_the_sm90a_code_loads_the_weights_before_the_pdl_wait():
+    """Compiled for sm_90a on CPU (bench/kernels/gemv_preload_sass.py, 20b: H 2880 in a 4096 tile
+    over 8 warps, 16 values a thread): the norm weight (float32: 4 16-byte loads a thread), the
+    router row (bf16: 2) and the bias (1) load before griddepcontrol.wait (ACQBULK); x and the
+    residual (2 each), which the kernel before writes, after it; the release after the wait."""
+    got = sass_json("gemv_preload_sass.py")["norm_logits"]
+    assert got["ldg_before_wait"] == 4 + 2 + 1 and got["ldg_after_wait"] == 2 + 2
+    assert got["spills"] == 0 and got["wait_then_release"]
 
 
 @gpu
