@@ -1,5 +1,6 @@
 """SASS of the kernels that load weights before their PDL wait, compiled for sm_90a on CPU: the
-preloading decode GEMV (gptoss.kernels.gemv_preload) and norm_logits' router row (norm_route).
+preloading decode GEMV (gptoss.kernels.gemv_preload), norm_logits' router row (norm_route) and the
+RMSNorm's weight (rmsnorm).
 
     python bench/kernels/gemv_preload_sass.py [--json]
 
@@ -10,7 +11,8 @@ preload holds when all of W's loads (BN*K*2 / (16 * 32 * WARPS) 16-byte LDG a th
 ACQBULK and only x, the bias and nothing of W after it; with GPTOSS_GEMV_PRELOAD_EARLY (rows a
 program loads before the wait) at 2 of 4, half of them; at 0, none. norm_logits (20b: H 2880 in a
 4096 tile over 8 warps): its norm weight (float32), router row and bias before ACQBULK, x and the
-residual after.
+residual after. rmsnorm (bf16, the MoE combine of 4 rows, H in a 4096 tile over 16 warps): its weight
+before ACQBULK, nothing but x, the combine rows and weights and the residual after.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from moe_decode_sass import _compile, disassemble, norm_logits  # noqa: E402
 from prefetch_sass import _opcode, report  # noqa: E402
 
 from gptoss.kernels.gemv_preload import _gemv_preload_kernel, k_parts  # noqa: E402
+from gptoss.kernels.rmsnorm import _rmsnorm_kernel  # noqa: E402
 
 SHAPES = {"o": (2880, 4096), "qkv": (5120, 2880)}  # name: (N, K)
 TILES = ((4, 4), (8, 8), (2, 4))  # (BN, WARPS)
@@ -60,7 +63,10 @@ def stats() -> dict:
     }
     # GPTOSS_GEMV_PRELOAD_EARLY: half of O's rows before the wait, and none
     out |= {f"o 4x4 early {e}": compile_stats(4096, 4, 4, e) for e in (2, 0)}
-    return out | {"norm_logits": _load_stats(norm_logits(True))}
+    sig = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*fp32", out_ptr="*bf16", r_ptr="*bf16", cw_ptr="*fp32")
+    sig.update(stride_x="i32", stride_res="i32", stride_out="i32", stride_r="i32", H="i32", eps="fp32")
+    rms = _compile(_rmsnorm_kernel, sig, dict(HAS_RESIDUAL=True, TOP_K=4, BLOCK=4096, PDL=True), 16, 1)
+    return out | {"norm_logits": _load_stats(norm_logits(True)), "rmsnorm": _load_stats(rms)}
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.kernels.rounding import round_to
 from gptoss.model import Rope, apply_rope, rms_norm
+from tests.gptoss.kernels.conftest import sass_json
 from tests.gptoss.kernels.kernelkit import (  # conftest set TRITON_INTERPRET before triton loaded
     DEV,
     INTERPRETER_WARNINGS,
@@ -126,6 +127,16 @@ def test_rmsnorm_combine_is_moe_combine_then_add(T: int, H: int) -> None:
         fused_add_rms_norm(y[:4], res[:1], w, 1e-5, combine=torch.ones(2, k, device=DEV))
     with pytest.raises(ValueError, match="need a residual"):
         fused_add_rms_norm(y, None, w, 1e-5, combine=wts)
+
+
+def test_rmsnorm_loads_its_weight_before_the_pdl_wait() -> None:
+    """Compiled for sm_90a on CPU (bench/kernels/gemv_preload_sass.py: bf16, the MoE combine of 4
+    rows, a 4096 tile over 16 warps, 8 values a thread): the weight's 8 loads a thread come before
+    griddepcontrol.wait (ACQBULK), so after the wait one round trip remains (x's 4 rows and their
+    weights, the residual: 4 x 8 + 4 + 8 loads), not a second one for the weight after the sum."""
+    got = sass_json("gemv_preload_sass.py")["rmsnorm"]
+    assert got["ldg_before_wait"] == 8 and got["ldg_after_wait"] == 4 * 8 + 4 + 8
+    assert got["spills"] == 0 and got["wait_then_release"]
 
 
 def test_rmsnorm_strided_rows_and_bad_weight() -> None:
