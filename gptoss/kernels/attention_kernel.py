@@ -11,7 +11,7 @@ import triton.language as tl
 
 from gptoss.kernels import pdl
 from gptoss.kernels.attention_reduce import merge_splits
-from gptoss.kernels.attention_rope import rope_rows, store_kv
+from gptoss.kernels.attention_rope import rope_rows, rope_table, store_kv
 from gptoss.kernels.attention_tile import _phase
 from gptoss.kernels.l2_prefetch import prefetch_lines
 
@@ -105,11 +105,11 @@ def _attn_kernel(
     ROPE (decode): q and this step's key arrive un-roped; they are roped at positions pos_ptr[t] with
     the cos_sin table at cs_ptr, and the program whose keys hold this step's key stores the roped key
     and v at slot_ptr[t] (attention_rope). PF_KEYS > 0 (decode, PDL): before the wait, the program
-    prefetches into L2 the cached K and V rows of the first PF_KEYS keys of its range; everything
-    it reads for that (the step's metadata, the table, the cache below ctx) was written before the
-    kernel ahead of it started."""
-    if PF_KEYS == 0:
-        pdl.wait_then_release(PDL)
+    prefetches into L2 the cached K and V rows of the first PF_KEYS keys of its range.
+    PDL: what the host wrote before the step's first kernel (the step's metadata, the positions and
+    their RoPE table rows, the new key's cache slot; with PF_KEYS the table and the cache below ctx)
+    loads before the wait, so those round trips overlap the kernel ahead (the QKV GEMV, whose last
+    wave leaves room); q and this step's k and v, which that kernel writes, load after it."""
     BM: tl.constexpr = BLOCK_Q * G_PAD
     pid0 = tl.program_id(0)
     s_idx = tl.program_id(1)
@@ -141,6 +141,18 @@ def _attn_kernel(
         chunk = ((hi - lo + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         lo = lo + split * chunk
         hi = tl.minimum(hi, lo + chunk)  # empty for late splits: neutral partials below
+    if ROPE:  # decode: q and the new key are roped at their positions' table rows
+        cos_q, sin_q = rope_table(tl.load(pos_ptr + tok, mask=row_ok, other=0), cs_ptr, row_ok, D)
+        # The new key (token row q0, position ctx) once, as the new keys' tile sees it: row 0 of a
+        # [BLOCK_N, D] tile, zeros after; the tile loop then loads nothing for it (a roped tile inside
+        # the loop was pipelined: 148 registers and 35 KB shared against 96 and 19.5). Splits
+        # partition the keys, so only the program holding it stores it, and no program of this
+        # launch reads that slot (context keys come from the cache below ctx).
+        nk = tl.arange(0, BLOCK_N)
+        new_ok = (nk == 0) & (tl.maximum(lo, ctx) < hi)
+        nrow = (q0 + nk * 0).to(tl.int64)
+        cos_k, sin_k = rope_table(tl.load(pos_ptr + nrow, mask=new_ok, other=0), cs_ptr, new_ok, D)
+        nslot = tl.load(slot_ptr + nrow, mask=new_ok, other=-1).to(tl.int64)
     if PF_KEYS > 0:
         _prefetch_context(
             kc_ptr,
@@ -159,10 +171,9 @@ def _attn_kernel(
             RING,
             PF_KEYS,
         )
-        pdl.wait_then_release(PDL)
+    pdl.wait_then_release(PDL)
     if ROPE:  # decode: q arrives un-roped, and the new key is roped and cached in its phase below
-        pos = tl.load(pos_ptr + tok, mask=row_ok, other=0)
-        q = rope_rows(q_ptr, tok * stride_qt + head * stride_qh, pos, cs_ptr, row_ok, D)
+        q = rope_rows(q_ptr, tok * stride_qt + head * stride_qh, cos_q, sin_q, row_ok, D)
     else:
         q = tl.load(
             q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -171,20 +182,10 @@ def _attn_kernel(
         )
     k_rope = None
     if ROPE:
-        # The new key (token row q0, position ctx) once, as the new keys' tile sees it: row 0 of a
-        # [BLOCK_N, D] tile, zeros after; the tile loop then loads nothing for it (a roped tile inside
-        # the loop was pipelined: 148 registers and 35 KB shared against 96 and 19.5). Splits
-        # partition the keys, so only the program holding it stores it, and no program of this
-        # launch reads that slot (context keys come from the cache below ctx).
-        nk = tl.arange(0, BLOCK_N)
-        new_ok = (nk == 0) & (tl.maximum(lo, ctx) < hi)
-        nrow = (q0 + nk * 0).to(tl.int64)
         noff = nrow * stride_nt + h * stride_nh
-        k_rope = rope_rows(kn_ptr, noff, tl.load(pos_ptr + nrow, mask=new_ok, other=0), cs_ptr, new_ok, D)
+        k_rope = rope_rows(kn_ptr, noff, cos_k, sin_k, new_ok, D)
         v_new = tl.load(vn_ptr + noff[:, None] + d[None, :], mask=new_ok[:, None], other=0.0)
-        store_kv(
-            k_rope, v_new, kc_ptr, vc_ptr, slot_ptr, nrow, new_ok, h, stride_cb, stride_cs, stride_ch, BS, D
-        )
+        store_kv(k_rope, v_new, kc_ptr, vc_ptr, nslot, new_ok, h, stride_cb, stride_cs, stride_ch, BS, D)
     m = tl.full([BM], float("-inf"), tl.float32)
     l = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)

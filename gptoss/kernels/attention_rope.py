@@ -33,18 +33,28 @@ def _mul_rn(a, b):
 
 
 @triton.jit
-def rope_rows(x_ptr, base, pos, cs_ptr, ok, D: tl.constexpr):
-    """Rows x[base + 0..D) (base [R] element offsets, rows where ok [R]) rotated by cos_sin's row
-    pos [R] -> [R, D] in x's dtype, equal to rope_qkv's output bits (zeros where not ok)."""
+def rope_table(pos, cs_ptr, ok, D: tl.constexpr):
+    """cos_sin's row at pos [R] (rows where ok) -> (cos, sin), each [R, D] with every element's factor
+    (the table holds D/2 of each: element d takes index d % (D/2)). The table and the positions are
+    written before the step's first kernel, so the attention kernel loads them before its PDL wait."""
+    HALF: tl.constexpr = D // 2
+    d = tl.arange(0, D)[None, :]
+    cs = cs_ptr + pos.to(tl.int64)[:, None] * D + d % HALF
+    cos = tl.load(cs, mask=ok[:, None], other=0.0)
+    sin = tl.load(cs + HALF, mask=ok[:, None], other=0.0)
+    return cos, sin
+
+
+@triton.jit
+def rope_rows(x_ptr, base, cos, sin, ok, D: tl.constexpr):
+    """Rows x[base + 0..D) (base [R] element offsets, rows where ok [R]) rotated by (cos, sin) of
+    rope_table -> [R, D] in x's dtype, equal to rope_qkv's output bits (zeros where not ok)."""
     HALF: tl.constexpr = D // 2
     d = tl.arange(0, D)[None, :]
     m = ok[:, None]
     x = tl.load(x_ptr + base[:, None] + d, mask=m, other=0.0).to(tl.float32)
     # Each element's partner in the other half: x2 for x1, x1 for x2.
     y = tl.load(x_ptr + base[:, None] + (d + HALF) % D, mask=m, other=0.0).to(tl.float32)
-    cs = cs_ptr + pos.to(tl.int64)[:, None] * D + d % HALF
-    cos = tl.load(cs, mask=m, other=0.0)
-    sin = tl.load(cs + HALF, mask=m, other=0.0)
     a = _mul_rn(x, cos)
     b = _mul_rn(y, sin)
     r = tl.where(d < HALF, a - b, a + b)  # x1*cos - x2*sin | x2*cos + x1*sin
@@ -58,8 +68,7 @@ def store_kv(
     v,
     kc_ptr,
     vc_ptr,
-    slot_ptr,
-    row,
+    slot,
     ok,
     h,
     stride_cb,
@@ -68,9 +77,8 @@ def store_kv(
     BS: tl.constexpr,
     D: tl.constexpr,
 ):
-    """Store KV head h of token rows `row` [R] (where ok) at their flat cache slots block * BS + offset,
-    as rope_qkv does; slot -1 (a padding token) stores nothing."""
-    slot = tl.load(slot_ptr + row, mask=ok, other=-1).to(tl.int64)
+    """Store KV head h of token rows (where ok) at their flat cache slots `slot` [R] (int64: block * BS
+    + offset, loaded before the PDL wait), as rope_qkv does; slot -1 (a padding token) stores nothing."""
     w = (ok & (slot >= 0))[:, None]
     off = (slot // BS) * stride_cb + (slot % BS) * stride_cs + h * stride_ch
     d = tl.arange(0, D)[None, :]

@@ -18,6 +18,7 @@ from gptoss.kernels.attention import paged_attention
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.model import Rope
 from gptoss.sampling import SamplingParams
+from tests.gptoss.kernels.conftest import sass_json
 from tests.gptoss.kernels.kernelkit import INTERPRETER_WARNINGS  # conftest set TRITON_INTERPRET first
 from tests.gptoss.kernels.test_attention_kernel import (
     BS,
@@ -185,3 +186,17 @@ def test_engine_rope_in_attention_gives_the_same_tokens(tiny_checkpoint, monkeyp
     layers = len(eng.runner.kernel_runner.model.layers)
     # One prefill step (rope_qkv), then 4 decode-only steps (the longest request's 4 more tokens).
     assert launches == {"rope_qkv": layers, "fused": 4 * layers}
+
+
+def test_what_the_host_wrote_loads_before_the_pdl_wait():
+    """Compiled for sm_90a on CPU (bench/kernels/pdl_wait_sass.py: a bf16 decode launch at the
+    engine's DECODE_CFG): the step's three metadata words (query start, length, context) load
+    before griddepcontrol.wait (ACQBULK); with RoPE inside, so do the positions, their RoPE table
+    rows and the new key's cache slot, so after the wait no round trip precedes q's, and the
+    release (PREEXIT) comes after the wait; no spills."""
+    got = sass_json("pdl_wait_sass.py")
+    plain, rope = got["attention"], got["attention rope"]
+    assert plain["ldg_before_wait"] == 3
+    assert rope["ldg_before_wait"] >= plain["ldg_before_wait"] + 4  # positions, cos and sin, the slot
+    for v in (plain, rope):
+        assert v["ldg_after_wait"] > 0 and v["spills"] == 0 and v["wait_then_release"]

@@ -196,11 +196,11 @@ def test_argument_errors():
 
 
 def test_the_sm90a_code_loads_the_weights_before_the_pdl_wait():
-    """Compiled for sm_90a on CPU (bench/kernels/gemv_preload_sass.py, 20b: H 2880 in a 4096 tile
+    """Compiled for sm_90a on CPU (bench/kernels/pdl_wait_sass.py, 20b: H 2880 in a 4096 tile
     over 8 warps, 16 values a thread): the norm weight (float32: 4 16-byte loads a thread), the
     router row (bf16: 2) and the bias (1) load before griddepcontrol.wait (ACQBULK); x and the
     residual (2 each), which the kernel before writes, after it; the release after the wait."""
-    got = sass_json("gemv_preload_sass.py")["norm_logits"]
+    got = sass_json("pdl_wait_sass.py")["norm_logits"]
     assert got["ldg_before_wait"] == 4 + 2 + 1 and got["ldg_after_wait"] == 2 + 2
     assert got["spills"] == 0 and got["wait_then_release"]
 

@@ -130,11 +130,11 @@ def test_rmsnorm_combine_is_moe_combine_then_add(T: int, H: int) -> None:
 
 
 def test_rmsnorm_loads_its_weight_before_the_pdl_wait() -> None:
-    """Compiled for sm_90a on CPU (bench/kernels/gemv_preload_sass.py: bf16, the MoE combine of 4
+    """Compiled for sm_90a on CPU (bench/kernels/pdl_wait_sass.py: bf16, the MoE combine of 4
     rows, a 4096 tile over 16 warps, 8 values a thread): the weight's 8 loads a thread come before
     griddepcontrol.wait (ACQBULK), so after the wait one round trip remains (x's 4 rows and their
     weights, the residual: 4 x 8 + 4 + 8 loads), not a second one for the weight after the sum."""
-    got = sass_json("gemv_preload_sass.py")["rmsnorm"]
+    got = sass_json("pdl_wait_sass.py")["rmsnorm"]
     assert got["ldg_before_wait"] == 8 and got["ldg_after_wait"] == 4 * 8 + 4 + 8
     assert got["spills"] == 0 and got["wait_then_release"]
 

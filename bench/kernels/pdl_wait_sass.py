@@ -2,7 +2,7 @@
 preloading decode GEMV (gptoss.kernels.gemv_preload), norm_logits' router row (norm_route) and the
 RMSNorm's weight (rmsnorm).
 
-    python bench/kernels/gemv_preload_sass.py [--json]
+    python bench/kernels/pdl_wait_sass.py [--json]
 
 No GPU needed (as moe_decode_sass.py). For O [2880, 4096] and QKV [5120, 2880] (bf16, bias, PDL) at
 a few tiles (BN x WARPS): registers, spills (STL/LDL), the global loads (LDG) issued before ACQBULK
@@ -12,7 +12,10 @@ ACQBULK and only x, the bias and nothing of W after it; with GPTOSS_GEMV_PRELOAD
 program loads before the wait) at 2 of 4, half of them; at 0, none. norm_logits (20b: H 2880 in a
 4096 tile over 8 warps): its norm weight (float32), router row and bias before ACQBULK, x and the
 residual after. rmsnorm (bf16, the MoE combine of 4 rows, H in a 4096 tile over 16 warps): its weight
-before ACQBULK, nothing but x, the combine rows and weights and the residual after.
+before ACQBULK, nothing but x, the combine rows and weights and the residual after. Decode
+attention with RoPE inside (attention_kernel, DECODE_CFG, a GQA group of 8 over 2 query tokens): the
+step's metadata, the positions, their RoPE table rows and the new key's cache slot before ACQBULK;
+q, the new k and v (the QKV output), the block table and the cache after.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from attn_sass import compile_decode  # noqa: E402
 from moe_decode_sass import _compile, disassemble, norm_logits  # noqa: E402
 from prefetch_sass import _opcode, report  # noqa: E402
 
+from gptoss.kernels.attention import DECODE_CFG  # noqa: E402
 from gptoss.kernels.gemv_preload import _gemv_preload_kernel, k_parts  # noqa: E402
 from gptoss.kernels.rmsnorm import _rmsnorm_kernel  # noqa: E402
 
@@ -66,7 +71,11 @@ def stats() -> dict:
     sig = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*fp32", out_ptr="*bf16", r_ptr="*bf16", cw_ptr="*fp32")
     sig.update(stride_x="i32", stride_res="i32", stride_out="i32", stride_r="i32", H="i32", eps="fp32")
     rms = _compile(_rmsnorm_kernel, sig, dict(HAS_RESIDUAL=True, TOP_K=4, BLOCK=4096, PDL=True), 16, 1)
-    return out | {"norm_logits": _load_stats(norm_logits(True)), "rmsnorm": _load_stats(rms)}
+    out |= {"norm_logits": _load_stats(norm_logits(True)), "rmsnorm": _load_stats(rms)}
+    return out | {
+        f"attention{' rope' if rope else ''}": _load_stats(compile_decode(False, *DECODE_CFG, rope=rope))
+        for rope in (False, True)
+    }
 
 
 def main() -> None:
