@@ -7,8 +7,8 @@ RMSNorm's weight (rmsnorm).
 No GPU needed (as moe_decode_sass.py). For O [2880, 4096] and QKV [5120, 2880] (bf16, bias, PDL) at
 a few tiles (BN x WARPS): registers, spills (STL/LDL), the global loads (LDG) issued before ACQBULK
 (griddepcontrol.wait) and after it, and the order of ACQBULK and PREEXIT (launch_dependents). The
-preload holds when all of W's loads (BN*K*2 / (16 * 32 * WARPS) 16-byte LDG a thread) come before
-ACQBULK and only x, the bias and nothing of W after it; with GPTOSS_GEMV_PRELOAD_EARLY (rows a
+preload holds when all of W's loads (BN*K*2 / (16 * 32 * WARPS) 16-byte LDG a thread) and the
+bias's come before ACQBULK and only x after it; with GPTOSS_GEMV_PRELOAD_EARLY (rows a
 program loads before the wait) at 2 of 4, half of them; at 0, none. norm_logits (20b: H 2880 in a
 4096 tile over 8 warps): its norm weight (float32), router row and bias before ACQBULK, x and the
 residual after. rmsnorm (bf16, the MoE combine of 4 rows, H in a 4096 tile over 16 warps): its weight

@@ -138,17 +138,18 @@ def _gemv_preload_kernel(
         w2 = w1
         if K2 > 0:
             w2 = tl.load(w_rows + kk2, mask=early & (kk2 < K), other=0.0)
-    # W is never written, so its loads may leave before the previous kernel's writes are visible;
-    # x and y wait for them.
+    # W and the bias are never written, so their loads may leave before the previous kernel's writes
+    # are visible; x and y wait for them. (The bias after the wait made its DRAM trip, not x's L2
+    # one, the round trip between the wait and the sums.)
+    bias = tl.zeros((BN,), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + tl.minimum(rows, N - 1)).to(tl.float32)
     if EARLY > 0:
         pdl.wait_then_release(PDL)
     if EARLY > 0 and EARLY < BN:
         w1 = tl.where(early, w1, tl.load(w_rows + kk1, mask=~early, other=0.0))
         if K2 > 0:
             w2 = tl.where(early, w2, tl.load(w_rows + kk2, mask=~early & (kk2 < K), other=0.0))
-    bias = tl.zeros((BN,), dtype=tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + tl.minimum(rows, N - 1)).to(tl.float32)
     for t in range(T):
         acc = _row_sums(w1, w2, x_ptr + t * stride_x, K, K1, K2) + bias
         tl.store(y_ptr + t * stride_y + rows, round_to(acc, y_ptr.dtype.element_ty), mask=rows < N)
