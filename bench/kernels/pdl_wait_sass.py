@@ -15,7 +15,9 @@ residual after. rmsnorm (bf16, the MoE combine of 4 rows, H in a 4096 tile over 
 before ACQBULK, nothing but x, the combine rows and weights and the residual after. Decode
 attention with RoPE inside (attention_kernel, DECODE_CFG, a GQA group of 8 over 2 query tokens): the
 step's metadata, the positions, their RoPE table rows and the new key's cache slot before ACQBULK;
-q, the new k and v (the QKV output), the block table and the cache after.
+q, the new k and v (the QKV output), the block table and the cache after. The attention reduce (16
+splits of a GQA group of 8, as a full layer's batch-1 decode): the sinks and the query start before
+ACQBULK, the partials after.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from moe_decode_sass import _compile, disassemble, norm_logits  # noqa: E402
 from prefetch_sass import _opcode, report  # noqa: E402
 
 from gptoss.kernels.attention import DECODE_CFG  # noqa: E402
+from gptoss.kernels.attention_reduce import _reduce_kernel  # noqa: E402
 from gptoss.kernels.gemv_preload import _gemv_preload_kernel, k_parts  # noqa: E402
 from gptoss.kernels.rmsnorm import _rmsnorm_kernel  # noqa: E402
 
@@ -72,10 +75,14 @@ def stats() -> dict:
     sig.update(stride_x="i32", stride_res="i32", stride_out="i32", stride_r="i32", H="i32", eps="fp32")
     rms = _compile(_rmsnorm_kernel, sig, dict(HAS_RESIDUAL=True, TOP_K=4, BLOCK=4096, PDL=True), 16, 1)
     out |= {"norm_logits": _load_stats(norm_logits(True)), "rmsnorm": _load_stats(rms)}
-    return out | {
+    out |= {
         f"attention{' rope' if rope else ''}": _load_stats(compile_decode(False, *DECODE_CFG, rope=rope))
         for rope in (False, True)
     }
+    sig = dict(qstart_ptr="*i32", sink_ptr="*fp32", out_ptr="*bf16", pm_ptr="*fp32", pl_ptr="*fp32")
+    sig.update(pacc_ptr="*fp32", num_splits="i32", hq="i32", stride_ot="i32", stride_oh="i32")
+    red = _compile(_reduce_kernel, sig, dict(G=8, G_PAD=8, NS_PAD=16, D=64, PDL=True), 2, 3)
+    return out | {"attention reduce": _load_stats(red)}
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from gptoss.kernels import pdl
-from gptoss.kernels.attention_reduce import merge_splits
+from gptoss.kernels.attention_reduce import group_sinks, merge_splits
 from gptoss.kernels.attention_rope import rope_rows, rope_table, store_kv
 from gptoss.kernels.attention_tile import _phase
 from gptoss.kernels.l2_prefetch import prefetch_lines
@@ -285,7 +285,7 @@ def _attn_kernel(
             if tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
                 tl.store(lock, 0)
                 merge_splits(
-                    sink_ptr,
+                    group_sinks(sink_ptr, h, G, G_PAD),
                     out_ptr,
                     pm_ptr,
                     pl_ptr,

@@ -10,8 +10,16 @@ from gptoss.kernels import pdl
 
 
 @triton.jit
+def group_sinks(sink_ptr, h, G: tl.constexpr, G_PAD: tl.constexpr):
+    """KV head h's query heads' sinks [G_PAD] in log2 units (-inf past G). They never change: the
+    reduce kernel loads them before its PDL wait."""
+    g = tl.arange(0, G_PAD)
+    return tl.load(sink_ptr + h * G + g, mask=g < G, other=float("-inf")) * 1.4426950408889634
+
+
+@triton.jit
 def merge_splits(
-    sink_ptr,
+    sink,
     out_ptr,
     pm_ptr,
     pl_ptr,
@@ -29,9 +37,16 @@ def merge_splits(
     D: tl.constexpr,
     CACHE: tl.constexpr,
 ):
-    """Merge the split partials of KV head h's query heads (sequence s_idx, its token q0) with the
-    sink into out. CACHE ".cg" reads them past L1: the attention kernel's last split merges partials
-    other programs wrote during the same launch."""
+    """Merge the split partials of KV head h's query heads (sequence s_idx, its token q0) with their
+    sinks (group_sinks) into out. CACHE ".cg" reads them past L1: the attention kernel's last split
+    merges partials other programs wrote during the same launch.
+
+    The partials load SC splits at a time as one [G_PAD, SC, D] tile, so a merge of num_splits takes
+    num_splits / SC dependent round trips to L2, not one a split: at batch 1 a full layer's decode
+    runs 16 splits (decode_splits over a 4096-key bound) and a loop of one split a step waited 16
+    times (sm_90a: LDG, then its use, each iteration). Each tile's products are summed over its
+    splits (tl.sum), the tiles in order: a fixed order for a given split count."""
+    SC: tl.constexpr = NS_PAD if NS_PAD < 8 else 8
     g = tl.arange(0, G_PAD)
     ok = g < G
     head = h * G + g
@@ -40,18 +55,23 @@ def merge_splits(
     pmask = ok[:, None] & (sp[None, :] < num_splits)
     ms = tl.load(pm_ptr + base[:, None] + sp[None, :], mask=pmask, other=float("-inf"), cache_modifier=CACHE)
     ls = tl.load(pl_ptr + base[:, None] + sp[None, :], mask=pmask, other=0.0, cache_modifier=CACHE)
-    sink = tl.load(sink_ptr + head, mask=ok, other=float("-inf")) * 1.4426950408889634
     m_f = tl.maximum(tl.max(ms, 1), sink)
     m_f = tl.where(m_f == float("-inf"), 0.0, m_f)
     den = tl.sum(ls * tl.exp2(ms - m_f[:, None]), 1) + tl.exp2(sink - m_f)
     d = tl.arange(0, D)
+    c = tl.arange(0, SC)
     acc = tl.zeros([G_PAD, D], tl.float32)
-    for i in range(0, num_splits):
-        m_i = tl.load(pm_ptr + base + i, mask=ok, other=float("-inf"), cache_modifier=CACHE)
-        a_i = tl.load(
-            pacc_ptr + (base + i)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=CACHE
+    for s0 in range(0, num_splits, SC):
+        part = base[:, None] + s0 + c[None, :]  # [G_PAD, SC]
+        cm = ok[:, None] & ((s0 + c)[None, :] < num_splits)
+        m_c = tl.load(pm_ptr + part, mask=cm, other=float("-inf"), cache_modifier=CACHE)
+        a_c = tl.load(
+            pacc_ptr + part[:, :, None] * D + d[None, None, :],
+            mask=cm[:, :, None],
+            other=0.0,
+            cache_modifier=CACHE,
         )
-        acc += a_i * tl.exp2(m_i - m_f)[:, None]
+        acc += tl.sum(a_c * tl.exp2(m_c - m_f[:, None])[:, :, None], axis=1)
     o = acc / tl.where(den == 0.0, 1.0, den)[:, None]
     tl.store(
         out_ptr + q0.to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :],
@@ -78,15 +98,19 @@ def _reduce_kernel(
     D: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program (sequence, KV head): merges the split partials of the group's heads with the sink."""
-    pdl.wait_then_release(PDL)
+    """Program (sequence, KV head): merges the split partials of the group's heads with the sink.
+    The sinks and the query start (the host wrote it before the step) load before the PDL wait, the
+    partials (the attention kernel's) after it."""
     s_idx = tl.program_id(0)
     h = tl.program_id(1)
+    sink = group_sinks(sink_ptr, h, G, G_PAD)
     q0 = tl.load(qstart_ptr + s_idx)
-    if tl.load(qstart_ptr + s_idx + 1) == q0:
+    empty = tl.load(qstart_ptr + s_idx + 1) == q0
+    pdl.wait_then_release(PDL)
+    if empty:
         return
     merge_splits(
-        sink_ptr,
+        sink,
         out_ptr,
         pm_ptr,
         pl_ptr,

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 
 from gptoss.kernels.attention import decode_splits, paged_attention, write_kv  # noqa: E402
 from gptoss.paged_attention import PagedAttention, StepContext  # noqa: E402
+from tests.gptoss.kernels.conftest import sass_json  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 BS, D, WINDOW = 16, 64, 128
@@ -195,18 +196,28 @@ def test_decode_splits_and_neutral_partials(hint):
     assert_rows_close(got, reference(st, "full"), TOL[torch.float32])
 
 
-@pytest.mark.parametrize("keys", [32, 64])
+@pytest.mark.parametrize("keys", [32, 48, 64])
 def test_fewer_keys_a_split_give_more_splits_and_the_same_result(keys, monkeypatch):
     """GPTOSS_ATTN_SPLIT_KEYS lowers the bound: a lone sequence at a 4096-key hint takes 4096 / keys
-    splits (capped at MAX_SPLITS) instead of 16, and its attention is unchanged."""
+    splits (capped at MAX_SPLITS) instead of 16, and its attention is unchanged. 48 at a 512-key
+    hint: 11 splits, so the reduce's second tile of 8 splits holds 3 (merge_splits' masks)."""
     from gptoss.kernels import attention
 
     monkeypatch.setattr(attention, "MIN_SPLIT_KEYS", keys)
-    assert decode_splits(1, 2, 4096) == {32: 64, 64: 64}[keys]
-    assert decode_splits(1, 2, 512) == 512 // keys
+    assert decode_splits(1, 2, 4096) == 64
+    assert decode_splits(1, 2, 512) == {32: 16, 48: 11, 64: 8}[keys]
     st = make_step([300], [1], 16, 2, torch.float32, seed=11, fill=float("nan"))
     got = run_kernel(st, "full", max_context_hint=512)
     assert_rows_close(got, reference(st, "full"), TOL[torch.float32])
+
+
+def test_the_reduce_loads_sinks_and_query_start_before_the_pdl_wait():
+    """Compiled for sm_90a on CPU (bench/kernels/pdl_wait_sass.py: 16 splits, a GQA group of 8):
+    the sinks and the two query-start words load before griddepcontrol.wait (ACQBULK), the
+    partials after it; the release after the wait; no spills at 8 splits a [G, 8, D] tile."""
+    got = sass_json("pdl_wait_sass.py")["attention reduce"]
+    assert got["ldg_before_wait"] >= 3 and got["ldg_after_wait"] > 0
+    assert got["spills"] == 0 and got["wait_then_release"]
 
 
 def test_split_keys_env_parses_and_refuses_bad_values():
