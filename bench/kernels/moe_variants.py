@@ -343,15 +343,20 @@ _DD, _GU = DecTiles(16, 32, 512, 4, 4, 3), DecTiles(16, 32, 128, 2, 2, 4)
 VARIANTS["v3-dd-gu"] = Variant("v3", max_m=16, v3_dec_down=_DD, v3_dec_gate_up=_GU)
 VARIANTS["v3-dd2-gu"] = Variant("v3", max_m=16, v3_dec_down=_GU, v3_dec_gate_up=_GU)
 # Both split-K decode GEMMs with their weights by TMA (GPTOSS_V3_DEC_WTMA covers the gate_up since
-# 2026-11-29), at tiles that put more warps on each weight row: at T 1 the gate_up's warps are
-# (4 * 2I / BN) * warps, 1440 (~11 an SM) at the default BN 32 x 2 warps as on v3's tiles, and its
-# K loop runs ~20 us for 35 MB (120b), ~1.7 TB/s. -bn16: twice the programs; -k256w4: 4 warps of 1
-# chunk a 256-K step (twice the warps); -s6: 6 stages; -k512: the down's tiles.
+# 2026-11-29). At T 1 the gate_up (120b: 35 MB) runs ~20 us, ~1.7 TB/s, and keeps at most
+# programs x stages x a stage's bytes in flight: 720 x 4 x 2 KB = 5.9 MB at the default tiles, about
+# what 4.3 TB/s times a loaded DRAM latency of ~1.5 us needs, so latency may bound it. -s8, -k256
+# and -k256s6 double or triple that and still fit the 720 programs in one wave (sm_90a with TMA:
+# 72 / 89 / 89 registers at 2 warps, 17 / 15 / 24 KB shared: 13 / 11 / 9 programs an SM); -bn16
+# twice the programs; -k256w4 4 warps a 256-K step (11 programs an SM by registers: 1.36 waves on
+# cp.async, v25); -k512 the down's tiles.
 _GU_W = {
     "v3-dd-gu-w": _GU,
+    "v3-dd-gu-w-s8": DecTiles(16, 32, 128, 2, 2, 8),
+    "v3-dd-gu-w-k256": DecTiles(16, 32, 256, 2, 2, 4),
+    "v3-dd-gu-w-k256s6": DecTiles(16, 32, 256, 2, 2, 6),
     "v3-dd-gu-w-bn16": DecTiles(16, 16, 128, 2, 2, 4),
     "v3-dd-gu-w-k256w4": DecTiles(16, 32, 256, 4, 4, 4),
-    "v3-dd-gu-w-s6": DecTiles(16, 32, 128, 2, 2, 6),
     "v3-dd-gu-w-k512": DecTiles(16, 32, 512, 4, 4, 3),
 }
 for _name, _t in _GU_W.items():
