@@ -336,6 +336,17 @@ VARIANTS["v3-dd-k1024"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 1
 # default) and the split-K down's (GPTOSS_V3_DEC_WTMA=1; sm_90a: 6 UTMALDG.3D for 12 LDGSTS.128 a
 # K loop, 368 -> 388 instructions, no added layout conversion); v3-dd is the same on cp.async.
 VARIANTS["v3-dd-w"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 512, 4, 4, 3), wtma=True)
+# The same with the gate_up's decode tiles (64 weight rows, BK 128) 6 and 8 stages deep: 360 programs
+# x stages x 4 KB in flight (5.9 MB at 4 stages, 11.8 MB at 8), still one wave at 8 (~70 KB shared
+# a program, 3 an SM). At 20b's bucket-16 and -32 tiles 6 stages lost (v29, one program an SM).
+for _s in (6, 8):
+    VARIANTS[f"v3-dd-w-s{_s}"] = Variant(
+        "v3",
+        tiles=_dec(Tiles(16, 32, 128, 4, _s), Tiles(16, 64, 128, 4, 4)),
+        max_m=16,
+        v3_dec_down=DecTiles(16, 32, 512, 4, 4, 3),
+        wtma=True,
+    )
 # Both decode GEMMs split-K (moe_v3_dec_gu, 2026-11-28): the gate_up on the down's design with its
 # own tiles (V3_GATE_UP_DEC: BK 128 over 2 warps, 12 programs an SM at T 1), 17.0 against 20.6 us at
 # T 1 alone (its docstring). -dd2: the down on the same 2-warp tiles (11.0 against 14.1 us, one run).
