@@ -14,7 +14,7 @@
 # NAME=ENV=VALUE[+ENV=VALUE...] the v3 default under those variables (e.g. sk64=GPTOSS_ATTN_SPLIT_KEYS=64). VLLM_B1=1: vLLM
 # runs batch 1 alone (its Offline 2000 takes ~7 min). VLLM=0 runs ours only (no
 # wait for the install); MODES= (empty) skips the Offline run, and takes NAME=ENV=VALUE as B1_MODES does; SWEEP=0 the sweep (SWEEP_VARIANTS its
-# variants); TESTS the compiled tests' -k expression (none: no tests, all: every test of TEST_FILES,
+# variants, SWEEP_MS its M list, SWEEP_PEER=0 without vLLM's kernel, so without waiting for it); TESTS the compiled tests' -k expression (none: no tests, all: every test of TEST_FILES,
 # default the few-rows files). A mode NAME-fp8 (MODES or B1_MODES, e.g. v3-fp8) runs NAME with
 # --kv-cache-dtype fp8 --max-num-seqs FP8_SEQS. ATTN_SWEEP=1: decode attention's settings, bf16 then fp8 KV (attn_sweep.py).
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
@@ -78,15 +78,18 @@ mode_run() {  # mode_run MODE SHAPES...: NAME=ENV=VALUE[+ENV=VALUE...] the defau
   esac
 }
 for mode in $MODES; do mode_run "$mode" "${SHAPES[@]}"; done
-have_vllm=0
+have_vllm=0 waited=0
 # VLLM=0: ours only, no wait. The sweep times vLLM's kernel beside ours, so it waits for the install
-# here; without it the batch-1 modes run while vLLM installs, and the wait comes before vLLM's run.
-[ "${VLLM:-1}" = 1 ] && [ "${SWEEP:-1}" = 1 ] && wait_vllm && have_vllm=1
+# here (SWEEP_PEER=0: ours alone, no wait); without it the batch-1 modes run while vLLM installs, and
+# the wait comes before vLLM's run.
+if [ "${VLLM:-1}" = 1 ] && [ "${SWEEP:-1}" = 1 ] && [ "${SWEEP_PEER:-1}" = 1 ]; then
+  waited=1; wait_vllm && have_vllm=1
+fi
 pick=
 if [ "${SWEEP:-1}" = 1 ]; then
   say "decode-batch MoE sweep, 120b shapes"
   peer=$([ $have_vllm = 1 ] && echo ,vllm)
-  timeout 600 python3 bench/kernels/moe_gpu.py --experts 128 --ms 1,2,4,8,16 --rounds 3 \
+  timeout 600 python3 bench/kernels/moe_gpu.py --experts 128 --ms "${SWEEP_MS:-1,2,4,8,16}" --rounds 3 \
     --variants "${SWEEP_VARIANTS:-v3,D-old,D-64k128s6,D-64k64s8,D-128k64s8,slot}$peer" > "$RES/moe_dec.txt" 2>&1
   tail -40 "$RES/moe_dec.txt"
   pick=$(python3 bench/kernels/moe_pick.py "$RES/moe_dec.txt" --experts 128 2> "$RES/pick.txt")
@@ -112,7 +115,7 @@ for mode in $B1_MODES; do
     *) mode_run "$mode" "${B1[@]}" ;;
   esac
 done
-[ "${VLLM:-1}" = 1 ] && [ "${SWEEP:-1}" != 1 ] && wait_vllm && have_vllm=1
+[ "${VLLM:-1}" = 1 ] && [ $waited = 0 ] && wait_vllm && have_vllm=1
 if [ $have_vllm = 1 ]; then
   say "vLLM"
   vshapes=("${SHAPES[@]}")

@@ -311,6 +311,29 @@ def test_120b_ab_vllm_b1_runs_vllm_at_batch_1_alone(stubs, tmp_path):
     assert next(i for i, x in enumerate(log) if "ours pf" in x) < wait
 
 
+def test_120b_ab_sweep_without_its_peer_waits_for_vllm_once_after_the_batch_1_modes(stubs, tmp_path):
+    """SWEEP_PEER=0: the sweep times ours alone at SWEEP_MS, without waiting for vLLM's install; the
+    one wait comes after our batch-1 modes, before vLLM's run."""
+    p, _, calls = _ab(
+        stubs,
+        tmp_path,
+        TESTS="none",
+        MODES="",
+        B1_MODES="gu=GPTOSS_V3_DEC_GATE_UP=1",
+        SWEEP_PEER="0",
+        SWEEP_MS="1",
+        SWEEP_VARIANTS="v3-dd-w,v3-dd-gu-w-s8",
+        VLLM_B1="1",
+    )
+    sweep = [c for c in calls if "moe_gpu.py" in c]
+    assert len(sweep) == 1 and "--ms 1 " in sweep[0] and sweep[0].endswith("--variants v3-dd-w,v3-dd-gu-w-s8")
+    log = p.stdout.splitlines()
+    waits = [i for i, x in enumerate(log) if "waiting for vLLM" in x]
+    sweep_at = next(i for i, x in enumerate(log) if "decode-batch MoE sweep" in x)
+    assert len(waits) == 1 and sweep_at < next(i for i, x in enumerate(log) if "ours gu" in x) < waits[0]
+    assert len([c for c in calls if "--engine vllm" in c]) == 1
+
+
 def test_pair_runs_dp1_beside_our_ab_then_both_gpu_runs_of_dp2_runs(stubs, tmp_path):
     table = _pair(stubs, MODES="v3", B1_MODES="", SWEEP="0", TESTS="none", N="20", DP2_RUNS="dp2 vllm-dp2")
     calls = (tmp_path / "calls.log").read_text().splitlines()
