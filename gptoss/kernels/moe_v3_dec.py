@@ -219,15 +219,24 @@ def _down_v3_dec_kernel(
     w_desc=None,
     s_desc=None,
     WTMA: tl.constexpr = False,
+    ids_ptr=None,
+    ONE_TOKEN: tl.constexpr = False,
 ):
     """Program (column block, slot): y[rows of the slot's expert, block] = act[rows] @ W2_e^T + b2_e;
-    N = H, K = I; act and y rows in assignment order (rows_ptr: each expert's list)."""
+    N = H, K = I; act and y rows in assignment order (rows_ptr: each expert's list). ONE_TOKEN (T 1,
+    batch 1's step): slot s is assignment s, act and y row s of expert ids[0, s] (its k experts are
+    distinct), read from the routing's ids: one load after the wait, where the counts, the slot's
+    expert among them and its row list were a chain of two."""
     pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
-    ex = tl.arange(0, BE)
-    e, n_rows, _ = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
-    if n_rows == 0:  # past the active experts
-        return
+    if ONE_TOKEN:
+        e = tl.load(ids_ptr + s)
+        n_rows = 1
+    else:
+        ex = tl.arange(0, BE)
+        e, n_rows, _ = _slot_expert(tl.load(counts_ptr + ex, mask=ex < E, other=0), ex, s)
+        if n_rows == 0:  # past the active experts
+            return
     EVEN_K: tl.constexpr = (K + 63) // 64 * 64 % BK == 0  # the rows are padded to 64
     BKS: tl.constexpr = BK // SPLIT
     n = pid_n * BN + tl.arange(0, BN)
@@ -242,7 +251,10 @@ def _down_v3_dec_kernel(
     for m0 in range(0, n_rows, BM):
         slot = m0 + tl.arange(0, BM)
         valid = slot < n_rows
-        rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # [BM] assignments t*k + j
+        if ONE_TOKEN:
+            rows = slot + s  # [BM], valid at slot 0 only
+        else:
+            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # [BM] assignments t*k + j
         a_t = a_ptr + rows.to(tl.int64)[None, None, :] * K + kx  # [SPLIT, BKS, BM]
         acc = tl.zeros([SPLIT, BN, BM], tl.float32)
         for k0 in range(0, K, BK):
@@ -310,5 +322,7 @@ def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = Non
         num_stages=tiles.stages,
         **pdl.args(act),
         **(weight_descriptors(w.w2, w.s2, tiles.bn, tiles.bk) if WTMA and _tma_runs(act) else {}),
+        ids_ptr=r.ids,
+        ONE_TOKEN=n_tok == 1 and r.ids.stride(-1) == 1,
     )
     return y

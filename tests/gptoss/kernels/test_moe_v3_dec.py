@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from gptoss.kernels import moe, moe_v3, moe_v3_dec  # noqa: E402
-from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
+from gptoss.kernels.moe_routing import Routing, route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles, choose_tiles_v3  # noqa: E402
 from gptoss.mxfp4 import dequantize  # noqa: E402
 from tests.gptoss.kernels.conftest import count_calls  # noqa: E402
@@ -92,6 +92,19 @@ def test_down_v3_dec_matches_down_v3_and_the_reference(tokens, e, h, i, k, dtype
     assert got.shape == (tokens * k, h) and got.dtype == dtype
     assert _rel(got, _down_v3(act, r, w)) <= TOL_V3[dtype]
     assert _rel(got, _want(ref, r, act)) <= TOL[dtype]
+
+
+def test_one_token_takes_its_experts_from_ids_with_the_lists_bits():
+    """T 1 (batch 1's step): slot s computes assignment s of expert ids[0, s], read from the routing's
+    ids (ONE_TOKEN) rather than from the counts and row lists, whose slots run in expert order. The
+    same bits as the list path (which a strided ids view still takes), with ids not in expert order."""
+    ref, w, r, act = _case(8, 160, 160, 4, 1, torch.float32, seed=21)
+    assert r.ids[0].tolist() != sorted(r.ids[0].tolist())
+    strided = torch.zeros(1, 8, dtype=torch.int32, device=DEV)[:, ::2]
+    strided.copy_(r.ids)
+    lists = moe_v3_dec.down_v3_dec(act, Routing(strided, r.weights, r.counts, r.rows), w)
+    got = moe_v3_dec.down_v3_dec(act, r, w)
+    assert torch.equal(got, lists) and _rel(got, _want(ref, r, act)) <= 1e-5
 
 
 @pytest.mark.parametrize(
