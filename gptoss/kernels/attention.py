@@ -75,7 +75,9 @@ INTERPRETED = bool(triton.knobs.runtime.interpret)
 # second launch: one launch fewer a full layer at batch 1 (the reduce: ~4.9 us on an H100, v9).
 # Off: on the H100 (2026-11-26, batch-1 decode 128 -> 512) 407.7 / 406.9 tok/s against 413.3 / 415.6
 # without; the profile's attention grew from 7.3 to 8.4 us a layer (the ticket's atomic, bar.sync and
-# the winner's merge), which eats the reduce launch it saves. Compiled merge test: passes.
+# the winner's merge), which eats the reduce launch it saves. Compiled merge test: passes. The merge
+# then took one dependent L2 round trip a split (16 at batch 1); since 2026-11-29 it loads 8 splits
+# a tile (attention_reduce.merge_splits), so the winner's share is ~3 round trips: to time again.
 FUSED_REDUCE = os.environ.get("GPTOSS_ATTN_REDUCE", "split") == "fused"
 MAX_TICKETS = 1 << 16  # (sequence, KV head) pairs one launch can merge in-kernel; more take the reduce
 _tickets: dict[torch.device, Tensor] = {}
