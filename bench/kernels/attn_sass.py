@@ -53,13 +53,21 @@ STRIDES = (
 )
 
 
-def compile_decode(fp8: bool, block_n: int, warps: int, stages: int, pf_keys: int = 0, rope: bool = False):
+def compile_decode(
+    fp8: bool,
+    block_n: int,
+    warps: int,
+    stages: int,
+    pf_keys: int = 0,
+    rope: bool = False,
+    pre_kv: bool = False,
+):
     cache = "fp8e4nv" if fp8 else "bf16"
     sig = {k: "*" + (cache if t == "cache" else t) for k, t in POINTERS.items()}
     sig |= SCALARS | dict.fromkeys(STRIDES.split(), "i32")
     consts = dict(G=8, G_PAD=8, BLOCK_Q=2, BLOCK_N=block_n, D=64, BS=16, RING=False, WINDOWED=False)
     consts |= dict(SPLIT=True, MERGE=True, NS_PAD=32, PRECISION="tf32", UPCAST=False, PDL=True)
-    consts |= dict(ROPE=rope, KV_FP8=fp8, PF_KEYS=pf_keys)
+    consts |= dict(ROPE=rope, KV_FP8=fp8, PF_KEYS=pf_keys, PRE_KV=pre_kv)
     return _compile(_attn_kernel, sig, consts, warps, stages)
 
 

@@ -15,7 +15,8 @@ residual after. rmsnorm (bf16, the MoE combine of 4 rows, H in a 4096 tile over 
 before ACQBULK, nothing but x, the combine rows and weights and the residual after. Decode
 attention with RoPE inside (attention_kernel, DECODE_CFG, a GQA group of 8 over 2 query tokens): the
 step's metadata, the positions, their RoPE table rows and the new key's cache slot before ACQBULK;
-q, the new k and v (the QKV output), the block table and the cache after. The attention reduce (16
+q, the new k and v (the QKV output), the block table and the cache after; with GPTOSS_ATTN_PRELOAD
+its first K and V tile before ACQBULK too. The attention reduce (16
 splits of a GQA group of 8, as a full layer's batch-1 decode): the sinks and the query start before
 ACQBULK, the partials after.
 """
@@ -79,6 +80,7 @@ def stats() -> dict:
         f"attention{' rope' if rope else ''}": _load_stats(compile_decode(False, *DECODE_CFG, rope=rope))
         for rope in (False, True)
     }
+    out["attention rope preload"] = _load_stats(compile_decode(False, *DECODE_CFG, rope=True, pre_kv=True))
     sig = dict(qstart_ptr="*i32", sink_ptr="*fp32", out_ptr="*bf16", pm_ptr="*fp32", pl_ptr="*fp32")
     sig.update(pacc_ptr="*fp32", num_splits="i32", hq="i32", stride_ot="i32", stride_oh="i32")
     red = _compile(_reduce_kernel, sig, dict(G=8, G_PAD=8, NS_PAD=16, D=64, PDL=True), 2, 3)

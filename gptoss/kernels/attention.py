@@ -79,6 +79,14 @@ INTERPRETED = bool(triton.knobs.runtime.interpret)
 # then took one dependent L2 round trip a split (16 at batch 1); since 2026-11-29 it loads 8 splits
 # a tile (attention_reduce.merge_splits), so the winner's share is ~3 round trips: to time again.
 FUSED_REDUCE = os.environ.get("GPTOSS_ATTN_REDUCE", "split") == "fused"
+# GPTOSS_ATTN_PRELOAD=1 (off until timed): decode launches of up to PRELOAD_MAX_SEQS sequences load
+# each program's first BLOCK_N cached keys and values into registers before the PDL wait (PRE_KV), so
+# that tile's table and K/V round trips overlap the QKV projection instead of following q's load.
+# Batch 1 at 120b: a full layer's 16 splits hold <= 48 keys each, one or two tiles. The same bits;
+# sm_90a: 124 registers against 117 (bench/kernels/pdl_wait_sass.py); large batches keep the
+# registers for occupancy.
+PRELOAD_KV = os.environ.get("GPTOSS_ATTN_PRELOAD", "0") == "1"
+PRELOAD_MAX_SEQS = 8
 MAX_TICKETS = 1 << 16  # (sequence, KV head) pairs one launch can merge in-kernel; more take the reduce
 _tickets: dict[torch.device, Tensor] = {}
 
@@ -164,6 +172,7 @@ def paged_attention(
     rope: tuple[Tensor, Tensor, Tensor] | None = None,
     l2_next: Tensor | None = None,
     prefetch_kv: bool = False,
+    preload_kv: bool | None = None,
 ) -> Tensor:
     """Causal attention of S sequences' new tokens over their cached context and themselves.
 
@@ -204,6 +213,8 @@ def paged_attention(
     prefetch_kv (decode launches with PDL on; GPTOSS_L2_PREFETCH's "kv"): each program prefetches the
     cached K and V rows of its first l2_prefetch.ATTN_KEYS keys into L2 before its PDL wait, while
     the kernel before it still runs. A hint: the output bits are the same.
+    preload_kv (default PRELOAD_KV; decode launches of <= PRELOAD_MAX_SEQS sequences): each program
+    loads its first BLOCK_N cached keys and values into registers before its PDL wait; the same bits.
     """
     t, hq, d = q.shape
     hkv = k_new.shape[1]
@@ -311,6 +322,9 @@ def paged_attention(
         ROPE=rope is not None,
         KV_FP8=kv_fp8,
         PF_KEYS=l2_prefetch.ATTN_KEYS if prefetch_kv and max_query_len == 1 and pdl.on(q) else 0,
+        PRE_KV=(PRELOAD_KV if preload_kv is None else preload_kv)
+        and max_query_len == 1
+        and num_seqs <= PRELOAD_MAX_SEQS,
         num_warps=warps,
         num_stages=stages,
         **common,

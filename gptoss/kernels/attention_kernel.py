@@ -12,7 +12,7 @@ import triton.language as tl
 from gptoss.kernels import pdl
 from gptoss.kernels.attention_reduce import group_sinks, merge_splits
 from gptoss.kernels.attention_rope import rope_rows, rope_table, store_kv
-from gptoss.kernels.attention_tile import _phase
+from gptoss.kernels.attention_tile import _dot, _kv, _phase, cache_offsets, softmax_step
 from gptoss.kernels.l2_prefetch import prefetch_lines
 
 
@@ -38,12 +38,9 @@ def _prefetch_context(
     found through the block table (or ring) as the key loop finds them: one line a row and tensor."""
     kp = lo + tl.arange(0, KEYS)
     ok = kp < hi
-    if RING:
-        slot = (kp // BS) % ring_len
-    else:
-        slot = kp // BS
-    page = tl.load(table_ptr + s_idx * stride_tb + slot, mask=ok, other=0)
-    off = page.to(tl.int64) * stride_cb + (kp % BS) * stride_cs + h * stride_ch
+    off = cache_offsets(
+        table_ptr, s_idx, h, kp, ok, ring_len, stride_cb, stride_cs, stride_ch, stride_tb, BS, RING
+    )
     prefetch_lines(kc_ptr + off, ok)
     prefetch_lines(vc_ptr + off, ok)
 
@@ -99,6 +96,7 @@ def _attn_kernel(
     ROPE: tl.constexpr,
     KV_FP8: tl.constexpr,
     PF_KEYS: tl.constexpr = 0,
+    PRE_KV: tl.constexpr = False,
 ):
     """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads. MERGE
     (decode splits): the last split of a (sequence, KV head) to finish merges the partials itself.
@@ -109,7 +107,10 @@ def _attn_kernel(
     PDL: what the host wrote before the step's first kernel (the step's metadata, the positions and
     their RoPE table rows, the new key's cache slot; with PF_KEYS the table and the cache below ctx)
     loads before the wait, so those round trips overlap the kernel ahead (the QKV GEMV, whose last
-    wave leaves room); q and this step's k and v, which that kernel writes, load after it."""
+    wave leaves room); q and this step's k and v, which that kernel writes, load after it. PRE_KV
+    (decode): the first BLOCK_N cached keys of the program's range and their values load there too,
+    into registers, so after the wait that tile costs no round trip; the rest of the range runs as
+    before, tile by tile in the same order (the same bits)."""
     BM: tl.constexpr = BLOCK_Q * G_PAD
     pid0 = tl.program_id(0)
     s_idx = tl.program_id(1)
@@ -153,6 +154,16 @@ def _attn_kernel(
         nrow = (q0 + nk * 0).to(tl.int64)
         cos_k, sin_k = rope_table(tl.load(pos_ptr + nrow, mask=new_ok, other=0), cs_ptr, new_ok, D)
         nslot = tl.load(slot_ptr + nrow, mask=new_ok, other=-1).to(tl.int64)
+    ctx_lo = lo  # where the context loop starts: past the preloaded tile with PRE_KV
+    if PRE_KV:
+        kp0 = lo + tl.arange(0, BLOCK_N)
+        ok0 = kp0 < tl.minimum(hi, ctx)
+        off0 = cache_offsets(
+            table_ptr, s_idx, h, kp0, ok0, ring_len, stride_cb, stride_cs, stride_ch, stride_tb, BS, RING
+        )
+        k0 = tl.load(kc_ptr + off0[:, None] + d[None, :], mask=ok0[:, None], other=0.0)
+        v0 = tl.load(vc_ptr + off0[:, None] + d[None, :], mask=ok0[:, None], other=0.0)
+        ctx_lo = lo + BLOCK_N
     if PF_KEYS > 0:
         _prefetch_context(
             kc_ptr,
@@ -189,6 +200,13 @@ def _attn_kernel(
     m = tl.full([BM], float("-inf"), tl.float32)
     l = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
+    if PRE_KV:  # the preloaded first tile, masked as _phase masks its edge tiles
+        k0 = _kv(k0, q.dtype, True, KV_FP8)
+        m, l, alpha, p = softmax_step(
+            m, l, q, k0, qpos, kp0, ok0, window, qk_scale, True, WINDOWED, PRECISION, UPCAST
+        )
+        v0 = _kv(v0, q.dtype, True, KV_FP8)
+        acc = acc * alpha[:, None] + _dot(p.to(v0.dtype), v0, PRECISION, UPCAST)
     # Context keys (positions < ctx) come from the cache, this step's keys from k_new/v_new.
     acc, m, l = _phase(
         acc,
@@ -200,7 +218,7 @@ def _attn_kernel(
         q_last,
         s_idx,
         h,
-        lo,
+        ctx_lo,
         tl.minimum(hi, ctx),
         ctx,
         q0,

@@ -84,15 +84,21 @@ def _tile(
     d = tl.arange(0, D)
     kv_ok = kp < pe
     if FROM_CACHE:
-        if RING:
-            slot = (kp // BS) % ring_len
-        else:
-            slot = kp // BS
-        if MASKED:
-            page = tl.load(table_ptr + s_idx * stride_tb + slot, mask=kv_ok, other=0)
-        else:
-            page = tl.load(table_ptr + s_idx * stride_tb + slot)
-        off = page.to(tl.int64) * stride_cb + (kp % BS) * stride_cs + h * stride_ch  # [BN]
+        off = cache_offsets(
+            table_ptr,
+            s_idx,
+            h,
+            kp,
+            kv_ok,
+            ring_len,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_tb,
+            BS,
+            RING,
+            MASKED,
+        )
         k_ptrs = kc_ptr + off[:, None] + d[None, :]
         v_ptrs = vc_ptr + off[:, None] + d[None, :]
     else:
@@ -106,6 +112,64 @@ def _tile(
         k = _kv(tl.load(k_ptrs, mask=kv_ok[:, None], other=0.0), q.dtype, FROM_CACHE, KV_FP8)
     else:
         k = _kv(tl.load(k_ptrs), q.dtype, FROM_CACHE, KV_FP8)
+    m_new, l, alpha, p = softmax_step(
+        m, l, q, k, qpos, kp, kv_ok, window, qk_scale, MASKED, WINDOWED, PRECISION, UPCAST
+    )
+    if MASKED:
+        v = _kv(tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0), q.dtype, FROM_CACHE, KV_FP8)
+    else:
+        v = _kv(tl.load(v_ptrs), q.dtype, FROM_CACHE, KV_FP8)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+    return acc, m_new, l
+
+
+@triton.jit
+def cache_offsets(
+    table_ptr,
+    s_idx,
+    h,
+    kp,
+    ok,
+    ring_len,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_tb,
+    BS: tl.constexpr,
+    RING: tl.constexpr,
+    MASKED: tl.constexpr = True,
+):
+    """Element offsets [BN] int64 of KV head h's cached rows at key positions kp (where ok; MASKED
+    loads the table under that mask), through the block table or, RING, the ring of a sliding layer."""
+    if RING:
+        slot = (kp // BS) % ring_len
+    else:
+        slot = kp // BS
+    if MASKED:
+        page = tl.load(table_ptr + s_idx * stride_tb + slot, mask=ok, other=0)
+    else:
+        page = tl.load(table_ptr + s_idx * stride_tb + slot)
+    return page.to(tl.int64) * stride_cb + (kp % BS) * stride_cs + h * stride_ch
+
+
+@triton.jit
+def softmax_step(
+    m,
+    l,
+    q,
+    k,
+    qpos,
+    kp,
+    kv_ok,
+    window,
+    qk_scale,
+    MASKED: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """The scores of q against a K tile (masked: keys past the range, the causal edge and, WINDOWED,
+    the window) and the online softmax's update: (m_new, l_new, alpha, p); the caller adds p @ V."""
     s = _dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale  # [BM, BN]
     if MASKED:
         seen = kv_ok[None, :] & (kp[None, :] <= qpos[:, None])
@@ -116,13 +180,7 @@ def _tile(
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
     alpha = tl.exp2(m - m_safe)
     p = tl.exp2(s - m_safe[:, None])
-    l = l * alpha + tl.sum(p, 1)
-    if MASKED:
-        v = _kv(tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0), q.dtype, FROM_CACHE, KV_FP8)
-    else:
-        v = _kv(tl.load(v_ptrs), q.dtype, FROM_CACHE, KV_FP8)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-    return acc, m_new, l
+    return m_new, l * alpha + tl.sum(p, 1), alpha, p
 
 
 @triton.jit

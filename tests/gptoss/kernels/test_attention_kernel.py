@@ -263,6 +263,24 @@ def test_decode_settings_from_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("hint", [None, 4096])
+@pytest.mark.parametrize("pool", ["full", "ring"])
+def test_decode_preload_of_the_first_tile_gives_the_same_bits(pool, hint, dtype):
+    """preload_kv (GPTOSS_ATTN_PRELOAD): each program's first BLOCK_N cached keys and values, loaded
+    before its PDL wait and run as a masked tile ahead of the key loop, give the output bits of the
+    loop alone: empty contexts and splits, a range shorter than a tile, ranges of many tiles, the
+    window's edge (ring), 16 splits (hint 4096) or one pass. Six sequences: within PRELOAD_MAX_SEQS."""
+    from gptoss.kernels import attention
+
+    ctx = [300, 0, 129, 17, 31, 200]
+    assert len(ctx) <= attention.PRELOAD_MAX_SEQS
+    st = make_step(ctx, [1] * len(ctx), 16, 2, dtype, seed=13, fill=float("nan"))
+    want = run_kernel(st, pool, max_context_hint=hint, preload_kv=False)
+    got = run_kernel(st, pool, max_context_hint=hint, preload_kv=True)
+    assert not want.isnan().any() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("hint", [None, 4096])
 def test_decode_merges_splits_in_kernel_as_the_reduce_does(hint, dtype):
     """merge_in_kernel: the last split program of each (sequence, KV head) merges the partials (a
     ticket per pair, zeroed again for the next launch) and gives the reduce kernel's output bits;

@@ -193,10 +193,14 @@ def test_what_the_host_wrote_loads_before_the_pdl_wait():
     engine's DECODE_CFG): the step's three metadata words (query start, length, context) load
     before griddepcontrol.wait (ACQBULK); with RoPE inside, so do the positions, their RoPE table
     rows and the new key's cache slot, so after the wait no round trip precedes q's, and the
-    release (PREEXIT) comes after the wait; no spills."""
+    release (PREEXIT) comes after the wait; no spills. With the first tile preloaded, its table
+    entries, K and V come before the wait as well."""
     got = sass_json("pdl_wait_sass.py")
-    plain, rope = got["attention"], got["attention rope"]
+    plain, rope, pre = got["attention"], got["attention rope"], got["attention rope preload"]
     assert plain["ldg_before_wait"] == 3
     assert rope["ldg_before_wait"] >= plain["ldg_before_wait"] + 4  # positions, cos and sin, the slot
-    for v in (plain, rope):
+    # GPTOSS_ATTN_PRELOAD: the first tile's table entries, K and V too (BLOCK_N x D of each over the
+    # program's threads, at least one 16-byte load a thread each)
+    assert pre["ldg_before_wait"] >= rope["ldg_before_wait"] + 3
+    for v in (plain, rope, pre):
         assert v["ldg_after_wait"] > 0 and v["spills"] == 0 and v["wait_then_release"]
