@@ -17,35 +17,6 @@ from gptoss.kernels.l2_prefetch import prefetch_lines
 
 
 @triton.jit
-def _prefetch_context(
-    kc_ptr,
-    vc_ptr,
-    table_ptr,
-    s_idx,
-    h,
-    lo,
-    hi,
-    ring_len,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    stride_tb,
-    BS: tl.constexpr,
-    RING: tl.constexpr,
-    KEYS: tl.constexpr,
-):
-    """L2 prefetches of the cached K and V rows of KV head h at key positions [lo, min(hi, lo + KEYS)),
-    found through the block table (or ring) as the key loop finds them: one line a row and tensor."""
-    kp = lo + tl.arange(0, KEYS)
-    ok = kp < hi
-    off = cache_offsets(
-        table_ptr, s_idx, h, kp, ok, ring_len, stride_cb, stride_cs, stride_ch, stride_tb, BS, RING
-    )
-    prefetch_lines(kc_ptr + off, ok)
-    prefetch_lines(vc_ptr + off, ok)
-
-
-@triton.jit
 def _attn_kernel(
     q_ptr,
     kn_ptr,
@@ -164,24 +135,14 @@ def _attn_kernel(
         k0 = tl.load(kc_ptr + off0[:, None] + d[None, :], mask=ok0[:, None], other=0.0)
         v0 = tl.load(vc_ptr + off0[:, None] + d[None, :], mask=ok0[:, None], other=0.0)
         ctx_lo = lo + BLOCK_N
-    if PF_KEYS > 0:
-        _prefetch_context(
-            kc_ptr,
-            vc_ptr,
-            table_ptr,
-            s_idx,
-            h,
-            lo,
-            tl.minimum(hi, ctx),
-            ring_len,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            stride_tb,
-            BS,
-            RING,
-            PF_KEYS,
+    if PF_KEYS > 0:  # L2 line prefetches of the cached K and V rows of the range's first PF_KEYS keys
+        kp_pf = lo + tl.arange(0, PF_KEYS)
+        ok_pf = kp_pf < tl.minimum(hi, ctx)
+        off_pf = cache_offsets(
+            table_ptr, s_idx, h, kp_pf, ok_pf, ring_len, stride_cb, stride_cs, stride_ch, stride_tb, BS, RING
         )
+        prefetch_lines(kc_ptr + off_pf, ok_pf)
+        prefetch_lines(vc_ptr + off_pf, ok_pf)
     pdl.wait_then_release(PDL)
     if ROPE:  # decode: q arrives un-roped, and the new key is roped and cached in its phase below
         q = rope_rows(q_ptr, tok * stride_qt + head * stride_qh, cos_q, sin_q, row_ok, D)

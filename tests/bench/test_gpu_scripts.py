@@ -314,17 +314,9 @@ def test_120b_ab_vllm_b1_runs_vllm_at_batch_1_alone(stubs, tmp_path):
 def test_120b_ab_sweep_without_its_peer_waits_for_vllm_once_after_the_batch_1_modes(stubs, tmp_path):
     """SWEEP_PEER=0: the sweep times ours alone at SWEEP_MS, without waiting for vLLM's install; the
     one wait comes after our batch-1 modes, before vLLM's run."""
-    p, _, calls = _ab(
-        stubs,
-        tmp_path,
-        TESTS="none",
-        MODES="",
-        B1_MODES="gu=GPTOSS_V3_DEC_GATE_UP=1",
-        SWEEP_PEER="0",
-        SWEEP_MS="1",
-        SWEEP_VARIANTS="v3-dd-w,v3-dd-gu-w-s8",
-        VLLM_B1="1",
-    )
+    env = dict(TESTS="none", MODES="", B1_MODES="gu=GPTOSS_V3_DEC_GATE_UP=1", VLLM_B1="1")
+    env |= dict(SWEEP_PEER="0", SWEEP_MS="1", SWEEP_VARIANTS="v3-dd-w,v3-dd-gu-w-s8")
+    p, _, calls = _ab(stubs, tmp_path, **env)
     sweep = [c for c in calls if "moe_gpu.py" in c]
     assert len(sweep) == 1 and "--ms 1 " in sweep[0] and sweep[0].endswith("--variants v3-dd-w,v3-dd-gu-w-s8")
     log = p.stdout.splitlines()
