@@ -19,6 +19,7 @@ if [ -z "${NO_TESTS:-}" ]; then
   say "compiled tests"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_decode.py \
     tests/gptoss/kernels/test_moe_decode_flat.py tests/gptoss/kernels/test_attention_kernel.py \
+    tests/gptoss/kernels/test_attention_splits.py \
     tests/gptoss/kernels/test_kernel_engine.py 2>&1 | tail -8 | tee "$R/tests.txt"
 fi
 wait_vllm || exit 1

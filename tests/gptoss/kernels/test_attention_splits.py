@@ -1,0 +1,152 @@
+"""Decode's split-K path and launch settings in Triton paged attention: how many splits a decode takes
+(decode_splits, GPTOSS_ATTN_SPLIT_KEYS), the reduce of their partials (and its sm_90a load order), the
+in-kernel merge (merge_in_kernel), the first tile preloaded before the PDL wait (preload_kv) and other
+(BLOCK_N, warps, stages) settings (GPTOSS_ATTN_DECODE), each against test_attention_kernel's torch
+reference or bit for bit against the plain path. Tolerances as there; interpreter on CPU, compiled
+with CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptoss.kernels.attention import decode_splits
+from tests.gptoss.kernels.conftest import sass_json
+from tests.gptoss.kernels.test_attention_kernel import (  # conftest set TRITON_INTERPRET first
+    BS,
+    TOL,
+    assert_rows_close,
+    make_step,
+    reference,
+    run_kernel,
+    table_tensor,
+)
+
+# The interpreter turns loop bounds into ints through a deprecated numpy conversion.
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+
+@pytest.mark.parametrize("hint", [None, 200, 4096])
+def test_decode_splits_and_neutral_partials(hint):
+    """hint 200: one pass; None: the table's 19 blocks allow 304 keys, 2 splits; 4096: 16 splits,
+    most of them with no keys (they must leave neutral partials)."""
+    ctx = [300, 0, 129]
+    st = make_step(ctx, [1] * 3, 16, 2, torch.float32, seed=7, fill=float("nan"))
+    width = table_tensor(st["tables"]["full"]).shape[1]
+    assert (width, decode_splits(3, 2, hint or width * BS)) == (19, {None: 2, 200: 1, 4096: 16}[hint])
+    got = run_kernel(st, "full", max_context_hint=hint)
+    assert_rows_close(got, reference(st, "full"), TOL[torch.float32])
+
+
+@pytest.mark.parametrize("keys", [32, 48, 64])
+def test_fewer_keys_a_split_give_more_splits_and_the_same_result(keys, monkeypatch):
+    """GPTOSS_ATTN_SPLIT_KEYS lowers the bound: a lone sequence at a 4096-key hint takes 4096 / keys
+    splits (capped at MAX_SPLITS) instead of 16, and its attention is unchanged. 48 at a 512-key
+    hint: 11 splits, so the reduce's second tile of 8 splits holds 3 (merge_splits' masks)."""
+    from gptoss.kernels import attention
+
+    monkeypatch.setattr(attention, "MIN_SPLIT_KEYS", keys)
+    assert decode_splits(1, 2, 4096) == 64
+    assert decode_splits(1, 2, 512) == {32: 16, 48: 11, 64: 8}[keys]
+    st = make_step([300], [1], 16, 2, torch.float32, seed=11, fill=float("nan"))
+    got = run_kernel(st, "full", max_context_hint=512)
+    assert_rows_close(got, reference(st, "full"), TOL[torch.float32])
+
+
+def test_the_reduce_loads_sinks_and_query_start_before_the_pdl_wait():
+    """Compiled for sm_90a on CPU (bench/kernels/pdl_wait_sass.py: 16 splits, a GQA group of 8):
+    the sinks and the two query-start words load before griddepcontrol.wait (ACQBULK), the
+    partials after it; the release after the wait; no spills at 8 splits a [G, 8, D] tile."""
+    got = sass_json("pdl_wait_sass.py")["attention reduce"]
+    assert got["ldg_before_wait"] >= 3 and got["ldg_after_wait"] > 0
+    assert got["spills"] == 0 and got["wait_then_release"]
+
+
+def test_split_keys_env_parses_and_refuses_bad_values():
+    from gptoss.kernels import attention
+
+    assert [attention._split_keys_from_env(v) for v in (None, "", "64", "16")] == [256, 256, 64, 16]
+    for bad in ("8", "x", "-64", "64.0"):
+        with pytest.raises(ValueError, match=f"GPTOSS_ATTN_SPLIT_KEYS must be .*got '{bad}'"):
+            attention._split_keys_from_env(bad)
+
+
+@pytest.mark.parametrize("cfg", [(16, 4, 4), (64, 4, 3), (128, 4, 2)], ids=str)
+def test_decode_launch_settings_keep_the_result(cfg, monkeypatch):
+    """Other (BLOCK_N, warps, stages) than DECODE_CFG's, as GPTOSS_ATTN_DECODE sets them: the same
+    attention, split (hint 4096: chunks of BLOCK_N keys) or not, full table or ring."""
+    import gptoss.kernels.attention as attention
+
+    monkeypatch.setattr(attention, "DECODE_CFG", cfg)
+    st = make_step([300, 5, 129], [1] * 3, 16, 2, torch.float32, seed=11, fill=float("nan"))
+    for pool in ("full", "ring"):
+        assert_rows_close(
+            run_kernel(st, pool, max_context_hint=4096), reference(st, pool), TOL[torch.float32]
+        )
+
+
+def test_decode_settings_from_the_environment(monkeypatch):
+    from gptoss.kernels.attention import _cfg_from_env
+
+    monkeypatch.setenv("GPTOSS_ATTN_DECODE", "128,8,2")
+    assert _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 4, 3)) == (128, 8, 2)
+    monkeypatch.setenv("GPTOSS_ATTN_DECODE", "")
+    assert _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 4, 3)) == (64, 4, 3)
+    for bad, why in [
+        ("64,4", "three positive counts"),
+        ("64,x,3", "three positive counts"),
+        ("48,4,3", "power of two >= 16"),
+        ("64,3,3", "power of two"),
+    ]:
+        monkeypatch.setenv("GPTOSS_ATTN_DECODE", bad)
+        with pytest.raises(ValueError, match=why):
+            _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 4, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("hint", [None, 4096])
+@pytest.mark.parametrize("pool", ["full", "ring"])
+def test_decode_preload_of_the_first_tile_gives_the_same_bits(pool, hint, dtype):
+    """preload_kv (GPTOSS_ATTN_PRELOAD): each program's first BLOCK_N cached keys and values, loaded
+    before its PDL wait and run as a masked tile ahead of the key loop, give the output bits of the
+    loop alone: empty contexts and splits, a range shorter than a tile, ranges of many tiles, the
+    window's edge (ring), 16 splits (hint 4096) or one pass. Six sequences: within PRELOAD_MAX_SEQS."""
+    from gptoss.kernels import attention
+
+    ctx = [300, 0, 129, 17, 31, 200]
+    assert len(ctx) <= attention.PRELOAD_MAX_SEQS
+    st = make_step(ctx, [1] * len(ctx), 16, 2, dtype, seed=13, fill=float("nan"))
+    want = run_kernel(st, pool, max_context_hint=hint, preload_kv=False)
+    got = run_kernel(st, pool, max_context_hint=hint, preload_kv=True)
+    assert not want.isnan().any() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("hint", [None, 4096])
+def test_decode_merges_splits_in_kernel_as_the_reduce_does(hint, dtype):
+    """merge_in_kernel: the last split program of each (sequence, KV head) merges the partials (a
+    ticket per pair, zeroed again for the next launch) and gives the reduce kernel's output bits;
+    twice in a row, so the tickets left by the first launch serve the second."""
+    from gptoss.kernels import attention
+
+    ctx = [300, 0, 129, 17]
+    st = make_step(ctx, [1] * 4, 16, 2, dtype, seed=11, fill=float("nan"))
+    want = run_kernel(st, "full", max_context_hint=hint, merge_in_kernel=False)
+    for _ in range(2):
+        got = run_kernel(st, "full", max_context_hint=hint, merge_in_kernel=True)
+        assert torch.equal(got, want)
+        assert not attention._tickets[got.device].any()  # every ticket back to zero
+    assert_rows_close(got, reference(st, "full"), TOL[dtype])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("batch", [1, 64])
+def test_gpu_decode_merge_in_kernel(batch):
+    """Compiled, 64 splits at batch 1: the in-kernel merge equals the reduce kernel's output, launch
+    after launch (a partial read before its store was visible would show as a moving error)."""
+    lens = [max(1, 8000 - 37 * i % 900) for i in range(batch)]
+    st = make_step(lens, [1] * batch, 64, 8, torch.bfloat16, seed=batch, fill=float("nan"))
+    want = run_kernel(st, "full", max_context_hint=131072, merge_in_kernel=False)
+    for _ in range(20):
+        assert torch.equal(run_kernel(st, "full", max_context_hint=131072, merge_in_kernel=True), want)
