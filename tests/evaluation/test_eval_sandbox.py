@@ -30,7 +30,7 @@ def leftovers(base: Path) -> list[str]:
             uid = os.stat(f"/proc/{pid}").st_uid
             environ = Path(f"/proc/{pid}/environ").read_bytes() if UID_RANGE[0] <= uid < UID_RANGE[1] else b""
         except OSError:
-            continue
+            continue  # the process exited while we looked: not a leftover
         if str(base) in cmdline or str(base).encode() in environ:
             found.append(f"{pid} uid={uid} {cmdline[:80]}")
     return found
@@ -162,7 +162,7 @@ def test_network_is_unreachable(sandbox):
             try:
                 accepted.append(listener.accept()[0])
             except TimeoutError:
-                continue
+                continue  # the listener's timeout only lets the loop see `stop`
 
     thread = threading.Thread(target=accept)
     thread.start()

@@ -25,6 +25,7 @@ from tests.backends.vllm.vllmkit import (
     generate,
     greedy_reference,
     make_dataset,
+    processes_with,
 )
 
 
@@ -114,19 +115,6 @@ def in_process(engine, monkeypatch):
     return run
 
 
-def _processes_with(marker: str) -> list[int]:
-    """pids whose environment carries `marker` (children of a finished run would still have it)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if marker.encode() in (d / "environ").read_bytes():
-                    found.append(int(d.name))
-            except OSError:
-                continue
-    return found
-
-
 def test_offline_accuracy_subprocess_logs_vllms_tokens_and_exits_clean(
     checkpoints, dataset, greedy_config, engine, loop, tmp_path
 ):
@@ -161,7 +149,7 @@ def test_offline_accuracy_subprocess_logs_vllms_tokens_and_exits_clean(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "Traceback" not in out and "leaked" not in out, out[-4000:]
-    assert not _processes_with(marker), "vLLM processes outlived the run"
+    assert not processes_with(marker), "vLLM processes outlived the run"
     log_dir = tmp_path / "offline" / "accuracy"
     logged = accuracy_tokens(log_dir)
     expected = _expected(engine, loop, dataset, greedy_config)

@@ -31,6 +31,7 @@ from tests.backends.vllm.vllmkit import (
     collect,
     generate,
     make_dataset,
+    processes_with,
     run_config,
 )
 
@@ -203,28 +204,12 @@ def test_run_mlperf_server_scenario_is_valid(server, loop, checkpoints, monkeypa
 # ----------------------------------------------------------------------------- its own servers
 
 
-def _marked(marker: str) -> list[int]:
-    """Live pids whose environment carries `marker` (every process a run started inherits it)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if (
-                    marker.encode() in (d / "environ").read_bytes()
-                    and b"Z" != (d / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-                ):
-                    found.append(int(d.name))
-            except OSError:
-                continue
-    return found
-
-
 def _api_server(marker: str) -> int | None:
-    for pid in _marked(marker):
+    for pid in processes_with(marker, live=True):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
-            continue
+            continue  # the process exited while we looked: not the server
         if API_SERVER.encode() in cmd and os.getpgid(pid) == pid:
             return pid
     return None
@@ -274,9 +259,9 @@ def test_a_server_killed_mid_run_fails_its_queries_and_the_run(checkpoints, tmp_
     assert record["backend"]["process"] == "server" and record["backend"]["server"]["pid"] == pgid
     assert "Traceback" not in out, out[-4000:]
     deadline = time.monotonic() + 30
-    while _marked(marker) and time.monotonic() < deadline:
+    while processes_with(marker, live=True) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _marked(marker), "processes outlived the run"
+    assert not processes_with(marker, live=True), "processes outlived the run"
 
 
 def test_a_server_that_cannot_start_fails_with_its_log_and_leaves_nothing(checkpoints, loop, tmp_path):

@@ -122,3 +122,19 @@ def accuracy_tokens(log_dir: Path) -> dict[int, dict[str, list[int]]]:
         assert e["qsl_idx"] not in out, f"sample {e['qsl_idx']} logged twice"
         out[e["qsl_idx"]] = rec
     return out
+
+
+def processes_with(marker: str, live: bool = False) -> list[int]:
+    """pids whose environment carries `marker` (every process a run started inherits it, so children
+    of a finished run would still have it); live: zombies left out."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "environ").read_bytes() and not (
+                    live and b"Z" == (d / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+                ):
+                    found.append(int(d.name))
+            except OSError:
+                continue  # the process exited while we looked: it is not left over
+    return found
