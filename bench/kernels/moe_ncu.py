@@ -24,6 +24,7 @@ import io
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 # (label, ncu's section, metric name) of the digest's columns; names as Nsight Compute 2025 prints them.
@@ -73,16 +74,23 @@ def digest(text: str, by_kernel: bool = False) -> list[str]:
             stalls[launch].append((float(value), m[1]))
     if by_kernel:
         return _by_kernel(rows, names, stalls)
-    head = f"{'id':>4} {'kernel':<28} " + " ".join(f"{label:>7}" for label, _, _ in COLUMNS) + "  top stalls"
-    out = [head]
+    out = [_line("id", "kernel", None, "top stalls")]
     for launch in sorted(rows, key=int):
-        cells = " ".join(
-            f"{v:7.1f}" if (v := rows[launch].get(label)) is not None else f"{'-':>7}"
-            for label, _, _ in COLUMNS
-        )
         top = ", ".join(f"{n} {v:.1f}" for v, n in sorted(stalls[launch], reverse=True)[:3])
-        out.append(f"{launch:>4} {names[launch]:<28} {cells}  {top}")
+        out.append(_line(launch, names[launch], rows[launch].get, top))
     return out
+
+
+def _line(first: str, name: str, value: Callable[[str], float | None] | None, top: str) -> str:
+    """A table line: `first` (launch id or count), the kernel, each COLUMNS cell (value(label); None
+    or no value: "-"; value None: the header's labels), the top stalls."""
+    if value is None:
+        cells = " ".join(f"{label:>7}" for label, _, _ in COLUMNS)
+    else:
+        cells = " ".join(
+            f"{v:7.1f}" if (v := value(label)) is not None else f"{'-':>7}" for label, _, _ in COLUMNS
+        )
+    return f"{first:>4} {name:<28} {cells}  {top}"
 
 
 def _by_kernel(rows: dict[str, dict], names: dict[str, str], stalls: dict[str, list]) -> list[str]:
@@ -96,19 +104,14 @@ def _by_kernel(rows: dict[str, dict], names: dict[str, str], stalls: dict[str, l
             return None
         return sum(vals) if label == "us" else sum(vals) / len(vals)
 
-    head = f"{'n':>4} {'kernel':<28} " + " ".join(f"{label:>7}" for label, _, _ in COLUMNS) + "  top stalls"
-    out = [head]
+    out = [_line("n", "kernel", None, "top stalls")]
     for name, launches in sorted(groups.items(), key=lambda kv: -(column(kv[1], "us") or 0.0)):
-        cells = " ".join(
-            f"{v:7.1f}" if (v := column(launches, label)) is not None else f"{'-':>7}"
-            for label, _, _ in COLUMNS
-        )
         summed: dict[str, float] = defaultdict(float)
         for x in launches:
             for v, reason in stalls[x]:
                 summed[reason] += v / len(launches)
         top = ", ".join(f"{n} {v:.1f}" for n, v in sorted(summed.items(), key=lambda kv: -kv[1])[:3])
-        out.append(f"{len(launches):>4} {name:<28} {cells}  {top}")
+        out.append(_line(str(len(launches)), name, lambda label, ls=launches: column(ls, label), top))
     return out
 
 

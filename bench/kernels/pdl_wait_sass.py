@@ -1,6 +1,6 @@
-"""SASS of the kernels that load weights before their PDL wait, compiled for sm_90a on CPU: the
-preloading decode GEMV (gptoss.kernels.gemv_preload), norm_logits' router row (norm_route) and the
-RMSNorm's weight (rmsnorm).
+"""SASS of the batch-1 kernels that load before their PDL wait what never changes or what the host
+wrote before the step, compiled for sm_90a on CPU: the preloading decode GEMV (gptoss.kernels.gemv_preload),
+norm_logits (norm_route), the RMSNorm (rmsnorm), decode attention and its reduce.
 
     python bench/kernels/pdl_wait_sass.py [--json]
 
