@@ -1,5 +1,6 @@
 """Kernel tests run compiled on a GPU and in Triton's interpreter elsewhere (set before triton loads)."""
 
+import functools
 import json
 import os
 import subprocess
@@ -44,7 +45,13 @@ def record_flag(monkeypatch, owner, name: str, flag: str) -> list[bool]:
 
 def sass_json(script: str) -> dict:
     """The --json output of a bench/kernels SASS script, run in a process without the interpreter
-    (it compiles for sm_90a on CPU)."""
+    (it compiles for sm_90a on CPU); once a pytest process, as several tests read one script's
+    kernels (pdl_wait_sass.py: five), each its own copy."""
+    return json.loads(_sass_output(script))
+
+
+@functools.cache
+def _sass_output(script: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run(
         [sys.executable, str(Path(__file__).resolve().parents[3] / "bench/kernels" / script), "--json"],
@@ -54,4 +61,4 @@ def sass_json(script: str) -> dict:
         timeout=600,
         check=True,
     )
-    return json.loads(out.stdout)
+    return out.stdout
