@@ -59,6 +59,14 @@ def _cfg_from_env(name: str, default: tuple[int, int, int]) -> tuple[int, int, i
     return block_n, warps, stages
 
 
+def _choice_from_env(name: str, choices: tuple[str, ...]) -> str:
+    """os.environ[name], one of `choices` (the first when unset): a typo is an error, never the default."""
+    v = os.environ.get(name, "") or choices[0]
+    if v not in choices:
+        raise ValueError(f"{name}={v!r}: expected one of {', '.join(choices)}")
+    return v
+
+
 # (BLOCK_N, num_warps, num_stages) per path. Decode: swept on an H100 (bench/kernels/attn_sweep.py,
 # 2026-11-27, bench/results v18): (32, 2, 3) against the first guess (64, 4, 3), us: 1000 sequences at
 # 1536 context, sliding 145.6 vs 188.1, full 1161.9 vs 1176.8 (93 % of HBM); 256 at 4096, full 763.8 vs
@@ -70,30 +78,33 @@ PREFILL_ROWS = 128  # BLOCK_M of prefill: query tokens x padded GQA group
 # Triton 3.6's interpreter multiplies the raw bits of bf16 dot operands; passed to the kernel as
 # UPCAST, it makes it upcast dot operands (after the same bf16 rounding) there.
 INTERPRETED = bool(triton.knobs.runtime.interpret)
-# GPTOSS_ATTN_REDUCE=fused: decode's split-K partials are merged by the last split program of each
-# (sequence, KV head) inside the attention kernel (a ticket, as a split-K semaphore) instead of a
-# second launch: one launch fewer a full layer at batch 1 (the reduce: ~4.9 us on an H100, v9).
-# Off: on the H100 (2026-11-26, batch-1 decode 128 -> 512) 407.7 / 406.9 tok/s against 413.3 / 415.6
-# without; the profile's attention grew from 7.3 to 8.4 us a layer (the ticket's atomic, bar.sync and
-# the winner's merge), which eats the reduce launch it saves. Compiled merge test: passes. The merge
-# then took one dependent L2 round trip a split (16 at batch 1); since 2026-11-29 it loads 8 splits
-# a tile (attention_reduce.merge_splits), so the winner's share is ~3 round trips: to time again.
-FUSED_REDUCE = os.environ.get("GPTOSS_ATTN_REDUCE", "split") == "fused"
-# GPTOSS_ATTN_PRELOAD=1 (off until timed): decode launches of up to PRELOAD_MAX_SEQS sequences load
-# each program's first BLOCK_N cached keys and values into registers before the PDL wait (PRE_KV), so
-# that tile's table and K/V round trips overlap the QKV projection instead of following q's load.
-# Batch 1 at 120b: a full layer's 16 splits hold <= 48 keys each, one or two tiles. The same bits;
-# sm_90a: 124 registers against 117 (bench/kernels/pdl_wait_sass.py); large batches keep the
-# registers for occupancy.
-PRELOAD_KV = os.environ.get("GPTOSS_ATTN_PRELOAD", "0") == "1"
-PRELOAD_MAX_SEQS = 8
+# Decode launches of up to SMALL_DECODE sequences (batch 1 and the like: latency-bound, a layer's
+# kernels back to back under PDL) take the two settings below by default; larger ones keep registers
+# for occupancy and the reduce launch, whose cost a batch amortises.
+SMALL_DECODE = 8
+# GPTOSS_ATTN_REDUCE: how decode's split-K partials are merged. "fused": by the last split program of
+# each (sequence, KV head) inside the attention kernel (a ticket, as a split-K semaphore), one launch
+# fewer a full layer; "split": by a second launch (the reduce kernel); "small" (default): fused for
+# launches of <= SMALL_DECODE sequences, split above. The same arithmetic, so the same bits.
+# History: on the H100 (2026-11-26, batch 1) fused lost, 407.7 / 406.9 tok/s against 413.3 / 415.6,
+# when its merge took one dependent L2 round trip a split (16 at batch 1). Since the merge loads 8
+# splits a tile (attention_reduce.merge_splits, ~3 round trips) it wins: 120b batch 1 on an H200
+# (v33, two runs each) 376.5 / 372.7 tok/s against 365.8 / 369.1 with the reduce launch.
+REDUCE = _choice_from_env("GPTOSS_ATTN_REDUCE", ("small", "fused", "split"))
+# GPTOSS_ATTN_PRELOAD (default 1; 0 turns it off): decode launches of up to SMALL_DECODE sequences
+# load each program's first BLOCK_N cached keys and values into registers before the PDL wait
+# (PRE_KV), so that tile's table and K/V round trips overlap the QKV projection instead of following
+# q's load. Batch 1 at 120b: a full layer's 16 splits hold <= 48 keys each, one or two tiles. The
+# same bits; sm_90a: 120 registers against 117 (bench/kernels/pdl_wait_sass.py). 120b batch 1 on an
+# H200 (v33): 377.7 / 373.3 tok/s against 365.8 / 369.1; with the fused merge 378.3.
+PRELOAD_KV = _choice_from_env("GPTOSS_ATTN_PRELOAD", ("1", "0")) == "1"
 MAX_TICKETS = 1 << 16  # (sequence, KV head) pairs one launch can merge in-kernel; more take the reduce
 _tickets: dict[torch.device, Tensor] = {}
 
 
 def reserve_tickets(device: torch.device) -> None:
     """Make the ticket buffer now (a model's init), so CUDA-graph captures later find it made."""
-    if FUSED_REDUCE:
+    if REDUCE != "split":
         _ticket_buffer(device, 0)
 
 
@@ -202,8 +213,8 @@ def paged_attention(
     batch_invariant: decode takes the splits of a lone sequence whatever S is, so a sequence's keys
     fall into the same splits (and sums) alone and in a batch; larger batches then run more
     programs than they need (late splits of short contexts exit at once).
-    merge_in_kernel (default FUSED_REDUCE): the last split to finish merges the partials in the
-    attention kernel, no reduce launch; the same arithmetic, so the same output bits.
+    merge_in_kernel (default from GPTOSS_ATTN_REDUCE, REDUCE): the last split to finish merges the
+    partials in the attention kernel, no reduce launch; the same arithmetic, so the same output bits.
     rope (decode launches only) = (positions [T] int, cos_sin [P, D] float32, slot_mapping [T] int):
     q, k_new, v_new are the un-roped projections (views of the QKV output) and the caches lack this
     step's K/V; the kernel ropes q and k as rope_qkv would and stores k, v at slot_mapping (-1: skip),
@@ -213,12 +224,15 @@ def paged_attention(
     prefetch_kv (decode launches with PDL on; GPTOSS_L2_PREFETCH's "kv"): each program prefetches the
     cached K and V rows of its first l2_prefetch.ATTN_KEYS keys into L2 before its PDL wait, while
     the kernel before it still runs. A hint: the output bits are the same.
-    preload_kv (default PRELOAD_KV; decode launches of <= PRELOAD_MAX_SEQS sequences): each program
+    preload_kv (default PRELOAD_KV; decode launches of <= SMALL_DECODE sequences): each program
     loads its first BLOCK_N cached keys and values into registers before its PDL wait; the same bits.
     """
     t, hq, d = q.shape
     hkv = k_new.shape[1]
-    merge_in_kernel = FUSED_REDUCE if merge_in_kernel is None else merge_in_kernel
+    num_seqs = context_lens.shape[0]
+    small = num_seqs <= SMALL_DECODE
+    if merge_in_kernel is None:
+        merge_in_kernel = REDUCE == "fused" or (REDUCE == "small" and small)
     nb, bs, hkv_c, d_c = k_cache.shape
     if hq % hkv or hkv != hkv_c or d != d_c or v_cache.shape != k_cache.shape:
         raise ValueError(
@@ -239,7 +253,6 @@ def paged_attention(
         raise ValueError("k and v tensors must have the same strides")
     if any(x.stride(-1) != 1 for x in (q, k_new, k_cache)) or block_table.stride(-1) != 1:
         raise ValueError("the last dim of q, k_new, the caches and the table must be contiguous")
-    num_seqs = context_lens.shape[0]
     if query_start.shape[0] != num_seqs + 1:
         raise ValueError("query_start needs S + 1 entries")
     rope = rope_operands(rope, t, d, max_query_len)
@@ -322,9 +335,7 @@ def paged_attention(
         ROPE=rope is not None,
         KV_FP8=kv_fp8,
         PF_KEYS=l2_prefetch.ATTN_KEYS if prefetch_kv and max_query_len == 1 and pdl.on(q) else 0,
-        PRE_KV=(PRELOAD_KV if preload_kv is None else preload_kv)
-        and max_query_len == 1
-        and num_seqs <= PRELOAD_MAX_SEQS,
+        PRE_KV=(PRELOAD_KV if preload_kv is None else preload_kv) and max_query_len == 1 and small,
         num_warps=warps,
         num_stages=stages,
         **common,

@@ -161,11 +161,23 @@ def _attn_kernel(
     m = tl.full([BM], float("-inf"), tl.float32)
     l = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    if PRE_KV:  # the preloaded first tile, masked as _phase masks its edge tiles
+    if PRE_KV:  # the preloaded first tile, masked or not as _phase would run it (its tile 0)
         k0 = _kv(k0, q.dtype, True, KV_FP8)
-        m, l, alpha, p = softmax_step(
-            m, l, q, k0, qpos, kp0, ok0, window, qk_scale, True, WINDOWED, PRECISION, UPCAST
-        )
+        # _phase runs a tile every row sees whole (past the window's edge, below the causal limit)
+        # unmasked, and the compiled masked step differs in its last bits: its tl.where keeps the
+        # scale's multiply out of the FMA that the unmasked one folds it into (float32 outputs
+        # differed on an H200 with the masked form always, v33).
+        lo_all = lo
+        if WINDOWED:
+            lo_all = tl.maximum(lo, q_last - window + 1)
+        if (lo_all <= lo) & (tl.minimum(tl.minimum(hi, ctx), q_first + 1) - lo >= BLOCK_N):
+            m, l, alpha, p = softmax_step(
+                m, l, q, k0, qpos, kp0, ok0, window, qk_scale, False, WINDOWED, PRECISION, UPCAST
+            )
+        else:
+            m, l, alpha, p = softmax_step(
+                m, l, q, k0, qpos, kp0, ok0, window, qk_scale, True, WINDOWED, PRECISION, UPCAST
+            )
         v0 = _kv(v0, q.dtype, True, KV_FP8)
         acc = acc * alpha[:, None] + _dot(p.to(v0.dtype), v0, PRECISION, UPCAST)
     # Context keys (positions < ctx) come from the cache, this step's keys from k_new/v_new.

@@ -111,15 +111,82 @@ def test_decode_preload_of_the_first_tile_gives_the_same_bits(pool, hint, dtype)
     """preload_kv (GPTOSS_ATTN_PRELOAD): each program's first BLOCK_N cached keys and values, loaded
     before its PDL wait and run as a masked tile ahead of the key loop, give the output bits of the
     loop alone: empty contexts and splits, a range shorter than a tile, ranges of many tiles, the
-    window's edge (ring), 16 splits (hint 4096) or one pass. Six sequences: within PRELOAD_MAX_SEQS."""
+    window's edge (ring), 16 splits (hint 4096) or one pass. Six sequences: within SMALL_DECODE. The
+    tile takes the unmasked step where the loop would (a tile every row sees whole): compiled, the
+    masked step's last bits differ in float32 (an H200, v33)."""
     from gptoss.kernels import attention
 
     ctx = [300, 0, 129, 17, 31, 200]
-    assert len(ctx) <= attention.PRELOAD_MAX_SEQS
+    assert len(ctx) <= attention.SMALL_DECODE
     st = make_step(ctx, [1] * len(ctx), 16, 2, dtype, seed=13, fill=float("nan"))
     want = run_kernel(st, pool, max_context_hint=hint, preload_kv=False)
     got = run_kernel(st, pool, max_context_hint=hint, preload_kv=True)
     assert not want.isnan().any() and torch.equal(got, want)
+
+
+class _LaunchRecorder:
+    """Stands in for attention._attn_kernel: records each launch's compile-time settings, then runs it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.launches.append({k: kw[k] for k in ("MERGE", "PRE_KV", "SPLIT")})
+            return self.kernel[grid](*args, **kw)
+
+        return launch
+
+
+@pytest.mark.parametrize(
+    ("reduce", "preload", "want_small", "want_large"),
+    [
+        ("small", "1", (True, True), (False, False)),  # the defaults
+        ("fused", "0", (True, False), (True, False)),
+        ("split", "1", (False, True), (False, False)),
+    ],
+)
+def test_small_decodes_merge_in_kernel_and_preload_by_default(
+    monkeypatch, reduce, preload, want_small, want_large
+):
+    """GPTOSS_ATTN_REDUCE / GPTOSS_ATTN_PRELOAD as the module reads them: the in-kernel merge and the
+    first tile's preload (MERGE, PRE_KV) for split decode launches of <= SMALL_DECODE sequences by
+    default, neither above; fused merges every split launch; 0 and split turn them off."""
+    import importlib
+
+    from gptoss.kernels import attention
+
+    monkeypatch.setenv("GPTOSS_ATTN_REDUCE", reduce)
+    monkeypatch.setenv("GPTOSS_ATTN_PRELOAD", preload)
+    fresh = importlib.reload(attention)
+    try:
+        assert (fresh.REDUCE, fresh.PRELOAD_KV) == (reduce, preload == "1")
+        rec = _LaunchRecorder(fresh._attn_kernel)
+        monkeypatch.setattr(fresh, "_attn_kernel", rec)
+        seen = []
+        for n in (fresh.SMALL_DECODE, fresh.SMALL_DECODE + 1):
+            st = make_step(
+                [40 + 7 * i for i in range(n)], [1] * n, 16, 2, torch.bfloat16, seed=n, fill=float("nan")
+            )
+            got = run_kernel(st, "full", max_context_hint=4096)
+            assert_rows_close(got, reference(st, "full"), TOL[torch.bfloat16])
+            (launch,) = rec.launches[-1:]
+            assert launch["SPLIT"]
+            seen.append((launch["MERGE"], launch["PRE_KV"]))
+        assert seen == [want_small, want_large]
+    finally:
+        monkeypatch.undo()
+        importlib.reload(attention)
+
+
+def test_attention_switches_refuse_unknown_values(monkeypatch):
+    from gptoss.kernels.attention import _choice_from_env
+
+    monkeypatch.setenv("GPTOSS_ATTN_REDUCE", "")
+    assert _choice_from_env("GPTOSS_ATTN_REDUCE", ("small", "fused", "split")) == "small"
+    monkeypatch.setenv("GPTOSS_ATTN_REDUCE", "fuse")
+    with pytest.raises(ValueError, match="GPTOSS_ATTN_REDUCE='fuse': expected one of small, fused, split"):
+        _choice_from_env("GPTOSS_ATTN_REDUCE", ("small", "fused", "split"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

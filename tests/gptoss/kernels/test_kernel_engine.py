@@ -80,10 +80,11 @@ def test_decode_routers_give_the_reference_tokens(tiny_checkpoint, engines, monk
 
 
 def test_attention_split_merge_in_kernel_gives_the_reference_tokens(tiny_checkpoint, engines, monkeypatch):
-    """GPTOSS_ATTN_REDUCE=fused: decode steps merge attention's split partials in the attention kernel."""
+    """GPTOSS_ATTN_REDUCE's default (small): decode steps of two sequences merge attention's split
+    partials in the attention kernel."""
     from gptoss.kernels import attention
 
-    monkeypatch.setattr(attention, "FUSED_REDUCE", True)
+    monkeypatch.setattr(attention, "REDUCE", "small")
     merged = []
     buffer = attention._ticket_buffer
 
