@@ -17,6 +17,9 @@
 # variants, SWEEP_MS its M list, SWEEP_PEER=0 without vLLM's kernel, so without waiting for it); TESTS the compiled tests' -k expression (none: no tests, all: every test of TEST_FILES,
 # default the few-rows files). A mode NAME-fp8 (MODES or B1_MODES, e.g. v3-fp8) runs NAME with
 # --kv-cache-dtype fp8 --max-num-seqs FP8_SEQS. ATTN_SWEEP=1: decode attention's settings, bf16 then fp8 KV (attn_sweep.py).
+# PROFILE=1: bench/profile_gpu.py at batch 1 after the batch-1 modes; NCU_STEP=1: then Nsight Compute
+# on one batch-1 step (bench/moe_ncu_gpu.sh TARGET=step, NCU_LIMIT s); both before vLLM's run. The
+# compiled tests (TESTS_LIMIT s, default 420) run while the checkpoint is written.
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
 # One table a mode last (ours beside vLLM): $HOME/ab/table.txt.
 set -uo pipefail
@@ -31,21 +34,27 @@ export VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_USE_FL
 N=${N:-$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo 2000 || echo 600)}
 SHAPES=(--decode 128x512 --throughput "${N}x1024x1278" --max-model-len 4096 --trace)
 [ "${VLLM:-1}" = 1 ] && vllm_script
-checkpoint_120b
-gpu_prereqs
 TEST_FILES=${TEST_FILES:-tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py
   tests/gptoss/kernels/test_kernel_engine.py tests/gptoss/kernels/test_moe_decode.py
   tests/gptoss/kernels/test_moe_decode_flat.py tests/gptoss/kernels/test_norm_route.py
   tests/gptoss/kernels/test_moe_v3_dec.py}
+# The compiled tests run while the checkpoint is written (~80 s; compiling them is CPU work), and
+# the timed runs start once both are done (v33: 228 tests took over 480 s, mostly compiling).
 if [ "${TESTS:-}" != none ]; then  # TESTS=none: no tests (another GPU of the machine runs them)
-  say "compiled tests"
+  say "compiled tests (beside the checkpoint)"
   select=(-k "${TESTS:-few_rows or v3_weights or routing_the_logits}")
   [ "${TESTS:-}" = all ] && select=()
   # shellcheck disable=SC2086  # TEST_FILES is a list of paths
   # the whole log too (tests_full.txt): v29 kept only the tail, and which assertion failed was lost
-  timeout 420 python3 -m pytest -q -p no:cacheprovider $TEST_FILES "${select[@]}" 2>&1 | tee "$RES/tests_full.txt" \
-    | tail -4 | tee "$RES/tests.txt"
-  row "compiled tests" "$(tail -1 "$RES/tests.txt")"
+  (timeout "${TESTS_LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider -rf $TEST_FILES "${select[@]}" \
+    > "$RES/tests_full.txt" 2>&1; tail -12 "$RES/tests_full.txt" > "$RES/tests.txt") &
+fi
+checkpoint_120b
+gpu_prereqs
+if [ "${TESTS:-}" != none ]; then
+  wait
+  cat "$RES/tests.txt"
+  row "compiled tests" "$(grep -E "FAILED|passed|failed" "$RES/tests.txt" | tr '\n' ' ')"
 fi
 if [ "${ATTN_SWEEP:-0}" = 1 ]; then
   for kv in auto fp8; do
@@ -115,6 +124,16 @@ for mode in $B1_MODES; do
     *) mode_run "$mode" "${B1[@]}" ;;
   esac
 done
+if [ "${PROFILE:-0}" = 1 ]; then  # where batch 1's step goes now (the defaults; PDL on: "added" µs)
+  say "batch-1 profile"
+  timeout 300 python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 --steps 10 > "$RES/profile.txt" 2>&1
+  sed -n '/^batch 1/,$p' "$RES/profile.txt"
+fi
+if [ "${NCU_STEP:-0}" = 1 ]; then  # Nsight Compute's counters of every kernel of one batch-1 step
+  say "ncu on the step"
+  RES=$RES/ncu TARGET=step CKPT=$CKPT timeout "${NCU_LIMIT:-420}" bash bench/moe_ncu_gpu.sh > "$RES/ncu.log" 2>&1
+  tail -40 "$RES/ncu.log"
+fi
 [ "${VLLM:-1}" = 1 ] && [ $waited = 0 ] && wait_vllm && have_vllm=1
 if [ $have_vllm = 1 ]; then
   say "vLLM"

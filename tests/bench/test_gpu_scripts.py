@@ -27,7 +27,12 @@ case "$*" in
   *make_checkpoint*|*make_lora*)
     mkdir -p "$last"; echo '{}' > "$last/config.json"; echo '{}' > "$last/adapter_config.json" ;;
   *moe_pick.py*|*"moe_ncu.py --digest"*|*"moe_ncu.py --sass-digest"*) exec "$REAL_PYTHON" "$@" ;;
-  *"-m pytest"*) echo "14 passed in 1.0s" ;;  # (tmp paths hold "pytest" too)
+  *"-m pytest"*)  # (tmp paths hold "pytest" too); STUB_TESTS_SEE: a file the tests wait 5 s to see
+    if [ -n "${STUB_TESTS_SEE:-}" ]; then
+      for _ in $(seq 50); do [ -e "$STUB_TESTS_SEE" ] && break; sleep 0.1; done
+      [ -e "$STUB_TESTS_SEE" ] || { echo "1 failed: no $STUB_TESTS_SEE"; exit 1; }
+    fi
+    echo "14 passed in 1.0s" ;;
   *moe_gpu.py*--no-vllm*)
     echo "     M variant       graph us   gate_up      down  eager us    HBM"
     echo "  1024 v3               805.8     520.8     275.0     815.9  17.5%"
@@ -275,7 +280,7 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
     assert (tmp_path / "ck" / "config.json").exists()  # a CKPT outside /mnt/ck120 mounts nothing
     assert (res / "tests_full.txt").read_text() == "14 passed in 1.0s\n"
     pytest_calls = [c for c in calls if "-m pytest" in c]
-    assert pytest_calls == ["-m pytest -q -p no:cacheprovider tests/a.py tests/b.py"]  # TESTS=all: no -k
+    assert pytest_calls == ["-m pytest -q -p no:cacheprovider -rf tests/a.py tests/b.py"]  # TESTS=all: no -k
     sweeps = [c.split("--kv-cache-dtype ")[1] for c in calls if "attn_sweep.py" in c]
     assert sweeps == ["auto", "fp8"]
     ours = [c for c in calls if "--engine gptoss" in c]
@@ -309,6 +314,36 @@ def test_120b_ab_vllm_b1_runs_vllm_at_batch_1_alone(stubs, tmp_path):
     log = p.stdout.splitlines()
     wait = next(i for i, x in enumerate(log) if "waiting for vLLM" in x)
     assert next(i for i, x in enumerate(log) if "ours pf" in x) < wait
+
+
+def test_120b_ab_tests_beside_the_checkpoint_then_profile_and_ncu_before_vllm(stubs, tmp_path):
+    """The compiled tests run while the checkpoint is written and are done before the first timed run;
+    PROFILE=1 and NCU_STEP=1 profile batch 1 on the same checkpoint after our modes, before vLLM."""
+    env = dict(TESTS="", MODES="", B1_MODES="d=", VLLM_B1="1", SWEEP="0", PROFILE="1", NCU_STEP="1")
+    # the tests end only once the checkpoint exists: run one after the other, they would fail
+    env["STUB_TESTS_SEE"] = str(tmp_path / "ck" / "config.json")
+    p, res, calls = _ab(stubs, tmp_path, **env)
+    order = [
+        next(i for i, c in enumerate(calls) if k in c)
+        for k in (
+            "--engine gptoss",
+            "profile_gpu.py --model-path",
+            "ncu --profile-from-start",
+            "--engine vllm",
+        )
+    ]
+    assert order == sorted(order)
+    ck = str(tmp_path / "ck")
+    assert f"profile_gpu.py --model-path {ck} --batch 1 --steps 10" in calls[order[1]]
+    assert f"profile_gpu.py --model-path {ck} --batch 1 --steps 1 --ncu" in calls[order[2]]
+    assert "compiled tests | 14 passed in 1.0s" in (res / "table.txt").read_text()
+    assert "profile pdl=unset" in (res / "profile.txt").read_text()
+    log = p.stdout
+    assert (
+        log.index("compiled tests (beside the checkpoint)")
+        < log.index("ours d")
+        < log.index("ncu on the step")
+    )
 
 
 def test_120b_ab_sweep_without_its_peer_waits_for_vllm_once_after_the_batch_1_modes(stubs, tmp_path):
