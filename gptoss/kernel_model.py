@@ -344,6 +344,10 @@ class KernelModel:
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, H] -> [N, V] float32."""
+        return self.lm_logits(hidden).float()
+
+    def lm_logits(self, hidden: Tensor) -> Tensor:
+        """hidden [N, H] -> [N, V] in the weights' dtype (an argmax needs no float32 copy)."""
         if self.batch_invariant:
-            return bi.linear(hidden, self.lm_head).float()
-        return F.linear(hidden, self.lm_head).float()
+            return bi.linear(hidden, self.lm_head)
+        return F.linear(hidden, self.lm_head)

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from gptoss.block_manager import cdiv
 from gptoss.kernel_model import KernelModel, StepMeta
+from gptoss.kernels.decode_advance import greedy_advance
 from gptoss.kernels.sampling import sample
 from gptoss.model import GptOss
 from gptoss.scheduler import Batch
@@ -270,12 +271,17 @@ class KernelRunner:
         for j in range(k):
             if j:
                 hidden = g.replay()[:n]
+            if greedy:  # the argmax, then one launch for its NaN check, the output and the next inputs
+                logits = self.model.lm_logits(hidden)  # not widened: the argmax is the float32 one's
+                last = j + 1 == k
+                tabs = (self.full_tab, self.ring_tab, bs, rl)
+                greedy_advance(logits, logits.argmax(-1), out[j], self.g_in, *tabs, advance=not last)
+                del logits
+                if last:
+                    break
+                continue
             logits = self.model.logits(hidden)
-            ids = (
-                _greedy(logits)
-                if greedy
-                else sample(logits, temp, top_k, top_p, seeds, pos + 1, filtered=False)
-            )
+            ids = sample(logits, temp, top_k, top_p, seeds, pos + 1, filtered=False)
             out[j] = ids
             # Freed before the next step's logits exist: two [n, V] float32 at once are more than
             # step_workspace_bytes reserves (an fp8 cache's ~1,800-row batch of 120b ran out of memory).
