@@ -212,7 +212,8 @@ def paged_attention(
     max_query_len 1) on the split-K path, then chunks (table[n:], query_start[n:], ...).
     batch_invariant: decode takes the splits of a lone sequence whatever S is, so a sequence's keys
     fall into the same splits (and sums) alone and in a batch; larger batches then run more
-    programs than they need (late splits of short contexts exit at once).
+    programs than they need (late splits of short contexts exit at once); the small-launch defaults
+    (the in-kernel merge and the preload, chosen by S) are off.
     merge_in_kernel (default from GPTOSS_ATTN_REDUCE, REDUCE): the last split to finish merges the
     partials in the attention kernel, no reduce launch; the same arithmetic, so the same output bits.
     rope (decode launches only) = (positions [T] int, cos_sin [P, D] float32, slot_mapping [T] int):
@@ -230,7 +231,8 @@ def paged_attention(
     t, hq, d = q.shape
     hkv = k_new.shape[1]
     num_seqs = context_lens.shape[0]
-    small = num_seqs <= SMALL_DECODE
+    # batch_invariant: no setting by batch size, so a sequence runs the same launch alone and batched
+    small = num_seqs <= SMALL_DECODE and not batch_invariant
     if merge_in_kernel is None:
         merge_in_kernel = REDUCE == "fused" or (REDUCE == "small" and small)
     nb, bs, hkv_c, d_c = k_cache.shape

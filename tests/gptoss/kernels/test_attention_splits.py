@@ -174,6 +174,14 @@ def test_small_decodes_merge_in_kernel_and_preload_by_default(
             assert launch["SPLIT"]
             seen.append((launch["MERGE"], launch["PRE_KV"]))
         assert seen == [want_small, want_large]
+        # --batch-invariant: a small launch takes the large one's settings (none chosen by batch size)
+        n = fresh.SMALL_DECODE
+        st = make_step(
+            [40 + 7 * i for i in range(n)], [1] * n, 16, 2, torch.bfloat16, seed=n, fill=float("nan")
+        )
+        got = run_kernel(st, "full", max_context_hint=4096, batch_invariant=True)
+        assert_rows_close(got, reference(st, "full"), TOL[torch.bfloat16])
+        assert (rec.launches[-1]["MERGE"], rec.launches[-1]["PRE_KV"]) == want_large
     finally:
         monkeypatch.undo()
         importlib.reload(attention)
