@@ -31,7 +31,8 @@ from torch import Tensor
 from gptoss.kernel_layers import Layer, build_layers, moe_layouts
 from gptoss.kernels import batch_invariant as bi
 from gptoss.kernels import l2_prefetch, moe_decode
-from gptoss.kernels.attention import paged_attention, reserve_tickets, write_kv
+from gptoss.kernels.attention import paged_attention, reserve_tickets
+from gptoss.kernels.kv_write import write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.lora_attn import lora_add
 from gptoss.kernels.moe import expert_rows_v3, expert_rows_v3_logits, moe_forward, v3_decode

@@ -268,13 +268,13 @@ class KernelRunner:
         ids_in, pos, full, ring, row_idx, _ = self.g_in[:, :n]
         out = torch.empty(k, n, dtype=torch.int64, device=self.device)
         bs, rl = self.bs, self.ring_len
+        tabs = (self.full_tab, self.ring_tab, bs, rl)
         for j in range(k):
             if j:
                 hidden = g.replay()[:n]
             if greedy:  # the argmax, then one launch for its NaN check, the output and the next inputs
                 logits = self.model.lm_logits(hidden)  # not widened: the argmax is the float32 one's
                 last = j + 1 == k
-                tabs = (self.full_tab, self.ring_tab, bs, rl)
                 greedy_advance(logits, logits.argmax(-1), out[j], self.g_in, *tabs, advance=not last)
                 del logits
                 if last:

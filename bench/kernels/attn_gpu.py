@@ -26,7 +26,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gptoss.kernels.attention import paged_attention, write_kv  # noqa: E402
+from gptoss.kernels.attention import paged_attention  # noqa: E402
+from gptoss.kernels.kv_write import write_kv  # noqa: E402
 from gptoss.kv_dtype import quantize  # noqa: E402
 
 HQ, HKV, D, BS, WINDOW = 64, 8, 64, 16, 128

@@ -12,7 +12,7 @@ import triton.language as tl
 from gptoss.kernels import pdl
 from gptoss.kernels.attention_reduce import group_sinks, merge_splits
 from gptoss.kernels.attention_rope import rope_rows, rope_table, store_kv
-from gptoss.kernels.attention_tile import _dot, _kv, _phase, cache_offsets, softmax_step
+from gptoss.kernels.attention_tile import _dot, _kv, _phase, cache_offsets, softmax_step, tile_runs
 from gptoss.kernels.l2_prefetch import prefetch_lines
 
 
@@ -166,11 +166,11 @@ def _attn_kernel(
         # _phase runs a tile every row sees whole (past the window's edge, below the causal limit)
         # unmasked, and the compiled masked step differs in its last bits: its tl.where keeps the
         # scale's multiply out of the FMA that the unmasked one folds it into (float32 outputs
-        # differed on an H200 with the masked form always, v33).
-        lo_all = lo
-        if WINDOWED:
-            lo_all = tl.maximum(lo, q_last - window + 1)
-        if (lo_all <= lo) & (tl.minimum(tl.minimum(hi, ctx), q_first + 1) - lo >= BLOCK_N):
+        # differed on an H200 with the masked form always, v33). tile_runs of the range _phase
+        # would have run from lo says which: tile 0 is unmasked when no lead tile precedes it and
+        # the unmasked run holds it.
+        _, n_lead0, n_mid0 = tile_runs(lo, tl.minimum(hi, ctx), q_first, q_last, window, BLOCK_N, WINDOWED)
+        if (n_lead0 == 0) & (n_mid0 > 0):
             m, l, alpha, p = softmax_step(
                 m, l, q, k0, qpos, kp0, ok0, window, qk_scale, False, WINDOWED, PRECISION, UPCAST
             )

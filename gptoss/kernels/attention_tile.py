@@ -184,6 +184,24 @@ def softmax_step(
 
 
 @triton.jit
+def tile_runs(ps, pe, q_first, q_last, window, BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr):
+    """Keys [ps, pe) in BLOCK_N tiles from ps, for query rows at [q_first, q_last]: (n_tot, n_lead,
+    n_mid). Tiles [0, n_lead) reach below the window of the last row, tiles [n_lead, n_lead + n_mid)
+    every row sees whole (_phase runs them unmasked), the rest reach past the causal limit of the
+    first row or the range's end. One place for _phase and the decode preload, which runs its tile 0
+    on its own and must pick the softmax step _phase would (the two steps differ in their last bits)."""
+    span = tl.maximum(pe - ps, 0)
+    n_tot = (span + BLOCK_N - 1) // BLOCK_N
+    lo_all = ps  # first key every row of the tile sees (window edge)
+    if WINDOWED:
+        lo_all = tl.maximum(ps, q_last - window + 1)
+    hi_all = tl.minimum(pe, q_first + 1)  # keys below it are causally visible to every row
+    n_lead = tl.minimum(n_tot, (tl.maximum(lo_all - ps, 0) + BLOCK_N - 1) // BLOCK_N)
+    n_mid = tl.maximum(tl.maximum(hi_all - ps, 0) // BLOCK_N - n_lead, 0)
+    return n_tot, n_lead, n_mid
+
+
+@triton.jit
 def _phase(
     acc,
     m,
@@ -225,15 +243,8 @@ def _phase(
     KV_FP8: tl.constexpr,
 ):
     """Keys [ps, pe) in tiles from ps: masked tiles at the window's lower edge, unmasked tiles
-    every row sees whole, masked tiles at the causal edge and the range's end."""
-    span = tl.maximum(pe - ps, 0)
-    n_tot = (span + BLOCK_N - 1) // BLOCK_N
-    lo_all = ps  # first key every row of the tile sees (window edge)
-    if WINDOWED:
-        lo_all = tl.maximum(ps, q_last - window + 1)
-    hi_all = tl.minimum(pe, q_first + 1)  # keys below it are causally visible to every row
-    n_lead = tl.minimum(n_tot, (tl.maximum(lo_all - ps, 0) + BLOCK_N - 1) // BLOCK_N)
-    n_mid = tl.maximum(tl.maximum(hi_all - ps, 0) // BLOCK_N - n_lead, 0)
+    every row sees whole, masked tiles at the causal edge and the range's end (tile_runs)."""
+    n_tot, n_lead, n_mid = tile_runs(ps, pe, q_first, q_last, window, BLOCK_N, WINDOWED)
     if ROPE:  # decode's new keys, one a sequence: all through the masked loop, the only one that ropes
         n_lead = 0
         n_mid = 0

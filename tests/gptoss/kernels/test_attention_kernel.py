@@ -23,7 +23,8 @@ pytest.importorskip("triton")
 # The interpreter turns loop bounds into ints through a deprecated numpy conversion.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
-from gptoss.kernels.attention import paged_attention, write_kv  # noqa: E402
+from gptoss.kernels.attention import paged_attention  # noqa: E402
+from gptoss.kernels.kv_write import write_kv  # noqa: E402
 from gptoss.paged_attention import PagedAttention, StepContext  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")

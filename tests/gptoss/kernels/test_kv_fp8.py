@@ -12,8 +12,9 @@ import triton.language as tl
 
 from gptoss.config import PRESETS
 from gptoss.engine_config import EngineConfig
-from gptoss.kernels.attention import paged_attention, write_kv
+from gptoss.kernels.attention import paged_attention
 from gptoss.kernels.fp8 import to_cache
+from gptoss.kernels.kv_write import write_kv
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.kv_dtype import quantize
 from gptoss.model import Rope

@@ -1,0 +1,77 @@
+"""Stub binaries for the detached GPU scripts' tests (bench/*_gpu.sh run on CPU): the GPU machine's
+python3, ncu and nvidia-smi, answering as the real tools print, and a runner for a script under them.
+
+The `stubs` fixture that puts them on PATH is in conftest.py; shared helpers live here, not in
+conftest.py, so that tests import them by name (as tests/docker does with docker_fakes.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+PYTHON_STUB = r"""#!/usr/bin/env bash
+last=${*: -1}
+echo "$*" >> "$STUB_LOG"
+case "$*" in
+  *"import mlperf_loadgen"*) exit 0 ;;
+  -|"- "*) exec "$REAL_PYTHON" "$@" ;;  # the scripts' inline tables, read from stdin
+  *rand_dataset.py*) ;;
+  # no run.json: the dp table shows the run as an error; STUB_LEAVE leaves a process behind in its group
+  *run_mlperf.py*) [ -z "${STUB_LEAVE:-}" ] || (sleep 20 > /dev/null 2>&1 &) ;;
+  *make_checkpoint*|*make_lora*)
+    mkdir -p "$last"; echo '{}' > "$last/config.json"; echo '{}' > "$last/adapter_config.json" ;;
+  *moe_pick.py*|*"moe_ncu.py --digest"*|*"moe_ncu.py --sass-digest"*) exec "$REAL_PYTHON" "$@" ;;
+  *"-m pytest"*)  # (tmp paths hold "pytest" too); STUB_TESTS_SEE: a file the tests wait 5 s to see
+    if [ -n "${STUB_TESTS_SEE:-}" ]; then
+      for _ in $(seq 50); do [ -e "$STUB_TESTS_SEE" ] && break; sleep 0.1; done
+      [ -e "$STUB_TESTS_SEE" ] || { echo "1 failed: no $STUB_TESTS_SEE"; exit 1; }
+    fi
+    echo "14 passed in 1.0s" ;;
+  *moe_gpu.py*--no-vllm*)
+    echo "     M variant       graph us   gate_up      down  eager us    HBM"
+    echo "  1024 v3               805.8     520.8     275.0     815.9  17.5%"
+    echo "  1024 L-gu128k128s4   1190.0     470.0     272.8    1190.5  11.8%  spread 1.0%"
+    echo "  1024 L-dn128k64s4     841.1     517.1     304.1     847.1  16.8%" ;;
+  *moe_gpu.py*) echo "     M variant       graph us   gate_up      down  eager us    HBM"
+                echo "  1024 vllm             622.5 - -    1293.0  22.6%" ;;
+  *gptoss_lora_gpu.py*)  # the folder after --out (a pattern over "$*" would act on each word)
+    prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done; echo lora ;;
+  *profile_gpu.py*) echo "profile pdl=${GPTOSS_PDL:-unset} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
+  *gptoss_gpu.py*"--engine gptoss --decode"*)
+    echo "batch-1 decode 128->512  400.0  -  tok/s wtma=${GPTOSS_MOE_V3_WTMA:-unset}" \
+      "rope=${GPTOSS_ROPE_IN_ATTN:-dflt} k=${GPTOSS_MOE_KERNELS:-auto}" \
+      "tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
+  *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"; echo "offline 1000x(1024->1024)  -  15000.0 tok/s" ;;
+  *attn_sweep.py*) echo "attention sweep: $*" ;;
+  *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto}" \
+    "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt} wtma=${GPTOSS_MOE_V3_WTMA:-unset}" ;;
+  *) echo "stub python3: unexpected $*" >&2; exit 3 ;;
+esac
+"""
+NCU_STUB = r"""#!/usr/bin/env bash
+echo "ncu $*" >> "$STUB_LOG"
+case "$*" in
+  *"--page details"*)
+    echo '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"'
+    echo '"0","_gate_up_v3_kernel","GPU Speed Of Light Throughput","Duration","usecond","480.25"' ;;
+  *"--page source"*)
+    echo '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"'
+    echo '"00001160","BAR.SYNC.DEFER_BLOCKING 0x0","600","580"'
+    echo '"00001110","DEPBAR.LE SB0, 0x6","200","190"' ;;
+  *) exit 0 ;;
+esac
+"""
+
+
+def run_script(script: str, env: dict[str, str], *args: str, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", f"bench/{script}", *args],
+        cwd=REPO,
+        env={**env, **extra},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
