@@ -82,7 +82,8 @@ mode_run() {  # mode_run MODE SHAPES...: NAME=ENV=VALUE[+ENV=VALUE...] the defau
   shift
   case $mode in
     *=*) read -ra assigns <<< "$(tr '+' ' ' <<< "${mode#*=}")"
-         (export "${assigns[@]}"; ours "${mode%%=*}" v3 "" "$@") ;;
+         # NAME= (no variables): a bare export would print the whole environment into the log
+         (for a in "${assigns[@]}"; do export "${a?}"; done; ours "${mode%%=*}" v3 "" "$@") ;;
     *) kv_args "$mode"; ours "$mode" "${mode%-fp8}" "" "$@" "${kv[@]}" ;;
   esac
 }

@@ -98,6 +98,14 @@ def _new_tokens(batch: int, prompt_len: int, steps: int, step_tokens: int) -> in
     return steps + 8 + -(-batch * prompt_len // step_tokens) + 2
 
 
+def ncu_kv_tokens(batches: list[int], args: argparse.Namespace, max_model_len: int) -> int:
+    """The KV cache an ncu run needs: the profiled sequences' prompts and steps, and room for one
+    sequence of max_model_len (the engine's check), each with its sliding window and a block spare."""
+    rows = max(batches)
+    per_seq = args.prompt_len + _new_tokens(rows, args.prompt_len, args.steps, args.max_num_batched_tokens)
+    return max(rows * per_seq, max_model_len) + rows * (128 + 16)
+
+
 def profile(
     eng: LLMEngine, batch: int, steps: int, lora: str | None = None, prompt_len: int = 128, ncu: bool = False
 ) -> None:
@@ -313,19 +321,24 @@ def main() -> None:
         diag(args.model_path)
     batches = args.batch or [1, 64]
     t = time.perf_counter()
+    max_model_len = max(
+        4096,
+        *(
+            args.prompt_len + _new_tokens(b, args.prompt_len, args.steps, args.max_num_batched_tokens)
+            for b in batches
+        ),
+    )
     eng = LLMEngine(
         EngineConfig(
             model_path=args.model_path,
             device="cuda",
             max_num_seqs=max(256, args.decoding + 64, *(args.batch or [])),
-            max_model_len=max(
-                4096,
-                *(
-                    args.prompt_len + _new_tokens(b, args.prompt_len, args.steps, args.max_num_batched_tokens)
-                    for b in batches
-                ),
-            ),
+            max_model_len=max_model_len,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            # Under ncu a small cache: its kernel replay saves and restores what a kernel may write, and a
+            # GPU filled by a cache sized from free memory leaves it no room (v34: ncu's run of the 120b
+            # step ended non-zero after 182 s with nothing in its log).
+            kv_cache_tokens=ncu_kv_tokens(batches, args, max_model_len) if args.ncu else None,
             kernels="triton",
             cuda_graphs=not args.eager,
             decode_steps=1,  # one engine step = one decode step, so per-step figures divide cleanly

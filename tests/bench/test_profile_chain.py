@@ -45,3 +45,24 @@ def test_chain_attributes_the_span(spans, added, idle):
 
 def test_chain_of_nothing():
     assert chain([]) == ({}, 0.0)
+
+
+def test_an_ncu_runs_cache_holds_its_batch_and_one_longest_sequence(tiny_checkpoint: Path):
+    """profile_gpu.py --ncu sizes the KV cache for what it profiles (ncu's replay needs the room a
+    cache sized from free memory would take); the engine must still accept it at the run's
+    max_model_len, and the cache is no bigger than that asks."""
+    from argparse import Namespace
+
+    from profile_gpu import ncu_kv_tokens
+
+    from gptoss.engine import EngineConfig, LLMEngine
+
+    args = Namespace(prompt_len=128, steps=1, max_num_batched_tokens=16384)
+    tokens = ncu_kv_tokens([1], args, 4096)
+    assert tokens == 4096 + 144
+    eng = LLMEngine(
+        EngineConfig(model_path=tiny_checkpoint, device="cpu", max_model_len=4096, kv_cache_tokens=tokens)
+    )
+    assert eng.runner.max_model_len == 4096
+    assert eng.runner.kv_cache_tokens <= tokens + 16
+    assert ncu_kv_tokens([64], args, 4096) == 64 * (128 + 1 + 8 + 1 + 2) + 64 * 144
