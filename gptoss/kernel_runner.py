@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from gptoss.block_manager import cdiv
+from gptoss.burst import Burst
 from gptoss.kernel_model import KernelModel, StepMeta
 from gptoss.kernels.decode_advance import greedy_advance
 from gptoss.kernels.sampling import sample
@@ -25,33 +26,12 @@ from gptoss.model import GptOss
 from gptoss.scheduler import Batch
 from gptoss.sequence import Sequence, Status
 
+# the decode graphs' batch sizes: steps grow with the size, so padding stays a small share of a batch
 GRAPH_SIZES = (
-    1,
-    2,
-    4,
-    8,
-    12,
-    16,
-    24,
-    32,
-    48,
-    64,
-    80,
-    96,
-    112,
-    128,
-    160,
-    192,
-    224,
-    256,
-    320,
-    384,
-    448,
-    512,
-    640,
-    768,
-    896,
-    1024,
+    (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128)
+    + tuple(range(160, 257, 32))
+    + tuple(range(320, 513, 64))
+    + tuple(range(640, 1025, 128))
 )
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads engine-seeded requests over the 64-bit seed space
 
@@ -250,35 +230,43 @@ class KernelRunner:
         )
 
     @torch.inference_mode()
-    def run_multi(self, batch: Batch, k: int) -> list[list[int]]:
+    def launch_multi(self, batch: Batch, k: int, ahead: int = 0) -> Burst:
         """k decode steps back to back with no host round trip: each step's sampled ids, positions
         and cache slots are fed to the next on the device (the blocks for all k positions must be
-        allocated). Returns each sequence's k ids; those past its end are the caller's to drop."""
+        allocated). Returns once they are queued; Burst.result() gives each sequence's k ids, those
+        past its end the caller's to drop. ahead > 0: the continuation of a carried burst of `ahead`
+        steps not yet recorded in the sequences; the inputs are on the device already, and only their
+        cache slots are looked up again, in tables that may have gained blocks since."""
         t0 = time.perf_counter()
         seqs = batch.seqs
         n = len(seqs)
         g = self._graph_for(n)
         assert g is not None
         rows = self._sync_tables(seqs)
-        hidden = self._replay(g, seqs, [s.num_computed for s in seqs], rows)
+        ids_in, pos, full, ring, row_idx, _ = self.g_in[:, :n]
+        if ahead:
+            self._slots_on_device(pos, full, ring, row_idx)
+            hidden = g.replay()[:n]
+        else:
+            hidden = self._replay(g, seqs, [s.num_computed for s in seqs], rows)
         greedy = all(s.params.greedy for s in seqs)
+        # A greedy burst's last step advances the inputs too when the next position has a table column.
+        carried = greedy and max(s.num_computed for s in seqs) + ahead + k < self.full_tab.shape[1] * self.bs
         if not greedy:
             f, i, _ = self._sampling_params(seqs)
             temp, top_k, top_p, seeds = f[0], i[0].to(torch.int32), f[1], i[1]
-        ids_in, pos, full, ring, row_idx, _ = self.g_in[:, :n]
         out = torch.empty(k, n, dtype=torch.int64, device=self.device)
-        bs, rl = self.bs, self.ring_len
-        tabs = (self.full_tab, self.ring_tab, bs, rl)
+        tabs = (self.full_tab, self.ring_tab, self.bs, self.ring_len)
         for j in range(k):
             if j:
                 hidden = g.replay()[:n]
+            last = j + 1 == k
             if greedy:  # the argmax, then one launch for its NaN check, the output and the next inputs
                 logits = self.model.lm_logits(hidden)  # not widened: the argmax is the float32 one's
-                last = j + 1 == k
-                greedy_advance(logits, logits.argmax(-1), out[j], self.g_in, *tabs, advance=not last)
+                greedy_advance(
+                    logits, logits.argmax(-1), out[j], self.g_in, *tabs, advance=carried or not last
+                )
                 del logits
-                if last:
-                    break
                 continue
             logits = self.model.logits(hidden)
             ids = sample(logits, temp, top_k, top_p, seeds, pos + 1, filtered=False)
@@ -286,19 +274,21 @@ class KernelRunner:
             # Freed before the next step's logits exist: two [n, V] float32 at once are more than
             # step_workspace_bytes reserves (an fp8 cache's ~1,800-row batch of 120b ran out of memory).
             del logits
-            if j + 1 == k:
+            if last:
                 break
             ids_in.copy_(ids.clamp(min=0))  # a NaN row (-1) fails the request on the host
             pos += 1
-            blk = pos // bs
-            full.copy_(self.full_tab[row_idx, blk] * bs + pos % bs)
-            if rl:
-                ring.copy_(self.ring_tab[row_idx, blk % rl] * bs + pos % bs)
+            self._slots_on_device(pos, full, ring, row_idx)
         self.host_times.append(time.perf_counter() - t0)
-        res = out.t().tolist()  # the k steps' one synchronisation
-        if any(i < 0 for r in res for i in r):
-            raise RuntimeError("the model produced NaN logits")
-        return res
+        return Burst(out, carried)
+
+    def _slots_on_device(self, pos: Tensor, full: Tensor, ring: Tensor, row_idx: Tensor) -> None:
+        """The static inputs' cache slots of positions pos, from the block tables on the device."""
+        bs, rl = self.bs, self.ring_len
+        blk = pos // bs
+        full.copy_(self.full_tab[row_idx, blk] * bs + pos % bs)
+        if rl:
+            ring.copy_(self.ring_tab[row_idx, blk % rl] * bs + pos % bs)
 
     def _eager(self, seqs: list[Sequence], starts: list[int], lens: list[int], rows: list[int]) -> Tensor:
         ids: list[int] = []

@@ -192,12 +192,12 @@ class Scheduler:
             self.bm.allocate(s, s.num_computed + k)
         return True
 
-    def postprocess_multi(self, batch: Batch, tokens: list[list[int]]) -> list[tuple[Sequence, int]]:
+    def postprocess_multi(self, seqs: list[Sequence], tokens: list[list[int]]) -> list[tuple[Sequence, int]]:
         """Record a multi-step decode: each seq takes its ids in order until it finishes; the rest
         were computed past its end and are dropped. Returns (seq, ids taken) for every seq."""
         out: list[tuple[Sequence, int]] = []
         finished = False
-        for seq, ids in zip(batch.seqs, tokens, strict=False):
+        for seq, ids in zip(seqs, tokens, strict=True):
             taken = 0
             for t in ids:
                 seq.num_computed += 1

@@ -1,4 +1,4 @@
-"""The tail of a greedy multi-step decode step (KernelRunner.run_multi), in one launch after the argmax.
+"""The tail of a greedy multi-step decode step (KernelRunner.launch_multi), in one launch after the argmax.
 
 Between two replays of the decode graph, each greedy row r needs: its id checked (argmax propagates
 NaN, so a NaN at the argmax means the row holds one: -1, which the host fails), stored as this step's

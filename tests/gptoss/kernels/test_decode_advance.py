@@ -30,7 +30,7 @@ def _state(n: int, bmax: int, ring_len: int, seed: int):
 
 
 def _torch_tail(logits, inputs, full_tab, ring_tab, n: int, ring_len: int):
-    """What KernelRunner.run_multi did between replays before greedy_advance."""
+    """What KernelRunner.launch_multi did between replays before greedy_advance."""
     ids = _greedy(logits.float())
     want = inputs.clone()
     ids_in, pos, full, ring, row_idx, _ = want[:, :n]
