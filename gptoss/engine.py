@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from gptoss.engine_config import DTYPES, EngineConfig  # noqa: F401 - the config, importable from here
 from gptoss.sampling import SamplingParams
+
+if TYPE_CHECKING:  # torch-free at import (see LLMEngine.__init__)
+    from gptoss.burst import Burst
+    from gptoss.scheduler import Batch
 
 
 @dataclass(slots=True)
@@ -66,8 +71,7 @@ class LLMEngine:
         self.scheduler = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, watermark)
         self.seqs: dict = {}  # request_id -> Sequence, until it finishes
         self._ids = itertools.count()
-        # A multi-step burst in flight: (its batch, its steps, the Burst, whether one may follow it)
-        self._burst: tuple | None = None
+        self._burst: tuple[Batch, Burst] | None = None  # a multi-step burst in flight, and its batch
 
     def check_prompt(self, prompt: list[int]) -> None:
         check_prompt(prompt, self.max_model_len, self.vocab_size)
@@ -143,7 +147,7 @@ class LLMEngine:
             return []
         k = self._lookahead(batch)
         if k > 1:
-            self._burst = (batch, k, self.runner.kernel_runner.launch_multi(batch, k), True)
+            self._burst = (batch, self.runner.kernel_runner.launch_multi(batch, k))
             return self._land()
         sampled = self.runner.run(batch)
         out = []
@@ -162,20 +166,26 @@ class LLMEngine:
         wait (for KV room: 120b Offline waits most of its run), by the shortest remaining output,
         so the blocks a finished sequence frees admit the next at once. The ordinary steps this
         replaces cost ~15 ms of host time each there (87 vs 72 ms a step at ~900 sequences)."""
-        kr, k = self.runner.kernel_runner, self.config.decode_steps
-        if k <= 1 or kr is None or not kr.can_multi_step(batch):
+        kr = self.runner.kernel_runner
+        if self.config.decode_steps <= 1 or kr is None or not kr.can_multi_step(batch):
             return 1
+        return self._burst_steps(batch, 0)
+
+    def _burst_steps(self, batch: Batch, ahead: int) -> int:
+        """_lookahead's count for a burst that starts `ahead` steps past the sequences' recorded ones
+        (> 0: the continuation of a burst in flight), its blocks allocated; 1: no burst."""
         sch = self.scheduler
         if sch.can_admit_next():
             return 1
+        left = [s.max_tokens - s.num_tokens - ahead for s in batch.seqs]
         k = min(
-            k,
-            max(s.max_tokens - s.num_tokens for s in batch.seqs),
-            min(self.max_model_len - s.num_computed for s in batch.seqs),
+            self.config.decode_steps,
+            max(left),
+            min(self.max_model_len - s.num_computed - ahead for s in batch.seqs),
         )
         if sch.waiting:
-            k = min(k, min(s.max_tokens - s.num_tokens for s in batch.seqs))
-        return k if k > 1 and sch.extend_decode(batch, k) else 1
+            k = min(k, min(left))
+        return k if k > 1 and sch.extend_decode(batch, ahead + k) else 1
 
     def _land(self) -> list[tuple[str, Delta]]:
         """Read the burst in flight and record its ids, launching its continuation first when the same
@@ -183,11 +193,11 @@ class LLMEngine:
         trip it waited through before cost ~555 µs a burst at 120b batch 1, v34). Ids of a sequence
         that ended (a stop id, an abort) while a continuation ran for it are dropped, and no burst
         follows that continuation: its rows have changed."""
-        batch, k, burst, may_follow = self._burst
+        batch, burst = self._burst
         self._burst = None
-        nxt = self._continuation(batch, k) if may_follow and burst.carried else 1
+        nxt = self._continuation(batch, burst.k) if burst.carried else 1
         if nxt > 1:
-            self._burst = (batch, nxt, self.runner.kernel_runner.launch_multi(batch, nxt, ahead=k), True)
+            self._burst = (batch, self.runner.kernel_runner.launch_multi(batch, nxt, ahead=burst.k))
         tokens = burst.result()
         live = [(s, t) for s, t in zip(batch.seqs, tokens, strict=True) if not s.is_finished]
         out = []
@@ -195,29 +205,16 @@ class LLMEngine:
             out.append((seq.request_id, Delta(seq.token_ids[-n:], seq.finish_reason, seq.stop_token_id)))
             if seq.finish_reason is not None:
                 del self.seqs[seq.request_id]
-        if self._burst is not None and any(s.is_finished for s in batch.seqs):
-            self._burst = (*self._burst[:3], False)
         return out
 
-    def _continuation(self, batch, k: int) -> int:
+    def _continuation(self, batch: Batch, k: int) -> int:
         """Steps of a burst to follow a k-step burst of `batch` still in flight (1: none). As _lookahead,
         counted from after that burst, and only while every sequence outlasts it by length and none
         ended or was aborted meanwhile (a stop id in it is found only once it is read; the ids
         computed past it are then dropped)."""
-        sch = self.scheduler
-        if sch.can_admit_next() or any(s.is_finished for s in batch.seqs):
+        if any(s.is_finished or s.max_tokens - s.num_tokens <= k for s in batch.seqs):
             return 1
-        left = [s.max_tokens - s.num_tokens - k for s in batch.seqs]
-        if min(left) < 1:
-            return 1
-        n = min(
-            self.config.decode_steps,
-            max(left),
-            min(self.max_model_len - s.num_computed - k for s in batch.seqs),
-        )
-        if sch.waiting:
-            n = min(n, min(left))
-        return n if n > 1 and sch.extend_decode(batch, k + n) else 1
+        return self._burst_steps(batch, k)
 
     def fail_all(self) -> list[str]:
         """Drop every request after a failed step (its KV writes may be half done); return their ids."""
