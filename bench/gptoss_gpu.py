@@ -61,7 +61,8 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
         kernels=args.kernels,
         cuda_graphs=not args.eager,
         batch_invariant=args.batch_invariant,
-        decode_steps=args.decode_steps,
+        # unset: the engine's own default, declared once in EngineConfig
+        **({} if args.decode_steps is None else {"decode_steps": args.decode_steps}),
     )
     t = time.perf_counter()
     eng = LLMEngine(cfg)
@@ -339,7 +340,12 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", default="auto", help="our engine's KV cache elements: auto or fp8")
     ap.add_argument("--trace", action="store_true", help="our Offline runs' wall time by kind of step")
     ap.add_argument("--batch-invariant", action="store_true", help="our engine with --batch-invariant")
-    ap.add_argument("--decode-steps", type=int, default=8, help="our engine's decode steps a host round trip")
+    ap.add_argument(
+        "--decode-steps",
+        type=int,
+        default=None,
+        help="our engine's decode steps a burst (default: the engine's)",
+    )
     ap.add_argument("--vllm-script", default=str(REPO / ".wc1" / "bench_vllm.py"))
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
