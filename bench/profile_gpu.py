@@ -142,7 +142,7 @@ def profile(
         end.record()
         torch.cuda.synchronize()
     wall = start.elapsed_time(end) / steps
-    host = 1000 * sum(runner.host_times) / max(1, len(runner.host_times))
+    host = runner.host_ms_per_step()
     per, idle = _kernel_times(prof)
     total = sum(v[0] for v in per.values()) / steps
     print(

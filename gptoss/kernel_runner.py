@@ -105,7 +105,9 @@ class KernelRunner:
         self.graph_sizes = [b for b in GRAPH_SIZES if b <= max_num_seqs]
         if self.graph_sizes and self.graph_sizes[-1] < max_num_seqs:
             self.graph_sizes.append(max_num_seqs)
-        self.host_times: list[float] = []  # seconds of host work per step, for the bench
+        # (seconds of host work, decode steps it launched) a launch, for the bench: a burst's one
+        # launch covers k steps, so a mean per launch would overstate a step's host time k-fold
+        self.host_times: list[tuple[float, int]] = []
         bmax = self.graph_sizes[-1]
         # Static decode inputs: rows 0 ids, 1 positions, 2 full slots, 3 ring slots, 4 table rows,
         # 5 LoRA adapter index.
@@ -158,6 +160,11 @@ class KernelRunner:
                 tab[idx[0], idx[1]] = idx[2].to(torch.int32)
         return out
 
+    def host_ms_per_step(self, skip: int = 0) -> float:
+        """Mean host milliseconds a decode step over the launches recorded after the first `skip`."""
+        done = self.host_times[skip:]
+        return 1000 * sum(t for t, _ in done) / max(1, sum(n for _, n in done))
+
     def _slots(self, s: Sequence, start: int, n: int) -> tuple[list[int], list[int]]:
         """Full and ring cache slots of positions [start, start + n); ring -1 where a later token of
         the same chunk takes the slot (only the last ring_len * bs positions are kept)."""
@@ -186,12 +193,12 @@ class KernelRunner:
             sample_rows = [int(e) - 1 for e, want in zip(ends, batch.sample, strict=False) if want]
         picked = [s for s, want in zip(seqs, batch.sample, strict=False) if want]
         if not picked:
-            self.host_times.append(time.perf_counter() - t0)
+            self.host_times.append((time.perf_counter() - t0, 1))
             return []
         if sample_rows is not None and len(sample_rows) != hidden.shape[0]:
             hidden = hidden[torch.tensor(sample_rows, device=self.device)]
         ids = self._sample(self.model.logits(hidden), picked)
-        self.host_times.append(time.perf_counter() - t0)
+        self.host_times.append((time.perf_counter() - t0, 1))
         out = ids.tolist()  # the step's one synchronisation
         if any(i < 0 for i in out):
             raise RuntimeError("the model produced NaN logits")
@@ -279,7 +286,7 @@ class KernelRunner:
             ids_in.copy_(ids.clamp(min=0))  # a NaN row (-1) fails the request on the host
             pos += 1
             self._slots_on_device(pos, full, ring, row_idx)
-        self.host_times.append(time.perf_counter() - t0)
+        self.host_times.append((time.perf_counter() - t0, k))
         return Burst(out, carried)
 
     def _slots_on_device(self, pos: Tensor, full: Tensor, ring: Tensor, row_idx: Tensor) -> None:

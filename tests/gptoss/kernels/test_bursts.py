@@ -1,6 +1,7 @@
 """Pipelined multi-step decode (LLMEngine._land): a greedy burst's continuation is launched before the
-burst is read, from the inputs its last step left on the device. Against the engine without bursts
-(decode_steps 1), on the tiny checkpoint in float32: the same tokens, continuations that did run,
+burst is read, from the inputs its last step left on the device. Against the torch reference engine
+(no bursts; test_kernel_engine holds the kernels to its tokens, and it runs in a fraction of the
+interpreter's time), on the tiny checkpoint in float32: the same tokens, continuations that did run,
 ids computed past a stop or an abort dropped, a new request admitted once the burst in flight is
 read, and every KV block free at the end."""
 
@@ -16,10 +17,8 @@ from tests.gptoss.kernels.test_kernel_engine import make_engine, prompts_of  # n
 
 @pytest.fixture(scope="module")
 def pair(tiny_checkpoint):
-    """(bursts of 3 steps, one step a round trip)"""
-    return make_engine(tiny_checkpoint, "triton", decode_steps=3), make_engine(
-        tiny_checkpoint, "triton", decode_steps=1
-    )
+    """(the kernels in bursts of 3 steps, the torch reference one step at a time)"""
+    return make_engine(tiny_checkpoint, "triton", decode_steps=3), make_engine(tiny_checkpoint, "torch")
 
 
 @pytest.fixture
@@ -60,10 +59,16 @@ def test_continuations_give_the_single_step_tokens(pair, launches):
     bursts, single = pair
     prompts = prompts_of([7, 12], seed=11)
     want = single.generate(prompts, [greedy(14), greedy(17)])
+    kr = bursts.runner.kernel_runner
+    kr.host_times.clear()
     got = run(bursts, {"a": (prompts[0], greedy(14)), "b": (prompts[1], greedy(17))})
     assert [got["a"], got["b"]] == want
     # 13 and 16 decode steps in bursts of 3: continuations 3 ahead, and fresh bursts once a ends
     assert launches.count(3) >= 3 and launches[0] == 0
+    # the host time of a launch is kept with the steps it ran (the bench's per-step figure): the
+    # prefill's one and b's 16 decode steps, none past b's end
+    steps = [n for _, n in kr.host_times]
+    assert sum(steps) == 17 and steps.count(3) >= 3 and steps[0] == 1
     assert bursts._burst is None and all_free(bursts)
 
 
@@ -120,3 +125,15 @@ def test_a_request_arriving_during_a_burst_joins_once_it_is_read(pair, launches)
             got[rid] += delta.token_ids
     assert [got["a"], got["b"]] == want
     assert all_free(bursts)
+
+
+def test_host_time_per_step_divides_a_launch_by_the_steps_it_ran():
+    from types import SimpleNamespace
+
+    from gptoss.kernel_runner import KernelRunner
+
+    # a prefill launch (3 ms), then a burst of 4 decode steps (8 ms) and a single step (2 ms)
+    times = SimpleNamespace(host_times=[(0.003, 1), (0.008, 4), (0.002, 1)])
+    assert KernelRunner.host_ms_per_step(times, skip=1) == pytest.approx(2.0)
+    assert KernelRunner.host_ms_per_step(times) == pytest.approx(13 / 6)
+    assert KernelRunner.host_ms_per_step(SimpleNamespace(host_times=[])) == 0.0
