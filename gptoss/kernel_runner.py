@@ -105,8 +105,8 @@ class KernelRunner:
         self.graph_sizes = [b for b in GRAPH_SIZES if b <= max_num_seqs]
         if self.graph_sizes and self.graph_sizes[-1] < max_num_seqs:
             self.graph_sizes.append(max_num_seqs)
-        # (seconds of host work, decode steps it launched) a launch, for the bench: a burst's one
-        # launch covers k steps, so a mean per launch would overstate a step's host time k-fold
+        # (seconds of host work, model steps it launched: a burst's k, any other launch's 1) a launch,
+        # for the bench: a mean per launch would overstate a burst step's host time k-fold
         self.host_times: list[tuple[float, int]] = []
         bmax = self.graph_sizes[-1]
         # Static decode inputs: rows 0 ids, 1 positions, 2 full slots, 3 ring slots, 4 table rows,
@@ -161,7 +161,8 @@ class KernelRunner:
         return out
 
     def host_ms_per_step(self, skip: int = 0) -> float:
-        """Mean host milliseconds a decode step over the launches recorded after the first `skip`."""
+        """Mean host milliseconds a model step (a prefill or mixed launch counts one) over the launches
+        recorded after the first `skip`."""
         done = self.host_times[skip:]
         return 1000 * sum(t for t, _ in done) / max(1, sum(n for _, n in done))
 
