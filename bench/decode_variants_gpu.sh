@@ -21,7 +21,7 @@ say "compiled kernel tests of the decode path"
 read -ra tests <<< "${TESTS:-tests/gptoss/kernels/test_norm_route.py tests/gptoss/kernels/test_small_ops.py \
 tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_qkv_rope.py \
 tests/gptoss/kernels/test_attention_splits.py::test_gpu_decode_merge_in_kernel}"
-[ "${tests[0]}" = none ] || python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
+[ "${tests[0]}" = none ] || python3 -m pytest -q -n 0 -p no:cacheprovider "${tests[@]}" 2>&1 | tail -8 | tee "$RES/kernel_tests.txt"
 # A variant's assignments are comma separated; a comma before anything but NAME= stays in the value
 # (GPTOSS_V3_DEC_DOWN_TILES=16,32,128,2,2,4).
 assignments() { sed -E 's/,([A-Z][A-Z0-9_]*=)/ \1/g' <<< "$1"; }

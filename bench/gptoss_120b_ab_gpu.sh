@@ -46,7 +46,7 @@ if [ "${TESTS:-}" != none ]; then  # TESTS=none: no tests (another GPU of the ma
   [ "${TESTS:-}" = all ] && select=()
   # shellcheck disable=SC2086  # TEST_FILES is a list of paths
   # the whole log too (tests_full.txt): v29 kept only the tail, and which assertion failed was lost
-  (timeout "${TESTS_LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider -rf $TEST_FILES "${select[@]}" \
+  (timeout "${TESTS_LIMIT:-420}" python3 -m pytest -q -n 0 -p no:cacheprovider -rf $TEST_FILES "${select[@]}" \
     > "$RES/tests_full.txt" 2>&1; tail -12 "$RES/tests_full.txt" > "$RES/tests.txt") &
 fi
 checkpoint_120b

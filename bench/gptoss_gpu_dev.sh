@@ -20,7 +20,7 @@ fi
 python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
   python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
 say "kernel tests on the GPU"
-python3 -m pytest -q -x -p no:cacheprovider tests/gptoss/kernels 2>&1 | tail -15 | tee "$RES/kernel_tests.txt"
+python3 -m pytest -q -x -n 0 -p no:cacheprovider tests/gptoss/kernels 2>&1 | tail -15 | tee "$RES/kernel_tests.txt"
 say "kernel timings"
 python3 bench/kernels_gpu.py --only "$PARTS" --out "$RES" 2>&1 | tee "$RES/kernels.txt" | tail -60
 [ -n "${ckpt_pid:-}" ] && { wait "$ckpt_pid" || { tail "$RES/checkpoint.log"; exit 1; }; }

@@ -27,7 +27,7 @@ gpu_prereqs
   > "$RES/adapter.log" 2>&1 || { tail "$RES/adapter.log"; exit 1; }
 if has tests; then
   say "compiled tests"
-  python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_decode_flat.py \
+  python3 -m pytest -q -n 0 -p no:cacheprovider tests/gptoss/kernels/test_moe_decode_flat.py \
     tests/gptoss/kernels/test_moe_decode.py tests/gptoss/kernels/test_moe_lora_kernel.py \
     tests/gptoss/kernels/test_lora_attn_kernel.py 2>&1 | tail -6 | tee "$RES/tests.txt"
 fi

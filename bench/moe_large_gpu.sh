@@ -25,7 +25,7 @@ if has vllm; then vllm_script; fi
 if has offline || has vllm; then gpu_prereqs; else nvidia-smi -L; fi
 if has tests; then
   say "compiled tests"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py tests/gptoss/kernels/test_moe_v3_tma.py tests/gptoss/kernels/test_moe_v3_wtma.py -k "gpu and not v3ds" \
+  timeout 300 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py tests/gptoss/kernels/test_moe_v3_tma.py tests/gptoss/kernels/test_moe_v3_wtma.py -k "gpu and not v3ds" \
     2>&1 | tee "$RES/tests_full.txt" | tail -4 | tee "$RES/tests.txt"  # the whole log too: which assertion failed
 fi
 TILES=""

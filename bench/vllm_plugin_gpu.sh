@@ -17,7 +17,7 @@ R=$RES
 gpu_prereqs
 if [ -z "${NO_TESTS:-}" ]; then
   say "compiled tests"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gptoss/kernels/test_moe_decode.py \
+  timeout 300 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gptoss/kernels/test_moe_decode.py \
     tests/gptoss/kernels/test_moe_decode_flat.py tests/gptoss/kernels/test_attention_kernel.py \
     tests/gptoss/kernels/test_attention_splits.py \
     tests/gptoss/kernels/test_kernel_engine.py 2>&1 | tail -8 | tee "$R/tests.txt"

@@ -33,7 +33,9 @@ def test_120b_ab_runs_fp8_modes_every_test_file_and_the_attention_sweep(stubs, t
     assert (tmp_path / "ck" / "config.json").exists()  # a CKPT outside /mnt/ck120 mounts nothing
     assert (res / "tests_full.txt").read_text() == "14 passed in 1.0s\n"
     pytest_calls = [c for c in calls if "-m pytest" in c]
-    assert pytest_calls == ["-m pytest -q -p no:cacheprovider -rf tests/a.py tests/b.py"]  # TESTS=all: no -k
+    assert pytest_calls == [
+        "-m pytest -q -n 0 -p no:cacheprovider -rf tests/a.py tests/b.py"
+    ]  # TESTS=all: no -k
     sweeps = [c.split("--kv-cache-dtype ")[1] for c in calls if "attn_sweep.py" in c]
     assert sweeps == ["auto", "fp8"]
     ours = [c for c in calls if "--engine gptoss" in c]

@@ -63,7 +63,9 @@ def test_bf16_experts_checkpoint_is_the_same_model(tiny_bf16_checkpoint, ref_fp3
     dense = GptOss.from_checkpoint(tiny_bf16_checkpoint, dtype=torch.float32)
     assert not dense.layers[0].mlp.experts.packed
     ids = prompt(17)
-    assert rel_err(full_logits(dense, ids), full_logits(ref_fp32, ids)) <= 1e-6
+    # the same float32 model by two expert paths (dense bf16 vs dequantized MXFP4): only summation
+    # order differs, and that by CPU (1.04e-6 on an AMD EPYC, below 1e-6 on Intel)
+    assert rel_err(full_logits(dense, ids), full_logits(ref_fp32, ids)) <= 5e-6
     assert rel_err(full_logits(dense, ids), hf_logits[17]) <= 1e-4
 
 

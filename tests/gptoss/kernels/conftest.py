@@ -5,8 +5,10 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -14,6 +16,38 @@ if DEVICE == "cpu":
     os.environ.setdefault(
         "TRITON_INTERPRET", "1"
     )  # tests/conftest.py sets it first; this keeps the folder standalone
+
+
+# The engine tests' model is the tiny one cut down for the interpreter, where a decode step of the
+# tiny checkpoint took ~17 s. The real vocabulary (201088) made the sampling kernel a third of each
+# step, and a kernel test's tokens do not depend on it: 6000 still spans three sampling chunks at
+# batch 1 (2048 each, the last partial), so the chunk merge runs. Two layers are one sliding-window
+# and one full-attention layer, every kind the tiny model has, at half its kernel launches.
+VOCAB = 6000
+LAYERS = 2
+
+
+@pytest.fixture(scope="session")
+def kernel_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model (tests/conftest.py's seed and widths) with VOCAB tokens and LAYERS layers: the
+    checkpoint the engine tests of this folder run, Triton kernels against the torch reference."""
+    from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
+    from tests.conftest import TINY_SEED
+
+    cfg = replace(preset_config("tiny", layers=LAYERS), vocab_size=VOCAB)
+    return write_checkpoint(cfg, tmp_path_factory.mktemp("gptoss") / "tiny-vocab", seed=TINY_SEED)
+
+
+@pytest.fixture(scope="session")
+def kernel_loras(kernel_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """tests/conftest.py's two adapters (ranks, seeds, targets) for kernel_checkpoint."""
+    from gptoss.tools.make_lora import write_adapter
+
+    root = tmp_path_factory.mktemp("kernel-lora")
+    return (
+        write_adapter(kernel_checkpoint, root / "r8", 8, seed=1),
+        write_adapter(kernel_checkpoint, root / "r4-experts", 4, seed=2, groups=("experts",)),
+    )
 
 
 def count_calls(monkeypatch, targets) -> dict[str, int]:

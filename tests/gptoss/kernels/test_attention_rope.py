@@ -156,7 +156,7 @@ def test_rope_refuses_prefill_launches_and_bad_operands():
         paged_attention(q, k, v, kc, vc, *args, 1, rope=(st["pos"], st["cos_sin"].double(), st["slots"]))
 
 
-def test_engine_rope_in_attention_gives_the_same_tokens(tiny_checkpoint, monkeypatch):
+def test_engine_rope_in_attention_gives_the_same_tokens(kernel_checkpoint, monkeypatch):
     """GPTOSS_ROPE_IN_ATTN: decode-only steps skip rope_qkv and hand attention the un-roped views;
     the prefill step keeps rope_qkv. Greedy tokens equal the switch off's."""
     from gptoss import kernel_model
@@ -165,7 +165,7 @@ def test_engine_rope_in_attention_gives_the_same_tokens(tiny_checkpoint, monkeyp
     prompts = prompts_of([3, 14], seed=12)  # 14: decode positions cross a block edge (16)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     monkeypatch.setattr(kernel_model, "ROPE_IN_ATTN", False)
-    want = make_engine(tiny_checkpoint, "triton", cuda_graphs=False).generate(prompts, params)
+    want = make_engine(kernel_checkpoint, "triton", cuda_graphs=False).generate(prompts, params)
 
     monkeypatch.setattr(kernel_model, "ROPE_IN_ATTN", True)
     launches = {"rope_qkv": 0, "fused": 0}
@@ -181,7 +181,7 @@ def test_engine_rope_in_attention_gives_the_same_tokens(tiny_checkpoint, monkeyp
 
     monkeypatch.setattr(kernel_model, "rope_qkv", counted_rope)
     monkeypatch.setattr(kernel_model, "paged_attention", counted_attention)
-    eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False)
+    eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False)
     assert eng.generate(prompts, params) == want
     layers = len(eng.runner.kernel_runner.model.layers)
     # One prefill step (rope_qkv), then 4 decode-only steps (the longest request's 4 more tokens).

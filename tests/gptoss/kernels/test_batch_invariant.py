@@ -100,10 +100,10 @@ def test_decode_attention_splits_a_sequence_the_same_way_in_any_batch():
         assert torch.equal(alone[0], batch[s]), s
 
 
-def test_engine_sampled_tokens_are_the_same_alone_and_in_a_batch(tiny_checkpoint):
+def test_engine_sampled_tokens_are_the_same_alone_and_in_a_batch(kernel_checkpoint):
     """Seeded temperature-1 sampling turns the last bits of the logits into different tokens; the
     prompts put prefill steps at T 3 .. 65 and decode steps at 1 .. 3 sequences."""
-    eng = make_engine(tiny_checkpoint, "triton", dtype="bfloat16", batch_invariant=True)
+    eng = make_engine(kernel_checkpoint, "triton", dtype="bfloat16", batch_invariant=True)
     assert eng.runner.kernel_runner.model.batch_invariant
     prompts = prompts_of([3, 20, 42], seed=5)
     sp = [SamplingParams(max_new_tokens=5, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2, 3)]

@@ -16,9 +16,9 @@ from tests.gptoss.kernels.test_kernel_engine import make_engine, prompts_of  # n
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_checkpoint):
+def pair(kernel_checkpoint):
     """(the kernels in bursts of 3 steps, the torch reference one step at a time)"""
-    return make_engine(tiny_checkpoint, "triton", decode_steps=3), make_engine(tiny_checkpoint, "torch")
+    return make_engine(kernel_checkpoint, "triton", decode_steps=3), make_engine(kernel_checkpoint, "torch")
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""The engine on the Triton kernels against the torch reference engine on the tiny checkpoint, in
-float32: same greedy tokens through chunked prefill, the 128-token window and mixed decode+prefill
-steps; seeded sampling reproducible and batch-invariant. On CPU the kernels run in Triton's
-interpreter; on a GPU the same test runs them compiled, decode steps replaying CUDA graphs."""
+"""The engine on the Triton kernels against the torch reference engine on the tiny checkpoint (with a
+6000-token vocabulary: conftest.VOCAB), in float32: same greedy tokens through chunked prefill, the
+128-token window and mixed decode+prefill steps; seeded sampling reproducible and batch-invariant. On
+CPU the kernels run in Triton's interpreter; on a GPU the same test runs them compiled, decode steps
+replaying CUDA graphs."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ pytest.importorskip("triton")
 
 from gptoss.engine import EngineConfig, LLMEngine  # noqa: E402
 from gptoss.sampling import SamplingParams  # noqa: E402
-from tests.gptoss.kernels.conftest import DEVICE, count_calls  # noqa: E402
+from tests.gptoss.kernels.conftest import DEVICE, VOCAB, count_calls  # noqa: E402
 
 
 def prompts_of(lengths, seed=0):
     rng = random.Random(seed)
-    return [[rng.randrange(199000) for _ in range(n)] for n in lengths]
+    return [[rng.randrange(VOCAB) for _ in range(n)] for n in lengths]
 
 
 def make_engine(path, kernels, **kw):
@@ -33,8 +34,8 @@ def make_engine(path, kernels, **kw):
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_checkpoint):
-    return make_engine(tiny_checkpoint, "triton"), make_engine(tiny_checkpoint, "torch")
+def engines(kernel_checkpoint):
+    return make_engine(kernel_checkpoint, "triton"), make_engine(kernel_checkpoint, "torch")
 
 
 def test_triton_greedy_equals_torch_reference(engines):
@@ -53,7 +54,7 @@ def test_triton_greedy_equals_torch_reference(engines):
 
 
 @pytest.mark.parametrize("router", ["split", "norm", "fused"])
-def test_decode_routers_give_the_reference_tokens(tiny_checkpoint, engines, monkeypatch, router):
+def test_decode_routers_give_the_reference_tokens(kernel_checkpoint, engines, monkeypatch, router):
     """GPTOSS_ROUTER's decode routers: F.linear + the routing kernel, norm_route (add+RMSNorm + router
     GEMV, then the routing kernel) and norm_logits with the routing inside the gate_up GEMM (default)."""
     from gptoss import kernel_model
@@ -68,7 +69,7 @@ def test_decode_routers_give_the_reference_tokens(tiny_checkpoint, engines, monk
         ],
     )
     # A fresh engine without CUDA graphs: a graph captured before the patch would replay its router.
-    triton_eng, torch_eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False), engines[1]
+    triton_eng, torch_eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False), engines[1]
     prompts = prompts_of([3, 21], seed=8)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
@@ -79,7 +80,7 @@ def test_decode_routers_give_the_reference_tokens(tiny_checkpoint, engines, monk
         assert calls[took] > 0 and sum(calls.values()) == calls[took]  # the decode steps took that router
 
 
-def test_attention_split_merge_in_kernel_gives_the_reference_tokens(tiny_checkpoint, engines, monkeypatch):
+def test_attention_split_merge_in_kernel_gives_the_reference_tokens(kernel_checkpoint, engines, monkeypatch):
     """GPTOSS_ATTN_REDUCE's default (small): decode steps of two sequences merge attention's split
     partials in the attention kernel."""
     from gptoss.kernels import attention
@@ -94,7 +95,7 @@ def test_attention_split_merge_in_kernel_gives_the_reference_tokens(tiny_checkpo
         return got
 
     monkeypatch.setattr(attention, "_ticket_buffer", counted)
-    triton_eng, torch_eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False), engines[1]
+    triton_eng, torch_eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False), engines[1]
     prompts = prompts_of([3, 21], seed=9)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
@@ -128,9 +129,9 @@ def test_triton_sampling_is_batch_invariant(engines):
     assert together == alone
 
 
-def test_multi_step_decode_equals_single_steps_and_drops_tokens_past_a_stop(engines, tiny_checkpoint):
+def test_multi_step_decode_equals_single_steps_and_drops_tokens_past_a_stop(engines, kernel_checkpoint):
     multi, _ = engines  # decode_steps 8 (the default): pure decode batches run 8 steps per round trip
-    single = make_engine(tiny_checkpoint, "triton", decode_steps=1)
+    single = make_engine(kernel_checkpoint, "triton", decode_steps=1)
     prompts = prompts_of([9, 20], seed=6)
     sp = [
         SamplingParams(max_new_tokens=11, temperature=1.0, seed=5, ignore_eos=True),
@@ -147,7 +148,7 @@ def test_multi_step_decode_equals_single_steps_and_drops_tokens_past_a_stop(engi
     assert bm.full.num_free == bm.full.num_blocks and bm.ring.num_free == bm.ring.num_blocks
 
 
-def test_v3_weights_for_every_batch_give_the_reference_tokens(tiny_checkpoint, engines, monkeypatch):
+def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint, engines, monkeypatch):
     """GPTOSS_MOE_KERNELS=v3: one v3 copy of the experts, no second copy and no decode kernels; every
     step's MoE runs the v3 GEMMs (120b's A/B: its Offline batches are 16-32 rows an expert). Decode
     steps route in the gate_up kernel (norm_logits, then moe.expert_rows_v3_logits: the default
@@ -169,7 +170,7 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(tiny_checkpoint, e
             (moe_decode, "experts_dec_logits", "decode"),
         ],
     )
-    triton_eng, torch_eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False), engines[1]
+    triton_eng, torch_eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False), engines[1]
     moe_w = triton_eng.runner.kernel_runner.model.layers[0].moe
     assert (moe_w.layout, moe_w.large) == ("v3", None)
     ran.update(dict.fromkeys(ran, 0))  # on a GPU, start-up ran the MoE at 32 and 64 tokens (warm_moe)

@@ -15,10 +15,10 @@ from tests.gptoss.kernels.test_kernel_engine import make_engine, prompts_of  # n
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
 
-def test_triton_lora_greedy_equals_torch_reference(tiny_checkpoint, tiny_loras):
-    specs = (f"a={tiny_loras[0]}", f"b={tiny_loras[1]}")
-    triton_eng = make_engine(tiny_checkpoint, "triton", lora=specs)
-    torch_eng = make_engine(tiny_checkpoint, "torch", lora=specs)
+def test_triton_lora_greedy_equals_torch_reference(kernel_checkpoint, kernel_loras):
+    specs = (f"a={kernel_loras[0]}", f"b={kernel_loras[1]}")
+    triton_eng = make_engine(kernel_checkpoint, "triton", lora=specs)
+    torch_eng = make_engine(kernel_checkpoint, "torch", lora=specs)
     assert triton_eng.runner.kernel_runner is not None
     prompts = prompts_of([3, 70, 20], seed=8)  # 70 > the 64-token budget: chunked prefill
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4, 5)]

@@ -140,13 +140,13 @@ def test_engine_config_takes_fp8_and_refuses_others():
         EngineConfig(kv_cache_dtype="int8")
 
 
-def test_engine_greedy_tokens_equal_the_torch_reference_with_an_fp8_cache(tiny_checkpoint):
+def test_engine_greedy_tokens_equal_the_torch_reference_with_an_fp8_cache(kernel_checkpoint):
     """Chunked prefill (16-token steps over a 40-token prompt), the 128 window's ring and decode."""
     prompts = prompts_of([40, 3, 140], seed=21)
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 9, 4)]
     kw = {"kv_cache_dtype": "fp8", "cuda_graphs": False, "max_num_batched_tokens": 16}
-    ref = make_engine(tiny_checkpoint, "torch", **kw)
-    tri = make_engine(tiny_checkpoint, "triton", **kw)
+    ref = make_engine(kernel_checkpoint, "torch", **kw)
+    tri = make_engine(kernel_checkpoint, "triton", **kw)
     for eng in (ref, tri):
         assert all(c.dtype == F8 for c in eng.runner.attn.cache.values())
         assert eng.info()["kv_cache_dtype"] == "fp8"

@@ -126,7 +126,7 @@ def test_gate_up_with_the_prefetch_gives_the_same_bits_on_gpu():
     assert moe.moe_v3._prefetch_args(x, w, Tiles(16, 32, 128, 4, 4))["PF"]
 
 
-def test_the_engine_with_every_prefetch_gives_the_reference_tokens(tiny_checkpoint, monkeypatch):
+def test_the_engine_with_every_prefetch_gives_the_reference_tokens(kernel_checkpoint, monkeypatch):
     """GPTOSS_L2_PREFETCH=all on one v3 copy: decode steps launch the O prefetch beside attention
     (every layer) and the next layer's QKV beside the down (every layer but the last), ask attention
     for its K/V prefetch (every layer), and one-token steps ask gate_up for the MoE's; prefill steps
@@ -141,8 +141,8 @@ def test_the_engine_with_every_prefetch_gives_the_reference_tokens(tiny_checkpoi
     calls = count_calls(
         monkeypatch, [(attention, "prefetch_l2", "o"), (kernel_model.l2_prefetch, "prefetch_l2", "qkv")]
     )
-    eng = make_engine(tiny_checkpoint, "triton", cuda_graphs=False)
-    ref = make_engine(tiny_checkpoint, "torch")
+    eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False)
+    ref = make_engine(kernel_checkpoint, "torch")
     layers = len(eng.runner.kernel_runner.model.layers)
     calls.update(dict.fromkeys(calls, 0))
     pf_down.clear()

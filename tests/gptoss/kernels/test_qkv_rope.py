@@ -63,8 +63,10 @@ def test_equals_the_gemv_then_rope_qkv_with_its_cache_writes(dtype, t, k):
     wkc, wvc = _caches(hkv, d, dtype)
     wq, wk, wv = rope_qkv(gemv(x, w, b), positions, cos_sin, hq, hkv, d, wkc, wvc, slots)
     assert q.shape == (t, hq, d) and k_.shape == v.shape == (t, hkv, d)
+    # float32: the two paths sum K in different orders, and numpy's BLAS picks its order by CPU (an
+    # AMD EPYC gave 1.6e-6 where the Intel machines gave < 1e-6)
     for got, want in ((q, wq), (k_, wk), (v, wv)):
-        _close(got, want, min_exact=0.99, atol=1e-6)
+        _close(got, want, min_exact=0.99, atol=5e-6)
     assert torch.equal(kc.view(-1, hkv, d)[slots[slots >= 0]], k_[slots >= 0])  # the kernel's own k, v
     assert torch.equal(vc.view(-1, hkv, d)[slots[slots >= 0]], v[slots >= 0])
     untouched = torch.ones(BLOCKS * BS, dtype=torch.bool, device=DEV)
