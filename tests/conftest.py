@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,33 +26,43 @@ if not torch.cuda.is_available():
 TINY_SEED = 0
 
 
-def _make_tiny(out: Path, *, bf16_experts: bool = False) -> Path:
+def make_tiny(
+    out: Path, *, bf16_experts: bool = False, layers: int | None = None, vocab_size: int | None = None
+) -> Path:
+    """The tiny preset (seed TINY_SEED), optionally cut to `layers` layers and `vocab_size` tokens."""
     from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
 
-    return write_checkpoint(preset_config("tiny", bf16_experts=bf16_experts), out, seed=TINY_SEED)
+    cfg = preset_config("tiny", layers=layers, bf16_experts=bf16_experts)
+    if vocab_size is not None:
+        cfg = replace(cfg, vocab_size=vocab_size)
+    return write_checkpoint(cfg, out, seed=TINY_SEED)
+
+
+def make_loras(checkpoint: Path, root: Path) -> tuple[Path, Path]:
+    """Two random PEFT adapters for `checkpoint` (gptoss.make_lora) under root: rank 8 on q/k/v/o and
+    the experts (seed 1), and rank 4 on the experts alone (seed 2)."""
+    from gptoss.tools.make_lora import write_adapter
+
+    return (
+        write_adapter(checkpoint, root / "r8", 8, seed=1),
+        write_adapter(checkpoint, root / "r4-experts", 4, seed=2, groups=("experts",)),
+    )
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _make_tiny(tmp_path_factory.mktemp("gptoss") / "tiny")
+    return make_tiny(tmp_path_factory.mktemp("gptoss") / "tiny")
 
 
 @pytest.fixture(scope="session")
 def tiny_bf16_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _make_tiny(tmp_path_factory.mktemp("gptoss") / "tiny-bf16", bf16_experts=True)
+    return make_tiny(tmp_path_factory.mktemp("gptoss") / "tiny-bf16", bf16_experts=True)
 
 
 @pytest.fixture(scope="session")
 def tiny_loras(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two random PEFT adapters for tiny_checkpoint (gptoss.make_lora): rank 8 on q/k/v/o and the
-    experts (seed 1), and rank 4 on the experts alone (seed 2)."""
-    from gptoss.tools.make_lora import write_adapter
-
-    root = tmp_path_factory.mktemp("lora")
-    return (
-        write_adapter(tiny_checkpoint, root / "r8", 8, seed=1),
-        write_adapter(tiny_checkpoint, root / "r4-experts", 4, seed=2, groups=("experts",)),
-    )
+    """make_loras' two adapters for tiny_checkpoint."""
+    return make_loras(tiny_checkpoint, tmp_path_factory.mktemp("lora"))
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,25 +28,19 @@ LAYERS = 2
 
 @pytest.fixture(scope="session")
 def kernel_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model (tests/conftest.py's seed and widths) with VOCAB tokens and LAYERS layers: the
-    checkpoint the engine tests of this folder run, Triton kernels against the torch reference."""
-    from gptoss.tools.make_checkpoint import preset_config, write_checkpoint
-    from tests.conftest import TINY_SEED
+    """The tiny model with VOCAB tokens and LAYERS layers: the checkpoint the engine tests of this
+    folder run, Triton kernels against the torch reference."""
+    from tests.conftest import make_tiny
 
-    cfg = replace(preset_config("tiny", layers=LAYERS), vocab_size=VOCAB)
-    return write_checkpoint(cfg, tmp_path_factory.mktemp("gptoss") / "tiny-vocab", seed=TINY_SEED)
+    return make_tiny(tmp_path_factory.mktemp("gptoss") / "tiny-cut", layers=LAYERS, vocab_size=VOCAB)
 
 
 @pytest.fixture(scope="session")
 def kernel_loras(kernel_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """tests/conftest.py's two adapters (ranks, seeds, targets) for kernel_checkpoint."""
-    from gptoss.tools.make_lora import write_adapter
+    """tests/conftest.py's make_loras adapters for kernel_checkpoint."""
+    from tests.conftest import make_loras
 
-    root = tmp_path_factory.mktemp("kernel-lora")
-    return (
-        write_adapter(kernel_checkpoint, root / "r8", 8, seed=1),
-        write_adapter(kernel_checkpoint, root / "r4-experts", 4, seed=2, groups=("experts",)),
-    )
+    return make_loras(kernel_checkpoint, tmp_path_factory.mktemp("kernel-lora"))
 
 
 def count_calls(monkeypatch, targets) -> dict[str, int]:

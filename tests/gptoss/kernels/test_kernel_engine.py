@@ -1,8 +1,8 @@
-"""The engine on the Triton kernels against the torch reference engine on the tiny checkpoint (with a
-6000-token vocabulary: conftest.VOCAB), in float32: same greedy tokens through chunked prefill, the
-128-token window and mixed decode+prefill steps; seeded sampling reproducible and batch-invariant. On
-CPU the kernels run in Triton's interpreter; on a GPU the same test runs them compiled, decode steps
-replaying CUDA graphs."""
+"""The engine on the Triton kernels against the torch reference engine on the tiny model cut to 2
+layers and 6000 tokens (conftest.kernel_checkpoint), in float32: same greedy tokens through chunked
+prefill, the 128-token window and mixed decode+prefill steps; seeded sampling reproducible and
+batch-invariant. On CPU the kernels run in Triton's interpreter; on a GPU the same test runs them
+compiled, decode steps replaying CUDA graphs."""
 
 from __future__ import annotations
 
