@@ -29,7 +29,7 @@ import triton
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from gptoss.kernels import l2_prefetch
+from gptoss.kernels import l2_prefetch, pdl
 from gptoss.kernels import moe_common as common
 from gptoss.kernels.moe_common import _lora_args, _precision
 from gptoss.kernels.moe_layout import MoEWeights
@@ -73,6 +73,19 @@ def _wtma_switch(v: str) -> str:
 # (their K loop takes 218 instructions instead of 172 in the sm_90a SASS), so "auto" (the default)
 # takes TMA for tiles of BM <= 128; 1 for every tile, 0 never.
 TMA_W = _wtma_switch(os.environ.get("GPTOSS_MOE_V3_WTMA", "auto"))
+
+
+def _route_pdl_switch(v: str) -> bool:
+    if v not in ("0", "1"):
+        raise ValueError(f"GPTOSS_V3_ROUTE_PDL={v!r}: 0 or 1")
+    return v == "1"
+
+
+# GPTOSS_V3_ROUTE_PDL=1: the gate_up that routes the logits itself (a decode batch, the kernel after
+# norm_logits) launches with PDL, as every other kernel of a decode layer does: its programs are
+# placed while norm_logits runs, and its release lets the down (a PDL kernel) be placed during
+# gate_up instead of after it. Off by default until timed in the engine.
+ROUTE_PDL = _route_pdl_switch(os.environ.get("GPTOSS_V3_ROUTE_PDL", "0"))
 
 
 def _tma_runs(x: Tensor) -> bool:
@@ -239,6 +252,7 @@ def gate_up_v3(
         **_route_args(logits, r, t, k),
         **_wtma_args(x, w.w13, w.s13, swz, 2 * tiles.bn, tiles),
         **(_prefetch_args(x, w, tiles) if prefetch_down and swz else {}),
+        **(pdl.args(x) if ROUTE_PDL and logits is not None else {}),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from gptoss.kernels import pdl
 from gptoss.kernels.l2_prefetch import prefetch_part
 from gptoss.kernels.moe_common import _expert_offset, _expert_tile_at, _lora_expand, _slot_expert, _tile_rows
 from gptoss.kernels.moe_routing import route_in_registers
@@ -205,6 +206,7 @@ def _gate_up_v3_kernel(
     s2_bytes=0,
     PF: tl.constexpr = False,
     PF_NT: tl.constexpr = 32,
+    PDL: tl.constexpr = False,
 ):
     """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H.
     HALF: a tile with <= BM/2 rows runs the BM/2 body (its weights still pass once). SORTED: act's
@@ -215,7 +217,9 @@ def _gate_up_v3_kernel(
     WTMA: the weights and scales by TMA through w_desc and s_desc (moe_v3.weight_descriptors).
     PF (SWZ): first warm L2 with the tile's W13 words and scales (all of K) and this program's share
     of expert e's W2 bytes (w2_ptr, s2_ptr: the uint8 tensors, w2_bytes, s2_bytes an expert), for
-    the down GEMM after it (gptoss.kernels.l2_prefetch); PF_NT = the program's threads."""
+    the down GEMM after it (gptoss.kernels.l2_prefetch); PF_NT = the program's threads. PDL: launched
+    with programmatic dependent launch (moe_v3.ROUTE_PDL): wait for the kernel ahead, then release."""
+    pdl.wait_then_release(PDL)
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     if ROUTE:
         first = (pid_n == 0) & (pid_m == 0)

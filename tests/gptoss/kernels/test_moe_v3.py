@@ -309,6 +309,26 @@ def test_v3_gate_up_routing_the_logits_itself_matches_the_routing_kernel(tokens,
         assert got.rows[e, :c].tolist() == sorted(r.rows[e, :c].tolist())
 
 
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_v3_gate_up_routing_the_logits_gives_the_same_bits_with_pdl(tokens, monkeypatch):
+    """moe_v3.ROUTE_PDL launches the routing gate_up with PDL (compiled on Hopper; elsewhere the
+    constexpr branch is off): the same act, routing and rows as without it."""
+    from gptoss.kernels import moe_v3, pdl
+
+    ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels="v3")
+    x = (torch.randn(tokens, 160, device=DEV, generator=torch.Generator(DEV).manual_seed(4)) * 3).bfloat16()
+    logits = F.linear(x, ref.router_weight, ref.router_bias)
+    monkeypatch.setattr(moe_v3, "ROUTE_PDL", False)
+    want, r0 = moe.expert_rows_v3_logits(x, logits, 4, w, ALPHA, LIMIT)
+    monkeypatch.setattr(moe_v3, "ROUTE_PDL", True)
+    got, r1 = moe.expert_rows_v3_logits(x, logits, 4, w, ALPHA, LIMIT)
+    assert pdl.args(x)["PDL"] == pdl.on(x)
+    assert torch.equal(got, want) and torch.equal(r1.ids, r0.ids) and torch.equal(r1.counts, r0.counts)
+    assert torch.equal(r1.weights, r0.weights)
+    for e, c in enumerate(r0.counts.tolist()):  # the slots past an expert's count are never written
+        assert r1.rows[e, :c].tolist() == r0.rows[e, :c].tolist()
+
+
 def test_v3_gate_up_routes_in_the_kernel_only_one_tile_an_expert():
     ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels="v3")
     x = torch.randn(17, 160, device=DEV).bfloat16()

@@ -1,0 +1,179 @@
+"""Batch-1 decode under several kernel switches in one process: one engine, its CUDA graphs captured
+again for each variant, the variants interleaved round by round.
+
+    python bench/decode_ab_gpu.py --model-path CKPT --variant default= \
+        --variant rp=moe_v3.ROUTE_PDL=True --variant gu=moe_v3_dec_gu.MAX_T=1+moe_v3_dec.WTMA=False \
+        [--rounds 2] [--decode 128x512] [--profile-tokens 64]
+
+Why: a 120b engine takes ~40 s to start, so one process a variant (bench/gptoss_gpu.py) spends most of
+a device call loading weights. The switches here are module attributes that the kernels' Python
+wrappers read at call time (gptoss.kernels.MOD.ATTR, set to a Python literal), so a fresh capture
+puts them in the decode graphs; weights and KV cache stay as built. A variant NAME= runs the defaults.
+
+Per variant and round: tok/s of one IN-token prompt decoding OUT greedy tokens (best of 3, prefill
+included, as gptoss_gpu.py's batch-1 row), then with --profile-tokens N the decode steps after the
+prefill under torch.profiler: each kernel's µs a token as the stream runs it (profile_gpu.chain's
+"added": its cost in the chain with PDL on) and the idle time. Last, one table: a row a variant,
+its tok/s by round, the best, and the five kernels that add the most a token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from gptoss_gpu import rand_prompts  # noqa: E402
+from profile_gpu import _kernel_times  # noqa: E402
+
+from gptoss.engine import EngineConfig, LLMEngine  # noqa: E402
+from gptoss.kernels import moe_tiles  # noqa: E402
+from gptoss.sampling import SamplingParams  # noqa: E402
+
+
+def parse_variant(spec: str) -> tuple[str, list[tuple[str, str, object]]]:
+    """NAME=MOD.ATTR=VALUE[+MOD.ATTR=VALUE...] -> (NAME, [(module, attribute, value)]); NAME= alone:
+    the defaults. VALUE is a Python literal (1, True, "split") or a tile shape (DecTiles(16, 32, 256,
+    2, 2, 4))."""
+    name, sep, rest = spec.partition("=")
+    if not sep or not name:
+        raise ValueError(f"--variant {spec!r}: expected NAME=[MOD.ATTR=VALUE[+...]]")
+    sets = []
+    for item in filter(None, rest.split("+")):
+        key, eq, value = item.partition("=")
+        mod, dot, attr = key.rpartition(".")
+        if not (eq and dot and mod and attr):
+            raise ValueError(f"--variant {spec!r}: {item!r} is not MOD.ATTR=VALUE")
+        sets.append((f"gptoss.kernels.{mod}", attr, parse_value(value, spec)))
+    return name, sets
+
+
+def parse_value(value: str, spec: str) -> object:
+    """A Python literal, or a tile shape: Tiles(...) / DecTiles(...) of literal arguments."""
+    call = re.fullmatch(r"(Tiles|DecTiles)\((.*)\)", value)
+    try:
+        if call:
+            return getattr(moe_tiles, call[1])(*ast.literal_eval(f"({call[2]},)"))
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError, TypeError) as e:
+        raise ValueError(f"--variant {spec!r}: {value!r} is neither a Python literal nor a tile shape") from e
+
+
+class Switches:
+    """Sets a variant's module attributes, each checked to exist, and restores the defaults."""
+
+    def __init__(self, variants: dict[str, list[tuple[str, str, object]]]):
+        self.defaults: dict[tuple[str, str], object] = {}
+        for sets in variants.values():
+            for mod, attr, _ in sets:
+                m = importlib.import_module(mod)
+                if not hasattr(m, attr):
+                    raise AttributeError(f"{mod} has no attribute {attr!r}")
+                self.defaults.setdefault((mod, attr), getattr(m, attr))
+
+    def apply(self, sets: list[tuple[str, str, object]]) -> None:
+        for (mod, attr), v in self.defaults.items():
+            setattr(importlib.import_module(mod), attr, v)
+        for mod, attr, v in sets:
+            setattr(importlib.import_module(mod), attr, v)
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
+
+
+def decode_tok_s(eng: LLMEngine, prompt: list[int], out_len: int) -> float:
+    eng.generate([prompt], greedy(8))
+    best = None
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        outs = eng.generate([prompt], greedy(out_len))
+        dt = time.perf_counter() - t
+        best = dt if best is None else min(best, dt)
+    return len(outs[0]) / best
+
+
+def profile_tokens(eng: LLMEngine, prompt: list[int], n: int) -> tuple[dict[str, float], float]:
+    """Kernel -> added µs a decoded token, and idle µs a token, over the steps after the prefill."""
+    eng.add("profiled", prompt, greedy(n + 16))
+    seq = eng.seqs["profiled"]
+    while seq.num_computed < seq.num_prompt_tokens:
+        eng.step()
+    eng.step()
+    torch.cuda.synchronize()
+    done = len(seq.output_ids)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        while eng.has_work() and len(seq.output_ids) - done < n:
+            eng.step()
+        torch.cuda.synchronize()
+    tokens = len(seq.output_ids) - done
+    while eng.has_work():
+        eng.step()
+    per, idle = _kernel_times(prof)
+    return {k: v[2] / tokens for k, v in per.items()}, idle / tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--variant", action="append", required=True, help="NAME=[MOD.ATTR=VALUE[+...]]")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--decode", default="128x512", help="IN x OUT tokens of the timed prompt")
+    ap.add_argument("--profile-tokens", type=int, default=64, help="0: no profile")
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-num-seqs", type=int, default=8)
+    args = ap.parse_args()
+    variants = dict(parse_variant(v) for v in args.variant)
+    switches = Switches(variants)
+    lin, lout = (int(x) for x in args.decode.split("x"))
+    t = time.perf_counter()
+    eng = LLMEngine(
+        EngineConfig(
+            model_path=Path(args.model_path),
+            device="cuda",
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+        )
+    )
+    print(f"engine up in {time.perf_counter() - t:.1f} s", flush=True)
+    runner = eng.runner.kernel_runner
+    if runner is None or runner.device.type != "cuda":
+        raise SystemExit("decode_ab_gpu.py re-captures the kernel runner's CUDA graphs: it needs a GPU")
+    prompt = rand_prompts(1, lin, seed=99)[0]
+    eng.generate(rand_prompts(4, 64, 123), greedy(16))
+    tok_s: dict[str, list[float]] = {n: [] for n in variants}
+    added: dict[str, dict[str, float]] = {}
+    for rnd in range(args.rounds):
+        for name, sets in variants.items():
+            switches.apply(sets)
+            runner._capture()
+            tok_s[name].append(decode_tok_s(eng, prompt, lout))
+            print(f"round {rnd + 1} {name}: {tok_s[name][-1]:.1f} tok/s", flush=True)
+            if rnd == 0 and args.profile_tokens:
+                per, idle = profile_tokens(eng, prompt, args.profile_tokens)
+                added[name] = per
+                print(f"  {name}: kernels added {sum(per.values()):.1f} us a token, idle {idle:.1f}")
+                for k, us in sorted(per.items(), key=lambda kv: -kv[1])[:12]:
+                    print(f"    {k:60} {us:8.1f}")
+    switches.apply([])
+    print(f"\nbatch 1, {lin} -> {lout} tokens, tok/s (best of 3 a round); top kernels, µs added a token")
+    for name in variants:
+        runs = " / ".join(f"{x:.1f}" for x in tok_s[name])
+        top = sorted(added.get(name, {}).items(), key=lambda kv: -kv[1])[:5]
+        tops = ", ".join(f"{k[:24]} {us:.1f}" for k, us in top)
+        print(f"{name:10} {runs:24} best {max(tok_s[name]):7.1f} | {tops}")
+
+
+if __name__ == "__main__":
+    main()
