@@ -7,7 +7,7 @@ again for each variant, the variants interleaved round by round.
 
 Why: a 120b engine takes ~40 s to start, so one process a variant (bench/gptoss_gpu.py) spends most of
 a device call loading weights. The switches here are module attributes that the kernels' Python
-wrappers read at call time (gptoss.kernels.MOD.ATTR, set to a Python literal), so a fresh capture
+wrappers read at call time (gptoss.kernels.MOD.ATTR, or an item of a dict there), so a fresh capture
 puts them in the decode graphs; weights and KV cache stay as built. A variant NAME= runs the defaults.
 
 Per variant and round: tok/s of one IN-token prompt decoding OUT greedy tokens (best of 3, prefill
@@ -41,20 +41,22 @@ from gptoss.kernels import moe_tiles  # noqa: E402
 from gptoss.sampling import SamplingParams  # noqa: E402
 
 
-def parse_variant(spec: str) -> tuple[str, list[tuple[str, str, object]]]:
-    """NAME=MOD.ATTR=VALUE[+MOD.ATTR=VALUE...] -> (NAME, [(module, attribute, value)]); NAME= alone:
-    the defaults. VALUE is a Python literal (1, True, "split") or a tile shape (DecTiles(16, 32, 256,
-    2, 2, 4))."""
+def parse_variant(spec: str) -> tuple[str, list[tuple[str, str, object, object]]]:
+    """NAME=MOD.ATTR[[KEY]]=VALUE[+...] -> (NAME, [(module, attribute, KEY or None, value)]); NAME=
+    alone: the defaults. VALUE is a Python literal (1, True, "split") or a tile shape (DecTiles(16,
+    32, 256, 2, 2, 4)); MOD.ATTR[KEY] sets one item of a dict (KEY a literal), e.g.
+    moe_tiles.TILE_OVERRIDE[(0,True)]=Tiles(16,32,128,4,8)."""
     name, sep, rest = spec.partition("=")
     if not sep or not name:
         raise ValueError(f"--variant {spec!r}: expected NAME=[MOD.ATTR=VALUE[+...]]")
     sets = []
     for item in filter(None, rest.split("+")):
         key, eq, value = item.partition("=")
-        mod, dot, attr = key.rpartition(".")
-        if not (eq and dot and mod and attr):
-            raise ValueError(f"--variant {spec!r}: {item!r} is not MOD.ATTR=VALUE")
-        sets.append((f"gptoss.kernels.{mod}", attr, parse_value(value, spec)))
+        m = re.fullmatch(r"([\w.]+)\.(\w+)(?:\[(.+)\])?", key)
+        if not (eq and m):
+            raise ValueError(f"--variant {spec!r}: {item!r} is not MOD.ATTR[[KEY]]=VALUE")
+        dict_key = None if m[3] is None else parse_value(m[3], spec)
+        sets.append((f"gptoss.kernels.{m[1]}", m[2], dict_key, parse_value(value, spec)))
     return name, sets
 
 
@@ -70,22 +72,37 @@ def parse_value(value: str, spec: str) -> object:
 
 
 class Switches:
-    """Sets a variant's module attributes, each checked to exist, and restores the defaults."""
+    """Sets a variant's module attributes (or dict items, in place), each checked to exist, and
+    restores the defaults first."""
 
-    def __init__(self, variants: dict[str, list[tuple[str, str, object]]]):
+    def __init__(self, variants: dict[str, list[tuple[str, str, object, object]]]):
         self.defaults: dict[tuple[str, str], object] = {}
+        self.dicts: dict[tuple[str, str], dict] = {}
         for sets in variants.values():
-            for mod, attr, _ in sets:
+            for mod, attr, key, _ in sets:
                 m = importlib.import_module(mod)
                 if not hasattr(m, attr):
                     raise AttributeError(f"{mod} has no attribute {attr!r}")
-                self.defaults.setdefault((mod, attr), getattr(m, attr))
+                if key is None:
+                    self.defaults.setdefault((mod, attr), getattr(m, attr))
+                elif not isinstance(getattr(m, attr), dict):
+                    raise TypeError(f"{mod}.{attr} is not a dict: no [KEY] on it")
+                else:
+                    self.dicts.setdefault((mod, attr), dict(getattr(m, attr)))
 
-    def apply(self, sets: list[tuple[str, str, object]]) -> None:
+    def apply(self, sets: list[tuple[str, str, object, object]]) -> None:
         for (mod, attr), v in self.defaults.items():
             setattr(importlib.import_module(mod), attr, v)
-        for mod, attr, v in sets:
-            setattr(importlib.import_module(mod), attr, v)
+        for (mod, attr), snap in self.dicts.items():
+            d = getattr(importlib.import_module(mod), attr)
+            d.clear()
+            d.update(snap)
+        for mod, attr, key, v in sets:
+            m = importlib.import_module(mod)
+            if key is None:
+                setattr(m, attr, v)
+            else:
+                getattr(m, attr)[key] = v
 
 
 def greedy(n: int) -> SamplingParams:
