@@ -69,6 +69,21 @@ def _max_t(v: str | None) -> int:
 
 
 MAX_T = _max_t(os.environ.get(_ENV))
+
+
+def _pdl_switch(v: str) -> bool:
+    if v not in ("0", "1"):
+        raise ValueError(f"GPTOSS_V3_DEC_GATE_UP_PDL={v!r}: 0 or 1")
+    return v == "1"
+
+
+# Whether the kernel launches with PDL (GPTOSS_V3_DEC_GATE_UP_PDL=1). Off: at 120b batch 1 on an H200
+# (bench/results v36), v3's gate_up that routes the logits took 727 us a token launched plainly and
+# 1,312 with PDL, and the down after it 322 against 409-465 when gate_up's release let its programs
+# be placed during gate_up: a PDL kernel's programs are placed on the room its predecessor leaves at
+# that moment, and these kernels fit several programs an SM, so the SMs do not get equal shares.
+# With PDL this kernel took 793-1,127 us a token (v36), which is why it lost in the engine (v26, v33).
+LAUNCH_PDL = _pdl_switch(os.environ.get("GPTOSS_V3_DEC_GATE_UP_PDL", "0"))
 # BN 32 weight rows (16 act columns), BM up to 16 (T's power of 2 at launch), a 128-K step split over
 # 2 warps of one 64-K chunk, 4 stages. H100, 120b, bf16, us a call at T 1 / 2 / 4 / 16 (as above):
 # these 17.0 / 34.5 / 60.1 / 220.9; the down's tiles (moe_v3_dec.V3_DOWN_DEC: BK 512 over 4 warps, 3
@@ -240,7 +255,7 @@ def gate_up_v3_dec(
         num_warps=tiles.warps,
         num_stages=tiles.stages,
         maxnreg=t.maxnreg,  # dec_tiles_v3 fits the shape only
-        **pdl.args(x),
+        **(pdl.args(x) if LAUNCH_PDL else {"PDL": False}),
         **(weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk) if dec.WTMA and _tma_runs(x) else {}),
     )
     return act
