@@ -175,7 +175,7 @@ def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
 def _switches(v: Variant) -> Iterator[None]:
     """The module switches a variant needs, restored afterwards."""
     saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED, (moe_v3.TMA_DOWN, moe_v3.TMA_X)
-    saved_w = moe_v3.TMA_W, moe_v3_dec.WTMA
+    saved_w = moe_v3.TMA_W, moe_v3_dec.WTMA, moe_v3_dec_gu.WTMA
     saved_dd = moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC
     saved_gu = moe_v3_dec_gu.MAX_T, moe_v3_dec_gu.V3_GATE_UP_DEC
     # "v3" the table's tiles at every M; the v3-dd variants the split-K down (-gu: and gate_up) at
@@ -188,7 +188,7 @@ def _switches(v: Variant) -> Iterator[None]:
     moe_decode.ENABLED = v.decode  # else the M-tile kernels at every M (the decode path: DEC_VARIANTS)
     moe_v3.TMA_DOWN, moe_v3.TMA_X = moe_v3._tma_mode(v.tma)
     moe_v3.TMA_W = "1" if v.wtma else "0"  # "v3": the cp.async path, whatever the default
-    moe_v3_dec.WTMA = v.wtma
+    moe_v3_dec.WTMA = moe_v3_dec_gu.WTMA = v.wtma
     moe.TILE_OVERRIDE.clear()
     moe.TILE_OVERRIDE.update(v.tiles or {})
     try:
@@ -199,7 +199,7 @@ def _switches(v: Variant) -> Iterator[None]:
         moe.TILE_OVERRIDE.update(saved[1])
         moe_decode.ENABLED = saved[2]
         moe_v3.TMA_DOWN, moe_v3.TMA_X = saved[3]
-        moe_v3.TMA_W, moe_v3_dec.WTMA = saved_w
+        moe_v3.TMA_W, moe_v3_dec.WTMA, moe_v3_dec_gu.WTMA = saved_w
         moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC = saved_dd
         moe_v3_dec_gu.MAX_T, moe_v3_dec_gu.V3_GATE_UP_DEC = saved_gu
 

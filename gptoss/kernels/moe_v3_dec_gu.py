@@ -30,12 +30,16 @@ against 22.1 routing the logits; T 2 / 4 / 8 34.4 / 59.5 / 102.6 against 36.7 / 
 403.5 against 401.9 tok/s on v3's decode tiles, +0.4 %, within the run-to-run spread. 120b
 (H100, batch-1 128 -> 512, one process each, 2026-11-28, v26): 280.0 against 298.6 / 300.7 / 298.7
 on v3's decode tiles, -6 %: alone in a graph of 48 copies it is faster, but between the step's other
-kernels (PDL) it is not. So MAX_T (GPTOSS_V3_DEC_GATE_UP=N: up to N tokens take it) defaults to 0,
-never; the switch stays for A/B runs. Its weight and scale words come by TMA as the down's do
-(GPTOSS_V3_DEC_WTMA, on by default; the same bits, interpreter-tested): sm_90a at 120b's T 1 with the
-routing inside, the default tiles: 72 registers against 80, the K loop 238 instructions against 212
-(two UTMALDG a step, words and scales, instead of 4 cp.async a thread; x stays on cp.async).
-Not yet timed.
+kernels it was not, because it launched with PDL: its programs, and the down's after its release,
+were placed on the room the kernel ahead left at that moment, unequal shares of the SMs (v36: this
+kernel 793-1,127 us a token with PDL). Launched plainly (LAUNCH_PDL off, as v3's gate_up), on a 256-K
+step (V3_GATE_UP_DEC), 120b batch-1 128 -> 512 on an H200, one process, interleaved rounds (v36):
+396.9 / 406.1 tok/s against 383.4 / 385.5 on v3's decode tiles (+3.5 / +5.3 %); gate_up 588 against
+723 us a token. So MAX_T (GPTOSS_V3_DEC_GATE_UP=N: up to N tokens take it) defaults to 1. Its
+weight and scale words come by TMA (WTMA, GPTOSS_V3_DEC_GATE_UP_WTMA; the same bits,
+interpreter-tested): sm_90a at 120b's T 1 with the routing inside, 128-K steps: 72 registers against
+80, the K loop 238 instructions against 212 (two UTMALDG a step, words and scales, instead of 4
+cp.async a thread; x stays on cp.async).
 
 Numerics: the same float32 products as v3's tiles (exact dequant, bf16 or IEEE float32 dots), summed
 in another order (a partial sum a warp, added after the loop), so act may differ from gate_up_v3's
@@ -51,7 +55,6 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import moe_common as common
-from gptoss.kernels import moe_v3_dec as dec
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
@@ -64,16 +67,19 @@ _ENV = "GPTOSS_V3_DEC_GATE_UP"
 
 
 def _max_t(v: str | None) -> int:
-    # Off unless asked: in the engine at 120b's batch 1 it lost 6 % to v3's decode tiles (v26).
-    return env_max_t(v, _ENV, "gate_up", default=0)
+    # Batch 1 by default: launched without PDL (LAUNCH_PDL) it beats v3's decode tiles in the engine,
+    # 588 against 723 us a token at 120b on an H200 (bench/results v36; it lost with PDL, v26, v33).
+    # Batches of 2-16 tokens are untimed in the engine: GPTOSS_V3_DEC_GATE_UP=N takes it up to N.
+    return env_max_t(v, _ENV, "gate_up", default=1)
 
 
 MAX_T = _max_t(os.environ.get(_ENV))
 
 
-def _pdl_switch(v: str) -> bool:
+def _switch(name: str, default: str) -> bool:
+    v = os.environ.get(name, default)
     if v not in ("0", "1"):
-        raise ValueError(f"GPTOSS_V3_DEC_GATE_UP_PDL={v!r}: 0 or 1")
+        raise ValueError(f"{name}={v!r}: 0 or 1")
     return v == "1"
 
 
@@ -83,16 +89,21 @@ def _pdl_switch(v: str) -> bool:
 # be placed during gate_up: a PDL kernel's programs are placed on the room its predecessor leaves at
 # that moment, and these kernels fit several programs an SM, so the SMs do not get equal shares.
 # With PDL this kernel took 793-1,127 us a token (v36), which is why it lost in the engine (v26, v33).
-LAUNCH_PDL = _pdl_switch(os.environ.get("GPTOSS_V3_DEC_GATE_UP_PDL", "0"))
-# BN 32 weight rows (16 act columns), BM up to 16 (T's power of 2 at launch), a 128-K step split over
-# 2 warps of one 64-K chunk, 4 stages. H100, 120b, bf16, us a call at T 1 / 2 / 4 / 16 (as above):
-# these 17.0 / 34.5 / 60.1 / 220.9; the down's tiles (moe_v3_dec.V3_DOWN_DEC: BK 512 over 4 warps, 3
+LAUNCH_PDL = _switch("GPTOSS_V3_DEC_GATE_UP_PDL", "0")
+# Weight and scale words by TMA (GPTOSS_V3_DEC_GATE_UP_WTMA, default on; the down's GPTOSS_V3_DEC_WTMA
+# is its own): one copy each a K step instead of 16-byte cp.async a lane, the same bits.
+WTMA = _switch("GPTOSS_V3_DEC_GATE_UP_WTMA", "1")
+# BN 32 weight rows (16 act columns), BM up to 16 (T's power of 2 at launch), a 256-K step split over
+# 2 warps of two 64-K chunks each, 4 stages. In the engine (H200, 120b batch 1, no PDL, bench/results
+# v36, us a token): these 588, a 128-K step (one chunk a warp) 623, the same with 6 stages 638.
+# Alone (H100, 120b, bf16, us a call at T 1 / 2 / 4 / 16, as above) the 128-K step:
+# 17.0 / 34.5 / 60.1 / 220.9; the down's tiles (moe_v3_dec.V3_DOWN_DEC: BK 512 over 4 warps, 3
 # stages) 22.1 / 41.1 / 80.4 / 305.7; BK 256 over 4 warps 19.6 (3 stages) - 20.7 (4); BN 64 19.2;
 # BK 64 one warp 18.7-18.9; 3 / 5 / 6 stages 17.4 / 17.9 / 18.4 (T 1); the down's tiles capped at
 # 96 / 80 registers (5 / 6 an SM) 22.4 / 22.7.
 # GPTOSS_V3_DEC_GATE_UP_TILES overrides them.
 V3_GATE_UP_DEC = env_dec_tiles(
-    "GPTOSS_V3_DEC_GATE_UP_TILES", DecTiles(bm=16, bn=32, bk=128, split=2, warps=2, stages=4)
+    "GPTOSS_V3_DEC_GATE_UP_TILES", DecTiles(bm=16, bn=32, bk=256, split=2, warps=2, stages=4)
 )
 
 
@@ -256,6 +267,6 @@ def gate_up_v3_dec(
         num_stages=tiles.stages,
         maxnreg=t.maxnreg,  # dec_tiles_v3 fits the shape only
         **(pdl.args(x) if LAUNCH_PDL else {"PDL": False}),
-        **(weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk) if dec.WTMA and _tma_runs(x) else {}),
+        **(weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk) if WTMA and _tma_runs(x) else {}),
     )
     return act

@@ -103,7 +103,8 @@ def test_gate_up_v3_dec_matches_gate_up_v3_and_the_reference(tokens, e, h, i, k,
 @pytest.mark.parametrize(
     "tiles",
     [
-        None,  # V3_GATE_UP_DEC fitted: BM 8, BK 128 (a last step of 1 chunk and 1 masked)
+        None,  # V3_GATE_UP_DEC fitted: BM 8, BK 256 (a last step of 1 chunk and 3 masked)
+        DecTiles(16, 32, 128, 2, 2, 4),  # the default before v36: a last step of 1 chunk and 1 masked
         DecTiles(16, 32, 512, 4, 4, 3),  # the down's: BK 512, a last step of 5 chunks and 3 masked
         DecTiles(16, 16, 256, 2, 2, 2),  # BN 16: 8 act columns a program; BK 256: 1 chunk, 3 masked
         DecTiles(16, 128, 256, 4, 4, 2),  # BN 128: half the block past 2I = 192; 1 chunk a warp
@@ -170,7 +171,7 @@ def test_expert_rows_v3_takes_the_split_k_gate_up_up_to_max_t_tokens(max_t, toke
 
 
 def test_max_t_comes_from_the_environment():
-    assert [moe_v3_dec_gu._max_t(v) for v in (None, "", "0", "5", "16")] == [0, 0, 0, 5, 16]
+    assert [moe_v3_dec_gu._max_t(v) for v in (None, "", "0", "5", "16")] == [1, 1, 0, 5, 16]
     assert moe_v3_dec_gu.MAX_T == moe_v3_dec_gu._max_t(os.environ.get("GPTOSS_V3_DEC_GATE_UP"))
     for bad in ("17", "x", "-1"):
         with pytest.raises(ValueError, match=f"GPTOSS_V3_DEC_GATE_UP must be .* up to 16\\), got '{bad}'"):

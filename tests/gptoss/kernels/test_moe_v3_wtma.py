@@ -104,14 +104,14 @@ def test_the_split_k_down_with_weights_by_tma_gives_the_same_bits(monkeypatch, h
 
 
 def _gu_dec_both(monkeypatch, e, h, i, tokens, tiles, route=False, dtype=torch.float32):
-    """moe_v3_dec_gu's split-K gate_up by pointers, then by TMA (GPTOSS_V3_DEC_WTMA): (act, routing
+    """moe_v3_dec_gu's split-K gate_up by pointers, then by TMA (its WTMA): (act, routing
     ids) each; route: the kernel routes the logits itself into empty buffers (the engine's T 1)."""
     ref, w = make_moe(e, h, i, 4, dtype, seed=11, kernels="v3")
     x = torch.randn(tokens, h, device=DEV, generator=torch.Generator(DEV).manual_seed(6)).to(dtype)
     logits = F.linear(x, ref.router_weight, ref.router_bias).contiguous()
     out = []
     for on in (False, True):
-        monkeypatch.setattr(moe_v3_dec, "WTMA", on)
+        monkeypatch.setattr(moe_v3_dec_gu, "WTMA", on)
         r = Routing.empty(tokens, 4, e, DEV) if route else route_and_group(logits, 4)
         act = moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, tiles, logits=logits if route else None)
         out.append((act, r.ids.clone()))
@@ -122,9 +122,11 @@ def _gu_dec_both(monkeypatch, e, h, i, tokens, tiles, route=False, dtype=torch.f
 @pytest.mark.parametrize(
     ("e", "h", "i", "tokens", "tiles", "route"),
     [
-        # the default tiles (BK 128, 2 warps of one chunk); H 2880 = 45 chunks: the last step's 2nd
-        # chunk is zero fill; routing in the kernel at T 1, as the engine's decode step
+        # the default tiles (BK 256, 2 warps of 2 chunks); H 2880 = 45 chunks: the last step's
+        # last 3 chunks are zero fill; routing in the kernel at T 1, as the engine's decode step
         (4, 2880, 96, 1, None, True),
+        # the tiles before v36 (BK 128, one chunk a warp): the last step's 2nd chunk is zero fill
+        (4, 2880, 96, 1, DecTiles(16, 32, 128, 2, 2, 4), True),
         (
             4,
             256,
@@ -141,7 +143,7 @@ def _gu_dec_both(monkeypatch, e, h, i, tokens, tiles, route=False, dtype=torch.f
 def test_the_split_k_gate_up_with_weights_by_tma_gives_the_same_bits(
     monkeypatch, e, h, i, tokens, tiles, route
 ):
-    """GPTOSS_V3_DEC_WTMA also takes the split-K gate_up (GPTOSS_V3_DEC_GATE_UP): a step's chunks in
+    """GPTOSS_V3_DEC_GATE_UP_WTMA: the split-K gate_up's words by TMA, a step's chunks in
     one copy, warp s given chunks s*KCS.. as the pointers give them: the same act bit for bit in
     float32, where any misplaced chunk or row shows, and the same routing."""
     (act, ids), (act_t, ids_t) = _gu_dec_both(monkeypatch, e, h, i, tokens, tiles, route)
