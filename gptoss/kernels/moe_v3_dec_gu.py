@@ -85,10 +85,10 @@ def _switch(name: str, default: str) -> bool:
 
 # Whether the kernel launches with PDL (GPTOSS_V3_DEC_GATE_UP_PDL=1). Off: at 120b batch 1 on an H200
 # (bench/results v36), v3's gate_up that routes the logits took 727 us a token launched plainly and
-# 1,312 with PDL, and the down after it 322 against 409-465 when gate_up's release let its programs
-# be placed during gate_up: a PDL kernel's programs are placed on the room its predecessor leaves at
-# that moment, and these kernels fit several programs an SM, so the SMs do not get equal shares.
-# With PDL this kernel took 793-1,127 us a token (v36), which is why it lost in the engine (v26, v33).
+# 1,312 with PDL (733 with PDL and at most 3 programs an SM), and the down after it 322 against
+# 409-465 when gate_up's release let it be placed during gate_up: consistent with PDL placing a
+# kernel's programs on the uneven room the kernel ahead leaves. With PDL this kernel took 793-1,127 us
+# a token (v36), which is why it lost in the engine before (v26, v33).
 LAUNCH_PDL = _switch("GPTOSS_V3_DEC_GATE_UP_PDL", "0")
 # Weight and scale words by TMA (GPTOSS_V3_DEC_GATE_UP_WTMA, default on; the down's GPTOSS_V3_DEC_WTMA
 # is its own): one copy each a K step instead of 16-byte cp.async a lane, the same bits.
