@@ -82,9 +82,10 @@ def _route_pdl_switch(v: str) -> bool:
 
 
 # GPTOSS_V3_ROUTE_PDL=1: the gate_up that routes the logits itself (a decode batch, the kernel after
-# norm_logits) launches with PDL, as every other kernel of a decode layer does: its programs are
-# placed while norm_logits runs, and its release lets the down (a PDL kernel) be placed during
-# gate_up instead of after it. Off by default until timed in the engine.
+# norm_logits) launches with PDL, as the other kernels of a decode layer do: its programs are placed
+# while norm_logits runs, and its release lets the down (a PDL kernel) be placed during gate_up. Off:
+# 120b batch 1 on an H200 (bench/results v36) fell from 383.8 to 297.9 tok/s with it, gate_up 726 ->
+# 1,322 us a token and the down 322 -> 413 (moe_v3_dec_gu.LAUNCH_PDL says why).
 ROUTE_PDL = _route_pdl_switch(os.environ.get("GPTOSS_V3_ROUTE_PDL", "0"))
 
 

@@ -1,0 +1,76 @@
+"""bench/decode_ab_gpu.py's variants: the switches it sets between captures and restores afterwards.
+A variant that sets the wrong switch, or leaves one set for the next, makes a device call's A/B
+table compare the wrong things, so the parsing and the restore are tested here on CPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from decode_ab_gpu import Switches, parse_variant  # noqa: E402
+
+from gptoss.kernels import attention, moe_tiles, moe_v3_dec_gu  # noqa: E402
+from gptoss.kernels.moe_tiles import DecTiles, Tiles  # noqa: E402
+
+
+def test_a_variant_names_attributes_dict_items_and_tile_shapes():
+    name, sets = parse_variant(
+        "gu=moe_v3_dec_gu.MAX_T=0+moe_v3_dec_gu.V3_GATE_UP_DEC=DecTiles(16,32,128,2,2,4)"
+        "+moe_tiles.TILE_OVERRIDE[(0,True)]=Tiles(16,32,128,4,8)+attention.DECODE_CFG=(16,2,3)"
+    )
+    assert name == "gu"
+    assert sets == [
+        ("gptoss.kernels.moe_v3_dec_gu", "MAX_T", None, 0),
+        ("gptoss.kernels.moe_v3_dec_gu", "V3_GATE_UP_DEC", None, DecTiles(16, 32, 128, 2, 2, 4)),
+        ("gptoss.kernels.moe_tiles", "TILE_OVERRIDE", (0, True), Tiles(16, 32, 128, 4, 8)),
+        ("gptoss.kernels.attention", "DECODE_CFG", None, (16, 2, 3)),
+    ]
+    assert parse_variant("default=") == ("default", [])
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nameonly", "expected NAME=\\[MOD.ATTR=VALUE"),
+        ("x=MAX_T=1", "'MAX_T=1' is not MOD.ATTR\\[\\[KEY\\]\\]=VALUE"),
+        ("x=attention.DECODE_CFG=fast", "'fast' is neither a Python literal nor a tile shape"),
+        ("x=moe_v3_dec_gu.V3_GATE_UP_DEC=DecTiles(16,32)", "'DecTiles\\(16,32\\)' is neither"),
+    ],
+)
+def test_a_malformed_variant_is_refused(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_variant(spec)
+
+
+def test_switches_set_a_variant_and_restore_the_defaults_in_place():
+    variants = dict(
+        parse_variant(v)
+        for v in (
+            "default=",
+            "a=moe_v3_dec_gu.MAX_T=0+moe_tiles.TILE_OVERRIDE[(0,True)]=Tiles(16,32,128,4,8)",
+            "b=attention.MIN_SPLIT_KEYS=128",
+        )
+    )
+    before = (moe_v3_dec_gu.MAX_T, attention.MIN_SPLIT_KEYS, dict(moe_tiles.TILE_OVERRIDE))
+    override = moe_tiles.TILE_OVERRIDE  # other modules hold this dict: it must change in place
+    sw = Switches(variants)
+    try:
+        sw.apply(variants["a"])
+        assert moe_v3_dec_gu.MAX_T == 0 and attention.MIN_SPLIT_KEYS == before[1]
+        assert moe_tiles.choose_tiles_v3(1, 4, 128, 2880, 2880, gate_up=True).stages == 8
+        sw.apply(variants["b"])  # a's switches are undone before b's are set
+        assert moe_v3_dec_gu.MAX_T == before[0] and attention.MIN_SPLIT_KEYS == 128
+        assert moe_tiles.TILE_OVERRIDE == before[2] and moe_tiles.TILE_OVERRIDE is override
+    finally:
+        sw.apply([])
+    assert (moe_v3_dec_gu.MAX_T, attention.MIN_SPLIT_KEYS, dict(moe_tiles.TILE_OVERRIDE)) == before
+
+
+def test_switches_refuse_what_does_not_exist():
+    with pytest.raises(AttributeError, match="gptoss.kernels.moe_v3_dec_gu has no attribute 'MAX_TT'"):
+        Switches(dict([parse_variant("x=moe_v3_dec_gu.MAX_TT=1")]))
+    with pytest.raises(TypeError, match="gptoss.kernels.moe_v3_dec_gu.MAX_T is not a dict"):
+        Switches(dict([parse_variant("x=moe_v3_dec_gu.MAX_T[0]=1")]))
