@@ -1,20 +1,21 @@
-"""Batch-1 decode under several kernel switches in one process: one engine, its CUDA graphs captured
-again for each variant, the variants interleaved round by round.
+"""Decode (batch 1, or --batch N prompts together) under several kernel switches in one process: one
+engine, its CUDA graphs captured again for each variant, the variants interleaved round by round.
 
     python bench/decode_ab_gpu.py --model-path CKPT --variant default= \
-        --variant rp=moe_v3.ROUTE_PDL=True --variant gu=moe_v3_dec_gu.MAX_T=1+moe_v3_dec.WTMA=False \
-        [--rounds 2] [--decode 128x512] [--profile-tokens 64]
+        --variant rp=moe_v3.ROUTE_PDL=True --variant gu=moe_v3_dec_gu.MAX_T=0+moe_v3_dec.WTMA=False \
+        [--rounds 2] [--decode 128x512] [--batch 1] [--profile-tokens 64]
 
 Why: a 120b engine takes ~40 s to start, so one process a variant (bench/gptoss_gpu.py) spends most of
 a device call loading weights. The switches here are module attributes that the kernels' Python
 wrappers read at call time (gptoss.kernels.MOD.ATTR, or an item of a dict there), so a fresh capture
 puts them in the decode graphs; weights and KV cache stay as built. A variant NAME= runs the defaults.
 
-Per variant and round: tok/s of one IN-token prompt decoding OUT greedy tokens (best of 3, prefill
-included, as gptoss_gpu.py's batch-1 row), then with --profile-tokens N the decode steps after the
-prefill under torch.profiler: each kernel's µs a token as the stream runs it (profile_gpu.chain's
-"added": its cost in the chain with PDL on) and the idle time. Last, one table: a row a variant,
-its tok/s by round, the best, and the five kernels that add the most a token.
+Per variant and round: output tok/s of --batch IN-token prompts decoding OUT greedy tokens together
+(best of 3, prefill included; at batch 1 gptoss_gpu.py's batch-1 row), then with --profile-tokens N
+that many decode steps after the prefill under torch.profiler: each kernel's µs a step as the
+stream runs it (profile_gpu.chain's "added": its cost in the chain with PDL on; a step is a token
+at batch 1) and the idle time. Last, one table: a row a variant, its tok/s by round, the best, and
+the five kernels that add the most a step.
 """
 
 from __future__ import annotations
@@ -109,36 +110,47 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
 
 
-def decode_tok_s(eng: LLMEngine, prompt: list[int], out_len: int) -> float:
-    eng.generate([prompt], greedy(8))
+def sync() -> None:
+    """Wait for the GPU, where there is one (the step accounting is tested on CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def decode_tok_s(eng: LLMEngine, prompts: list[list[int]], out_len: int) -> float:
+    """Output tokens a second of the prompts decoding together, best of 3, prefill included."""
+    eng.generate(prompts, greedy(8))
     best = None
     for _ in range(3):
-        torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
-        outs = eng.generate([prompt], greedy(out_len))
+        outs = eng.generate(prompts, greedy(out_len))
         dt = time.perf_counter() - t
         best = dt if best is None else min(best, dt)
-    return len(outs[0]) / best
+    return sum(map(len, outs)) / best
 
 
-def profile_tokens(eng: LLMEngine, prompt: list[int], n: int) -> tuple[dict[str, float], float]:
-    """Kernel -> added µs a decoded token, and idle µs a token, over the steps after the prefill."""
-    eng.add("profiled", prompt, greedy(n + 16))
-    seq = eng.seqs["profiled"]
-    while seq.num_computed < seq.num_prompt_tokens:
+def profile_steps(eng: LLMEngine, prompts: list[list[int]], n: int) -> tuple[dict[str, float], float]:
+    """Kernel -> added µs a decode step of all the prompts together (a token a prompt), and idle µs a
+    step, over n steps after their prefill."""
+    seqs = []
+    for i, p in enumerate(prompts):
+        eng.add(f"profiled-{i}", p, greedy(n + 16))
+        seqs.append(eng.seqs[f"profiled-{i}"])
+    while any(s.num_computed < s.num_prompt_tokens for s in seqs):
         eng.step()
     eng.step()
-    torch.cuda.synchronize()
-    done = len(seq.output_ids)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        while eng.has_work() and len(seq.output_ids) - done < n:
+    sync()
+    done = len(seqs[0].output_ids)
+    act = torch.profiler.ProfilerActivity
+    with torch.profiler.profile(activities=[act.CUDA if torch.cuda.is_available() else act.CPU]) as prof:
+        while eng.has_work() and len(seqs[0].output_ids) - done < n:
             eng.step()
-        torch.cuda.synchronize()
-    tokens = len(seq.output_ids) - done
+        sync()
+    steps = len(seqs[0].output_ids) - done
     while eng.has_work():
         eng.step()
     per, idle = _kernel_times(prof)
-    return {k: v[2] / tokens for k, v in per.items()}, idle / tokens
+    return {k: v[2] / steps for k, v in per.items()}, idle / steps
 
 
 def main() -> None:
@@ -146,7 +158,8 @@ def main() -> None:
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--variant", action="append", required=True, help="NAME=[MOD.ATTR=VALUE[+...]]")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--decode", default="128x512", help="IN x OUT tokens of the timed prompt")
+    ap.add_argument("--decode", default="128x512", help="IN x OUT tokens of each timed prompt")
+    ap.add_argument("--batch", type=int, default=1, help="prompts decoding together (a decode batch)")
     ap.add_argument("--profile-tokens", type=int, default=64, help="0: no profile")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--max-num-seqs", type=int, default=8)
@@ -167,7 +180,7 @@ def main() -> None:
     runner = eng.runner.kernel_runner
     if runner is None or runner.device.type != "cuda":
         raise SystemExit("decode_ab_gpu.py re-captures the kernel runner's CUDA graphs: it needs a GPU")
-    prompt = rand_prompts(1, lin, seed=99)[0]
+    prompts = rand_prompts(args.batch, lin, seed=99)
     eng.generate(rand_prompts(4, 64, 123), greedy(16))
     tok_s: dict[str, list[float]] = {n: [] for n in variants}
     added: dict[str, dict[str, float]] = {}
@@ -175,16 +188,19 @@ def main() -> None:
         for name, sets in variants.items():
             switches.apply(sets)
             runner._capture()
-            tok_s[name].append(decode_tok_s(eng, prompt, lout))
+            tok_s[name].append(decode_tok_s(eng, prompts, lout))
             print(f"round {rnd + 1} {name}: {tok_s[name][-1]:.1f} tok/s", flush=True)
             if rnd == 0 and args.profile_tokens:
-                per, idle = profile_tokens(eng, prompt, args.profile_tokens)
+                per, idle = profile_steps(eng, prompts, args.profile_tokens)
                 added[name] = per
-                print(f"  {name}: kernels added {sum(per.values()):.1f} us a token, idle {idle:.1f}")
+                print(f"  {name}: kernels added {sum(per.values()):.1f} us a step, idle {idle:.1f}")
                 for k, us in sorted(per.items(), key=lambda kv: -kv[1])[:12]:
                     print(f"    {k:60} {us:8.1f}")
     switches.apply([])
-    print(f"\nbatch 1, {lin} -> {lout} tokens, tok/s (best of 3 a round); top kernels, µs added a token")
+    print(
+        f"\nbatch {args.batch}, {lin} -> {lout} tokens, tok/s (best of 3 a round); "
+        "top kernels, µs added a step"
+    )
     for name in variants:
         runs = " / ".join(f"{x:.1f}" for x in tok_s[name])
         top = sorted(added.get(name, {}).items(), key=lambda kv: -kv[1])[:5]

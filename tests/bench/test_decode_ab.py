@@ -74,3 +74,29 @@ def test_switches_refuse_what_does_not_exist():
         Switches(dict([parse_variant("x=moe_v3_dec_gu.MAX_TT=1")]))
     with pytest.raises(TypeError, match="gptoss.kernels.moe_v3_dec_gu.MAX_T is not a dict"):
         Switches(dict([parse_variant("x=moe_v3_dec_gu.MAX_T[0]=1")]))
+
+
+def test_the_timed_and_profiled_steps_cover_the_whole_batch(tiny_checkpoint, monkeypatch):
+    """decode_tok_s times every prompt together; profile_steps profiles exactly n decode steps of
+    the prompts together, after their prefill, divides by them, and leaves the engine empty (on CPU
+    the profiler sees no kernels: a stand-in gives 10 µs added and 20 idle over the steps)."""
+    import decode_ab_gpu
+    from decode_ab_gpu import decode_tok_s, profile_steps
+
+    from gptoss.engine import EngineConfig, LLMEngine
+
+    eng = LLMEngine(EngineConfig(model_path=tiny_checkpoint, device="cpu", max_model_len=256))
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    calls = []
+    generate = eng.generate
+    eng.generate = lambda ps, sp: calls.append((len(ps), sp.max_new_tokens)) or generate(ps, sp)
+    assert decode_tok_s(eng, prompts, 6) > 0
+    assert calls == [(2, 8), (2, 6), (2, 6), (2, 6)]
+    steps = []
+    step = eng.step
+    eng.step = lambda: steps.append(len(eng.seqs)) or step()
+    monkeypatch.setattr(decode_ab_gpu, "_kernel_times", lambda prof: ({"k": [0.0, 0, 10.0]}, 20.0))
+    per, idle = profile_steps(eng, prompts, 5)
+    assert per == {"k": 2.0} and idle == 4.0  # over 5 steps
+    assert not eng.has_work() and eng.seqs == {}
+    assert steps.count(2) >= 5 + 1  # both prompts in every profiled step and the one before it
