@@ -62,6 +62,18 @@ def use_decode(x: Tensor, w: MoEWeights) -> bool:
     return ENABLED and w.layout == "bits" and 0 < x.shape[0] <= MAX_T
 
 
+# Whether the decode GEMMs launch with PDL (module switches for bench/decode_ab_gpu.py, default on as
+# timed so far). At 120b on the v3 copy, launching the MoE GEMMs of a decode layer with PDL cost a
+# lot: gate_up 727 -> 1,312 us a token, the down 322 -> 409 when gate_up released it early (bench/
+# results v36). These kernels (20b's batch 1) launch with PDL and are untimed without it.
+PDL_GATE_UP = True
+PDL_DOWN = True
+
+
+def _pdl(t: Tensor, on: bool) -> dict[str, bool]:
+    return pdl.args(t) if on else {"PDL": False}
+
+
 PROBE = 0  # benchmarks only: the slot kernels' load-only (1) or compute-only (2) K step (moe_v2_step)
 SMS_OFF_GPU = 3  # the interpreter's "SMs": a flat grid of a few programs, so tests cross experts
 
@@ -143,7 +155,7 @@ def gate_up_dec(
         num_warps=t.warps,
         num_stages=t.stages,
         maxnreg=t.maxnreg,
-        **pdl.args(x),
+        **_pdl(x, PDL_GATE_UP),
         **own,
     )
     return act
@@ -185,7 +197,7 @@ def down_dec(
         **lkw,
         num_warps=t.warps,
         num_stages=t.stages,
-        **pdl.args(act),
+        **_pdl(act, PDL_DOWN),
         **own,
     )
     return y

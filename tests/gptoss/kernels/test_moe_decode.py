@@ -154,6 +154,22 @@ def test_decode_is_deterministic():
     assert torch.equal(_forward(ref, w, x), _forward(ref, w, x))
 
 
+@pytest.mark.parametrize("gate_up_pdl, down_pdl", [(False, False), (False, True), (True, False)])
+def test_decode_gives_the_same_bits_with_or_without_pdl_launches(gate_up_pdl, down_pdl, monkeypatch):
+    """moe_decode.PDL_GATE_UP / PDL_DOWN (bench switches; compiled on Hopper the launch attribute and
+    the wait change, the arithmetic does not): the same output as both on, routing in gate_up too."""
+    ref, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=9)
+    x = (torch.randn(3, 64, device=DEV) * 3).bfloat16()
+    want, (_, want_routed, _) = _forward(ref, w, x), _routed_in_gemm(ref, w, x)
+    monkeypatch.setattr(moe_decode, "PDL_GATE_UP", gate_up_pdl)
+    monkeypatch.setattr(moe_decode, "PDL_DOWN", down_pdl)
+    asked, pdl_args = [], moe_decode._pdl
+    monkeypatch.setattr(moe_decode, "_pdl", lambda t, on: asked.append(on) or pdl_args(t, on))
+    assert torch.equal(_forward(ref, w, x), want)
+    assert torch.equal(_routed_in_gemm(ref, w, x)[1], want_routed)
+    assert asked == [gate_up_pdl, down_pdl] * 2  # each launch took its own switch
+
+
 @pytest.mark.skipif(DEV.type != "cuda", reason="needs CUDA (compiled kernels)")
 @pytest.mark.parametrize("tokens", [1, 2, 3, 4, 8, 16])
 def test_20b_shapes_on_gpu(tokens):
