@@ -30,16 +30,15 @@ against 22.1 routing the logits; T 2 / 4 / 8 34.4 / 59.5 / 102.6 against 36.7 / 
 403.5 against 401.9 tok/s on v3's decode tiles, +0.4 %, within the run-to-run spread. 120b
 (H100, batch-1 128 -> 512, one process each, 2026-11-28, v26): 280.0 against 298.6 / 300.7 / 298.7
 on v3's decode tiles, -6 %: alone in a graph of 48 copies it is faster, but between the step's other
-kernels it was not, because it launched with PDL: its programs, and the down's after its release,
-were placed on the room the kernel ahead left at that moment, unequal shares of the SMs (v36: this
-kernel 793-1,127 us a token with PDL). Launched plainly (LAUNCH_PDL off, as v3's gate_up), on a 256-K
-step (V3_GATE_UP_DEC), 120b batch-1 128 -> 512 on an H200, one process, interleaved rounds (v36):
-396.9 / 406.1 tok/s against 383.4 / 385.5 on v3's decode tiles (+3.5 / +5.3 %); gate_up 588 against
-723 us a token. So MAX_T (GPTOSS_V3_DEC_GATE_UP=N: up to N tokens take it) defaults to 1. Its
-weight and scale words come by TMA (WTMA, GPTOSS_V3_DEC_GATE_UP_WTMA; the same bits,
-interpreter-tested): sm_90a at 120b's T 1 with the routing inside, 128-K steps: 72 registers against
-80, the K loop 238 instructions against 212 (two UTMALDG a step, words and scales, instead of 4
-cp.async a thread; x stays on cp.async).
+kernels it was not, because it launched with PDL (v36: this kernel 793-1,127 us a token with PDL,
+and the down after it slower too; LAUNCH_PDL below says what fits that). Launched plainly
+(LAUNCH_PDL off, as v3's gate_up), on a 256-K step (V3_GATE_UP_DEC), 120b batch-1 128 -> 512 on an
+H200, one process, interleaved rounds (v36): 396.9 / 406.1 tok/s against 383.4 / 385.5 on v3's
+decode tiles (+3.5 / +5.3 %); gate_up 588 against 723 us a token. So MAX_T (GPTOSS_V3_DEC_GATE_UP=N:
+up to N tokens take it) defaults to 1. Its weight and scale words come by TMA (WTMA,
+GPTOSS_V3_DEC_GATE_UP_WTMA; the same bits, interpreter-tested): sm_90a at 120b's T 1 with the
+routing inside, 128-K steps: 72 registers against 80, the K loop 238 instructions against 212 (two
+UTMALDG a step, words and scales, instead of 4 cp.async a thread; x stays on cp.async).
 
 Numerics: the same float32 products as v3's tiles (exact dequant, bf16 or IEEE float32 dots), summed
 in another order (a partial sum a warp, added after the loop), so act may differ from gate_up_v3's
