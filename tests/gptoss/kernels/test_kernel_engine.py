@@ -155,13 +155,14 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
     GPTOSS_ROUTER) and leave the combine to the next add + RMSNorm (moe.v3_decode), so moe.combine
     runs in the prefill step alone."""
     from gptoss import kernel_model
-    from gptoss.kernels import moe, moe_decode, moe_layout
+    from gptoss.kernels import moe, moe_decode, moe_layout, moe_v3_dec_gu
 
     monkeypatch.setattr(moe_layout, "KERNELS", "v3")
     ran = count_calls(
         monkeypatch,
         [
             (moe, "gate_up_v3", "v3"),
+            (moe_v3_dec_gu, "gate_up_v3_dec", "split-K"),
             (moe, "gate_up_v2", "v2"),
             (moe, "combine", "combine"),
             (kernel_model, "norm_logits", "norm_logits"),
@@ -178,9 +179,16 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
     layers = len(triton_eng.runner.kernel_runner.model.layers)
-    assert ran["v2"] == ran["decode"] == 0 and ran["v3"] >= 5 * layers  # a prefill and 4+ decode steps
-    # one prefill step of 24 tokens (moe_forward, its combine), then 4 decode steps of 2 and 1 tokens
+    assert ran["v2"] == ran["decode"] == 0
+    # one prefill step of 24 tokens (moe_forward, its combine), then 4 decode steps of 2 tokens
+    # (multi-step decode keeps both rows to the end), all on v3's gate_up
+    assert ran["v3"] == 5 * layers and ran["split-K"] == 0
     assert ran["combine"] == layers and ran["norm_logits"] == ran["rows"] == 4 * layers
+    # one prompt: its decode steps of 1 token take the split-K gate_up (moe_v3_dec_gu.MAX_T, 1)
+    ran.update(dict.fromkeys(ran, 0))
+    one = [SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True)]
+    assert triton_eng.generate(prompts[1:], one) == torch_eng.generate(prompts[1:], one)
+    assert ran["v3"] == layers and ran["split-K"] == 2 * layers and ran["rows"] == 2 * layers
 
 
 @pytest.mark.parametrize(

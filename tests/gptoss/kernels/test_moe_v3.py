@@ -35,6 +35,7 @@ from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import choose_tiles_v3  # noqa: E402
 from gptoss.kernels.moe_v3_step import _V3_ASM  # noqa: E402
 from gptoss.mxfp4 import E2M1_VALUES, dequantize  # noqa: E402
+from tests.gptoss.kernels.conftest import count_calls  # noqa: E402
 from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the fixtures apply here too
     ALPHA,
     DEV,
@@ -312,8 +313,12 @@ def test_v3_gate_up_routing_the_logits_itself_matches_the_routing_kernel(tokens,
 @pytest.mark.parametrize("tokens", [1, 5])
 def test_v3_gate_up_routing_the_logits_gives_the_same_bits_with_pdl(tokens, monkeypatch):
     """moe_v3.ROUTE_PDL launches the routing gate_up with PDL (compiled on Hopper; elsewhere the
-    constexpr branch is off): the same act, routing and rows as without it."""
-    from gptoss.kernels import moe_v3, pdl
+    constexpr branch is off): the same act, routing and rows as without it. (One token takes the
+    split-K gate_up by default: moe_v3_dec_gu.MAX_T 0 keeps it on v3's.)"""
+    from gptoss.kernels import moe_v3, moe_v3_dec_gu, pdl
+
+    monkeypatch.setattr(moe_v3_dec_gu, "MAX_T", 0)
+    ran = count_calls(monkeypatch, [(moe, "gate_up_v3", "v3")])
 
     ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels="v3")
     x = (torch.randn(tokens, 160, device=DEV, generator=torch.Generator(DEV).manual_seed(4)) * 3).bfloat16()
@@ -322,7 +327,7 @@ def test_v3_gate_up_routing_the_logits_gives_the_same_bits_with_pdl(tokens, monk
     want, r0 = moe.expert_rows_v3_logits(x, logits, 4, w, ALPHA, LIMIT)
     monkeypatch.setattr(moe_v3, "ROUTE_PDL", True)
     got, r1 = moe.expert_rows_v3_logits(x, logits, 4, w, ALPHA, LIMIT)
-    assert pdl.args(x)["PDL"] == pdl.on(x)
+    assert pdl.args(x)["PDL"] == pdl.on(x) and ran["v3"] == 2
     assert torch.equal(got, want) and torch.equal(r1.ids, r0.ids) and torch.equal(r1.counts, r0.counts)
     assert torch.equal(r1.weights, r0.weights)
     for e, c in enumerate(r0.counts.tolist()):  # the slots past an expert's count are never written
