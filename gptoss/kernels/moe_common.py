@@ -3,10 +3,21 @@ Triton helpers that find a program's expert tile and add a LoRA delta."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+
+def env_switch(name: str, default: str) -> bool:
+    """An on/off kernel switch from the environment: os.environ[name] (default when unset), "0" or "1"."""
+    v = os.environ.get(name, default)
+    if v not in ("0", "1"):
+        raise ValueError(f"{name}={v!r}: 0 or 1")
+    return v == "1"
+
 
 USE_ASM = True  # the PTX dequant on CUDA (both paths); False falls back to the portable one everywhere
 

@@ -70,10 +70,6 @@ PDL_GATE_UP = True
 PDL_DOWN = True
 
 
-def _pdl(t: Tensor, on: bool) -> dict[str, bool]:
-    return pdl.args(t) if on else {"PDL": False}
-
-
 PROBE = 0  # benchmarks only: the slot kernels' load-only (1) or compute-only (2) K step (moe_v2_step)
 SMS_OFF_GPU = 3  # the interpreter's "SMs": a flat grid of a few programs, so tests cross experts
 
@@ -155,7 +151,7 @@ def gate_up_dec(
         num_warps=t.warps,
         num_stages=t.stages,
         maxnreg=t.maxnreg,
-        **_pdl(x, PDL_GATE_UP),
+        **pdl.args(x, PDL_GATE_UP),
         **own,
     )
     return act
@@ -197,7 +193,7 @@ def down_dec(
         **lkw,
         num_warps=t.warps,
         num_stages=t.stages,
-        **_pdl(act, PDL_DOWN),
+        **pdl.args(act, PDL_DOWN),
         **own,
     )
     return y

@@ -75,18 +75,12 @@ def _wtma_switch(v: str) -> str:
 TMA_W = _wtma_switch(os.environ.get("GPTOSS_MOE_V3_WTMA", "auto"))
 
 
-def _route_pdl_switch(v: str) -> bool:
-    if v not in ("0", "1"):
-        raise ValueError(f"GPTOSS_V3_ROUTE_PDL={v!r}: 0 or 1")
-    return v == "1"
-
-
 # GPTOSS_V3_ROUTE_PDL=1: the gate_up that routes the logits itself (a decode batch, the kernel after
 # norm_logits) launches with PDL, as the other kernels of a decode layer do: its programs are placed
 # while norm_logits runs, and its release lets the down (a PDL kernel) be placed during gate_up. Off:
 # 120b batch 1 on an H200 (bench/results v36) fell from 383.8 to 297.9 tok/s with it, gate_up 726 ->
 # 1,322 us a token and the down 322 -> 413 (moe_v3_dec_gu.LAUNCH_PDL says why).
-ROUTE_PDL = _route_pdl_switch(os.environ.get("GPTOSS_V3_ROUTE_PDL", "0"))
+ROUTE_PDL = common.env_switch("GPTOSS_V3_ROUTE_PDL", "0")
 
 
 def _tma_runs(x: Tensor) -> bool:
@@ -253,7 +247,7 @@ def gate_up_v3(
         **_route_args(logits, r, t, k),
         **_wtma_args(x, w.w13, w.s13, swz, 2 * tiles.bn, tiles),
         **(_prefetch_args(x, w, tiles) if prefetch_down and swz else {}),
-        **(pdl.args(x) if ROUTE_PDL and logits is not None else {}),
+        **pdl.args(x, ROUTE_PDL and logits is not None),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )

@@ -75,23 +75,16 @@ def _max_t(v: str | None) -> int:
 MAX_T = _max_t(os.environ.get(_ENV))
 
 
-def _switch(name: str, default: str) -> bool:
-    v = os.environ.get(name, default)
-    if v not in ("0", "1"):
-        raise ValueError(f"{name}={v!r}: 0 or 1")
-    return v == "1"
-
-
 # Whether the kernel launches with PDL (GPTOSS_V3_DEC_GATE_UP_PDL=1). Off: at 120b batch 1 on an H200
 # (bench/results v36), v3's gate_up that routes the logits took 727 us a token launched plainly and
 # 1,312 with PDL (733 with PDL and at most 3 programs an SM), and the down after it 322 against
 # 409-465 when gate_up's release let it be placed during gate_up: consistent with PDL placing a
 # kernel's programs on the uneven room the kernel ahead leaves. With PDL this kernel took 793-1,127 us
 # a token (v36), which is why it lost in the engine before (v26, v33).
-LAUNCH_PDL = _switch("GPTOSS_V3_DEC_GATE_UP_PDL", "0")
+LAUNCH_PDL = common.env_switch("GPTOSS_V3_DEC_GATE_UP_PDL", "0")
 # Weight and scale words by TMA (GPTOSS_V3_DEC_GATE_UP_WTMA, default on; the down's GPTOSS_V3_DEC_WTMA
 # is its own): one copy each a K step instead of 16-byte cp.async a lane, the same bits.
-WTMA = _switch("GPTOSS_V3_DEC_GATE_UP_WTMA", "1")
+WTMA = common.env_switch("GPTOSS_V3_DEC_GATE_UP_WTMA", "1")
 # BN 32 weight rows (16 act columns), BM up to 16 (T's power of 2 at launch), a 256-K step split over
 # 2 warps of two 64-K chunks each, 4 stages. In the engine (H200, 120b batch 1, no PDL, bench/results
 # v36, us a token): these 588, a 128-K step (one chunk a warp) 623, the same with 6 stages 638.
@@ -265,7 +258,7 @@ def gate_up_v3_dec(
         num_warps=tiles.warps,
         num_stages=tiles.stages,
         maxnreg=t.maxnreg,  # dec_tiles_v3 fits the shape only
-        **(pdl.args(x) if LAUNCH_PDL else {"PDL": False}),
+        **pdl.args(x, LAUNCH_PDL),
         **(weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk) if WTMA and _tma_runs(x) else {}),
     )
     return act

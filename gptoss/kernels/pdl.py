@@ -46,10 +46,11 @@ def on(t: Tensor) -> bool:
     return ENABLED and compiled_on_hopper(t)
 
 
-def args(t: Tensor) -> dict[str, bool]:
+def args(t: Tensor, launch: bool = True) -> dict[str, bool]:
     """Keywords for `kernel[grid](..., **pdl.args(t))`: the kernel's PDL constexpr and, when on, the
-    launch attribute (a compile option of Triton's CUDA backend, unknown to the interpreter)."""
-    return {"PDL": True, "launch_pdl": True} if on(t) else {"PDL": False}
+    launch attribute (a compile option of Triton's CUDA backend, unknown to the interpreter).
+    launch=False: a kernel that launches plainly even where PDL is on (a per-kernel switch)."""
+    return {"PDL": True, "launch_pdl": True} if launch and on(t) else {"PDL": False}
 
 
 @triton.jit

@@ -10,6 +10,7 @@ has its own tests: test_norm_route.py.
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -163,8 +164,13 @@ def test_decode_gives_the_same_bits_with_or_without_pdl_launches(gate_up_pdl, do
     want, (_, want_routed, _) = _forward(ref, w, x), _routed_in_gemm(ref, w, x)
     monkeypatch.setattr(moe_decode, "PDL_GATE_UP", gate_up_pdl)
     monkeypatch.setattr(moe_decode, "PDL_DOWN", down_pdl)
-    asked, pdl_args = [], moe_decode._pdl
-    monkeypatch.setattr(moe_decode, "_pdl", lambda t, on: asked.append(on) or pdl_args(t, on))
+    asked, pdl_args = [], moe_decode.pdl.args  # moe_decode's own launches: its module's `pdl`
+
+    def spy(t, launch=True):
+        asked.append(launch)
+        return pdl_args(t, launch)
+
+    monkeypatch.setattr(moe_decode, "pdl", SimpleNamespace(args=spy))
     assert torch.equal(_forward(ref, w, x), want)
     assert torch.equal(_routed_in_gemm(ref, w, x)[1], want_routed)
     assert asked == [gate_up_pdl, down_pdl] * 2  # each launch took its own switch
