@@ -7,7 +7,8 @@ engine, its CUDA graphs captured again for each variant, the variants interleave
 
 Why: a 120b engine takes ~40 s to start, so one process a variant (bench/gptoss_gpu.py) spends most of
 a device call loading weights. The switches here are module attributes that the kernels' Python
-wrappers read at call time (gptoss.kernels.MOD.ATTR, or an item of a dict there), so a fresh capture
+wrappers read at call time (gptoss.kernels.MOD.ATTR, or an item of a dict there; gptoss.MOD.ATTR
+for the engine's own modules), so a fresh capture
 puts them in the decode graphs; weights and KV cache stay as built. A variant NAME= runs the defaults.
 
 Per variant and round: output tok/s of --batch IN-token prompts decoding OUT greedy tokens together
@@ -44,9 +45,10 @@ from gptoss.sampling import SamplingParams  # noqa: E402
 
 def parse_variant(spec: str) -> tuple[str, list[tuple[str, str, object, object]]]:
     """NAME=MOD.ATTR[[KEY]]=VALUE[+...] -> (NAME, [(module, attribute, KEY or None, value)]); NAME=
-    alone: the defaults. VALUE is a Python literal (1, True, "split") or a tile shape (DecTiles(16,
-    32, 256, 2, 2, 4)); MOD.ATTR[KEY] sets one item of a dict (KEY a literal), e.g.
-    moe_tiles.TILE_OVERRIDE[(0,True)]=Tiles(16,32,128,4,8)."""
+    alone: the defaults. MOD is a module of gptoss.kernels, or a whole name from gptoss. on
+    (gptoss.kernel_model.NORM_QKV=True). VALUE is a Python literal (1, True, "split") or a tile
+    shape (DecTiles(16, 32, 256, 2, 2, 4)); MOD.ATTR[KEY] sets one item of a dict (KEY a literal),
+    e.g. moe_tiles.TILE_OVERRIDE[(0,True)]=Tiles(16,32,128,4,8)."""
     name, sep, rest = spec.partition("=")
     if not sep or not name:
         raise ValueError(f"--variant {spec!r}: expected NAME=[MOD.ATTR=VALUE[+...]]")
@@ -57,7 +59,8 @@ def parse_variant(spec: str) -> tuple[str, list[tuple[str, str, object, object]]
         if not (eq and m):
             raise ValueError(f"--variant {spec!r}: {item!r} is not MOD.ATTR[[KEY]]=VALUE")
         dict_key = None if m[3] is None else parse_value(m[3], spec)
-        sets.append((f"gptoss.kernels.{m[1]}", m[2], dict_key, parse_value(value, spec)))
+        mod = m[1] if m[1].startswith("gptoss.") else f"gptoss.kernels.{m[1]}"
+        sets.append((mod, m[2], dict_key, parse_value(value, spec)))
     return name, sets
 
 
