@@ -46,7 +46,7 @@ from gptoss.sampling import SamplingParams  # noqa: E402
 def parse_variant(spec: str) -> tuple[str, list[tuple[str, str, object, object]]]:
     """NAME=MOD.ATTR[[KEY]]=VALUE[+...] -> (NAME, [(module, attribute, KEY or None, value)]); NAME=
     alone: the defaults. MOD is a module of gptoss.kernels, or a whole name from gptoss. on
-    (gptoss.kernel_model.NORM_QKV=True). VALUE is a Python literal (1, True, "split") or a tile
+    (gptoss.kernel_model.ROUTER="split"). VALUE is a Python literal (1, True, "split") or a tile
     shape (DecTiles(16, 32, 256, 2, 2, 4)); MOD.ATTR[KEY] sets one item of a dict (KEY a literal),
     e.g. moe_tiles.TILE_OVERRIDE[(0,True)]=Tiles(16,32,128,4,8)."""
     name, sep, rest = spec.partition("=")

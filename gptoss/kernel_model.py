@@ -32,12 +32,10 @@ from gptoss.kernel_layers import Layer, build_layers, moe_layouts
 from gptoss.kernels import batch_invariant as bi
 from gptoss.kernels import l2_prefetch, moe_decode
 from gptoss.kernels.attention import paged_attention, reserve_tickets
-from gptoss.kernels.gemv_preload import norm_gemv_preload
 from gptoss.kernels.kv_write import write_kv
-from gptoss.kernels.linear import linear, preload_runs
+from gptoss.kernels.linear import linear
 from gptoss.kernels.lora_attn import lora_add
 from gptoss.kernels.moe import expert_rows_v3, expert_rows_v3_logits, moe_forward, v3_decode
-from gptoss.kernels.moe_common import env_switch
 from gptoss.kernels.moe_lora import experts_dec_lora, moe_forward_lora
 from gptoss.kernels.norm_route import norm_logits, norm_route
 from gptoss.kernels.qkv_rope import qkv_rope
@@ -81,9 +79,6 @@ QKV_FUSED = os.environ.get("GPTOSS_QKV", "split") == "fused"
 # On since its tests passed compiled on an H200 (v28: test_attention_rope.py, 14 of 14, the engine's
 # greedy tokens with it equal to without).
 ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0"
-# GPTOSS_NORM_QKV=1: a one-token step's add + RMSNorm before attention runs inside the QKV GEMV
-# (gemv_preload.norm_gemv_preload: every program norms the row itself), one launch fewer a layer.
-NORM_QKV = env_switch("GPTOSS_NORM_QKV", "0")
 
 
 @dataclass(slots=True)
@@ -162,27 +157,18 @@ class KernelModel:
             table = meta.ring_table if ring else meta.full_table
             slots = meta.ring_slots if ring else meta.full_slots
             write_first = not ring or meta.decode_only
+            h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps, combine=pending)
             rope = None  # set: attention ropes q, k and writes the cache itself
-            if self._norm_in_qkv(x, t, lay):  # one launch: the norm inside the QKV GEMV
-                h = None
-                qkv, residual = norm_gemv_preload(
-                    x, residual, lay.ln1, self.eps, lay.wqkv, lay.bqkv, combine=pending
-                )
-            else:
-                h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps, combine=pending)
-                qkv = None
-            if h is not None and self._qkv_fused(h, lay, write_first):
+            if self._qkv_fused(h, lay, write_first):
                 q, k, v = qkv_rope(
                     h, lay.wqkv, lay.bqkv, positions, self.cos_sin, self.hq, self.hkv, self.d, kc, vc, slots
                 )
             elif self._rope_in_attn(lay, meta):
-                if qkv is None:
-                    qkv = self.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
+                qkv = self.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
                 q, k, v = qkv.view(t, -1, self.d).split((self.hq, self.hkv, self.hkv), dim=1)
                 rope = (positions, self.cos_sin, slots)
             else:
-                if qkv is None:
-                    qkv = self.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
+                qkv = self.linear(h, lay.wqkv, lay.bqkv)  # [T, (Hq + 2 Hkv) D]
                 if lay.lora_qkv is not None:
                     lora_add(qkv, h, *lay.lora_qkv, mask, fused=not self.batch_invariant)
                 if write_first:
@@ -261,19 +247,6 @@ class KernelModel:
         up to l2_prefetch.MAX_T tokens, outside the batch-invariant mode; "moe" is the MoE's own."""
         small = meta.decode_only and t <= l2_prefetch.MAX_T and not self.batch_invariant
         return l2_prefetch.ON if small else frozenset()
-
-    def _norm_in_qkv(self, x: Tensor, t: int, lay: Layer) -> bool:
-        """Whether this layer's add + RMSNorm runs inside its QKV GEMV (NORM_QKV): one-token steps
-        whose QKV takes gemv_preload, no QKV adapter (its shrink reads the normed rows), not in the
-        batch-invariant mode, and not where qkv_rope takes the QKV (GPTOSS_QKV=fused)."""
-        return (
-            NORM_QKV
-            and t == 1
-            and not QKV_FUSED
-            and lay.lora_qkv is None
-            and not self.batch_invariant
-            and preload_runs(x[:1], lay.wqkv, lay.bqkv)
-        )
 
     def _qkv_fused(self, h: Tensor, lay: Layer, write_first: bool) -> bool:
         """Whether this layer's QKV + RoPE + KV write take qkv_rope (GPTOSS_QKV=fused, decode sizes)."""

@@ -9,9 +9,7 @@ a few tiles (BN x WARPS): registers, spills (STL/LDL), the global loads (LDG) is
 (griddepcontrol.wait) and after it, and the order of ACQBULK and PREEXIT (launch_dependents). The
 preload holds when all of W's loads (BN*K*2 / (16 * 32 * WARPS) 16-byte LDG a thread) and the
 bias's come before ACQBULK and only x after it; with GPTOSS_GEMV_PRELOAD_EARLY (rows a
-program loads before the wait) at 2 of 4, half of them; at 0, none. QKV with the norm inside
-(norm_gemv_preload, GPTOSS_NORM_QKV): W, the bias and the norm weight before ACQBULK; the MoE's rows,
-their combine weights and the residual after. norm_logits (20b: H 2880 in a
+program loads before the wait) at 2 of 4, half of them; at 0, none. norm_logits (20b: H 2880 in a
 4096 tile over 8 warps): its norm weight (float32), router row and bias before ACQBULK, x and the
 residual after. rmsnorm (bf16, the MoE combine of 4 rows, H in a 4096 tile over 16 warps): its weight
 before ACQBULK, nothing but x, the combine rows and weights and the residual after. Decode
@@ -44,15 +42,11 @@ SHAPES = {"o": (2880, 4096), "qkv": (5120, 2880)}  # name: (N, K)
 TILES = ((4, 4), (8, 8), (2, 4))  # (BN, WARPS)
 
 
-def compile_stats(k: int, bn: int, warps: int, early: int | None = None, norm: bool = False) -> dict:
+def compile_stats(k: int, bn: int, warps: int, early: int | None = None) -> dict:
     k1, k2 = k_parts(k)
     sig = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", T="i32", N="i32", K="i32")
     sig.update(stride_x="i32", stride_w="i32", stride_y="i32")
     consts = dict(HAS_BIAS=True, BN=bn, K1=k1, K2=k2, EARLY=early if early is not None else bn, PDL=True)
-    if norm:  # norm_gemv_preload: the MoE's 4 rows combined, the residual, the norm weight
-        sig.update(res_ptr="*bf16", nw_ptr="*fp32", r_ptr="*bf16", cw_ptr="*fp32", eps="fp32")
-        sig.update(stride_res="i32", stride_r="i32")
-        consts.update(NORM=True, HAS_RESIDUAL=True, TOP_K=4)
     return _load_stats(_compile(_gemv_preload_kernel, sig, consts, warps, 1))
 
 
@@ -78,7 +72,6 @@ def stats() -> dict:
     }
     # GPTOSS_GEMV_PRELOAD_EARLY: half of O's rows before the wait, and none
     out |= {f"o 4x4 early {e}": compile_stats(4096, 4, 4, e) for e in (2, 0)}
-    out["qkv 2x4 norm"] = compile_stats(2880, 2, 4, norm=True)  # GPTOSS_NORM_QKV
     sig = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*fp32", out_ptr="*bf16", r_ptr="*bf16", cw_ptr="*fp32")
     sig.update(stride_x="i32", stride_res="i32", stride_out="i32", stride_r="i32", H="i32", eps="fp32")
     rms = _compile(_rmsnorm_kernel, sig, dict(HAS_RESIDUAL=True, TOP_K=4, BLOCK=4096, PDL=True), 16, 1)

@@ -42,7 +42,6 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import pdl
-from gptoss.kernels.rmsnorm import norm_operands, residual_sum
 from gptoss.kernels.rounding import round_to
 
 # The most tokens a launch takes: each program re-reads its T rows of x from L2 (K*e each, next to
@@ -78,11 +77,6 @@ def early_from_env(v: str | None) -> int | None:
 
 
 EARLY = early_from_env(os.environ.get("GPTOSS_GEMV_PRELOAD_EARLY"))
-# norm_gemv_preload's (BN, WARPS): each program also holds the norm's rows of K (its x, weight and
-# residual sum in float32), so at 2 x 4 a program takes 153 registers against TILE's 72 (sm_90a,
-# QKV with the MoE combine; pdl_wait_sass.py): 3 programs an SM, 33 KB of W in flight against 78.
-# 4 x 8: 128 registers, 2 an SM, 45 KB. Untimed: a module switch for bench/decode_ab_gpu.py.
-NORM_TILE = (2, 4)
 
 
 def k_parts(k: int) -> tuple[int, int]:
@@ -94,74 +88,16 @@ def k_parts(k: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _row_sums(w1, w2, x1, x2, K2: tl.constexpr):
-    """[BN] float32: each row of the tiles [BN, K1] (+ [BN, K2] at K1..K) times x's parts [K1], [K2]
-    (float32, zero past K)."""
+def _row_sums(w1, w2, x_ptr, K, K1: tl.constexpr, K2: tl.constexpr):
+    """[BN] float32: each row of the tiles [BN, K1] (+ [BN, K2] at K1..K) times x [K]."""
+    k1 = tl.arange(0, K1)
+    x1 = tl.load(x_ptr + k1).to(tl.float32)
     acc = tl.sum(w1.to(tl.float32) * x1[None, :], axis=1)
-    if K2 > 0:
-        acc += tl.sum(w2.to(tl.float32) * x2[None, :], axis=1)
-    return acc
-
-
-@triton.jit
-def _x_parts(x_ptr, K, K1: tl.constexpr, K2: tl.constexpr):
-    """x [K] from memory as its two float32 parts [K1], [K2] (zero past K; x1 again when K2 is 0)."""
-    x1 = tl.load(x_ptr + tl.arange(0, K1)).to(tl.float32)
-    x2 = x1
     if K2 > 0:
         k2 = K1 + tl.arange(0, K2)
         x2 = tl.load(x_ptr + k2, mask=k2 < K, other=0.0).to(tl.float32)
-    return x1, x2
-
-
-@triton.jit
-def _normed_parts(
-    x_ptr,
-    res_ptr,
-    cw_ptr,
-    r_ptr,
-    nw1,
-    nw2,
-    t,
-    K,
-    eps,
-    stride_x,
-    stride_res,
-    stride_r,
-    STORE_R,
-    HAS_RESIDUAL: tl.constexpr,
-    TOP_K: tl.constexpr,
-    K1: tl.constexpr,
-    K2: tl.constexpr,
-    DTYPE: tl.constexpr,
-):
-    """Token t's rmsnorm.fused_add_rms_norm row as the two float32 parts [K1], [K2] of the GEMV's x:
-    the same residual sum (stored to r_ptr where STORE_R), the same formula and rounding to DTYPE;
-    only the sum of squares runs as two trees (the parts), not one."""
-    k1 = tl.arange(0, K1)
-    a1 = residual_sum(
-        x_ptr, res_ptr, cw_ptr, r_ptr, t, k1, k1 < K, stride_x, stride_res, HAS_RESIDUAL, TOP_K, K1
-    )
-    if HAS_RESIDUAL:
-        tl.store(r_ptr + t * stride_r + k1, a1, mask=(k1 < K) & STORE_R)
-    f1 = a1.to(tl.float32)
-    sq = tl.sum(f1 * f1, axis=0)
-    f2 = f1
-    if K2 > 0:
-        k2 = K1 + tl.arange(0, K2)
-        a2 = residual_sum(
-            x_ptr, res_ptr, cw_ptr, r_ptr, t, k2, k2 < K, stride_x, stride_res, HAS_RESIDUAL, TOP_K, K2
-        )
-        if HAS_RESIDUAL:
-            tl.store(r_ptr + t * stride_r + k2, a2, mask=(k2 < K) & STORE_R)
-        f2 = a2.to(tl.float32)
-        sq += tl.sum(f2 * f2, axis=0)
-    rstd = 1.0 / tl.sqrt_rn(sq / K + eps)
-    x1 = round_to(nw1 * (f1 * rstd), DTYPE).to(tl.float32)
-    x2 = x1
-    if K2 > 0:
-        x2 = round_to(nw2 * (f2 * rstd), DTYPE).to(tl.float32)
-    return x1, x2
+        acc += tl.sum(w2.to(tl.float32) * x2[None, :], axis=1)
+    return acc
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -182,21 +118,8 @@ def _gemv_preload_kernel(
     K2: tl.constexpr,
     EARLY: tl.constexpr,
     PDL: tl.constexpr,
-    res_ptr=None,
-    nw_ptr=None,
-    r_ptr=None,
-    cw_ptr=None,
-    eps=0.0,
-    stride_res=0,
-    stride_r=0,
-    NORM: tl.constexpr = False,
-    HAS_RESIDUAL: tl.constexpr = False,
-    TOP_K: tl.constexpr = 0,
 ):
-    """EARLY: rows of the program's BN whose W loads leave before the PDL wait (BN: all, 0: none).
-    NORM: x is fused_add_rms_norm's input (x, or the MoE rows it combines with cw_ptr's TOP_K
-    weights; the residual at res_ptr; the norm weight at nw_ptr): every program norms each token's
-    row itself, and program 0 stores the new residual at r_ptr."""
+    """EARLY: rows of the program's BN whose W loads leave before the PDL wait (BN: all, 0: none)."""
     if EARLY == 0:
         pdl.wait_then_release(PDL)
     rows = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN]
@@ -221,11 +144,6 @@ def _gemv_preload_kernel(
     bias = tl.zeros((BN,), dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + tl.minimum(rows, N - 1)).to(tl.float32)
-    if NORM:  # the norm weight is never written either
-        nk1 = tl.arange(0, K1)
-        nk2 = K1 + tl.arange(0, max(K2, 1))
-        nw1 = tl.load(nw_ptr + nk1, mask=nk1 < K, other=0.0)
-        nw2 = tl.load(nw_ptr + nk2, mask=nk2 < K, other=0.0)
     if EARLY > 0:
         pdl.wait_then_release(PDL)
     if EARLY > 0 and EARLY < BN:
@@ -233,30 +151,7 @@ def _gemv_preload_kernel(
         if K2 > 0:
             w2 = tl.where(early, w2, tl.load(w_rows + kk2, mask=~early & (kk2 < K), other=0.0))
     for t in range(T):
-        if NORM:
-            x1, x2 = _normed_parts(
-                x_ptr,
-                res_ptr,
-                cw_ptr,
-                r_ptr,
-                nw1,
-                nw2,
-                t,
-                K,
-                eps,
-                stride_x,
-                stride_res,
-                stride_r,
-                tl.program_id(0) == 0,
-                HAS_RESIDUAL,
-                TOP_K,
-                K1,
-                K2,
-                y_ptr.dtype.element_ty,
-            )
-        else:
-            x1, x2 = _x_parts(x_ptr + t * stride_x, K, K1, K2)
-        acc = _row_sums(w1, w2, x1, x2, K2) + bias
+        acc = _row_sums(w1, w2, x_ptr + t * stride_x, K, K1, K2) + bias
         tl.store(y_ptr + t * stride_y + rows, round_to(acc, y_ptr.dtype.element_ty), mask=rows < N)
 
 
@@ -330,68 +225,3 @@ def gemv_preload(
         **pdl.args(x),
     )
     return y
-
-
-def norm_gemv_preload(
-    x: Tensor,
-    residual: Tensor | None,
-    norm_w: Tensor,
-    eps: float,
-    w: Tensor,
-    b: Tensor | None = None,
-    combine: Tensor | None = None,
-    *,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    """rmsnorm.fused_add_rms_norm(x, residual, norm_w, eps, combine) -> (h, r), then gemv_preload(h,
-    w, b), in one launch -> (y [T, N], r [T, H]); T <= MAX_T. Every program norms the T rows itself
-    from L2 (H*e, or k+1 times that with combine, a row), so the norm's launch and its drain leave
-    the step. h is the norm's up to its sum of squares, which runs in two trees (k_parts) here:
-    where that moves the float32 rstd by an ulp, h may differ in the last bf16 place."""
-    t, h, top_k, combine, r = norm_operands(x, residual, norm_w, combine)
-    if not (1 <= t <= MAX_T and plain_operands(x, w, b) and w.dim() == 2 and w.shape[1] == h):
-        raise ValueError(
-            f"norm_gemv_preload needs 1 <= T <= {MAX_T} rows of x's H and w [N, H] of x's dtype, got x "
-            f"{tuple(x.shape)} {x.dtype} (T {t}), w {tuple(w.shape)} {w.dtype}"
-        )
-    if b is not None and b.shape != (w.shape[0],):
-        raise ValueError(f"b must be [{w.shape[0]}], got {tuple(b.shape)}")
-    n = w.shape[0]
-    y = torch.empty(t, n, dtype=x.dtype, device=x.device)  # [T, N]
-    if n == 0:
-        return y, r
-    bn, warps = block_n or NORM_TILE[0], num_warps or NORM_TILE[1]
-    k1, k2 = k_parts(h)
-    res = residual if residual is not None else x
-    _gemv_preload_kernel[(triton.cdiv(n, bn),)](
-        x,
-        w,
-        b if b is not None else w,
-        y,
-        t,
-        n,
-        h,
-        x.stride(0),
-        w.stride(0),
-        y.stride(0),
-        HAS_BIAS=b is not None,
-        BN=bn,
-        K1=k1,
-        K2=k2,
-        EARLY=min(bn, bn if EARLY is None else EARLY),
-        num_warps=warps,
-        num_stages=1,
-        res_ptr=res,
-        nw_ptr=norm_w,
-        r_ptr=r,
-        cw_ptr=combine if combine is not None else norm_w,
-        eps=eps,
-        stride_res=res.stride(0),
-        stride_r=r.stride(0),
-        NORM=True,
-        HAS_RESIDUAL=residual is not None,
-        TOP_K=top_k,
-        **pdl.args(x),
-    )
-    return y, r

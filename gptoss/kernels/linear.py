@@ -180,12 +180,6 @@ def gemv(
     return y
 
 
-def preload_runs(x: Tensor, w: Tensor, b: Tensor | None = None) -> bool:
-    """Whether linear(x, w, b) runs gemv_preload (GPTOSS_GEMV=preload, CUDA, one token or a wide W)."""
-    one_or_wide = x.dim() == 2 and (x.shape[0] == 1 or w.shape[1] > w.shape[0])
-    return GEMV == "preload" and x.is_cuda and one_or_wide and preload_suits(x, w, b)
-
-
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """F.linear(x, w, b). With GPTOSS_GEMV=preload (the default), a CUDA x of one token, or of up to
     gemv_preload.MAX_T for a wide W, takes gemv_preload. Else the GEMV kernel takes a CUDA [T, K]
@@ -195,7 +189,8 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     there. CPU tensors always take F.linear, also under TRITON_INTERPRET=1: the interpreter runs a
     program in milliseconds, and the CPU engine tests would pay that on every projection (tests
     call the kernels directly)."""
-    if preload_runs(x, w, b):
+    one_or_wide = x.dim() == 2 and (x.shape[0] == 1 or w.shape[1] > w.shape[0])
+    if GEMV == "preload" and x.is_cuda and one_or_wide and preload_suits(x, w, b):
         return gemv_preload(x, w, b)
     suits = (
         x.is_cuda and plain_operands(x, w, b) and 1 <= x.shape[0] <= GEMV_MAX_T and w.shape[1] > w.shape[0]

@@ -36,34 +36,6 @@ def combine_rows(y_ptr, w_ptr, t, cols, mask, stride_y, TOP_K: tl.constexpr, BLO
 
 
 @triton.jit
-def residual_sum(
-    x_ptr,
-    res_ptr,
-    cw_ptr,
-    r_ptr,
-    row,
-    cols,
-    mask,
-    stride_x,
-    stride_res,
-    HAS_RESIDUAL: tl.constexpr,
-    TOP_K: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """The add half of the norm, row `row` at `cols`: x (or the combine of its TOP_K rows) +
-    residual, rounded to r_ptr's dtype as torch's add rounds; x itself without a residual."""
-    if TOP_K == 0:
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    else:  # moe.combine's sum (the same helper), rounded as it rounds
-        x = combine_rows(x_ptr, cw_ptr, row, cols, mask, stride_x, TOP_K, BLOCK).to(x_ptr.dtype.element_ty)
-    if HAS_RESIDUAL:
-        res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
-        # torch's bf16 add: exact float32 sum, one rounding to the storage dtype.
-        x = round_to(x.to(tl.float32) + res.to(tl.float32), r_ptr.dtype.element_ty)
-    return x
-
-
-@triton.jit
 def _rmsnorm_kernel(
     x_ptr,
     res_ptr,
@@ -90,10 +62,14 @@ def _rmsnorm_kernel(
     # as the compiler keeps a load below the stores to r (sm_90a SASS: 16 LDG after the MUFU).
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     pdl.wait_then_release(PDL)
-    x = residual_sum(
-        x_ptr, res_ptr, cw_ptr, r_ptr, row, cols, mask, stride_x, stride_res, HAS_RESIDUAL, TOP_K, BLOCK
-    )
+    if TOP_K == 0:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    else:  # moe.combine's sum (the same helper), rounded as it rounds
+        x = combine_rows(x_ptr, cw_ptr, row, cols, mask, stride_x, TOP_K, BLOCK).to(x_ptr.dtype.element_ty)
     if HAS_RESIDUAL:
+        res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        # torch's bf16 add: exact float32 sum, one rounding to the storage dtype.
+        x = round_to(x.to(tl.float32) + res.to(tl.float32), r_ptr.dtype.element_ty)
         tl.store(r_ptr + row * stride_r + cols, x, mask=mask)
     xf = x.to(tl.float32)
     mean_sq = tl.sum(xf * xf, axis=0) / H
@@ -103,11 +79,14 @@ def _rmsnorm_kernel(
     tl.store(out_ptr + row * stride_out + cols, round_to(y, out_ptr.dtype.element_ty), mask=mask)
 
 
-def norm_operands(
-    x: Tensor, residual: Tensor | None, weight: Tensor, combine: Tensor | None
-) -> tuple[int, int, int, Tensor | None, Tensor]:
-    """Checks fused_add_rms_norm's operands -> (T, H, k, combine made contiguous, r): k = 0 without
-    combine; r the new residual's buffer [T, H] (x itself without a residual)."""
+def fused_add_rms_norm(
+    x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, combine: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """x [T, H], residual [T, H] | None, weight [H] float32 -> (out [T, H], r [T, H]).
+
+    With a residual, r = residual + x (a new tensor) and out = rms_norm(r); without, r is x itself.
+    With combine [T, k] float32 (needs a residual), x is the MoE's y [T*k, H], combined first.
+    """
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(
             f"x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} strides {x.stride()}"
@@ -130,19 +109,8 @@ def norm_operands(
         raise ValueError(
             f"residual must match x ({(T, H)}, {x.dtype}), got {tuple(residual.shape)}, {residual.dtype}"
         )
-    return T, H, top_k, combine, (x.new_empty(T, H) if residual is not None else x)
-
-
-def fused_add_rms_norm(
-    x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, combine: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """x [T, H], residual [T, H] | None, weight [H] float32 -> (out [T, H], r [T, H]).
-
-    With a residual, r = residual + x (a new tensor) and out = rms_norm(r); without, r is x itself.
-    With combine [T, k] float32 (needs a residual), x is the MoE's y [T*k, H], combined first.
-    """
-    T, H, top_k, combine, r = norm_operands(x, residual, weight, combine)
     out = x.new_empty(T, H)  # [T, H]
+    r = x.new_empty(T, H) if residual is not None else x  # [T, H]
     if T == 0:
         return out, r
     block = triton.next_power_of_2(H)

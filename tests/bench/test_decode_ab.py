@@ -20,7 +20,7 @@ def test_a_variant_names_attributes_dict_items_and_tile_shapes():
     name, sets = parse_variant(
         "gu=moe_v3_dec_gu.MAX_T=0+moe_v3_dec_gu.V3_GATE_UP_DEC=DecTiles(16,32,128,2,2,4)"
         "+moe_tiles.TILE_OVERRIDE[(0,True)]=Tiles(16,32,128,4,8)+attention.DECODE_CFG=(16,2,3)"
-        "+gptoss.kernel_model.NORM_QKV=True"
+        "+gptoss.kernel_model.ROUTER='split'"
     )
     assert name == "gu"
     assert sets == [
@@ -28,7 +28,7 @@ def test_a_variant_names_attributes_dict_items_and_tile_shapes():
         ("gptoss.kernels.moe_v3_dec_gu", "V3_GATE_UP_DEC", None, DecTiles(16, 32, 128, 2, 2, 4)),
         ("gptoss.kernels.moe_tiles", "TILE_OVERRIDE", (0, True), Tiles(16, 32, 128, 4, 8)),
         ("gptoss.kernels.attention", "DECODE_CFG", None, (16, 2, 3)),
-        ("gptoss.kernel_model", "NORM_QKV", None, True),  # a whole module name from gptoss. on
+        ("gptoss.kernel_model", "ROUTER", None, "split"),  # a whole module name from gptoss. on
     ]
     assert parse_variant("default=") == ("default", [])
 

@@ -102,35 +102,6 @@ def test_attention_split_merge_in_kernel_gives_the_reference_tokens(kernel_check
     assert merged and all(merged)  # split decode launches took the in-kernel merge
 
 
-def test_norm_inside_the_qkv_gemv_gives_the_reference_tokens(kernel_checkpoint, engines, monkeypatch):
-    """GPTOSS_NORM_QKV=1: a one-token step's add + RMSNorm before attention runs in the QKV GEMV
-    (norm_gemv_preload); prefill steps and the final norm keep fused_add_rms_norm. On CPU the
-    engine's projections are F.linear, so the test lets the GEMV take CPU rows (the interpreter)."""
-    from gptoss import kernel_model
-    from gptoss.kernels import gemv_preload
-
-    monkeypatch.setattr(kernel_model, "NORM_QKV", True)
-    if DEVICE == "cpu":
-        monkeypatch.setattr(kernel_model, "preload_runs", gemv_preload.suits)
-        monkeypatch.setattr(gemv_preload, "NORM_TILE", (16, 4))  # 32 programs a launch in the interpreter
-    ran = count_calls(
-        monkeypatch,
-        [(kernel_model, "norm_gemv_preload", "fused"), (kernel_model, "fused_add_rms_norm", "norm")],
-    )
-    triton_eng, torch_eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False), engines[1]
-    prompts = prompts_of([21], seed=12)
-    params = [SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)]
-    assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
-    layers = len(triton_eng.runner.kernel_runner.model.layers)
-    # the prefill step: both norms of each layer and the final one; 3 decode steps: the final norm
-    # alone, each layer's first norm inside its QKV GEMV (the second is norm_logits')
-    assert ran == {"fused": 3 * layers, "norm": 2 * layers + 1 + 3}
-    ran.update(dict.fromkeys(ran, 0))
-    monkeypatch.setattr(kernel_model, "NORM_QKV", False)
-    assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
-    assert ran == {"fused": 0, "norm": 2 * layers + 1 + 3 * (layers + 1)}
-
-
 def test_triton_sampling_is_seeded(engines):
     triton_eng, _ = engines
     prompts = prompts_of([12, 30, 7], seed=4)
