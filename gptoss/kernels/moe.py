@@ -199,7 +199,7 @@ def expert_rows_v3(
             x, r, w, alpha, limit, gu, sorted_rows=srt, tma_x=tx, logits=logits, prefetch_down=pf
         )
     if 0 < t <= moe_v3_dec.MAX_T and w.layout == "v3" and not srt:
-        return moe_v3_dec.down_v3_dec(act, r, w, logits=logits)
+        return moe_v3_dec.down_v3_dec(act, r, w)
     return down_v3(act, r, w, choose_tiles_v3(t, k, e, h, i, gate_up=False), sorted_rows=srt)
 
 

@@ -68,6 +68,55 @@ def _topk(
 
 
 @triton.jit
+def _topk_one(logits_ptr, s, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr):
+    """_topk's choices of one token's E logits in half its reductions -> (ids [1, KP], their logits
+    top [1, KP] (store_one's softmax), the s-th choice): each round takes one max over (value,
+    lower id) packed into an int64 key, where _topk takes a max and then the lowest id holding it
+    (an in-kernel router at batch 1 waits for both before its first weight load). The same choices
+    for any logits but NaN (which _topk never picks and this would; no finite router gives one):
+    the key orders the float32 bits as the values (-0 as +0, as _topk's == sees them), ties to the
+    lower id."""
+    ex = tl.arange(0, BE)
+    v = tl.load(logits_ptr + ex, mask=ex < E, other=0.0).to(tl.float32) + 0.0  # -0.0 + 0.0 = +0.0
+    bits = v.to(tl.int32, bitcast=True)
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: magnitude order reversed
+    gone = tl.full([BE], -0x7FFFFFFFFFFFFFFF, tl.int64)  # below every value's key: taken or past E
+    packed = tl.where(ex < E, (key.to(tl.int64) << 32) | (BE - 1 - ex).to(tl.int64), gone)
+    kc = tl.arange(0, KP)[None, :]  # [1, KP]
+    top = tl.full([1, KP], float("-inf"), tl.float32)
+    ids = tl.full([1, KP], -1, tl.int32)
+    chosen = 0
+    for j in tl.static_range(TOP_K):
+        best = tl.max(packed, axis=0)
+        idx = BE - 1 - (best & 0xFFFFFFFF).to(tl.int32)
+        hi = (best >> 32).to(tl.int32)
+        m = tl.where(hi < 0, hi ^ 0x7FFFFFFF, hi).to(tl.float32, bitcast=True)
+        packed = tl.where(ex == idx, gone, packed)
+        top = tl.where(kc == j, m, top)
+        ids = tl.where(kc == j, idx, ids)
+        chosen = tl.where(s == j, idx, chosen)
+    return ids, top, chosen
+
+
+@triton.jit
+def store_one(
+    ids, top, ids_ptr, w_ptr, counts_ptr, rows_ptr, TOP_K: tl.constexpr, E: tl.constexpr, BE: tl.constexpr
+):
+    """store_routing for one token routed by _topk_one: its weights as _topk's softmax, each chosen
+    expert's count 1 and row list [j] (its assignment), the other counts 0."""
+    KP: tl.constexpr = ids.shape[1]
+    kc = tl.arange(0, KP)[None, :]
+    ok = kc < TOP_K
+    p = tl.exp(top - tl.max(top, axis=1)[:, None])  # [1, KP], as _topk: exp(-inf) = 0 past TOP_K
+    tl.store(ids_ptr + kc, ids, mask=ok)
+    tl.store(w_ptr + kc, p / tl.sum(p, axis=1)[:, None], mask=ok)
+    ex = tl.arange(0, BE)
+    hit = (tl.reshape(ids, (KP,))[None, :] == ex[:, None]) & (tl.arange(0, KP) < TOP_K)[None, :]  # [BE, KP]
+    tl.store(counts_ptr + ex, tl.sum(hit.to(tl.int32), axis=1), mask=ex < E)
+    tl.store(rows_ptr + ids, tl.broadcast_to(kc, ids.shape), mask=ok)  # rows[e, 0] = j (T 1)
+
+
+@triton.jit
 def _group(ids, TOP_K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr):
     """ids [BT, KP] of tokens 0..BT-1 (-1: none) -> flat [A] ids, a [A] assignments t*k + j, pos [A]
     (a's place in its expert's list: assignments in increasing order) and counts [BE]; A = BT*KP."""

@@ -40,12 +40,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels import l2_prefetch, pdl
 from gptoss.kernels import moe_common as common
-from gptoss.kernels.l2_prefetch import prefetch_part
+from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
-from gptoss.kernels.moe_routing import Routing, _topk
+from gptoss.kernels.moe_routing import Routing
 from gptoss.kernels.moe_tiles import DECODE_MAX_T, DecTiles
 from gptoss.kernels.moe_v3 import _check, _scaled, _tma_runs, _weight_args, weight_descriptors
 from gptoss.kernels.moe_v3_step import _dequant_v3
@@ -98,11 +97,6 @@ MAX_T = _max_t(os.environ.get("GPTOSS_V3_DEC_DOWN"))
 # tok/s against 337.0 / 337.3 / 334.7 off (+3.0 % on the means); the down 11.9 -> 9.8 us a layer
 # in the profile (PDL off).
 WTMA = os.environ.get("GPTOSS_V3_DEC_WTMA", "1") != "0"
-# GPTOSS_V3_DEC_DOWN_EARLY=1: at one token routed in the gate_up (expert_rows_v3 with logits), each
-# down program routes the logits itself before its PDL wait and prefetches its tile's W2 bytes into
-# L2, so with the split-K gate_up's RELEASE_STEP the down's weights stream while gate_up's tail runs.
-# Untimed: off, a module switch for bench/decode_ab_gpu.py.
-EARLY = common.env_switch("GPTOSS_V3_DEC_DOWN_EARLY", "0")
 # The v2 decode down's tiles (moe_tiles.DOWN_DEC_TILES) with BM up to 16 (the x tile; T's power of
 # 2 at launch): 32 weight rows, a 512-K step split over 4 warps of 128 K (2 chunks each), 3 stages.
 # GPTOSS_V3_DEC_DOWN_TILES overrides them.
@@ -227,42 +221,15 @@ def _down_v3_dec_kernel(
     WTMA: tl.constexpr = False,
     ids_ptr=None,
     ONE_TOKEN: tl.constexpr = False,
-    logits_ptr=None,
-    TOP_K: tl.constexpr = 1,
-    KP: tl.constexpr = 1,
-    EARLY: tl.constexpr = False,
-    pf_w_ptr=None,
-    pf_s_ptr=None,
-    pf_we=0,
-    pf_wn=0,
-    pf_se=0,
-    pf_sn=0,
-    PF_NT: tl.constexpr = 0,
 ):
     """Program (column block, slot): y[rows of the slot's expert, block] = act[rows] @ W2_e^T + b2_e;
     N = H, K = I; act and y rows in assignment order (rows_ptr: each expert's list). ONE_TOKEN (T 1,
     batch 1's step): slot s is assignment s, act and y row s of expert ids[0, s] (its k experts are
     distinct), read from the routing's ids: one load after the wait, where the counts, the slot's
-    expert among them and its row list were a chain of two. EARLY (ONE_TOKEN): the expert comes from
-    the router logits at logits_ptr instead (the gate_up's routing, _topk, in registers) before the
-    PDL wait, and with PF_NT > 0 the program then prefetches its tile's weight and scale bytes into
-    L2 (pf_w_ptr, pf_s_ptr: W2 and its scales as bytes; pf_we / pf_se an expert's bytes, pf_wn /
-    pf_sn a row's) while the kernel ahead still runs."""
-    pid_n, s = tl.program_id(0), tl.program_id(1)
-    if EARLY:
-        tt = tl.arange(0, 1)
-        ids, _ = _topk(logits_ptr, tt, tt < 1, 0, E, TOP_K, KP, BE)  # [1, KP]
-        e = tl.sum(tl.sum(tl.where(tl.arange(0, KP)[None, :] == s, ids, 0), axis=1), axis=0)
-        if PF_NT > 0:
-            r0 = pid_n * BN
-            nr = tl.minimum(BN, N - r0)
-            e64p = e.to(tl.int64)
-            prefetch_part(pf_w_ptr + e64p * pf_we + r0 * pf_wn, nr * pf_wn, 0, 1, PF_NT)
-            prefetch_part(pf_s_ptr + e64p * pf_se + r0 * pf_sn, nr * pf_sn, 0, 1, PF_NT)
+    expert among them and its row list were a chain of two."""
     pdl.wait_then_release(PDL)
-    if EARLY:
-        n_rows = 1
-    elif ONE_TOKEN:
+    pid_n, s = tl.program_id(0), tl.program_id(1)
+    if ONE_TOKEN:
         e = tl.load(ids_ptr + s)
         n_rows = 1
     else:
@@ -314,32 +281,10 @@ def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None) -> DecTiles:
     return DecTiles(bm, t.bn, bk, split, split if split > 1 else t.warps, t.stages)
 
 
-def _early_args(act: Tensor, r: Routing, w: MoEWeights, logits: Tensor | None, tiles: DecTiles) -> dict:
-    """The down kernel's EARLY arguments for one token routed from logits [1, E] (EARLY), with the L2
-    prefetch of its tile where bulk prefetches run and the byte ranges are 16-byte aligned (real
-    shapes are); none otherwise."""
-    k = r.ids.shape[1]
-    if not EARLY or logits is None or r.ids.shape[0] != 1 or logits.shape != (1, w.shape[0]):
-        return {}
-    args = dict(logits_ptr=logits.contiguous(), TOP_K=k, KP=triton.next_power_of_2(k), EARLY=True)
-    ts = (w.w2, w.s2)  # uint8 [E, N, K/2] and [E, N, G]: strides are bytes
-    n = w.w2.shape[1]  # a tile's byte range: expert e, rows r0 .. r0 + min(BN, N - r0)
-    steps = [t.data_ptr() for t in ts] + [t.stride(0) for t in ts]
-    steps += [rows * t.stride(1) for t in ts for rows in (tiles.bn, n % tiles.bn)]
-    if l2_prefetch.supported(act) and all(t.is_contiguous() for t in ts) and all(b % 16 == 0 for b in steps):
-        args |= dict(pf_w_ptr=w.w2, pf_s_ptr=w.s2, pf_we=w.w2.stride(0), pf_wn=w.w2.stride(1))
-        args |= dict(pf_se=w.s2.stride(0), pf_sn=w.s2.stride(1), PF_NT=32 * tiles.warps)
-    return args
-
-
-def down_v3_dec(
-    act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = None, logits: Tensor | None = None
-) -> Tensor:
+def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = None) -> Tensor:
     """act [T*k, I] rows in assignment order -> y [T*k, H] in act.dtype, y[a] = act[a] @ W2_e^T + b2_e
     (moe_v3.down_v3's contract without LoRA or sorted rows) on "v3" weights. t: the tiles before
-    dec_tiles_v3 fits them (default V3_DOWN_DEC). logits [1, E] (one token; with EARLY on): the
-    router logits r was routed from, so each program finds its expert before its PDL wait (the same
-    bits)."""
+    dec_tiles_v3 fits them (default V3_DOWN_DEC)."""
     if w.layout != "v3":
         raise ValueError(f"down_v3_dec: weights in the {w.layout!r} layout; it reads the 'v3' layout only")
     _check(act, w)
@@ -379,6 +324,5 @@ def down_v3_dec(
         **(weight_descriptors(w.w2, w.s2, tiles.bn, tiles.bk) if WTMA and _tma_runs(act) else {}),
         ids_ptr=r.ids,
         ONE_TOKEN=n_tok == 1 and r.ids.stride(-1) == 1,
-        **_early_args(act, r, w, logits, tiles),
     )
     return y

@@ -58,7 +58,7 @@ from gptoss.kernels import moe_common as common
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
-from gptoss.kernels.moe_routing import Routing, route_in_registers
+from gptoss.kernels.moe_routing import Routing, _topk_one, route_in_registers, store_one
 from gptoss.kernels.moe_tiles import DecTiles
 from gptoss.kernels.moe_v3 import _check, _route_args, _scaled, _tma_runs, _weight_args, weight_descriptors
 from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step, dec_tiles_v3, env_dec_tiles, env_max_t
@@ -86,6 +86,11 @@ LAUNCH_PDL = common.env_switch("GPTOSS_V3_DEC_GATE_UP_PDL", "0")
 # Weight and scale words by TMA (GPTOSS_V3_DEC_GATE_UP_WTMA, default on; the down's GPTOSS_V3_DEC_WTMA
 # is its own): one copy each a K step instead of 16-byte cp.async a lane, the same bits.
 WTMA = common.env_switch("GPTOSS_V3_DEC_GATE_UP_WTMA", "1")
+# One token routed in the kernel (ROUTE_ONE, GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE): every program routes
+# by moe_routing._topk_one (a max of packed keys a choice, not a max and a min) and its slot s is
+# the s-th choice, with no lists: sm_90a, 120b's shapes, before the first weight load
+# (cp.async), instructions / BAR.SYNC / SHFL: 708 / 33 / 65 through route_in_registers. Untimed.
+ROUTE_ONE = common.env_switch("GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE", "0")
 # Launched plainly, the kernel may still let the down after it (a PDL launch) be placed before it
 # ends: RELEASE_STEP = j >= 0 triggers the dependents when a program reaches its j-th K step
 # (griddepcontrol.launch_dependents; the down's programs then wait for this kernel's end as ever, so
@@ -147,6 +152,7 @@ def _gate_up_v3_dec_kernel(
     s_desc=None,
     WTMA: tl.constexpr = False,
     RELEASE_STEP: tl.constexpr = -1,
+    ONE: tl.constexpr = False,
 ):
     """Program (weight row block, slot): act[rows of the slot's expert, pid_n's BN/2 columns] =
     swiglu(x[rows // k] @ W13_e^T + b13_e); N = I, K = H, BN weight rows. ROUTE: every program
@@ -157,16 +163,22 @@ def _gate_up_v3_dec_kernel(
     pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     ex = tl.arange(0, BE)
-    if ROUTE:
-        first = (pid_n == 0) & (s == 0)
-        flat, a, pos, cnt = route_in_registers(
-            logits_ptr, T, stride_l, first, ids_ptr, wts_ptr, counts_ptr, rows_ptr, E, TOP_K, KP, BE, BT
-        )
+    if ROUTE and ONE:  # one token: slot s is its j = s-th choice, assignment s (the decode down's)
+        ids1, top1, e = _topk_one(logits_ptr, s, E, TOP_K, KP, BE)
+        if (pid_n == 0) & (s == 0):
+            store_one(ids1, top1, ids_ptr, wts_ptr, counts_ptr, rows_ptr, TOP_K, E, BE)
+        n_rows = 1
     else:
-        cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
-    e, n_rows, _ = _slot_expert(cnt, ex, s)
-    if n_rows == 0:  # past the active experts
-        return
+        if ROUTE:
+            first = (pid_n == 0) & (s == 0)
+            flat, a, pos, cnt = route_in_registers(
+                logits_ptr, T, stride_l, first, ids_ptr, wts_ptr, counts_ptr, rows_ptr, E, TOP_K, KP, BE, BT
+            )
+        else:
+            cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
+        e, n_rows, _ = _slot_expert(cnt, ex, s)
+        if n_rows == 0:  # past the active experts
+            return
     EVEN_K: tl.constexpr = (K + 63) // 64 * 64 % BK == 0  # the rows are padded to 64
     BKS: tl.constexpr = BK // SPLIT
     NC: tl.constexpr = BN // 2  # act columns: each a gate and an up weight row
@@ -186,7 +198,9 @@ def _gate_up_v3_dec_kernel(
     for m0 in range(0, n_rows, BM):
         slot = m0 + tl.arange(0, BM)
         valid = slot < n_rows
-        if ROUTE:  # the slot-th assignment of expert e: its place in e's list (rows_ptr not yet written)
+        if ROUTE and ONE:
+            rows = slot + s  # [BM], valid at slot 0 only
+        elif ROUTE:  # the slot-th assignment of expert e: its place in e's list (rows_ptr not yet written)
             sel = (flat[None, :] == e) & (pos[None, :] == slot[:, None])  # [BM, A]
             rows = tl.sum(tl.where(sel, a[None, :], 0), axis=1)
         else:
@@ -272,6 +286,7 @@ def gate_up_v3_dec(
         maxnreg=t.maxnreg,  # dec_tiles_v3 fits the shape only
         **pdl.args(x, LAUNCH_PDL),
         RELEASE_STEP=RELEASE_STEP if RELEASE_STEP is not None and pdl.on(x) else -1,
+        ONE=ROUTE_ONE and n_tok == 1 and logits is not None,
         **(weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk) if WTMA and _tma_runs(x) else {}),
     )
     return act

@@ -191,6 +191,32 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
     assert ran["v3"] == layers and ran["split-K"] == 2 * layers and ran["rows"] == 2 * layers
 
 
+def test_one_token_routed_by_packed_keys_gives_the_reference_tokens(kernel_checkpoint, engines, monkeypatch):
+    """GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE=1 on one v3 copy: a one-token step's split-K gate_up routes the
+    logits by moe_routing._topk_one; the down and the next norm's combine read what it stores."""
+    from gptoss.kernels import moe_layout, moe_v3_dec_gu
+
+    monkeypatch.setattr(moe_layout, "KERNELS", "v3")
+    monkeypatch.setattr(moe_v3_dec_gu, "ROUTE_ONE", True)
+    kernel, ones = moe_v3_dec_gu._gate_up_v3_dec_kernel, []
+
+    class Spy:  # each launch's ONE
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                ones.append(kw["ONE"])
+                return kernel[grid](*a, **kw)
+
+            return launch
+
+    monkeypatch.setattr(moe_v3_dec_gu, "_gate_up_v3_dec_kernel", Spy())
+    triton_eng, torch_eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False), engines[1]
+    prompts = prompts_of([13], seed=14)
+    params = [SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)]
+    assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
+    layers = len(triton_eng.runner.kernel_runner.model.layers)
+    assert ones == [True] * (3 * layers)  # the 3 decode steps' layers; the prefill took v3's gate_up
+
+
 @pytest.mark.parametrize(
     ("name", "value", "error"),
     [

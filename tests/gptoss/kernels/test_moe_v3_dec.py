@@ -210,36 +210,3 @@ def test_decode_tiles_come_from_the_environment(monkeypatch):
         monkeypatch.setenv("GPTOSS_X_TILES", bad)
         with pytest.raises(ValueError, match=f"GPTOSS_X_TILES.*{why}"):
             moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default)
-
-
-@pytest.mark.parametrize(
-    ("dtype", "e", "h", "i"),
-    [
-        (torch.float32, 8, 160, 160),
-        (torch.bfloat16, 8, 160, 160),
-        pytest.param(torch.bfloat16, 128, 2880, 2880, marks=gpu),
-    ],
-)
-def test_one_token_routed_before_the_wait_gives_the_ids_bits(dtype, e, h, i, monkeypatch):
-    """EARLY (GPTOSS_V3_DEC_DOWN_EARLY): each program routes the logits itself (the routing's
-    _topk) before its PDL wait, so its expert is ids[0, s] without reading ids: the bits of the ids
-    path. Other logits give other experts (the kernel reads them). Compiled at 120b's shapes, the
-    programs also prefetch their tile's bytes into L2 (a hint: the same bits)."""
-    ref, w = make_moe(e, h, i, 4, dtype, seed=22, kernels="v3")
-    g = torch.Generator().manual_seed(23)
-    x = (torch.randn(1, h, generator=g) * 3).to(DEV, dtype)
-    logits = F.linear(x, ref.router_weight, ref.router_bias)
-    r = route_and_group(logits, 4)
-    act = torch.randn(4, i, generator=g).to(DEV, dtype)
-    want = moe_v3_dec.down_v3_dec(act, r, w)
-    assert torch.equal(moe_v3_dec.down_v3_dec(act, r, w, logits=logits), want)  # EARLY off: ids
-    monkeypatch.setattr(moe_v3_dec, "EARLY", True)
-    args = []
-    early_args = moe_v3_dec._early_args
-    monkeypatch.setattr(moe_v3_dec, "_early_args", lambda *a: args.append(early_args(*a)) or args[-1])
-    got = moe_v3_dec.down_v3_dec(act, r, w, logits=logits)
-    assert args[-1]["EARLY"] and args[-1].get("PF_NT", 0) == (128 if DEV == "cuda" else 0)
-    assert torch.equal(got, want) and _rel(got, _want(ref, r, act)) <= TOL[dtype]
-    other = moe_v3_dec.down_v3_dec(act, r, w, logits=-logits)  # the 4 least likely experts
-    assert not torch.equal(other, want)
-    assert _rel(other, _want(ref, route_and_group(-logits, 4), act)) <= TOL[dtype]

@@ -119,12 +119,15 @@ def test_gate_up_v3_dec_tiles_and_the_k_2880_tail(tiles):
     assert _rel(got, _want(ref, r, x)) <= 1e-5
 
 
+@pytest.mark.parametrize("one", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 5, 16])
-def test_gate_up_v3_dec_routing_the_logits_matches_route_and_group(tokens, dtype):
+def test_gate_up_v3_dec_routing_the_logits_matches_route_and_group(tokens, dtype, one, monkeypatch):
     """logits=: every program routes them in registers and program (0, 0) stores route_and_group's
     decisions (each expert's rows in increasing order, as the v3 gate_up stores them) into r's empty
-    buffers; act is the one the routing kernel's rows give."""
+    buffers; act is the one the routing kernel's rows give. ROUTE_ONE: one token by _topk_one
+    (more tokens keep route_in_registers)."""
+    monkeypatch.setattr(moe_v3_dec_gu, "ROUTE_ONE", one)
     _, w, x, logits, r = _case(8, 160, 96, 4, tokens, dtype, seed=tokens + 10)
     got = Routing.empty(tokens, 4, 8, DEV)
     act = moe_v3_dec_gu.gate_up_v3_dec(x, got, w, ALPHA, LIMIT, logits=logits)
@@ -133,6 +136,41 @@ def test_gate_up_v3_dec_routing_the_logits_matches_route_and_group(tokens, dtype
     for e, c in enumerate(r.counts.tolist()):
         assert got.rows[e, :c].tolist() == sorted(r.rows[e, :c].tolist())
     assert torch.equal(act, moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT))
+
+
+@pytest.mark.parametrize("e", [6, 8])
+def test_one_token_routing_takes_route_and_groups_choices_on_ties(e, monkeypatch):
+    """_topk_one's packed keys (ROUTE_ONE) choose as _topk does where logits tie (the lower id),
+    between -0.0 and +0.0 (equal), among negative logits, and past E < BE (6 of 8: never chosen)."""
+    monkeypatch.setattr(moe_v3_dec_gu, "ROUTE_ONE", True)
+    kernel, ones = moe_v3_dec_gu._gate_up_v3_dec_kernel, []
+
+    class Spy:  # records each launch's ONE: the packed-key routing ran
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                ones.append(kw["ONE"])
+                return kernel[grid](*a, **kw)
+
+            return launch
+
+    monkeypatch.setattr(moe_v3_dec_gu, "_gate_up_v3_dec_kernel", Spy())
+    _, w, x, _, _ = _case(e, 160, 96, 4, 1, torch.float32, seed=30)
+    rows = [
+        [-0.0, 0.0, -1.5, 0.0, -0.0, -3.0, 0.0, 2.0][:e],  # ties at 0 of both signs, behind 2.0
+        [-2.0, -1.0, -1.0, -4.0, -1.0, -0.5, -9.0, -1.0][:e],  # all negative, a 4-way tie
+        [1.0] * e,  # every expert ties: ids 0..3
+    ]
+    for vals in rows:
+        logits = torch.tensor([vals], dtype=torch.float32, device=DEV)
+        want = route_and_group(logits, 4)
+        got = Routing.empty(1, 4, e, DEV)
+        act = moe_v3_dec_gu.gate_up_v3_dec(x, got, w, ALPHA, LIMIT, logits=logits)
+        assert got.ids.tolist() == want.ids.tolist(), vals
+        assert torch.equal(got.weights, want.weights) and torch.equal(got.counts, want.counts)
+        for ex, c in enumerate(want.counts.tolist()):
+            assert got.rows[ex, :c].tolist() == want.rows[ex, :c].tolist()
+        assert torch.equal(act, moe_v3_dec_gu.gate_up_v3_dec(x, want, w, ALPHA, LIMIT))
+    assert ones == [True, False] * len(rows)  # routed in the kernel: ONE; from route_and_group: not
 
 
 def test_gate_up_v3_dec_routes_the_logits_only_within_one_tile():
