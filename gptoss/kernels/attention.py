@@ -24,21 +24,28 @@ LOG2E = 1.4426950408889634
 # walks its keys in BLOCK_N steps one after another, so fewer keys a split shorten that chain;
 # GPTOSS_ATTN_SPLIT_KEYS=N sets the bound (benchmarks: bench/gptoss_120b_ab_gpu.sh's B1_MODES). At
 # 128 (H100, 20b, batch-1 128 -> 512, 2026-11-28): 404.4 against 406.6 tok/s, no gain; 256 stays.
+# Launches of up to SMALL_DECODE sequences take SMALL_SPLIT_KEYS (GPTOSS_ATTN_SMALL_SPLIT_KEYS)
+# instead: 32, one BLOCK_N tile a split, whose keys the preload (PRELOAD_KV) loads before the PDL
+# wait, so a sliding layer's 128-key window is 4 splits of one tile, not one program walking 4.
+# H200, random 120b, batch-1 128 -> 512, one process, interleaved rounds (bench/results v37): 411.3
+# / 412.4 against 409.1 / 408.2 tok/s at 256; with the packed-key routing 416.0 / 414.7 against
+# 410.2 / 413.0.
 PROGRAMS_PER_SM = 4
 MAX_SPLITS = 64
 
 
-def _split_keys_from_env(v: str | None) -> int:
+def _split_keys_from_env(v: str | None, name: str = "GPTOSS_ATTN_SPLIT_KEYS", default: int = 256) -> int:
     if v in (None, ""):
-        return 256
+        return default
     if not v.isdigit() or int(v) < 16:
-        raise ValueError(
-            f"GPTOSS_ATTN_SPLIT_KEYS must be the fewest keys a decode split takes (>= 16), got {v!r}"
-        )
+        raise ValueError(f"{name} must be the fewest keys a decode split takes (>= 16), got {v!r}")
     return int(v)
 
 
 MIN_SPLIT_KEYS = _split_keys_from_env(os.environ.get("GPTOSS_ATTN_SPLIT_KEYS"))
+SMALL_SPLIT_KEYS = _split_keys_from_env(
+    os.environ.get("GPTOSS_ATTN_SMALL_SPLIT_KEYS"), "GPTOSS_ATTN_SMALL_SPLIT_KEYS", 32
+)
 
 
 def _cfg_from_env(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -117,13 +124,17 @@ def _ticket_buffer(device: torch.device, n: int) -> Tensor | None:
     return buf if n <= buf.numel() else None
 
 
-def decode_splits(num_seqs: int, num_kv_heads: int, max_keys: int, num_sms: int = 132) -> int:
-    """Splits of a decode's key range: enough programs to fill the SMs, each split >= MIN_SPLIT_KEYS.
+def decode_splits(
+    num_seqs: int, num_kv_heads: int, max_keys: int, num_sms: int = 132, small: bool = False
+) -> int:
+    """Splits of a decode's key range: enough programs to fill the SMs, each split >= MIN_SPLIT_KEYS
+    (small, a launch of <= SMALL_DECODE sequences outside the batch-invariant mode: SMALL_SPLIT_KEYS).
 
     Depends on shapes and the static key bound only, so a captured CUDA graph stays valid.
     """
     want = triton.cdiv(PROGRAMS_PER_SM * num_sms, num_seqs * num_kv_heads)
-    return max(1, min(want, triton.cdiv(max_keys, MIN_SPLIT_KEYS), MAX_SPLITS))
+    keys = SMALL_SPLIT_KEYS if small else MIN_SPLIT_KEYS
+    return max(1, min(want, triton.cdiv(max_keys, keys), MAX_SPLITS))
 
 
 def paged_attention(
@@ -247,7 +258,7 @@ def paged_attention(
         if window is not None:
             max_keys = min(max_keys, window)
         sms = sm_count(q) if q.is_cuda else 132
-        splits = decode_splits(1 if batch_invariant else num_seqs, hkv, max_keys, sms)
+        splits = decode_splits(1 if batch_invariant else num_seqs, hkv, max_keys, sms, small)
     else:
         block_n, warps, stages = PREFILL_CFG
         block_q = max(1, PREFILL_ROWS // g_pad)

@@ -86,11 +86,13 @@ LAUNCH_PDL = common.env_switch("GPTOSS_V3_DEC_GATE_UP_PDL", "0")
 # Weight and scale words by TMA (GPTOSS_V3_DEC_GATE_UP_WTMA, default on; the down's GPTOSS_V3_DEC_WTMA
 # is its own): one copy each a K step instead of 16-byte cp.async a lane, the same bits.
 WTMA = common.env_switch("GPTOSS_V3_DEC_GATE_UP_WTMA", "1")
-# One token routed in the kernel (ROUTE_ONE, GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE): every program routes
-# by moe_routing._topk_one (a max of packed keys a choice, not a max and a min) and its slot s is
-# the s-th choice, with no lists: sm_90a, 120b's shapes, before the first weight load
-# (cp.async), instructions / BAR.SYNC / SHFL: 708 / 33 / 65 through route_in_registers. Untimed.
-ROUTE_ONE = common.env_switch("GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE", "0")
+# One token routed in the kernel (ROUTE_ONE, GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE, default on): every
+# program routes by moe_routing._topk_one (a max of packed keys a choice, not a max and a min) and
+# its slot s is the s-th choice, with no lists: sm_90a, 120b's shapes, before the first weight load
+# (cp.async), 444 instructions and 13 BAR.SYNC against 708 and 33 through route_in_registers. H200,
+# random 120b, batch-1 128 -> 512, one process, interleaved rounds (bench/results v37): 410.2 /
+# 413.0 tok/s against 408.1 / 406.7; gate_up 551 against 587 us a token.
+ROUTE_ONE = common.env_switch("GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE", "1")
 # Launched plainly, the kernel may still let the down after it (a PDL launch) be placed before it
 # ends: RELEASE_STEP = j >= 0 triggers the dependents when a program reaches its j-th K step
 # (griddepcontrol.launch_dependents; the down's programs then wait for this kernel's end as ever, so

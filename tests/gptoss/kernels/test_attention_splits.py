@@ -70,6 +70,19 @@ def test_split_keys_env_parses_and_refuses_bad_values():
     for bad in ("8", "x", "-64", "64.0"):
         with pytest.raises(ValueError, match=f"GPTOSS_ATTN_SPLIT_KEYS must be .*got '{bad}'"):
             attention._split_keys_from_env(bad)
+    small = "GPTOSS_ATTN_SMALL_SPLIT_KEYS"
+    assert attention._split_keys_from_env(None, small, 32) == 32 == attention.SMALL_SPLIT_KEYS
+    with pytest.raises(ValueError, match=f"{small} must be .*got '8'"):
+        attention._split_keys_from_env("8", small, 32)
+
+
+def test_small_launches_split_a_tile_of_keys_each():
+    """A launch of <= SMALL_DECODE sequences (small) splits at SMALL_SPLIT_KEYS (32): a 128-key
+    sliding window into 4 splits of one tile (256: one split), a lone sequence at a 4096-key hint
+    into MAX_SPLITS; larger launches and the batch-invariant mode (small False) keep 256."""
+    assert [decode_splits(1, 8, 128, small=s) for s in (True, False)] == [4, 1]
+    assert [decode_splits(1, 8, 4096, small=s) for s in (True, False)] == [64, 16]
+    assert decode_splits(8, 8, 128, small=True) == 4 and decode_splits(16, 8, 4096) == 5
 
 
 @pytest.mark.parametrize("cfg", [(16, 4, 4), (64, 4, 3), (128, 4, 2)], ids=str)
