@@ -71,15 +71,28 @@ def test_split_keys_env_parses_and_refuses_bad_values():
         with pytest.raises(ValueError, match=f"GPTOSS_ATTN_SPLIT_KEYS must be .*got '{bad}'"):
             attention._split_keys_from_env(bad)
     small = "GPTOSS_ATTN_SMALL_SPLIT_KEYS"
-    assert attention._split_keys_from_env(None, small, 32) == 32 == attention.SMALL_SPLIT_KEYS
+    assert attention._split_keys_from_env(None, small, 32) == 32  # the module default (conftest: 256 here)
     with pytest.raises(ValueError, match=f"{small} must be .*got '8'"):
         attention._split_keys_from_env("8", small, 32)
 
 
-def test_small_launches_split_a_tile_of_keys_each():
-    """A launch of <= SMALL_DECODE sequences (small) splits at SMALL_SPLIT_KEYS (32): a 128-key
-    sliding window into 4 splits of one tile (256: one split), a lone sequence at a 4096-key hint
-    into MAX_SPLITS; larger launches and the batch-invariant mode (small False) keep 256."""
+def test_small_launches_split_a_tile_of_keys_each(monkeypatch):
+    """A launch of <= SMALL_DECODE sequences (small) splits at SMALL_SPLIT_KEYS (32 by default; the
+    conftest keeps 256 in the interpreter): a 128-key sliding window into 4 splits of one tile
+    (256: one split), a lone sequence at a 4096-key hint into MAX_SPLITS; larger launches and the
+    batch-invariant mode (small False) keep 256. A sliding layer's batch-1 decode then merges its 4
+    splits in the kernel, each tile preloaded, and equals the reference."""
+    from gptoss.kernels import attention
+
+    monkeypatch.setattr(attention, "SMALL_SPLIT_KEYS", 32)
+    splits, tickets = [], []
+    split_fn, ticket_fn = attention.decode_splits, attention._ticket_buffer
+    monkeypatch.setattr(attention, "decode_splits", lambda *a: splits.append(split_fn(*a)) or splits[-1])
+    monkeypatch.setattr(attention, "_ticket_buffer", lambda dev, n: tickets.append(n) or ticket_fn(dev, n))
+    st = make_step([300], [1], 16, 2, torch.bfloat16, seed=13, fill=float("nan"))
+    got = run_kernel(st, "ring", max_context_hint=4096)
+    assert splits == [4] and tickets == [2]  # merged in the kernel, a ticket a (sequence, KV head)
+    assert_rows_close(got, reference(st, "ring"), TOL[torch.bfloat16])
     assert [decode_splits(1, 8, 128, small=s) for s in (True, False)] == [4, 1]
     assert [decode_splits(1, 8, 4096, small=s) for s in (True, False)] == [64, 16]
     assert decode_splits(8, 8, 128, small=True) == 4 and decode_splits(16, 8, 4096) == 5
