@@ -52,7 +52,6 @@ import os
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from gptoss.kernels import moe_common as common
 from gptoss.kernels import pdl
@@ -93,13 +92,6 @@ WTMA = common.env_switch("GPTOSS_V3_DEC_GATE_UP_WTMA", "1")
 # random 120b, batch-1 128 -> 512, one process, interleaved rounds (bench/results v37): 410.2 /
 # 413.0 tok/s against 408.1 / 406.7; gate_up 551 against 587 us a token.
 ROUTE_ONE = common.env_switch("GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE", "1")
-# Launched plainly, the kernel may still let the down after it (a PDL launch) be placed before it
-# ends: RELEASE_STEP = j >= 0 triggers the dependents when a program reaches its j-th K step
-# (griddepcontrol.launch_dependents; the down's programs then wait for this kernel's end as ever, so
-# the bits are the same). None: at the kernel's end (the default). Where j is past the last step, never.
-# A module switch for bench/decode_ab_gpu.py, untimed: v36 saw the down slow down when it was placed
-# from gate_up's start (PDL's release after the wait).
-RELEASE_STEP: int | None = None
 # BN 32 weight rows (16 act columns), BM up to 16 (T's power of 2 at launch), a 256-K step split over
 # 2 warps of two 64-K chunks each, 4 stages. In the engine (H200, 120b batch 1, no PDL, bench/results
 # v36, us a token): these 588, a 128-K step (one chunk a warp) 623, the same with 6 stages 638.
@@ -153,7 +145,6 @@ def _gate_up_v3_dec_kernel(
     w_desc=None,
     s_desc=None,
     WTMA: tl.constexpr = False,
-    RELEASE_STEP: tl.constexpr = -1,
     ONE: tl.constexpr = False,
 ):
     """Program (weight row block, slot): act[rows of the slot's expert, pid_n's BN/2 columns] =
@@ -212,9 +203,6 @@ def _gate_up_v3_dec_kernel(
         for k0 in range(0, K, BK):
             xt = tl.load(x_t + k0, mask=valid[None, None, :] & ((k0 + kx) < K), other=0.0)
             acc = _v3_split_step(acc, xt, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC, WTMA)
-            if RELEASE_STEP >= 0:
-                if (m0 == 0) & (k0 == RELEASE_STEP * BK):
-                    gdc_launch_dependents()
         pre = tl.sum(acc, 0) + bias  # [BN, BM]
         # rows 16b + 8h + g -> [b, g, BM, h], split on h: _gate_up_v3_tile's epilogue
         gate, up = tl.split(tl.permute(tl.reshape(pre, (BN // 16, 2, 8, BM)), (0, 2, 3, 1)))
@@ -287,7 +275,6 @@ def gate_up_v3_dec(
         num_stages=tiles.stages,
         maxnreg=t.maxnreg,  # dec_tiles_v3 fits the shape only
         **pdl.args(x, LAUNCH_PDL),
-        RELEASE_STEP=RELEASE_STEP if RELEASE_STEP is not None and pdl.on(x) else -1,
         ONE=ROUTE_ONE and n_tok == 1 and logits is not None,
         **(weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk) if WTMA and _tma_runs(x) else {}),
     )
