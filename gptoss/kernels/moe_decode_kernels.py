@@ -10,7 +10,7 @@ import triton.language as tl
 
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _lora_expand, _slot_expert
-from gptoss.kernels.moe_routing import route_in_registers
+from gptoss.kernels.moe_routing import slot_routing
 from gptoss.kernels.moe_v2_step import _v2_pair_step, _v2_ptrs, _v2_step
 
 
@@ -74,15 +74,10 @@ def _gate_up_dec_kernel(
     LORA: + B13_e @ s^T before the SwiGLU, s the rows' shrunk x (moe_lora.shrink, by assignment)."""
     pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
-    ex = tl.arange(0, BE)
-    if ROUTE:
-        first = (pid_n == 0) & (s == 0)
-        flat, a, pos, cnt = route_in_registers(
-            logits_ptr, T, stride_l, first, ids_ptr, wts_ptr, counts_ptr, rows_ptr, E, TOP_K, KP, BE, BT
-        )
-    else:
-        cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
-    e, n_rows, packed = _slot_expert(cnt, ex, s)
+    first = (pid_n == 0) & (s == 0)
+    e, n_rows, packed, flat, a, pos = slot_routing(
+        logits_ptr, T, stride_l, first, ids_ptr, wts_ptr, counts_ptr, rows_ptr, s, E, TOP_K, KP, BE, BT, ROUTE
+    )
     if n_rows == 0:  # past the active experts
         return
     EVEN_K: tl.constexpr = K % BK == 0

@@ -17,6 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import pdl
+from gptoss.kernels.moe_common import _slot_expert
 
 SINGLE_PROGRAM_MAX_TOKENS = 64  # up to this, one program routes everything and zeroes the counters itself
 _BLOCK_T = 64
@@ -219,6 +220,42 @@ def route_in_registers(
     if store:
         store_routing(ids, p, flat, a, pos, cnt, T, ids_ptr, w_ptr, counts_ptr, rows_ptr, TOP_K, E)
     return flat, a, pos, cnt
+
+
+@triton.jit
+def slot_routing(
+    logits_ptr,
+    T,
+    stride_l,
+    first,
+    ids_ptr,
+    w_ptr,
+    counts_ptr,
+    rows_ptr,
+    s,
+    E: tl.constexpr,
+    TOP_K: tl.constexpr,
+    KP: tl.constexpr,
+    BE: tl.constexpr,
+    BT: tl.constexpr,
+    ROUTE: tl.constexpr,
+):
+    """An expert GEMM program's slot s -> (its expert, row count, the rows of the experts before it,
+    and route_in_registers' flat ids, assignments and places): ROUTE routes the logits in registers
+    (program `first` stores the buffers), else the counts come from the routing kernel (the other
+    three then are the counts, unused)."""
+    ex = tl.arange(0, BE)
+    if ROUTE:
+        flat, a, pos, cnt = route_in_registers(
+            logits_ptr, T, stride_l, first, ids_ptr, w_ptr, counts_ptr, rows_ptr, E, TOP_K, KP, BE, BT
+        )
+    else:
+        cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
+        flat = cnt
+        a = cnt
+        pos = cnt
+    e, n_rows, packed = _slot_expert(cnt, ex, s)
+    return e, n_rows, packed, flat, a, pos
 
 
 def route_and_group(logits: Tensor, top_k: int) -> Routing:

@@ -55,9 +55,9 @@ from torch import Tensor
 
 from gptoss.kernels import moe_common as common
 from gptoss.kernels import pdl
-from gptoss.kernels.moe_common import _precision, _slot_expert
+from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_layout import MoEWeights
-from gptoss.kernels.moe_routing import Routing, _topk_one, route_in_registers, store_one
+from gptoss.kernels.moe_routing import Routing, _topk_one, slot_routing, store_one
 from gptoss.kernels.moe_tiles import DecTiles
 from gptoss.kernels.moe_v3 import _check, _route_args, _scaled, _tma_runs, _weight_args, weight_descriptors
 from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step, dec_tiles_v3, env_dec_tiles, env_max_t
@@ -155,21 +155,30 @@ def _gate_up_v3_dec_kernel(
     K step, as the split-K down takes them."""
     pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
-    ex = tl.arange(0, BE)
     if ROUTE and ONE:  # one token: slot s is its j = s-th choice, assignment s (the decode down's)
         ids1, top1, e = _topk_one(logits_ptr, s, E, TOP_K, KP, BE)
         if (pid_n == 0) & (s == 0):
             store_one(ids1, top1, ids_ptr, wts_ptr, counts_ptr, rows_ptr, TOP_K, E, BE)
         n_rows = 1
     else:
-        if ROUTE:
-            first = (pid_n == 0) & (s == 0)
-            flat, a, pos, cnt = route_in_registers(
-                logits_ptr, T, stride_l, first, ids_ptr, wts_ptr, counts_ptr, rows_ptr, E, TOP_K, KP, BE, BT
-            )
-        else:
-            cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
-        e, n_rows, _ = _slot_expert(cnt, ex, s)
+        first = (pid_n == 0) & (s == 0)
+        e, n_rows, _, flat, a, pos = slot_routing(
+            logits_ptr,
+            T,
+            stride_l,
+            first,
+            ids_ptr,
+            wts_ptr,
+            counts_ptr,
+            rows_ptr,
+            s,
+            E,
+            TOP_K,
+            KP,
+            BE,
+            BT,
+            ROUTE,
+        )
         if n_rows == 0:  # past the active experts
             return
     EVEN_K: tl.constexpr = (K + 63) // 64 * 64 % BK == 0  # the rows are padded to 64

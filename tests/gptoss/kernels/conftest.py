@@ -101,3 +101,20 @@ def _sass_output(script: str) -> str:
         check=True,
     )
     return out.stdout
+
+
+def record_launches(monkeypatch, owner, name: str, kwarg: str) -> list:
+    """Wraps the Triton kernel owner.name so each launch (kernel[grid](...)) appends its keyword
+    `kwarg`; returns the list."""
+    kernel, seen = getattr(owner, name), []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append(kw[kwarg])
+                return kernel[grid](*a, **kw)
+
+            return launch
+
+    monkeypatch.setattr(owner, name, Recorded())
+    return seen

@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 from gptoss.engine import EngineConfig, LLMEngine  # noqa: E402
 from gptoss.sampling import SamplingParams  # noqa: E402
-from tests.gptoss.kernels.conftest import DEVICE, VOCAB, count_calls  # noqa: E402
+from tests.gptoss.kernels.conftest import DEVICE, VOCAB, count_calls, record_launches  # noqa: E402
 
 
 def prompts_of(lengths, seed=0):
@@ -198,17 +198,7 @@ def test_one_token_routed_by_packed_keys_gives_the_reference_tokens(kernel_check
 
     monkeypatch.setattr(moe_layout, "KERNELS", "v3")
     monkeypatch.setattr(moe_v3_dec_gu, "ROUTE_ONE", True)
-    kernel, ones = moe_v3_dec_gu._gate_up_v3_dec_kernel, []
-
-    class Spy:  # each launch's ONE
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                ones.append(kw["ONE"])
-                return kernel[grid](*a, **kw)
-
-            return launch
-
-    monkeypatch.setattr(moe_v3_dec_gu, "_gate_up_v3_dec_kernel", Spy())
+    ones = record_launches(monkeypatch, moe_v3_dec_gu, "_gate_up_v3_dec_kernel", "ONE")  # packed keys ran
     triton_eng, torch_eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False), engines[1]
     prompts = prompts_of([13], seed=14)
     params = [SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)]

@@ -30,7 +30,7 @@ from gptoss.kernels.moe_routing import Routing, route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles, choose_tiles_v3  # noqa: E402
 from gptoss.model import swiglu  # noqa: E402
 from gptoss.mxfp4 import dequantize  # noqa: E402
-from tests.gptoss.kernels.conftest import count_calls  # noqa: E402
+from tests.gptoss.kernels.conftest import count_calls, record_launches  # noqa: E402
 from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the fixtures apply here too
     ALPHA,
     DEV,
@@ -143,17 +143,7 @@ def test_one_token_routing_takes_route_and_groups_choices_on_ties(e, monkeypatch
     """_topk_one's packed keys (ROUTE_ONE) choose as _topk does where logits tie (the lower id),
     between -0.0 and +0.0 (equal), among negative logits, and past E < BE (6 of 8: never chosen)."""
     monkeypatch.setattr(moe_v3_dec_gu, "ROUTE_ONE", True)
-    kernel, ones = moe_v3_dec_gu._gate_up_v3_dec_kernel, []
-
-    class Spy:  # records each launch's ONE: the packed-key routing ran
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                ones.append(kw["ONE"])
-                return kernel[grid](*a, **kw)
-
-            return launch
-
-    monkeypatch.setattr(moe_v3_dec_gu, "_gate_up_v3_dec_kernel", Spy())
+    ones = record_launches(monkeypatch, moe_v3_dec_gu, "_gate_up_v3_dec_kernel", "ONE")  # packed keys ran
     _, w, x, _, _ = _case(e, 160, 96, 4, 1, torch.float32, seed=30)
     rows = [
         [-0.0, 0.0, -1.5, 0.0, -0.0, -3.0, 0.0, 2.0][:e],  # ties at 0 of both signs, behind 2.0
