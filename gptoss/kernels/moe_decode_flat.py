@@ -25,7 +25,7 @@ import triton.language as tl
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _lora_expand, _slot_expert
 from gptoss.kernels.moe_decode_kernels import _x_tile_ok
-from gptoss.kernels.moe_routing import route_in_registers
+from gptoss.kernels.moe_routing import expert_counts, slot_rows
 from gptoss.kernels.moe_v2_step import _v2_pair_step, _v2_ptrs, _v2_step
 
 
@@ -93,24 +93,22 @@ def _gate_up_flat_kernel(
     """_gate_up_dec_kernel's act (expert-packed rows), over this program's items."""
     pdl.wait_then_release(PDL)
     ex = tl.arange(0, BE)
-    if ROUTE:
-        flat, a, pos, cnt = route_in_registers(
-            logits_ptr,
-            T,
-            stride_l,
-            tl.program_id(0) == 0,
-            ids_ptr,
-            wts_ptr,
-            counts_ptr,
-            rows_ptr,
-            E,
-            TOP_K,
-            KP,
-            BE,
-            BT,
-        )
-    else:
-        cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
+    flat, a, pos, cnt = expert_counts(
+        logits_ptr,
+        T,
+        stride_l,
+        tl.program_id(0) == 0,
+        ids_ptr,
+        wts_ptr,
+        counts_ptr,
+        rows_ptr,
+        E,
+        TOP_K,
+        KP,
+        BE,
+        BT,
+        ROUTE,
+    )
     NB: tl.constexpr = N // BN
     KSTEPS: tl.constexpr = (K + BK - 1) // BK
     EVEN_K: tl.constexpr = K % BK == 0
@@ -120,11 +118,7 @@ def _gate_up_flat_kernel(
         for m0 in range(0, n_rows, BM):
             slot = m0 + tl.arange(0, BM)
             valid = slot < n_rows
-            if ROUTE:
-                sel = (flat[None, :] == e64) & (pos[None, :] == slot[:, None])  # [BM, A]
-                rows = tl.sum(tl.where(sel, a[None, :], 0), axis=1)
-            else:
-                rows = tl.load(rows_ptr + e64 * T + slot, mask=valid, other=0)
+            rows = slot_rows(flat, a, pos, rows_ptr, e64, slot, valid, T, ROUTE)
             w_g, s_g, x_t, kw, kx = _v2_ptrs(
                 w_ptr + e64 * stride_we + lo * BN * stride_wn,
                 s_ptr + e64 * stride_se + lo * BN * stride_sn,

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _lora_expand, _slot_expert
-from gptoss.kernels.moe_routing import slot_routing
+from gptoss.kernels.moe_routing import expert_counts, slot_rows
 from gptoss.kernels.moe_v2_step import _v2_pair_step, _v2_ptrs, _v2_step
 
 
@@ -75,9 +75,10 @@ def _gate_up_dec_kernel(
     pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     first = (pid_n == 0) & (s == 0)
-    e, n_rows, packed, flat, a, pos = slot_routing(
-        logits_ptr, T, stride_l, first, ids_ptr, wts_ptr, counts_ptr, rows_ptr, s, E, TOP_K, KP, BE, BT, ROUTE
+    flat, a, pos, cnt = expert_counts(
+        logits_ptr, T, stride_l, first, ids_ptr, wts_ptr, counts_ptr, rows_ptr, E, TOP_K, KP, BE, BT, ROUTE
     )
+    e, n_rows, packed = _slot_expert(cnt, tl.arange(0, BE), s)
     if n_rows == 0:  # past the active experts
         return
     EVEN_K: tl.constexpr = K % BK == 0
@@ -89,11 +90,7 @@ def _gate_up_dec_kernel(
     for m0 in range(0, n_rows, BM):
         slot = m0 + tl.arange(0, BM)
         valid = slot < n_rows
-        if ROUTE:  # the slot-th assignment of expert e: its place in e's list is `slot`
-            sel = (flat[None, :] == e) & (pos[None, :] == slot[:, None])  # [BM, A]
-            rows = tl.sum(tl.where(sel, a[None, :], 0), axis=1)
-        else:
-            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # [BM] assignments t*k + j
+        rows = slot_rows(flat, a, pos, rows_ptr, e, slot, valid, T, ROUTE)  # [BM] assignments t*k + j
         w_g, s_g, x_t, kw, kx = _v2_ptrs(
             w_ptr + e64 * stride_we,
             s_ptr + e64 * stride_se,

@@ -17,7 +17,6 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import pdl
-from gptoss.kernels.moe_common import _slot_expert
 
 SINGLE_PROGRAM_MAX_TOKENS = 64  # up to this, one program routes everything and zeroes the counters itself
 _BLOCK_T = 64
@@ -223,7 +222,7 @@ def route_in_registers(
 
 
 @triton.jit
-def slot_routing(
+def expert_counts(
     logits_ptr,
     T,
     stride_l,
@@ -232,7 +231,6 @@ def slot_routing(
     w_ptr,
     counts_ptr,
     rows_ptr,
-    s,
     E: tl.constexpr,
     TOP_K: tl.constexpr,
     KP: tl.constexpr,
@@ -240,22 +238,32 @@ def slot_routing(
     BT: tl.constexpr,
     ROUTE: tl.constexpr,
 ):
-    """An expert GEMM program's slot s -> (its expert, row count, the rows of the experts before it,
-    and route_in_registers' flat ids, assignments and places): ROUTE routes the logits in registers
-    (program `first` stores the buffers), else the counts come from the routing kernel (the other
-    three then are the counts, unused)."""
-    ex = tl.arange(0, BE)
+    """An expert GEMM program's routing -> (flat ids, assignments, places, counts [BE]): ROUTE routes
+    the logits in registers (route_in_registers; program `first` stores the buffers), else the
+    counts come from the routing kernel's buffer (the other three are then the counts, unused)."""
     if ROUTE:
         flat, a, pos, cnt = route_in_registers(
             logits_ptr, T, stride_l, first, ids_ptr, w_ptr, counts_ptr, rows_ptr, E, TOP_K, KP, BE, BT
         )
     else:
+        ex = tl.arange(0, BE)
         cnt = tl.load(counts_ptr + ex, mask=ex < E, other=0)
         flat = cnt
         a = cnt
         pos = cnt
-    e, n_rows, packed = _slot_expert(cnt, ex, s)
-    return e, n_rows, packed, flat, a, pos
+    return flat, a, pos, cnt
+
+
+@triton.jit
+def slot_rows(flat, a, pos, rows_ptr, e, slot, valid, T, ROUTE: tl.constexpr):
+    """Expert e's slot-th assignments [BM] (t*k + j): from expert_counts' registers (ROUTE: its place
+    in e's list is the slot), else from the routing kernel's lists rows_ptr [E, T]."""
+    if ROUTE:
+        sel = (flat[None, :] == e) & (pos[None, :] == slot[:, None])  # [BM, A]
+        rows = tl.sum(tl.where(sel, a[None, :], 0), axis=1)
+    else:
+        rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)
+    return rows
 
 
 def route_and_group(logits: Tensor, top_k: int) -> Routing:

@@ -55,9 +55,9 @@ from torch import Tensor
 
 from gptoss.kernels import moe_common as common
 from gptoss.kernels import pdl
-from gptoss.kernels.moe_common import _precision
+from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
-from gptoss.kernels.moe_routing import Routing, _topk_one, slot_routing, store_one
+from gptoss.kernels.moe_routing import Routing, _topk_one, expert_counts, slot_rows, store_one
 from gptoss.kernels.moe_tiles import DecTiles
 from gptoss.kernels.moe_v3 import _check, _route_args, _scaled, _tma_runs, _weight_args, weight_descriptors
 from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step, dec_tiles_v3, env_dec_tiles, env_max_t
@@ -162,7 +162,7 @@ def _gate_up_v3_dec_kernel(
         n_rows = 1
     else:
         first = (pid_n == 0) & (s == 0)
-        e, n_rows, _, flat, a, pos = slot_routing(
+        flat, a, pos, cnt = expert_counts(
             logits_ptr,
             T,
             stride_l,
@@ -171,7 +171,6 @@ def _gate_up_v3_dec_kernel(
             wts_ptr,
             counts_ptr,
             rows_ptr,
-            s,
             E,
             TOP_K,
             KP,
@@ -179,6 +178,7 @@ def _gate_up_v3_dec_kernel(
             BT,
             ROUTE,
         )
+        e, n_rows, _ = _slot_expert(cnt, tl.arange(0, BE), s)
         if n_rows == 0:  # past the active experts
             return
     EVEN_K: tl.constexpr = (K + 63) // 64 * 64 % BK == 0  # the rows are padded to 64
@@ -202,11 +202,8 @@ def _gate_up_v3_dec_kernel(
         valid = slot < n_rows
         if ROUTE and ONE:
             rows = slot + s  # [BM], valid at slot 0 only
-        elif ROUTE:  # the slot-th assignment of expert e: its place in e's list (rows_ptr not yet written)
-            sel = (flat[None, :] == e) & (pos[None, :] == slot[:, None])  # [BM, A]
-            rows = tl.sum(tl.where(sel, a[None, :], 0), axis=1)
-        else:
-            rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # [BM] assignments t*k + j
+        else:  # routed in registers, rows_ptr not yet written; or the routing kernel's lists
+            rows = slot_rows(flat, a, pos, rows_ptr, e, slot, valid, T, ROUTE)  # [BM] assignments t*k + j
         x_t = x_ptr + (rows // TOP_K).to(tl.int64)[None, None, :] * stride_x + kx  # [SPLIT, BKS, BM]
         acc = tl.zeros([SPLIT, BN, BM], tl.float32)
         for k0 in range(0, K, BK):
