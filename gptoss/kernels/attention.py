@@ -78,6 +78,15 @@ def _choice_from_env(name: str, choices: tuple[str, ...]) -> str:
 # 843.6. Offline 1000 x (1024 -> 1024) +1.4 % (18,040.5 vs 17,797.2 tok/s, both warm), concurrency 16
 # with LoRA +1.0 %, batch 1 within its noise (407-412 vs 405-410). Prefill: by reasoning, not swept.
 DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (32, 2, 3))
+# Decode launches of up to SMALL_DECODE sequences (outside the batch-invariant mode) take their own
+# (BLOCK_N, num_warps, num_stages): GPTOSS_ATTN_SMALL_DECODE; None (unset): DECODE_CFG's. A wider
+# tile with SMALL_SPLIT_KEYS at its width makes a split one preloaded tile of more keys, so fewer
+# splits hold keys and the merge reads fewer partials (batch 1: a sliding layer's 128-key window in one).
+SMALL_DECODE_CFG: tuple[int, int, int] | None = (
+    _cfg_from_env("GPTOSS_ATTN_SMALL_DECODE", (0, 0, 0))
+    if os.environ.get("GPTOSS_ATTN_SMALL_DECODE")
+    else None
+)
 PREFILL_CFG = (64, 8, 3)
 PREFILL_ROWS = 128  # BLOCK_M of prefill: query tokens x padded GQA group
 # Triton 3.6's interpreter multiplies the raw bits of bf16 dot operands; passed to the kernel as
@@ -103,6 +112,12 @@ REDUCE = _choice_from_env("GPTOSS_ATTN_REDUCE", ("small", "fused", "split"))
 # same bits; sm_90a: 120 registers against 117 (bench/kernels/pdl_wait_sass.py). 120b batch 1 on an
 # H200 (v33): 377.7 / 373.3 tok/s against 365.8 / 369.1; with the fused merge 378.3.
 PRELOAD_KV = _choice_from_env("GPTOSS_ATTN_PRELOAD", ("1", "0")) == "1"
+# GPTOSS_ATTN_LIVE (default 1; 0 turns it off): with the in-kernel merge, the splits past the last that
+# holds keys of the sequence return at once, and the merge reads the live splits' partials only
+# (the same bits). At batch 1 under the engine's 4096-key bound a full layer launches 64 splits, and
+# a 640-key context fills 20: the merge read 64 partials in 8 dependent tiles and 64 programs drew
+# tickets on one word.
+LIVE_SPLITS = _choice_from_env("GPTOSS_ATTN_LIVE", ("1", "0")) == "1"
 MAX_TICKETS = 1 << 16  # (sequence, KV head) pairs one launch can merge in-kernel; more take the reduce
 _tickets: dict[torch.device, Tensor] = {}
 
@@ -252,7 +267,7 @@ def paged_attention(
         UPCAST=INTERPRETED,
     )
     if max_query_len == 1:
-        block_n, warps, stages = DECODE_CFG
+        block_n, warps, stages = (SMALL_DECODE_CFG if small else None) or DECODE_CFG
         block_q = max(1, 16 // g_pad)
         max_keys = max_context_hint or block_table.shape[1] * bs
         if window is not None:
@@ -313,6 +328,7 @@ def paged_attention(
         KV_FP8=kv_fp8,
         PF_KEYS=l2_prefetch.ATTN_KEYS if prefetch_kv and max_query_len == 1 and pdl.on(q) else 0,
         PRE_KV=(PRELOAD_KV if preload_kv is None else preload_kv) and max_query_len == 1 and small,
+        LIVE=LIVE_SPLITS and tickets is not None,
         num_warps=warps,
         num_stages=stages,
         **common,

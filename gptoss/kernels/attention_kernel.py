@@ -68,6 +68,7 @@ def _attn_kernel(
     KV_FP8: tl.constexpr,
     PF_KEYS: tl.constexpr = 0,
     PRE_KV: tl.constexpr = False,
+    LIVE: tl.constexpr = False,
 ):
     """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads. MERGE
     (decode splits): the last split of a (sequence, KV head) to finish merges the partials itself.
@@ -81,7 +82,11 @@ def _attn_kernel(
     wave leaves room); q and this step's k and v, which that kernel writes, load after it. PRE_KV
     (decode): the first BLOCK_N cached keys of the program's range and their values load there too,
     into registers, so after the wait that tile costs no round trip; the rest of the range runs as
-    before, tile by tile in the same order (the same bits)."""
+    before, tile by tile in the same order (the same bits). LIVE (with MERGE): the splits past the
+    last that holds keys of the sequence (live splits: n_live, from ctx) return before any load, the
+    live ones take the tickets and the merge reads only their partials: at batch 1 under a 4096-key
+    bound 64 splits are launched and a 640-key context fills 20 of them (the same bits: the
+    partials of empty splits are neutral, m -inf, l 0, acc 0)."""
     BM: tl.constexpr = BLOCK_Q * G_PAD
     pid0 = tl.program_id(0)
     s_idx = tl.program_id(1)
@@ -109,10 +114,16 @@ def _attn_kernel(
     if WINDOWED:
         lo = tl.maximum(q_first - window + 1, 0)  # keys below are outside every row's window
     hi = q_last + 1
+    n_live = num_splits
     if SPLIT:
         chunk = ((hi - lo + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        if LIVE:  # the splits that hold keys of this sequence; the later ones have nothing to merge
+            n_live = (hi - lo + chunk - 1) // chunk
         lo = lo + split * chunk
         hi = tl.minimum(hi, lo + chunk)  # empty for late splits: neutral partials below
+        if LIVE:
+            if split >= n_live:
+                return
     if ROPE:  # decode: q and the new key are roped at their positions' table rows
         cos_q, sin_q = rope_table(tl.load(pos_ptr + tok, mask=row_ok, other=0), cs_ptr, row_ok, D)
         # The new key (token row q0, position ctx) once, as the new keys' tile sees it: row 0 of a
@@ -273,7 +284,7 @@ def _attn_kernel(
             # and zeroes the ticket for the next launch (launches in a stream never overlap).
             tl.debug_barrier()
             lock = lock_ptr + s_idx * tl.num_programs(2) + h
-            if tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            if tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu") == n_live - 1:
                 tl.store(lock, 0)
                 merge_splits(
                     group_sinks(sink_ptr, h, G, G_PAD),
@@ -285,6 +296,7 @@ def _attn_kernel(
                     h,
                     q0,
                     num_splits,
+                    n_live,
                     hq,
                     stride_ot,
                     stride_oh,

@@ -18,6 +18,21 @@ def group_sinks(sink_ptr, h, G: tl.constexpr, G_PAD: tl.constexpr):
 
 
 @triton.jit
+def _split_tile(pm_ptr, pacc_ptr, base, s0, n_live, ok, c, d, D: tl.constexpr, CACHE: tl.constexpr):
+    """Splits s0 .. s0 + SC of the group's heads (those < n_live): m [G_PAD, SC], acc [G_PAD, SC, D]."""
+    part = base[:, None] + s0 + c[None, :]  # [G_PAD, SC]
+    cm = ok[:, None] & ((s0 + c)[None, :] < n_live)
+    m_c = tl.load(pm_ptr + part, mask=cm, other=float("-inf"), cache_modifier=CACHE)
+    a_c = tl.load(
+        pacc_ptr + part[:, :, None] * D + d[None, None, :],
+        mask=cm[:, :, None],
+        other=0.0,
+        cache_modifier=CACHE,
+    )
+    return m_c, a_c
+
+
+@triton.jit
 def merge_splits(
     sink,
     out_ptr,
@@ -28,6 +43,7 @@ def merge_splits(
     h,
     q0,
     num_splits,
+    n_live,
     hq,
     stride_ot,
     stride_oh,
@@ -45,32 +61,31 @@ def merge_splits(
     num_splits / SC dependent round trips to L2, not one a split: at batch 1 a full layer's decode
     runs 16 splits (decode_splits over a 4096-key bound) and a loop of one split a step waited 16
     times (sm_90a: LDG, then its use, each iteration). Each tile's products are summed over its
-    splits (tl.sum), the tiles in order: a fixed order for a given split count."""
+    splits (tl.sum), the tiles in order: a fixed order for a given split count.
+
+    Only the first n_live splits are read (the attention kernel's live splits; the reduce kernel
+    passes num_splits): the others hold neutral partials (m -inf, l 0, acc 0), or nothing where
+    their programs returned at once, so leaving them out keeps the bits. The first tile loads with
+    m and l, before the max they feed, so a merge of up to SC live splits is one round trip."""
     SC: tl.constexpr = NS_PAD if NS_PAD < 8 else 8
     g = tl.arange(0, G_PAD)
     ok = g < G
     head = h * G + g
     base = (s_idx * hq + head) * num_splits  # [G_PAD]
     sp = tl.arange(0, NS_PAD)
-    pmask = ok[:, None] & (sp[None, :] < num_splits)
+    pmask = ok[:, None] & (sp[None, :] < n_live)
     ms = tl.load(pm_ptr + base[:, None] + sp[None, :], mask=pmask, other=float("-inf"), cache_modifier=CACHE)
     ls = tl.load(pl_ptr + base[:, None] + sp[None, :], mask=pmask, other=0.0, cache_modifier=CACHE)
+    d = tl.arange(0, D)
+    c = tl.arange(0, SC)
+    m_0, a_0 = _split_tile(pm_ptr, pacc_ptr, base, 0, n_live, ok, c, d, D, CACHE)
     m_f = tl.maximum(tl.max(ms, 1), sink)
     m_f = tl.where(m_f == float("-inf"), 0.0, m_f)
     den = tl.sum(ls * tl.exp2(ms - m_f[:, None]), 1) + tl.exp2(sink - m_f)
-    d = tl.arange(0, D)
-    c = tl.arange(0, SC)
     acc = tl.zeros([G_PAD, D], tl.float32)
-    for s0 in range(0, num_splits, SC):
-        part = base[:, None] + s0 + c[None, :]  # [G_PAD, SC]
-        cm = ok[:, None] & ((s0 + c)[None, :] < num_splits)
-        m_c = tl.load(pm_ptr + part, mask=cm, other=float("-inf"), cache_modifier=CACHE)
-        a_c = tl.load(
-            pacc_ptr + part[:, :, None] * D + d[None, None, :],
-            mask=cm[:, :, None],
-            other=0.0,
-            cache_modifier=CACHE,
-        )
+    acc += tl.sum(a_0 * tl.exp2(m_0 - m_f[:, None])[:, :, None], axis=1)
+    for s0 in range(SC, n_live, SC):
+        m_c, a_c = _split_tile(pm_ptr, pacc_ptr, base, s0, n_live, ok, c, d, D, CACHE)
         acc += tl.sum(a_c * tl.exp2(m_c - m_f[:, None])[:, :, None], axis=1)
     o = acc / tl.where(den == 0.0, 1.0, den)[:, None]
     tl.store(
@@ -118,6 +133,7 @@ def _reduce_kernel(
         s_idx,
         h,
         q0,
+        num_splits,
         num_splits,
         hq,
         stride_ot,

@@ -128,6 +128,20 @@ def test_fused_rope_one_pass_and_merge_in_kernel(dtype):
 
 
 @pytest.mark.parametrize("pool", ["full", "ring"])
+def test_fused_rope_with_the_small_launches_wide_tile(pool, monkeypatch):
+    """SMALL_DECODE_CFG (128, 4, 2) with 128-key splits: the new key's tile is 128 rows wide (row 0
+    the key), the ring's window one split; the fused path keeps the unfused bits."""
+    from gptoss.kernels import attention
+
+    monkeypatch.setattr(attention, "SMALL_DECODE_CFG", (128, 4, 2))
+    monkeypatch.setattr(attention, "SMALL_SPLIT_KEYS", 128)
+    ctx = [0, 1, 16, 17, 127, 128, 129, 300]  # SMALL_DECODE sequences: a small launch
+    assert len(ctx) == attention.SMALL_DECODE
+    st = setup(ctx, pool, 16, 2, torch.bfloat16, seed=21)
+    assert_same_bits(st, pool, max_context_hint=4096)
+
+
+@pytest.mark.parametrize("pool", ["full", "ring"])
 def test_fused_rope_group_of_four_heads(pool):
     """Hq 8 over Hkv 2: G = 4, so a decode program's rows hold 4 token slots, 3 of them masked."""
     st = setup([129, 40, 0], pool, 8, 2, torch.bfloat16, seed=5)

@@ -151,14 +151,15 @@ def test_decode_preload_of_the_first_tile_gives_the_same_bits(pool, hint, dtype)
 
 
 class _LaunchRecorder:
-    """Stands in for attention._attn_kernel: records each launch's compile-time settings, then runs it."""
+    """Stands in for attention._attn_kernel: records each launch's grid and compile-time settings
+    (`keys` of its keywords), then runs it."""
 
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, []
+    def __init__(self, kernel, keys=("MERGE", "PRE_KV", "SPLIT")):
+        self.kernel, self.keys, self.launches = kernel, keys, []
 
     def __getitem__(self, grid):
         def launch(*args, **kw):
-            self.launches.append({k: kw[k] for k in ("MERGE", "PRE_KV", "SPLIT")})
+            self.launches.append({"grid": grid, **{k: kw[k] for k in self.keys}})
             return self.kernel[grid](*args, **kw)
 
         return launch
@@ -251,3 +252,118 @@ def test_gpu_decode_merge_in_kernel(batch):
     want = run_kernel(st, "full", max_context_hint=131072, merge_in_kernel=False)
     for _ in range(20):
         assert torch.equal(run_kernel(st, "full", max_context_hint=131072, merge_in_kernel=True), want)
+
+
+class _PartialsRecorder:
+    """Stands in for attention._attn_kernel: fills the split partials (m, l, acc) with a sentinel
+    before each launch, so the test sees which splits wrote theirs; records LIVE and the grid."""
+
+    SENTINEL = 12345.0
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            pm, pl, pacc = args[10:13]
+            for t in (pm, pl, pacc):
+                t.fill_(self.SENTINEL)
+            self.kernel[grid](*args, **kw)
+            self.launches.append({"grid": grid, "LIVE": kw["LIVE"], "pm": pm.clone(), "pacc": pacc.clone()})
+
+        return launch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_merge_reads_only_the_live_splits(monkeypatch, dtype):
+    """GPTOSS_ATTN_LIVE (LIVE_SPLITS): a small launch under a 4096-key hint at 256-key splits takes
+    16 splits; contexts of 300, 0, 129 and 17 keys (+1 new) fill 10, 1, 5 and 1 of them (chunks of
+    cdiv(keys, 16) rounded up to BLOCK_N's 32). Those write partials, the other splits return
+    before any store (their partials keep the sentinel), and the merge gives the bits of the launch
+    that writes all 16 and merges them in the kernel (LIVE off), which are the reduce kernel's; the
+    tickets are back to zero."""
+    from gptoss.kernels import attention
+
+    rec = _PartialsRecorder(attention._attn_kernel)
+    monkeypatch.setattr(attention, "_attn_kernel", rec)
+    ctx = [300, 0, 129, 17]
+    st = make_step(ctx, [1] * 4, 16, 2, dtype, seed=5, fill=float("nan"))
+    got = run_kernel(st, "full", max_context_hint=4096)
+    monkeypatch.setattr(attention, "LIVE_SPLITS", False)
+    want = run_kernel(st, "full", max_context_hint=4096)
+    live, full = rec.launches
+    assert (live["LIVE"], full["LIVE"], live["grid"]) == (True, False, (16, 4, 2))
+    wrote = (live["pm"] != rec.SENTINEL).all(dim=1)  # [S, splits]: every head of the pair wrote
+    n_live = torch.tensor([10, 1, 5, 1])
+    assert torch.equal(wrote.cpu(), torch.arange(16)[None, :] < n_live[:, None])
+    assert (live["pacc"][:, :, 10:] == rec.SENTINEL).all() and (full["pm"] != rec.SENTINEL).all()
+    assert not want.isnan().any() and torch.equal(got, want)
+    assert not attention._tickets[got.device].any()
+    assert_rows_close(got, reference(st, "full"), TOL[dtype])
+
+
+def test_small_launches_take_their_own_tile(monkeypatch):
+    """SMALL_DECODE_CFG (GPTOSS_ATTN_SMALL_DECODE): launches of <= SMALL_DECODE sequences take a
+    128-key tile on 4 warps, here with SMALL_SPLIT_KEYS 128. A batch-1 sliding layer's 128-key window
+    is then one split (no partials, no tickets), a full layer under a 4096-key hint 32 splits of which
+    a 300-key context fills 3; larger launches keep DECODE_CFG. Each equals the reference."""
+    from gptoss.kernels import attention
+
+    monkeypatch.setattr(attention, "SMALL_DECODE_CFG", (128, 4, 2))
+    monkeypatch.setattr(attention, "SMALL_SPLIT_KEYS", 128)
+    rec = _LaunchRecorder(attention._attn_kernel, ("BLOCK_N", "num_warps", "SPLIT", "MERGE"))
+    monkeypatch.setattr(attention, "_attn_kernel", rec)
+    st = make_step([300], [1], 16, 2, torch.bfloat16, seed=17, fill=float("nan"))
+    for pool in ("ring", "full"):
+        assert_rows_close(
+            run_kernel(st, pool, max_context_hint=4096), reference(st, pool), TOL[torch.bfloat16]
+        )
+    n = attention.SMALL_DECODE + 1
+    big = make_step([40 + 7 * i for i in range(n)], [1] * n, 16, 2, torch.bfloat16, seed=3, fill=float("nan"))
+    assert_rows_close(
+        run_kernel(big, "full", max_context_hint=4096), reference(big, "full"), TOL[torch.bfloat16]
+    )
+    bn, w, _ = attention.DECODE_CFG
+    got = [(r["grid"][0], r["BLOCK_N"], r["num_warps"], r["SPLIT"], r["MERGE"]) for r in rec.launches]
+    assert got == [(1, 128, 4, False, False), (32, 128, 4, True, True), (16, bn, w, True, False)]
+
+
+def test_small_decode_settings_from_the_environment(monkeypatch):
+    """GPTOSS_ATTN_SMALL_DECODE as the module reads it: unset, small launches take DECODE_CFG (None);
+    set, its three counts; a bad value is refused by name."""
+    import importlib
+
+    from gptoss.kernels import attention
+
+    try:
+        monkeypatch.delenv("GPTOSS_ATTN_SMALL_DECODE", raising=False)
+        assert importlib.reload(attention).SMALL_DECODE_CFG is None
+        monkeypatch.setenv("GPTOSS_ATTN_SMALL_DECODE", "128,4,2")
+        assert importlib.reload(attention).SMALL_DECODE_CFG == (128, 4, 2)
+        monkeypatch.setenv("GPTOSS_ATTN_SMALL_DECODE", "96,4,2")
+        with pytest.raises(ValueError, match="GPTOSS_ATTN_SMALL_DECODE: BLOCK_N must be a power of two"):
+            importlib.reload(attention)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(attention)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cfg", [(32, 2, 3), (64, 4, 2), (128, 4, 2), (128, 8, 2)], ids=str)
+@pytest.mark.parametrize("pool", ["full", "ring"])
+def test_gpu_small_launch_tiles_and_live_splits(cfg, pool, monkeypatch):
+    """Compiled, 120b's heads (64 over 8), batch 1 at 130-4000 keys under a 4096-key hint, each small
+    tile at its width of splits: the reference's rows, and with LIVE the bits of the launch that
+    merges every split, launch after launch (a partial read before its store shows as a moving error)."""
+    from gptoss.kernels import attention
+
+    monkeypatch.setattr(attention, "SMALL_DECODE_CFG", cfg)
+    monkeypatch.setattr(attention, "SMALL_SPLIT_KEYS", cfg[0])
+    for ctx in (130, 640, 4000):
+        st = make_step([ctx], [1], 64, 8, torch.bfloat16, seed=ctx, fill=float("nan"))
+        monkeypatch.setattr(attention, "LIVE_SPLITS", False)
+        want = run_kernel(st, pool, max_context_hint=4096)
+        monkeypatch.setattr(attention, "LIVE_SPLITS", True)
+        assert_rows_close(want, reference(st, pool), TOL[torch.bfloat16])
+        for _ in range(10):
+            assert torch.equal(run_kernel(st, pool, max_context_hint=4096), want)
