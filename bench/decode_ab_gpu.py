@@ -166,6 +166,12 @@ def main() -> None:
     ap.add_argument("--profile-tokens", type=int, default=64, help="0: no profile")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument(
+        "--show",
+        action="append",
+        default=[],
+        help="a kernel (name prefix) whose µs added a step the table shows",
+    )
     args = ap.parse_args()
     variants = dict(parse_variant(v) for v in args.variant)
     switches = Switches(variants)
@@ -208,7 +214,13 @@ def main() -> None:
         runs = " / ".join(f"{x:.1f}" for x in tok_s[name])
         top = sorted(added.get(name, {}).items(), key=lambda kv: -kv[1])[:5]
         tops = ", ".join(f"{k[:24]} {us:.1f}" for k, us in top)
-        print(f"{name:10} {runs:24} best {max(tok_s[name]):7.1f} | {tops}")
+        shown = "".join(f" | {k} {shown_us(added.get(name, {}), k):.1f}" for k in args.show)
+        print(f"{name:10} {runs:24} best {max(tok_s[name]):7.1f}{shown} | {tops}")
+
+
+def shown_us(per: dict[str, float], prefix: str) -> float:
+    """µs added a step by the kernels whose names start with prefix (0.0: none ran)."""
+    return sum(us for k, us in per.items() if k.startswith(prefix))
 
 
 if __name__ == "__main__":

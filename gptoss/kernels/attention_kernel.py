@@ -164,11 +164,12 @@ def _attn_kernel(
             other=0.0,
         )
     k_rope = None
+    v_rope = None
     if ROPE:
         noff = nrow * stride_nt + h * stride_nh
         k_rope = rope_rows(kn_ptr, noff, cos_k, sin_k, new_ok, D)
-        v_new = tl.load(vn_ptr + noff[:, None] + d[None, :], mask=new_ok[:, None], other=0.0)
-        store_kv(k_rope, v_new, kc_ptr, vc_ptr, nslot, new_ok, h, stride_cb, stride_cs, stride_ch, BS, D)
+        v_rope = tl.load(vn_ptr + noff[:, None] + d[None, :], mask=new_ok[:, None], other=0.0)
+        store_kv(k_rope, v_rope, kc_ptr, vc_ptr, nslot, new_ok, h, stride_cb, stride_cs, stride_ch, BS, D)
     m = tl.full([BM], float("-inf"), tl.float32)
     l = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -215,6 +216,7 @@ def _attn_kernel(
         vn_ptr,
         table_ptr,
         None,
+        None,
         stride_nt,
         stride_nh,
         stride_cb,
@@ -255,6 +257,7 @@ def _attn_kernel(
         vn_ptr,
         table_ptr,
         k_rope,
+        v_rope,
         stride_nt,
         stride_nh,
         stride_cb,

@@ -60,6 +60,7 @@ def _tile(
     vn_ptr,
     table_ptr,
     k_rope,
+    v_rope,
     stride_nt,
     stride_nh,
     stride_cb,
@@ -79,7 +80,9 @@ def _tile(
     KV_FP8: tl.constexpr,
 ):
     """One online-softmax step over keys [ps + j*BLOCK_N, +BLOCK_N) (log2 domain, float32). ROPE (a
-    decode's new key, not FROM_CACHE): the keys are k_rope, the kernel's roped tile of that one key."""
+    decode's new key, not FROM_CACHE): the keys are k_rope, the kernel's roped tile of that one key,
+    and the values v_rope, the tile the kernel loaded to cache (no second load of that row: it was
+    a dependent L2 round trip after the first tile's softmax)."""
     kp = ps + j * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] key positions
     d = tl.arange(0, D)
     kv_ok = kp < pe
@@ -115,7 +118,9 @@ def _tile(
     m_new, l, alpha, p = softmax_step(
         m, l, q, k, qpos, kp, kv_ok, window, qk_scale, MASKED, WINDOWED, PRECISION, UPCAST
     )
-    if MASKED:
+    if ROPE:
+        v = v_rope
+    elif MASKED:
         v = _kv(tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0), q.dtype, FROM_CACHE, KV_FP8)
     else:
         v = _kv(tl.load(v_ptrs), q.dtype, FROM_CACHE, KV_FP8)
@@ -225,6 +230,7 @@ def _phase(
     vn_ptr,
     table_ptr,
     k_rope,
+    v_rope,
     stride_nt,
     stride_nh,
     stride_cb,
@@ -271,6 +277,7 @@ def _phase(
             vn_ptr,
             table_ptr,
             k_rope,
+            v_rope,
             stride_nt,
             stride_nh,
             stride_cb,
@@ -312,6 +319,7 @@ def _phase(
             vn_ptr,
             table_ptr,
             k_rope,
+            v_rope,
             stride_nt,
             stride_nh,
             stride_cb,
@@ -353,6 +361,7 @@ def _phase(
             vn_ptr,
             table_ptr,
             k_rope,
+            v_rope,
             stride_nt,
             stride_nh,
             stride_cb,

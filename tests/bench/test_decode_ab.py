@@ -102,3 +102,11 @@ def test_the_timed_and_profiled_steps_cover_the_whole_batch(tiny_checkpoint, mon
     assert per == {"k": 2.0} and idle == 4.0  # over 5 steps
     assert not eng.has_work() and eng.seqs == {}
     assert steps.count(2) >= 5 + 1  # both prompts in every profiled step and the one before it
+
+
+def test_the_table_sums_a_shown_kernel_by_name_prefix():
+    """--show KERNEL: the µs added a step by every kernel whose name starts with it, 0.0 where none ran."""
+    from decode_ab_gpu import shown_us
+
+    per = {"_attn_kernel": 10.5, "_attn_kernel_ring": 1.5, "_rmsnorm_kernel": 3.0}
+    assert (shown_us(per, "_attn_kernel"), shown_us(per, "_rms"), shown_us(per, "_gate")) == (12.0, 3.0, 0.0)

@@ -102,6 +102,22 @@ def test_attention_split_merge_in_kernel_gives_the_reference_tokens(kernel_check
     assert merged and all(merged)  # split decode launches took the in-kernel merge
 
 
+def test_small_launch_tile_gives_the_reference_tokens(kernel_checkpoint, engines, monkeypatch):
+    """attention.SMALL_DECODE_CFG (GPTOSS_ATTN_SMALL_DECODE) at a 128-key tile on 4 warps with
+    128-key splits: decode steps of two sequences take that tile (a sliding layer's window in one
+    split), and the tokens stay the reference's."""
+    from gptoss.kernels import attention
+
+    monkeypatch.setattr(attention, "SMALL_DECODE_CFG", (128, 4, 2))
+    monkeypatch.setattr(attention, "SMALL_SPLIT_KEYS", 128)
+    blocks = record_launches(monkeypatch, attention, "_attn_kernel", "BLOCK_N")
+    triton_eng, torch_eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False), engines[1]
+    prompts = prompts_of([3, 21], seed=12)
+    params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
+    assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
+    assert 128 in blocks  # the decode launches took the small tile (prefill takes PREFILL_CFG's)
+
+
 def test_triton_sampling_is_seeded(engines):
     triton_eng, _ = engines
     prompts = prompts_of([12, 30, 7], seed=4)
