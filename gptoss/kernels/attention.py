@@ -118,6 +118,11 @@ PRELOAD_KV = _choice_from_env("GPTOSS_ATTN_PRELOAD", ("1", "0")) == "1"
 # a 640-key context fills 20: the merge read 64 partials in 8 dependent tiles and 64 programs drew
 # tickets on one word.
 LIVE_SPLITS = _choice_from_env("GPTOSS_ATTN_LIVE", ("1", "0")) == "1"
+# Whether small decode launches let the kernel after them (the O projection, which preloads its
+# weights once placed) be placed only when each program is done (bench switch, off: right after the
+# PDL wait, as every kernel here): its weight stream then no longer runs beside attention's own
+# dependent loads.
+LATE_RELEASE = False
 MAX_TICKETS = 1 << 16  # (sequence, KV head) pairs one launch can merge in-kernel; more take the reduce
 _tickets: dict[torch.device, Tensor] = {}
 
@@ -329,6 +334,7 @@ def paged_attention(
         PF_KEYS=l2_prefetch.ATTN_KEYS if prefetch_kv and max_query_len == 1 and pdl.on(q) else 0,
         PRE_KV=(PRELOAD_KV if preload_kv is None else preload_kv) and max_query_len == 1 and small,
         LIVE=LIVE_SPLITS and tickets is not None,
+        LATE_RELEASE=LATE_RELEASE and max_query_len == 1 and small,
         num_warps=warps,
         num_stages=stages,
         **common,

@@ -23,6 +23,11 @@ from torch import Tensor
 from gptoss.kernels import pdl
 from gptoss.kernels.rounding import round_to
 
+# Warps of launches of up to DECODE_ROWS rows (bench switch; None: BLOCK / 256, 16 at H 2880). At batch
+# 1 the kernel is latency: fewer warps mean a shallower cross-warp sum and fewer warps to schedule.
+DECODE_WARPS: int | None = None
+DECODE_ROWS = 8
+
 
 @triton.jit
 def combine_rows(y_ptr, w_ptr, t, cols, mask, stride_y, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
@@ -130,7 +135,7 @@ def fused_add_rms_norm(
         HAS_RESIDUAL=residual is not None,
         TOP_K=top_k,
         BLOCK=block,
-        num_warps=min(16, max(1, block // 256)),
+        num_warps=DECODE_WARPS if DECODE_WARPS and T <= DECODE_ROWS else min(16, max(1, block // 256)),
         **pdl.args(x),
     )
     return out, r
