@@ -25,11 +25,10 @@ LOG2E = 1.4426950408889634
 # GPTOSS_ATTN_SPLIT_KEYS=N sets the bound (benchmarks: bench/gptoss_120b_ab_gpu.sh's B1_MODES). At
 # 128 (H100, 20b, batch-1 128 -> 512, 2026-11-28): 404.4 against 406.6 tok/s, no gain; 256 stays.
 # Launches of up to SMALL_DECODE sequences take SMALL_SPLIT_KEYS (GPTOSS_ATTN_SMALL_SPLIT_KEYS)
-# instead: 32, one BLOCK_N tile a split, whose keys the preload (PRELOAD_KV) loads before the PDL
-# wait, so a sliding layer's 128-key window is 4 splits of one tile, not one program walking 4.
-# H200, random 120b, batch-1 128 -> 512, one process, interleaved rounds (bench/results v37): 411.3
-# / 412.4 against 409.1 / 408.2 tok/s at 256; with the packed-key routing 416.0 / 414.7 against
-# 410.2 / 413.0.
+# instead, the width of their tile (SMALL_DECODE_CFG below): one tile a split, whose keys the preload
+# (PRELOAD_KV) loads before the PDL wait. v37 took 32 on DECODE_CFG's 32-key tile (a sliding layer's
+# window in 4 splits of one tile: +0.5 % against 256-key splits walking 32-key tiles); v38 one
+# 256-key tile on 8 warps at 256 (+1.4 % against v37's).
 PROGRAMS_PER_SM = 4
 MAX_SPLITS = 64
 
@@ -44,7 +43,7 @@ def _split_keys_from_env(v: str | None, name: str = "GPTOSS_ATTN_SPLIT_KEYS", de
 
 MIN_SPLIT_KEYS = _split_keys_from_env(os.environ.get("GPTOSS_ATTN_SPLIT_KEYS"))
 SMALL_SPLIT_KEYS = _split_keys_from_env(
-    os.environ.get("GPTOSS_ATTN_SMALL_SPLIT_KEYS"), "GPTOSS_ATTN_SMALL_SPLIT_KEYS", 32
+    os.environ.get("GPTOSS_ATTN_SMALL_SPLIT_KEYS"), "GPTOSS_ATTN_SMALL_SPLIT_KEYS", 256
 )
 
 
@@ -79,14 +78,16 @@ def _choice_from_env(name: str, choices: tuple[str, ...]) -> str:
 # with LoRA +1.0 %, batch 1 within its noise (407-412 vs 405-410). Prefill: by reasoning, not swept.
 DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (32, 2, 3))
 # Decode launches of up to SMALL_DECODE sequences (outside the batch-invariant mode) take their own
-# (BLOCK_N, num_warps, num_stages): GPTOSS_ATTN_SMALL_DECODE; None (unset): DECODE_CFG's. A wider
-# tile with SMALL_SPLIT_KEYS at its width makes a split one preloaded tile of more keys, so fewer
-# splits hold keys and the merge reads fewer partials (batch 1: a sliding layer's 128-key window in one).
-SMALL_DECODE_CFG: tuple[int, int, int] | None = (
-    _cfg_from_env("GPTOSS_ATTN_SMALL_DECODE", (0, 0, 0))
-    if os.environ.get("GPTOSS_ATTN_SMALL_DECODE")
-    else None
-)
+# (BLOCK_N, num_warps, num_stages): GPTOSS_ATTN_SMALL_DECODE, default (256, 8, 1) with 256-key splits
+# (SMALL_SPLIT_KEYS), so a split is one tile that the preload (PRELOAD_KV) loads before the PDL wait:
+# at batch 1 a sliding layer's 128-key window is one split (no partials, no merge) and a 640-key
+# context 3 live splits of a full layer's 16. None: DECODE_CFG's. H200, random 120b, batch-1 128 ->
+# 512, one process, interleaved rounds (bench/results v38, two calls), tok/s: (256, 8, 1) 435.4 /
+# 435.9 and 437.2 / 435.0 against DECODE_CFG's 32-key tile at 32-key splits 428.1 / 425.3 and 431.4 /
+# 428.7 (attention 291-293 against 329-332 us a token); (64, 4, 2) at 64 keys 429.2 / 432.3; (128,
+# 4, 2) 415.7 / 423.0; (128, 8, 2) 413.0 / 419.7; (256, 4, 1) 402.8 / 397.4; (256, 16, 1) 425.5 /
+# 429.5; (512, 8, 1) 392.4 / 389.3.
+SMALL_DECODE_CFG: tuple[int, int, int] | None = _cfg_from_env("GPTOSS_ATTN_SMALL_DECODE", (256, 8, 1))
 PREFILL_CFG = (64, 8, 3)
 PREFILL_ROWS = 128  # BLOCK_M of prefill: query tokens x padded GQA group
 # Triton 3.6's interpreter multiplies the raw bits of bf16 dot operands; passed to the kernel as

@@ -43,18 +43,6 @@ def kernel_loras(kernel_checkpoint: Path, tmp_path_factory: pytest.TempPathFacto
     return make_loras(kernel_checkpoint, tmp_path_factory.mktemp("kernel-lora"))
 
 
-@pytest.fixture(autouse=True)
-def _interpreter_split_keys(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In the interpreter a program costs milliseconds, and small decode launches at the default
-    32-key splits (attention.SMALL_SPLIT_KEYS) run up to 8 times the programs of 256-key ones: on
-    CPU every test keeps 256 unless it sets the bound itself (test_attention_splits' small-launch
-    tests set 32). Compiled on a GPU the default runs."""
-    if DEVICE == "cpu":
-        from gptoss.kernels import attention
-
-        monkeypatch.setattr(attention, "SMALL_SPLIT_KEYS", 256)
-
-
 def count_calls(monkeypatch, targets) -> dict[str, int]:
     """Wraps each (module, function name, key) so calls count under key; returns the counts."""
     calls = dict.fromkeys((key for _, _, key in targets), 0)

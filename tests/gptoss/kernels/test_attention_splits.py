@@ -71,20 +71,21 @@ def test_split_keys_env_parses_and_refuses_bad_values():
         with pytest.raises(ValueError, match=f"GPTOSS_ATTN_SPLIT_KEYS must be .*got '{bad}'"):
             attention._split_keys_from_env(bad)
     small = "GPTOSS_ATTN_SMALL_SPLIT_KEYS"
-    assert attention._split_keys_from_env(None, small, 32) == 32  # the module default (conftest: 256 here)
+    assert attention._split_keys_from_env(None, small, 256) == 256  # the module default
     with pytest.raises(ValueError, match=f"{small} must be .*got '8'"):
         attention._split_keys_from_env("8", small, 32)
 
 
 def test_small_launches_split_a_tile_of_keys_each(monkeypatch):
-    """A launch of <= SMALL_DECODE sequences (small) splits at SMALL_SPLIT_KEYS (32 by default; the
-    conftest keeps 256 in the interpreter): a 128-key sliding window into 4 splits of one tile
-    (256: one split), a lone sequence at a 4096-key hint into MAX_SPLITS; larger launches and the
-    batch-invariant mode (small False) keep 256. A sliding layer's batch-1 decode then merges its 4
-    splits in the kernel, each tile preloaded, and equals the reference."""
+    """A launch of <= SMALL_DECODE sequences (small) splits at SMALL_SPLIT_KEYS, here v37's 32 on
+    DECODE_CFG's 32-key tile (the default is one 256-key tile at 256): a 128-key sliding window into
+    4 splits of one tile (256: one split), a lone sequence at a 4096-key hint into MAX_SPLITS; larger
+    launches and the batch-invariant mode (small False) keep 256. A sliding layer's batch-1 decode
+    then merges its 4 splits in the kernel, each tile preloaded, and equals the reference."""
     from gptoss.kernels import attention
 
     monkeypatch.setattr(attention, "SMALL_SPLIT_KEYS", 32)
+    monkeypatch.setattr(attention, "SMALL_DECODE_CFG", None)
     splits, tickets = [], []
     split_fn, ticket_fn = attention.decode_splits, attention._ticket_buffer
     monkeypatch.setattr(attention, "decode_splits", lambda *a: splits.append(split_fn(*a)) or splits[-1])
@@ -105,6 +106,7 @@ def test_decode_launch_settings_keep_the_result(cfg, monkeypatch):
     import gptoss.kernels.attention as attention
 
     monkeypatch.setattr(attention, "DECODE_CFG", cfg)
+    monkeypatch.setattr(attention, "SMALL_DECODE_CFG", None)  # a small launch: DECODE_CFG's settings
     st = make_step([300, 5, 129], [1] * 3, 16, 2, torch.float32, seed=11, fill=float("nan"))
     for pool in ("full", "ring"):
         assert_rows_close(
@@ -284,6 +286,7 @@ def test_merge_reads_only_the_live_splits(monkeypatch, dtype):
     tickets are back to zero."""
     from gptoss.kernels import attention
 
+    monkeypatch.setattr(attention, "SMALL_DECODE_CFG", None)  # DECODE_CFG's 32-key tile
     rec = _PartialsRecorder(attention._attn_kernel)
     monkeypatch.setattr(attention, "_attn_kernel", rec)
     ctx = [300, 0, 129, 17]
@@ -329,15 +332,15 @@ def test_small_launches_take_their_own_tile(monkeypatch):
 
 
 def test_small_decode_settings_from_the_environment(monkeypatch):
-    """GPTOSS_ATTN_SMALL_DECODE as the module reads it: unset, small launches take DECODE_CFG (None);
-    set, its three counts; a bad value is refused by name."""
+    """GPTOSS_ATTN_SMALL_DECODE as the module reads it: unset, a 256-key tile on 8 warps; set, its
+    three counts; a bad value is refused by name."""
     import importlib
 
     from gptoss.kernels import attention
 
     try:
         monkeypatch.delenv("GPTOSS_ATTN_SMALL_DECODE", raising=False)
-        assert importlib.reload(attention).SMALL_DECODE_CFG is None
+        assert importlib.reload(attention).SMALL_DECODE_CFG == (256, 8, 1)
         monkeypatch.setenv("GPTOSS_ATTN_SMALL_DECODE", "128,4,2")
         assert importlib.reload(attention).SMALL_DECODE_CFG == (128, 4, 2)
         monkeypatch.setenv("GPTOSS_ATTN_SMALL_DECODE", "96,4,2")
