@@ -274,6 +274,9 @@ def paged_attention(
     )
     if max_query_len == 1:
         block_n, warps, stages = (SMALL_DECODE_CFG if small else None) or DECODE_CFG
+        # float32 q (tests, --dtype float32) halves a 256-key tile: its K, V and roped-key tiles took
+        # 262 KB of shared memory against the H200's 227 KB (sm_90a, compiled on CPU; bf16: 106 KB)
+        block_n = min(block_n, 512 // q.element_size())
         block_q = max(1, 16 // g_pad)
         max_keys = max_context_hint or block_table.shape[1] * bs
         if window is not None:
@@ -359,7 +362,9 @@ def paged_attention(
             G_PAD=g_pad,
             NS_PAD=triton.next_power_of_2(splits),
             D=d,
-            num_warps=2,
+            # the attention kernel's warps: merge_splits' sums then take the order of the in-kernel
+            # merge, whose bits the reduce keeps (at 8 warps against 2 they differed, an H200, v38)
+            num_warps=warps,
             **pdl.args(q),
         )
     return out

@@ -352,7 +352,7 @@ def test_small_decode_settings_from_the_environment(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("cfg", [(32, 2, 3), (64, 4, 2), (128, 4, 2), (128, 8, 2)], ids=str)
+@pytest.mark.parametrize("cfg", [(32, 2, 3), (64, 4, 2), (128, 8, 2), (256, 8, 1)], ids=str)
 @pytest.mark.parametrize("pool", ["full", "ring"])
 def test_gpu_small_launch_tiles_and_live_splits(cfg, pool, monkeypatch):
     """Compiled, 120b's heads (64 over 8), batch 1 at 130-4000 keys under a 4096-key hint, each small
@@ -370,3 +370,17 @@ def test_gpu_small_launch_tiles_and_live_splits(cfg, pool, monkeypatch):
         assert_rows_close(want, reference(st, pool), TOL[torch.bfloat16])
         for _ in range(10):
             assert torch.equal(run_kernel(st, pool, max_context_hint=4096), want)
+
+
+def test_float32_small_launches_take_half_the_default_tile(monkeypatch):
+    """The default small tile is 256 keys on 8 warps; float32 q halves it to 128 (256 float32 keys
+    need more shared memory than an H200 has, compiled), bf16 keeps it. Both equal the reference."""
+    from gptoss.kernels import attention
+
+    assert attention.SMALL_DECODE_CFG == (256, 8, 1) and attention.SMALL_SPLIT_KEYS == 256
+    rec = _LaunchRecorder(attention._attn_kernel, ("BLOCK_N", "num_warps"))
+    monkeypatch.setattr(attention, "_attn_kernel", rec)
+    for dtype in (torch.float32, torch.bfloat16):
+        st = make_step([300], [1], 16, 2, dtype, seed=19, fill=float("nan"))
+        assert_rows_close(run_kernel(st, "full", max_context_hint=4096), reference(st, "full"), TOL[dtype])
+    assert [(r["BLOCK_N"], r["num_warps"]) for r in rec.launches] == [(128, 8), (256, 8)]
