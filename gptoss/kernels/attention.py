@@ -86,7 +86,9 @@ DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (32, 2, 3))
 # 435.9 and 437.2 / 435.0 against DECODE_CFG's 32-key tile at 32-key splits 428.1 / 425.3 and 431.4 /
 # 428.7 (attention 291-293 against 329-332 us a token); (64, 4, 2) at 64 keys 429.2 / 432.3; (128,
 # 4, 2) 415.7 / 423.0; (128, 8, 2) 413.0 / 419.7; (256, 4, 1) 402.8 / 397.4; (256, 16, 1) 425.5 /
-# 429.5; (512, 8, 1) 392.4 / 389.3.
+# 429.5; (512, 8, 1) 392.4 / 389.3. Releasing the O projection at each program's end rather than
+# after the wait (so its weight preload would not run beside attention's loads) lost: 425.0 / 424.9,
+# attention -12 and the projections +69 us a token.
 SMALL_DECODE_CFG: tuple[int, int, int] | None = _cfg_from_env("GPTOSS_ATTN_SMALL_DECODE", (256, 8, 1))
 PREFILL_CFG = (64, 8, 3)
 PREFILL_ROWS = 128  # BLOCK_M of prefill: query tokens x padded GQA group
@@ -119,11 +121,6 @@ PRELOAD_KV = _choice_from_env("GPTOSS_ATTN_PRELOAD", ("1", "0")) == "1"
 # a 640-key context fills 20: the merge read 64 partials in 8 dependent tiles and 64 programs drew
 # tickets on one word.
 LIVE_SPLITS = _choice_from_env("GPTOSS_ATTN_LIVE", ("1", "0")) == "1"
-# Whether small decode launches let the kernel after them (the O projection, which preloads its
-# weights once placed) be placed only when each program is done (bench switch, off: right after the
-# PDL wait, as every kernel here): its weight stream then no longer runs beside attention's own
-# dependent loads.
-LATE_RELEASE = False
 MAX_TICKETS = 1 << 16  # (sequence, KV head) pairs one launch can merge in-kernel; more take the reduce
 _tickets: dict[torch.device, Tensor] = {}
 
@@ -338,7 +335,6 @@ def paged_attention(
         PF_KEYS=l2_prefetch.ATTN_KEYS if prefetch_kv and max_query_len == 1 and pdl.on(q) else 0,
         PRE_KV=(PRELOAD_KV if preload_kv is None else preload_kv) and max_query_len == 1 and small,
         LIVE=LIVE_SPLITS and tickets is not None,
-        LATE_RELEASE=LATE_RELEASE and max_query_len == 1 and small,
         num_warps=warps,
         num_stages=stages,
         **common,

@@ -69,7 +69,6 @@ def _attn_kernel(
     PF_KEYS: tl.constexpr = 0,
     PRE_KV: tl.constexpr = False,
     LIVE: tl.constexpr = False,
-    LATE_RELEASE: tl.constexpr = False,
 ):
     """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads. MERGE
     (decode splits): the last split of a (sequence, KV head) to finish merges the partials itself.
@@ -155,9 +154,7 @@ def _attn_kernel(
         )
         prefetch_lines(kc_ptr + off_pf, ok_pf)
         prefetch_lines(vc_ptr + off_pf, ok_pf)
-    pdl.wait(PDL)
-    if not LATE_RELEASE:
-        pdl.release(PDL)
+    pdl.wait_then_release(PDL)
     if ROPE:  # decode: q arrives un-roped, and the new key is roped and cached in its phase below
         q = rope_rows(q_ptr, tok * stride_qt + head * stride_qh, cos_q, sin_q, row_ok, D)
     else:
@@ -324,5 +321,3 @@ def _attn_kernel(
             o.to(out_ptr.dtype.element_ty),
             mask=row_ok[:, None],
         )
-    if LATE_RELEASE:  # the next kernel (the O projection) is placed, and preloads, once this program is done
-        pdl.release(PDL)

@@ -138,10 +138,6 @@ def _check(
         raise ValueError(f"norm_route: every tensor must be on x's device {x.device}")
 
 
-# norm_logits' warps (bench switch; None: BH / 512, at most 8).
-WARPS: int | None = None
-
-
 def norm_logits(
     x: Tensor,
     residual: Tensor,
@@ -175,7 +171,7 @@ def norm_logits(
         H=h,
         E=e,
         BH=bh,
-        num_warps=WARPS or max(1, min(8, bh // 512)),  # 16 floats a thread and tensor
+        num_warps=max(1, min(8, bh // 512)),  # 16 floats a thread and tensor
         **pdl.args(x),
     )
     return hn, r, logits

@@ -54,20 +54,6 @@ def args(t: Tensor, launch: bool = True) -> dict[str, bool]:
 
 
 @triton.jit
-def wait(PDL: tl.constexpr):
-    """The wait alone, for a kernel that lets the next one be placed later (release)."""
-    if PDL:
-        gdc_wait()
-
-
-@triton.jit
-def release(PDL: tl.constexpr):
-    """Let the next kernel be placed (a program that never calls it releases when it exits)."""
-    if PDL:
-        gdc_launch_dependents()
-
-
-@triton.jit
 def wait_then_release(PDL: tl.constexpr):
     """First thing in a PDL kernel: wait for the previous kernel's writes, then let the next kernel
     be placed (its programs in turn wait for all of ours before touching memory)."""
