@@ -85,8 +85,8 @@ def _attn_kernel(
     before, tile by tile in the same order (the same bits). LIVE (with MERGE): the splits past the
     last that holds keys of the sequence (live splits: n_live, from ctx) return before any load, the
     live ones take the tickets and the merge reads only their partials: at batch 1 under a 4096-key
-    bound 64 splits are launched and a 640-key context fills 20 of them (the same bits: the
-    partials of empty splits are neutral, m -inf, l 0, acc 0)."""
+    bound a full layer's 16 splits of 256 keys, of which a 640-key context fills 3 (the same bits:
+    the partials of empty splits are neutral, m -inf, l 0, acc 0)."""
     BM: tl.constexpr = BLOCK_Q * G_PAD
     pid0 = tl.program_id(0)
     s_idx = tl.program_id(1)
