@@ -35,6 +35,9 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from decode_ab_gpu import Switches, parse_variant  # noqa: E402
 
+sys.path.insert(0, str(REPO / "bench" / "kernels"))
+from moe_gpu import _capture  # noqa: E402
+
 from gptoss.kernels import attention  # noqa: E402
 from gptoss.kernels.gemv_preload import gemv_preload  # noqa: E402
 
@@ -105,22 +108,16 @@ def chain(layers: list[Layer], x: torch.Tensor, meta: dict, kind: str) -> None:
 
 
 def time_graph(fn, replays: int) -> float:
-    """µs a replay of fn captured in a CUDA graph, median of `replays` replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()  # compiles, and makes the tickets outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    """µs a replay of fn captured in a CUDA graph (moe_gpu's capture: an eager run that compiles and
+    makes the tickets, then a side-stream warm-up), median of `replays` event-timed replays."""
+    replay = _capture(fn)
     for _ in range(5):
-        graph.replay()
+        replay()
     times = []
     for _ in range(replays):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        graph.replay()
+        replay()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000)
