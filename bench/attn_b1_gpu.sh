@@ -4,7 +4,8 @@
 # TESTS) run beside it; then bench/kernels/attn_chain_gpu.py (attention's layers in a CUDA graph,
 # alone and between the projections, MICRO_ARGS), then bench/decode_ab_gpu.py on the 120b
 # (V120: its --variant list) and, while the call has time (LIMIT20 s since the start), on a random
-# 20b (V20). Everything under RES ($OUT by default); the tables last.
+# 20b (V20), each table with the kernels named in SHOW. Everything under RES ($OUT by default); the
+# tables last.
 #   bash bench/attn_b1_gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -12,8 +13,8 @@ RES=${RES:-${OUT:-$HOME/attn_b1}}
 CKPT=${CKPT:-/mnt/ck120/gptoss-120b-random}
 # shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
-V120=${V120:-"default= old=attention.LIVE_SPLITS=False"}
-V20=${V20:-$V120}
+V120=${V120-"default= old=attention.LIVE_SPLITS=False"}  # empty: no 120b (its checkpoint neither)
+V20=${V20-$V120}
 TESTS_FILES=${TESTS_FILES:-tests/gptoss/kernels/test_attention_splits.py tests/gptoss/kernels/test_attention_rope.py
   tests/gptoss/kernels/test_attention_kernel.py tests/gptoss/kernels/test_kernel_engine.py}
 TESTS=${TESTS:-"not kernel_engine or small_launch or merge_in_kernel or multi_step"}
@@ -25,7 +26,7 @@ if [ "$TESTS" != none ]; then
   (timeout "${TESTS_LIMIT:-240}" python3 -m pytest -q -n 0 -p no:cacheprovider -rf $TESTS_FILES -k "$TESTS" \
     > "$RES/tests.txt" 2>&1) &
 fi
-checkpoint_120b
+[ -n "$V120" ] && checkpoint_120b
 wait
 [ "$TESTS" != none ] && { tail -8 "$RES/tests.txt"; row "compiled tests" "$(tail -1 "$RES/tests.txt")"; }
 if [ "${MICRO:-1}" = 1 ]; then
@@ -38,15 +39,15 @@ ab() {  # ab NAME CKPT VARIANTS LIMIT
   say "decode A/B $1"
   # shellcheck disable=SC2046  # one --variant a word
   timeout "$4" python3 bench/decode_ab_gpu.py --model-path "$2" --rounds "${ROUNDS:-2}" $(variants "$3") \
-    --show _attn_kernel --show _rmsnorm > "$RES/ab_$1.txt" 2>&1
+    $(for k in ${SHOW:-_attn_kernel _rmsnorm}; do printf -- '--show %s ' "$k"; done) > "$RES/ab_$1.txt" 2>&1
   sed -n '/^batch /,$p' "$RES/ab_$1.txt"
 }
-ab 120b "$CKPT" "$V120" "${LIMIT120:-260}"
+[ -n "$V120" ] && ab 120b "$CKPT" "$V120" "${LIMIT120:-260}"
 if [ -n "$V20" ] && [ $(( $(date +%s) - t0 )) -lt "${LIMIT20:-430}" ]; then
   rm -rf /mnt/ck120  # the 20b goes to the disk; the tmpfs's 61 GiB back to the host
   umount /mnt/ck120 2>/dev/null
   python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out /tmp/ck20 > "$RES/ck20.txt" 2>&1
-  ab 20b /tmp/ck20 "$V20" 150
+  ab 20b /tmp/ck20 "$V20" "${LIMIT20AB:-150}"
 fi
 finish
 echo "== chains"; sed -n '/^  ctx/,$p' "$RES/chain.txt" 2>/dev/null

@@ -36,7 +36,9 @@ from gptoss.kernels.kv_write import write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.lora_attn import lora_add
 from gptoss.kernels.moe import expert_rows_v3, expert_rows_v3_logits, moe_forward, v3_decode
+from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_lora import experts_dec_lora, moe_forward_lora
+from gptoss.kernels.moe_tiles import DECODE_MAX_T
 from gptoss.kernels.norm_route import norm_logits, norm_route
 from gptoss.kernels.qkv_rope import qkv_rope
 from gptoss.kernels.qkv_rope import suits as qkv_rope_suits
@@ -79,6 +81,25 @@ QKV_FUSED = os.environ.get("GPTOSS_QKV", "split") == "fused"
 # On since its tests passed compiled on an H200 (v28: test_attention_rope.py, 14 of 14, the engine's
 # greedy tokens with it equal to without).
 ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0"
+# GPTOSS_DECODE_ON_LARGE=N: where the experts have two copies (20b: v2 for the decode kernels, v3 for
+# large batches, moe_layout.large_copy), decode batches of up to N tokens take the v3 copy's decode
+# GEMMs (120b's: the split-K gate_up that routes the logits and the split-K down) instead of the
+# decode kernels on v2. Why: at batch 1 (H200, v38) 20b's v2 gate_up added 21.2 us a layer and its
+# down 10.7, where 120b's split-K kernels stream the same bytes in 15.3 and 9.0.
+
+
+def _decode_on_large(v: str | None) -> int:
+    if v in (None, ""):
+        return 0
+    if not v.isdigit() or int(v) > DECODE_MAX_T:
+        raise ValueError(
+            f"GPTOSS_DECODE_ON_LARGE must be the most tokens a decode batch has to run on the large v3 "
+            f"copy of the experts (0: never, up to {DECODE_MAX_T}), got {v!r}"
+        )
+    return int(v)
+
+
+DECODE_ON_LARGE = _decode_on_large(os.environ.get("GPTOSS_DECODE_ON_LARGE"))
 
 
 @dataclass(slots=True)
@@ -187,10 +208,8 @@ class KernelModel:
             if self.batch_invariant:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = bi.moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
-            elif FUSED_DECODE and (
-                moe_decode.use_decode(x, lay.moe) or (lay.lora_moe is None and v3_decode(x, lay.moe))
-            ):
-                x, residual, pending = self._decode_moe(x, residual, lay, lora_index)
+            elif FUSED_DECODE and (w := self._decode_copy(x, lay)) is not None:
+                x, residual, pending = self._decode_moe(x, residual, lay, w, lora_index)
                 if "qkv" in warm and i + 1 < len(self.layers):  # beside the down GEMM just launched
                     l2_prefetch.prefetch_l2(self.layers[i + 1].wqkv)
             elif lay.lora_moe is not None:
@@ -212,22 +231,40 @@ class KernelModel:
         out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps, combine=pending)
         return out
 
+    @staticmethod
+    def _decode_copy(x: Tensor, lay: Layer) -> MoEWeights | None:
+        """The experts' copy a decode-sized x [T, H] runs its fused decode MoE on, or None (not a
+        decode size: moe_forward). The large v3 copy up to DECODE_ON_LARGE tokens, where there is
+        one and no expert adapter; else the primary copy's decode kernels (bits) or v3's."""
+        w = lay.moe
+        if (
+            lay.lora_moe is None
+            and w.large is not None
+            and x.shape[0] <= DECODE_ON_LARGE
+            and v3_decode(x, w.large)
+        ):
+            return w.large
+        if moe_decode.use_decode(x, w) or (lay.lora_moe is None and v3_decode(x, w)):
+            return w
+        return None
+
     def _decode_moe(
-        self, x: Tensor, residual: Tensor, lay: Layer, lora_index: Tensor | None
+        self, x: Tensor, residual: Tensor, lay: Layer, w: MoEWeights, lora_index: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Decode sizes: add + RMSNorm, the router (ROUTER) and the expert GEMMs -> (the experts' rows
-        y [T*k, H], the new residual, the routing weights [T, k] the next add+RMSNorm combines with).
-        A layer with expert adapters routes before the GEMMs (their shrink needs the routing), by
-        norm_route unless ROUTER is split, and its GEMMs add the LoRA expand (moe_lora). One v3 copy
-        of the experts (moe.v3_decode, 120b) takes the same routers on the v3 GEMMs: 3 launches a
+        """Decode sizes: add + RMSNorm, the router (ROUTER) and the expert GEMMs on w (_decode_copy's
+        choice of lay's experts) -> (the experts' rows y [T*k, H], the new residual, the routing
+        weights [T, k] the next add+RMSNorm combines with). A layer with expert adapters routes before
+        the GEMMs (their shrink needs the routing), by norm_route unless ROUTER is split, and its GEMMs
+        add the LoRA expand (moe_lora). A v3 copy of the experts (moe.v3_decode: 120b's one copy, or
+        20b's large one with DECODE_ON_LARGE) takes the same routers on the v3 GEMMs: 3 launches a
         layer where moe_forward took 7 (H100, 120b, batch 1, v23: 281.4 tok/s; 275.1 with norm_route,
         259.1 through moe_forward, 290.3 on the v2 decode kernels)."""
         a = (lay.router_w, lay.router_b)
-        bits = lay.moe.layout == "bits"
+        bits = w.layout == "bits"
         if ROUTER == "fused" and lay.lora_moe is None:  # the gate_up GEMM routes the logits itself
             h, residual, logits = norm_logits(x, residual, lay.ln2, self.eps, *a)
             rows = moe_decode.experts_dec_logits if bits else expert_rows_v3_logits
-            y, r = rows(h, logits, self.top_k, lay.moe, self.alpha, self.limit)
+            y, r = rows(h, logits, self.top_k, w, self.alpha, self.limit)
             return y, residual, r.weights
         if ROUTER == "split":
             h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
@@ -235,11 +272,11 @@ class KernelModel:
         else:
             h, residual, r = norm_route(x, residual, lay.ln2, self.eps, *a, self.top_k)
         if lay.lora_moe is not None:
-            y = experts_dec_lora(h, r, lay.moe, lay.lora_moe, lora_index, self.alpha, self.limit)
+            y = experts_dec_lora(h, r, w, lay.lora_moe, lora_index, self.alpha, self.limit)
         elif bits:
-            y = moe_decode.experts_dec(h, r, lay.moe, self.alpha, self.limit, combined=False)
+            y = moe_decode.experts_dec(h, r, w, self.alpha, self.limit, combined=False)
         else:
-            y = expert_rows_v3(h, r, lay.moe, self.alpha, self.limit)
+            y = expert_rows_v3(h, r, w, self.alpha, self.limit)
         return y, residual, r.weights
 
     def _l2_warm(self, t: int, meta: StepMeta) -> frozenset[str]:

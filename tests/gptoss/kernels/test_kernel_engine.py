@@ -207,6 +207,56 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
     assert ran["v3"] == layers and ran["split-K"] == 2 * layers and ran["rows"] == 2 * layers
 
 
+@pytest.mark.parametrize("on_large", [0, 1])
+def test_decode_on_the_large_copy_gives_the_reference_tokens(
+    kernel_checkpoint, engines, monkeypatch, on_large
+):
+    """Two copies of the experts (20b's: v2 and a v3 copy for large batches): with
+    GPTOSS_DECODE_ON_LARGE=1 one-token decode steps run the v3 copy's split-K gate_up and down
+    (120b's decode path) and no decode kernel on v2; with 0 (the default) the decode kernels on v2.
+    The greedy tokens equal the reference's either way."""
+    from gptoss import kernel_model
+    from gptoss.kernels import moe_decode, moe_v3_dec, moe_v3_dec_gu
+
+    monkeypatch.setattr(kernel_model, "moe_layouts", lambda ref: ("v2", "v3"))
+    monkeypatch.setattr(kernel_model, "DECODE_ON_LARGE", on_large)
+    layouts: list[tuple[str, str]] = []
+    for owner, name in ((moe_v3_dec_gu, "gate_up_v3_dec"), (moe_v3_dec, "down_v3_dec")):
+        real = getattr(owner, name)
+
+        def spy(x, r, w, *rest, _real=real, _name=name, **kw):
+            layouts.append((_name, w.layout))
+            return _real(x, r, w, *rest, **kw)
+
+        monkeypatch.setattr(owner, name, spy)
+    ran = count_calls(monkeypatch, [(moe_decode, "experts_dec_logits", "v2 decode")])
+    triton_eng, torch_eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False), engines[1]
+    moe_w = triton_eng.runner.kernel_runner.model.layers[0].moe
+    assert (moe_w.layout, moe_w.large.layout) == ("bits", "v3")
+    layouts.clear()
+    ran.update(dict.fromkeys(ran, 0))
+    prompts = prompts_of([13], seed=16)
+    params = [SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)]
+    assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
+    layers = len(triton_eng.runner.kernel_runner.model.layers)
+    # The 13-token prefill is a decode size for v2's decode kernels (moe_decode.MAX_T) but has more
+    # than DECODE_ON_LARGE tokens: it takes v2 either way; the 3 one-token steps follow the switch.
+    if on_large:
+        assert layouts == [("gate_up_v3_dec", "v3"), ("down_v3_dec", "v3")] * (3 * layers)
+        assert ran["v2 decode"] == layers
+    else:
+        assert layouts == [] and ran["v2 decode"] == 4 * layers
+
+
+def test_decode_on_large_refuses_a_bad_value_by_name():
+    from gptoss import kernel_model
+
+    assert [kernel_model._decode_on_large(v) for v in (None, "", "0", "4")] == [0, 0, 0, 4]
+    for bad in ("x", "-1", "99"):
+        with pytest.raises(ValueError, match=r"^GPTOSS_DECODE_ON_LARGE must be the most tokens .* got "):
+            kernel_model._decode_on_large(bad)
+
+
 def test_one_token_routed_by_packed_keys_gives_the_reference_tokens(kernel_checkpoint, engines, monkeypatch):
     """GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE=1 on one v3 copy: a one-token step's split-K gate_up routes the
     logits by moe_routing._topk_one; the down and the next norm's combine read what it stores."""

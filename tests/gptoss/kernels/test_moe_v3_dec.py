@@ -112,6 +112,7 @@ def test_one_token_takes_its_experts_from_ids_with_the_lists_bits():
     [
         DecTiles(16, 16, 256, 2, 2, 2),  # BN 16: one row block, 2 warps of 2 chunks
         DecTiles(16, 64, 512, 4, 4, 3),  # BN 64: the 2nd block half past H, 2 chunks a warp
+        DecTiles(16, 32, 256, 2, 2, 4),  # the gate_up's default tile: 2 warps of 2 chunks, 4 stages
         DecTiles(2, 32, 128, 1, 4, 2),  # no split; BM 2 < T 5: an expert's rows loop over 3 tiles
     ],
 )
