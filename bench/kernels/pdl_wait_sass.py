@@ -11,7 +11,8 @@ preload holds when all of W's loads (BN*K*2 / (16 * 32 * WARPS) 16-byte LDG a th
 bias's come before ACQBULK and only x after it; with GPTOSS_GEMV_PRELOAD_EARLY (rows a
 program loads before the wait) at 2 of 4, half of them; at 0, none. norm_logits (20b: H 2880 in a
 4096 tile over 8 warps): its norm weight (float32), router row and bias before ACQBULK, x and the
-residual after. rmsnorm (bf16, the MoE combine of 4 rows, H in a 4096 tile over 16 warps): its weight
+residual after; with norm_route.RELEASE_EARLY off, the wait and no PREEXIT (the next kernel is
+placed as its programs exit). rmsnorm (bf16, the MoE combine of 4 rows, H in a 4096 tile over 16 warps): its weight
 before ACQBULK, nothing but x, the combine rows and weights and the residual after. Decode
 attention with RoPE inside (attention_kernel, DECODE_CFG, a GQA group of 8 over 2 query tokens): the
 step's metadata, the positions, their RoPE table rows and the new key's cache slot before ACQBULK;
@@ -60,7 +61,8 @@ def _load_stats(kernel) -> dict:
         "spills": sum(op in ("STL", "LDL") for op in ops),
         "ldg_before_wait": sum(op == "LDG" for op in ops[:wait]),
         "ldg_after_wait": sum(op == "LDG" for op in ops[wait:]),
-        "wait_then_release": ops.index("PREEXIT") > wait,
+        "release": "PREEXIT" in ops,
+        "wait_then_release": "PREEXIT" in ops and ops.index("PREEXIT") > wait,
     }
 
 
@@ -76,6 +78,7 @@ def stats() -> dict:
     sig.update(stride_x="i32", stride_res="i32", stride_out="i32", stride_r="i32", H="i32", eps="fp32")
     rms = _compile(_rmsnorm_kernel, sig, dict(HAS_RESIDUAL=True, TOP_K=4, BLOCK=4096, PDL=True), 16, 1)
     out |= {"norm_logits": _load_stats(norm_logits(True)), "rmsnorm": _load_stats(rms)}
+    out["norm_logits late release"] = _load_stats(norm_logits(True, release=False))  # RELEASE_EARLY off
     out |= {
         f"attention{' rope' if rope else ''}": _load_stats(compile_decode(False, *DECODE_CFG, rope=rope))
         for rope in (False, True)
