@@ -4,6 +4,7 @@
     python bench/kernels/linear_gpu.py --variants \
         default,16x256x4x4,16x128x4x8,32x256x4x3,32x128x4x6,32x512x4x3,64x256x4x3,32x256x8x4
     python bench/kernels/linear_gpu.py --ts 1,2 --variants default,preload,preload:2x4,preload:8x8
+    python bench/kernels/linear_gpu.py --ts 1,2 --variants preload,stream,stream:2x4x3,stream:4x8
 
 Shapes: QKV W [5120, 2880] and O W [2880, 4096] with their biases; gpt-oss-120b has the same
 attention shapes as 20b (hidden 2880, 64 q heads, 8 kv heads, head dim 64), so these rows are both.
@@ -12,7 +13,8 @@ QKV), replayed and divided by LAYERS: W streams from HBM as in the real layer st
 (50 MB). Times are triton.testing.do_bench medians of the replay. A variant is "default" (the
 launcher's block_sizes), BNxBKxWARPSxSTAGES, or preload[:BNxWARPS] (gemv_preload, T <= its MAX_T;
 with PDL each launch's W loads overlap the launch before it, as in the engine they overlap the
-attention or norm kernel before the projection). Columns: T, shape, variant, ours_us, torch_us,
+attention or norm kernel before the projection), or stream[:BNxWARPS[xPER_SM]] (gemv_stream: one
+wave of programs walking several row blocks each). Columns: T, shape, variant, ours_us, torch_us,
 ratio = ours / torch (< 1: ours is faster), ours_tbs and torch_tbs = W's bytes / time, in TB/s.
 Every variant is checked against F.linear first (max |diff| <= 2^-7 |ref| + 1e-2; else FAIL).
 """
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gptoss.config import PRESETS
 from gptoss.kernels import gemv_preload as gp
+from gptoss.kernels import gemv_stream as gs
 from gptoss.kernels.linear import GEMV_MAX_T, block_sizes, gemv
 
 CFG = PRESETS["20b"]
@@ -55,6 +58,10 @@ def _kernel(spec: str, n: int, k: int) -> tuple[str, Callable]:
     if spec.startswith("preload"):  # preload or preload:BNxWARPS (gemv_preload)
         bn, warps = (int(v) for v in spec.split(":")[1].split("x")) if ":" in spec else gp.TILE
         return f"preload:{bn}x{warps}", partial(gp.gemv_preload, block_n=bn, num_warps=warps)
+    if spec.startswith("stream"):  # stream or stream:BNxWARPS[xPER_SM] (gemv_stream)
+        bn, warps, *per = (int(v) for v in spec.split(":")[1].split("x")) if ":" in spec else gs.TILE
+        fn = partial(gs.gemv_stream, block_n=bn, num_warps=warps, per_sm=per[0] if per else None)
+        return f"stream:{bn}x{warps}" + (f"x{per[0]}" if per else ""), fn
     bn, bk, warps, stages = _variant(spec, n, k)
     name = f"{spec}={bn}x{bk}x{warps}x{stages}" if spec == "default" else spec
     return name, partial(gemv, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
@@ -90,7 +97,7 @@ def bench_shape(name: str, ts: list[int], variants: list[str]) -> list[dict]:
         want = F.linear(x, ws[0], bs[0])
         for spec in variants:
             label, fn = _kernel(spec, n, k)
-            if spec.startswith("preload") and t > gp.MAX_T:
+            if spec.startswith(("preload", "stream")) and t > gp.MAX_T:
                 continue
             try:
                 ok = _check(fn(x, ws[0], bs[0]), want)

@@ -49,15 +49,15 @@ from gptoss.kernels.rounding import round_to
 MAX_T = 2
 
 
-def tiles_from_env(v: str | None) -> tuple[int, int]:
-    """(BN, num_warps) from GPTOSS_GEMV_PRELOAD_TILE="BN,WARPS" (unset or empty: 2, 4, the engine's best
-    of 4,4 / 2,4 / 8,8 at 120b batch 1 on an H200, bench/results v31)."""
+def tiles_from_env(v: str | None, name: str = "GPTOSS_GEMV_PRELOAD_TILE") -> tuple[int, int]:
+    """(BN, num_warps) from name="BN,WARPS" (unset or empty: 2, 4, the engine's best of 4,4 / 2,4 /
+    8,8 at 120b batch 1 on an H200, bench/results v31)."""
     if v in (None, ""):
         return 2, 4
     parts = v.split(",")
     ok = len(parts) == 2 and all(p.isdigit() and int(p) > 0 and not int(p) & (int(p) - 1) for p in parts)
     if not ok:
-        raise ValueError(f"GPTOSS_GEMV_PRELOAD_TILE must be BN,WARPS (two powers of two), got {v!r}")
+        raise ValueError(f"{name} must be BN,WARPS (two powers of two), got {v!r}")
     return int(parts[0]), int(parts[1])
 
 

@@ -34,6 +34,7 @@ from torch import Tensor
 from gptoss.kernels import pdl
 from gptoss.kernels.gemv_preload import gemv_preload, plain_operands
 from gptoss.kernels.gemv_preload import suits as preload_suits
+from gptoss.kernels.gemv_stream import gemv_stream
 from gptoss.kernels.rounding import round_to
 
 # linear() hands larger T to F.linear: every program re-reads its T rows of x from L2, which at
@@ -43,10 +44,10 @@ GEMV_MAX_T = 8
 
 
 def gemv_from_env(v: str | None) -> str:
-    """GPTOSS_GEMV: "preload" (unset) or "dot"."""
+    """GPTOSS_GEMV: "preload" (unset), "stream" or "dot"."""
     v = v or "preload"
-    if v not in ("dot", "preload"):
-        raise ValueError(f"GPTOSS_GEMV={v!r}: dot or preload")
+    if v not in ("dot", "preload", "stream"):
+        raise ValueError(f"GPTOSS_GEMV={v!r}: dot, preload or stream")
     return v
 
 
@@ -55,6 +56,8 @@ def gemv_from_env(v: str | None) -> str:
 #   preload  (the default) one token on gemv_preload, QKV and O alike (W read before the PDL wait),
 #            and up to gemv_preload.MAX_T for a wide W (O; a tall one, QKV, lost to cuBLAS at T 2);
 #            larger T as with dot. H200, 120b batch 1: 351.0 against 341.6 tok/s (bench/results v31)
+#   stream   where preload would run, gemv_stream: the same sums on a one-wave grid whose programs
+#            walk several row blocks, the next block in flight (untimed)
 GEMV = gemv_from_env(os.environ.get("GPTOSS_GEMV"))
 
 
@@ -182,16 +185,16 @@ def gemv(
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """F.linear(x, w, b). With GPTOSS_GEMV=preload (the default), a CUDA x of one token, or of up to
-    gemv_preload.MAX_T for a wide W, takes gemv_preload. Else the GEMV kernel takes a CUDA [T, K]
-    with 1 <= T <= GEMV_MAX_T when W is wider than tall (K > N: where cuBLAS splits K and adds a
-    reduce kernel) and the operands suit it; otherwise F.linear itself. Measured on the H100 (v7):
-    O [2880, 4096] 12.3 vs 14.3 us, but QKV [5120, 2880] 14.3 vs 13.7 us, so QKV stays on cuBLAS
-    there. CPU tensors always take F.linear, also under TRITON_INTERPRET=1: the interpreter runs a
-    program in milliseconds, and the CPU engine tests would pay that on every projection (tests
-    call the kernels directly)."""
+    gemv_preload.MAX_T for a wide W, takes gemv_preload (GPTOSS_GEMV=stream: gemv_stream). Else the
+    GEMV kernel takes a CUDA [T, K] with 1 <= T <= GEMV_MAX_T when W is wider than tall (K > N: where
+    cuBLAS splits K and adds a reduce kernel) and the operands suit it; otherwise F.linear itself.
+    Measured on the H100 (v7): O [2880, 4096] 12.3 vs 14.3 us, but QKV [5120, 2880] 14.3 vs 13.7 us,
+    so QKV stays on cuBLAS there. CPU tensors always take F.linear, also under TRITON_INTERPRET=1:
+    the interpreter runs a program in milliseconds, and the CPU engine tests would pay that on every
+    projection (tests call the kernels directly)."""
     one_or_wide = x.dim() == 2 and (x.shape[0] == 1 or w.shape[1] > w.shape[0])
-    if GEMV == "preload" and x.is_cuda and one_or_wide and preload_suits(x, w, b):
-        return gemv_preload(x, w, b)
+    if GEMV in ("preload", "stream") and x.is_cuda and one_or_wide and preload_suits(x, w, b):
+        return gemv_stream(x, w, b) if GEMV == "stream" else gemv_preload(x, w, b)
     suits = (
         x.is_cuda and plain_operands(x, w, b) and 1 <= x.shape[0] <= GEMV_MAX_T and w.shape[1] > w.shape[0]
     )

@@ -130,7 +130,7 @@ def test_linear_takes_it_on_cuda_when_switched_on(monkeypatch):
 
 def test_gemv_switch_values():
     assert lin.gemv_from_env(None) == "preload" and lin.gemv_from_env("dot") == "dot"
-    with pytest.raises(ValueError, match="GPTOSS_GEMV='fast': dot or preload"):
+    with pytest.raises(ValueError, match="GPTOSS_GEMV='fast': dot, preload or stream"):
         lin.gemv_from_env("fast")
 
 
@@ -142,6 +142,7 @@ def test_the_sm90a_code_loads_all_of_w_before_the_pdl_wait():
     got = sass_json("pdl_wait_sass.py")
     others = ["norm_logits", "norm_logits late release", "rmsnorm", "attention reduce"]
     others += ["attention", "attention rope", "attention rope preload"]
+    others += [f"stream {n} 2x4{t}" for n in ("o", "qkv") for t in ("", " two")]
     for other in others:  # their own tests'
         got.pop(other)
     assert len(got) == 8
