@@ -31,8 +31,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels import device_info, pdl
+from gptoss.kernels import device_info, l2_prefetch, pdl
 from gptoss.kernels.gemv_preload import MAX_T, k_parts, suits, tiles_from_env
+from gptoss.kernels.l2_prefetch import prefetch_part
 from gptoss.kernels.rounding import round_to
 
 # The interpreter's "SMs": a grid of a few programs, so the tests walk several blocks a program.
@@ -53,6 +54,13 @@ def per_sm_from_env(v: str | None) -> tuple[int, int]:
 
 
 PER_SM = per_sm_from_env(os.environ.get("GPTOSS_GEMV_STREAM_PER_SM"))
+# GPTOSS_GEMV_STREAM_L2=D (default 0: off): each iteration also asks L2 for the block D iterations
+# ahead (one bulk prefetch, l2_prefetch.prefetch_part), so the next block's loads find it there. Why:
+# in the sm_90a SASS (BN 2, QKV) ptxas issues the next block's loads halfway through the current
+# block's sums, not before them, so a program has one block in flight for part of each iteration
+# only; a prefetch holds no register. Where bulk prefetches run (Hopper, compiled) and W's rows
+# are contiguous. Untimed.
+L2_AHEAD = int(os.environ.get("GPTOSS_GEMV_STREAM_L2", "0") or 0)
 TILE = tiles_from_env(os.environ.get("GPTOSS_GEMV_STREAM_TILE"), "GPTOSS_GEMV_STREAM_TILE")  # (BN, warps)
 
 
@@ -122,6 +130,8 @@ def _gemv_stream_kernel(
     K2: tl.constexpr,
     TWO: tl.constexpr,  # MAX_T 2: a second token's x row in registers too
     PDL: tl.constexpr,
+    L2_AHEAD: tl.constexpr = 0,  # blocks ahead to prefetch into L2 (0: none)
+    NT: tl.constexpr = 128,  # threads a program (32 * num_warps), for the prefetch's chunks
 ):
     """Program p: row blocks p, p + G, ... (G programs), y[t, block] = x[t] @ W[block]^T + b."""
     pid, g = tl.program_id(0), tl.num_programs(0)
@@ -134,6 +144,10 @@ def _gemv_stream_kernel(
     if TWO:
         xb1, xb2 = _x_row(x_ptr + stride_x, K, K1, K2, T > 1)
     for blk in range(pid, nblk, g):
+        if L2_AHEAD > 0:  # rows contiguous (the host checks): block blk + D*g's bytes, clamped to W's end
+            ahead = blk + L2_AHEAD * g
+            left = tl.maximum(tl.minimum(N - ahead * BN, BN), 0)
+            prefetch_part(w_ptr + ahead.to(tl.int64) * BN * stride_w, left * K * 2, 0, 1, NT)
         # The next block's loads first: in flight while this block is summed and stored.
         n1, n2, nbias = _rows(w_ptr, b_ptr, blk + g, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
         rows = blk * BN + tl.arange(0, BN)
@@ -145,6 +159,19 @@ def _gemv_stream_kernel(
                 y_ptr + stride_y + rows, round_to(acc, y_ptr.dtype.element_ty), mask=(rows < N) & (T > 1)
             )
         w1, w2, bias = n1, n2, nbias
+
+
+def _prefetches(x: Tensor, w: Tensor) -> bool:
+    """Whether L2_AHEAD's bulk prefetches may run: compiled on Hopper, W's rows contiguous, 2-byte
+    elements and K % 8 == 0, so every row (and block) starts 16-byte aligned and ends on 16 bytes."""
+    return (
+        L2_AHEAD > 0
+        and l2_prefetch.supported(x)
+        and w.stride(0) == w.shape[1]
+        and w.element_size() == 2
+        and w.data_ptr() % 16 == 0
+        and w.shape[1] % 8 == 0
+    )
 
 
 def gemv_stream(
@@ -189,6 +216,8 @@ def gemv_stream(
         K1=k1,
         K2=k2,
         TWO=t > 1,
+        L2_AHEAD=L2_AHEAD if _prefetches(x, w) else 0,
+        NT=32 * warps,
         num_warps=warps,
         num_stages=1,
         **pdl.args(x),

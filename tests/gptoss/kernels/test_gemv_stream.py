@@ -127,3 +127,26 @@ def test_the_sm90a_code_fits_per_sm_programs_and_loads_the_first_block_before_th
     assert got["ldg_before_wait"] == 2 * (k1 + k2) * 2 // (16 * 128) + 2
     # after it: x's row(s) and the next block's W and bias, no more
     assert got["ldg_after_wait"] <= (1 + two) * 4 + got["ldg_before_wait"]
+
+
+def test_the_l2_switch_adds_one_bulk_prefetch_a_block_and_keeps_the_loads():
+    """GPTOSS_GEMV_STREAM_L2=2 (sm_90a, QKV, BN 2 x 4 warps): a bulk L2 prefetch (UBLKPF) in the
+    loop, none without it; the same loads before and after the wait."""
+    sass = sass_json("pdl_wait_sass.py")
+    got, base = sass["stream qkv 2x4 l2"], sass["stream qkv 2x4"]
+    assert got["bulk_prefetches"] >= 1 and base["bulk_prefetches"] == 0
+    assert (got["ldg_before_wait"], got["ldg_after_wait"]) == (
+        base["ldg_before_wait"],
+        base["ldg_after_wait"],
+    )
+    assert got["spills"] == 0 and gs.PER_SM[0] * 128 * got["regs"] <= 65536
+
+
+def test_the_l2_switch_stays_off_where_bulk_prefetches_do_not_run(monkeypatch):
+    """On CPU (the interpreter runs no PTX) the kernel never gets L2_AHEAD, whatever the switch."""
+    monkeypatch.setattr(gs, "L2_AHEAD", 2)
+    seen = record_launches(monkeypatch, gs, "_gemv_stream_kernel", "L2_AHEAD")
+    x, w, b = operands(1, 40, 64, torch.bfloat16, True, seed=9)
+    y = gs.gemv_stream(x, w, b)
+    assert seen == ([2] if DEV == "cuda" else [0])
+    assert torch.equal(y, gemv_preload(x, w, b))
