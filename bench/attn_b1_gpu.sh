@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU side, one H200, one device call (~8 min): batch-1 decode attention's variants, alone and in the
+# GPU side, one H200, one device call (~8 min): batch-1 decode variants (attention, GEMVs, MoE), alone and in the
 # engine. While the random 120b is written to a tmpfs, the compiled attention tests (TESTS_FILES, -k
-# TESTS) run beside it; then bench/kernels/attn_chain_gpu.py (attention's layers in a CUDA graph,
+# TESTS) run beside it; then, with LINEAR (a --variants list), bench/kernels/linear_gpu.py (the decode
+# GEMVs alone), bench/kernels/attn_chain_gpu.py (attention's layers in a CUDA graph,
 # alone and between the projections, MICRO_ARGS), then bench/decode_ab_gpu.py on the 120b
 # (V120: its --variant list) and, while the call has time (LIMIT20 s since the start), on a random
 # 20b (V20), each table with the kernels named in SHOW. Everything under RES ($OUT by default); the
@@ -29,6 +30,11 @@ fi
 [ -n "$V120" ] && checkpoint_120b
 wait
 [ "$TESTS" != none ] && { tail -8 "$RES/tests.txt"; row "compiled tests" "$(tail -1 "$RES/tests.txt")"; }
+if [ -n "${LINEAR:-}" ]; then  # the decode GEMVs alone (bench/kernels/linear_gpu.py --variants LINEAR)
+  say "decode GEMVs alone"
+  timeout 240 python3 bench/kernels/linear_gpu.py --ts 1,2 --variants "$LINEAR" > "$RES/linear.txt" 2>&1
+  tail -20 "$RES/linear.txt"
+fi
 if [ "${MICRO:-1}" = 1 ]; then
   say "attention chains"
   # shellcheck disable=SC2086  # MICRO_ARGS is a list of flags
@@ -51,4 +57,5 @@ if [ -n "$V20" ] && [ $(( $(date +%s) - t0 )) -lt "${LIMIT20:-430}" ]; then
 fi
 finish
 echo "== chains"; sed -n '/^  ctx/,$p' "$RES/chain.txt" 2>/dev/null
+[ -n "${LINEAR:-}" ] && { echo "== decode GEMVs alone"; tail -20 "$RES/linear.txt"; }
 for f in "$RES"/ab_*.txt; do echo "== $f"; sed -n '/^batch /,$p' "$f"; done
