@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU side, one H200, one device call (~8 min): batch-1 decode variants (attention, GEMVs, MoE), alone and in the
-# engine. While the random 120b is written to a tmpfs, the compiled attention tests (TESTS_FILES, -k
+# GPU side, one H200, one device call (~8 min): batch-1 decode variants (attention, GEMVs, MoE), alone
+# and in the engine. While the random 120b is written to a tmpfs, the compiled attention tests (TESTS_FILES, -k
 # TESTS) run beside it; then, with LINEAR (a --variants list), bench/kernels/linear_gpu.py (the decode
 # GEMVs alone), bench/kernels/attn_chain_gpu.py (attention's layers in a CUDA graph,
 # alone and between the projections, MICRO_ARGS), then bench/decode_ab_gpu.py on the 120b
