@@ -53,12 +53,14 @@ def compile_stats(k: int, bn: int, warps: int, early: int | None = None) -> dict
     return _load_stats(_compile(_gemv_preload_kernel, sig, consts, warps, 1))
 
 
-def stream_stats(k: int, bn: int, warps: int, two: bool, l2_ahead: int = 0) -> dict:
+def stream_stats(k: int, bn: int, warps: int, two: bool, l2_ahead: int = 0, pre: int = 1) -> dict:
     """gemv_stream's kernel (gptoss.kernels.gemv_stream) at W [N, k], as compile_stats."""
     k1, k2 = k_parts(k)
     sig = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", T="i32", N="i32", K="i32")
     sig.update(stride_x="i32", stride_w="i32", stride_y="i32")
-    consts = dict(HAS_BIAS=True, BN=bn, K1=k1, K2=k2, TWO=two, PDL=True, L2_AHEAD=l2_ahead, NT=32 * warps)
+    consts = dict(
+        HAS_BIAS=True, BN=bn, K1=k1, K2=k2, TWO=two, PDL=True, L2_AHEAD=l2_ahead, NT=32 * warps, PRE=pre
+    )
     return _load_stats(_compile(_gemv_stream_kernel, sig, consts, warps, 1))
 
 
@@ -92,6 +94,7 @@ def stats() -> dict:
         for two in (False, True)
     }
     out["stream qkv 2x4 l2"] = stream_stats(2880, 2, 4, False, l2_ahead=2)  # GPTOSS_GEMV_STREAM_L2=2
+    out["stream qkv 2x4 pre2"] = stream_stats(2880, 2, 4, False, pre=2)  # gemv_stream.PRE (2, _)
     sig = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*fp32", out_ptr="*bf16", r_ptr="*bf16", cw_ptr="*fp32")
     sig.update(stride_x="i32", stride_res="i32", stride_out="i32", stride_r="i32", H="i32", eps="fp32")
     rms = _compile(_rmsnorm_kernel, sig, dict(HAS_RESIDUAL=True, TOP_K=4, BLOCK=4096, PDL=True), 16, 1)

@@ -61,6 +61,11 @@ PER_SM = per_sm_from_env(os.environ.get("GPTOSS_GEMV_STREAM_PER_SM"))
 # only; a prefetch holds no register. Where bulk prefetches run (Hopper, compiled) and W's rows
 # are contiguous. Untimed.
 L2_AHEAD = int(os.environ.get("GPTOSS_GEMV_STREAM_L2", "0") or 0)
+# Blocks a program loads before the PDL wait, (tall W: QKV, N > K; wide W: O): 1 or 2 each (default 1,
+# 1; a module switch for bench/decode_ab_gpu.py). Why 2 for QKV: the add + RMSNorm before it is one
+# program of ~3.6 us that moves ~30 KB, room for ~15 MB of QKV's 29.5 (4.4 TB/s) where one block a
+# program preloads ~6 MB; before O runs attention, which the preloads slowed before (v31). Untimed.
+PRE = (1, 1)
 TILE = tiles_from_env(os.environ.get("GPTOSS_GEMV_STREAM_TILE"), "GPTOSS_GEMV_STREAM_TILE")  # (BN, warps)
 
 
@@ -132,12 +137,17 @@ def _gemv_stream_kernel(
     PDL: tl.constexpr,
     L2_AHEAD: tl.constexpr = 0,  # blocks ahead to prefetch into L2 (0: none)
     NT: tl.constexpr = 128,  # threads a program (32 * num_warps), for the prefetch's chunks
+    PRE: tl.constexpr = 1,  # blocks whose loads leave before the PDL wait: 1, or 2
 ):
     """Program p: row blocks p, p + G, ... (G programs), y[t, block] = x[t] @ W[block]^T + b."""
     pid, g = tl.program_id(0), tl.num_programs(0)
     nblk = tl.cdiv(N, BN)
-    # W and the bias never change: the first block's loads leave before the PDL wait.
+    # W and the bias never change: the first block's loads (PRE 2: the second's too) leave before the
+    # PDL wait. The second block's registers are the loop's next-block buffer, so PRE 2 costs none.
     w1, w2, bias = _rows(w_ptr, b_ptr, pid, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
+    n1, n2, nbias = w1, w2, bias
+    if PRE == 2:
+        n1, n2, nbias = _rows(w_ptr, b_ptr, pid + g, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
     pdl.wait_then_release(PDL)
     xa1, xa2 = _x_row(x_ptr, K, K1, K2, True)
     xb1, xb2 = xa1, xa2
@@ -148,8 +158,8 @@ def _gemv_stream_kernel(
             ahead = blk + L2_AHEAD * g
             left = tl.maximum(tl.minimum(N - ahead * BN, BN), 0)
             prefetch_part(w_ptr + ahead.to(tl.int64) * BN * stride_w, left * K * 2, 0, 1, NT)
-        # The next block's loads first: in flight while this block is summed and stored.
-        n1, n2, nbias = _rows(w_ptr, b_ptr, blk + g, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
+        if PRE == 1:  # the next block's loads first: in flight while this block is summed and stored
+            n1, n2, nbias = _rows(w_ptr, b_ptr, blk + g, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
         rows = blk * BN + tl.arange(0, BN)
         acc = _sums(w1, w2, xa1, xa2, K2) + bias
         tl.store(y_ptr + rows, round_to(acc, y_ptr.dtype.element_ty), mask=rows < N)
@@ -159,6 +169,14 @@ def _gemv_stream_kernel(
                 y_ptr + stride_y + rows, round_to(acc, y_ptr.dtype.element_ty), mask=(rows < N) & (T > 1)
             )
         w1, w2, bias = n1, n2, nbias
+        if PRE == 2:  # the next block is loaded already: the one after it, behind this block's sums
+            n1, n2, nbias = _rows(w_ptr, b_ptr, blk + 2 * g, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
+
+
+def _pre(v: int) -> int:
+    if v not in (1, 2):
+        raise ValueError(f"gemv_stream.PRE: 1 or 2 blocks before the PDL wait, got {v!r}")
+    return v
 
 
 def _prefetches(x: Tensor, w: Tensor) -> bool:
@@ -217,6 +235,7 @@ def gemv_stream(
         K2=k2,
         TWO=t > 1,
         L2_AHEAD=L2_AHEAD if _prefetches(x, w) else 0,
+        PRE=_pre(PRE[0] if n > k else PRE[1]),
         NT=32 * warps,
         num_warps=warps,
         num_stages=1,

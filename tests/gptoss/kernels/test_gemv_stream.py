@@ -53,6 +53,21 @@ def test_the_same_bits_as_gemv_preload(t, n, k, bias, per_sm, monkeypatch):
     assert bool((err <= want.abs() * 2**-8 + 1e-4).all()), float(err.max())
 
 
+@pytest.mark.parametrize("pre", [(2, 2), (2, 1), (1, 2)])
+def test_two_blocks_before_the_wait_keep_the_bits(pre, monkeypatch):
+    """gemv_stream.PRE: a tall W (N > K, as QKV) takes the first, a wide one (O) the second; with 2 a
+    program's second block loads before the wait and the loop loads two blocks ahead."""
+    monkeypatch.setattr(gs, "PRE", pre)
+    seen = record_launches(monkeypatch, gs, "_gemv_stream_kernel", "PRE")
+    for n, k in ((130, 96), (40, 300), (3, 128)):
+        x, w, b = operands(2, n, k, torch.bfloat16, True, seed=n + k)
+        assert torch.equal(gs.gemv_stream(x, w, b, per_sm=1), gemv_preload(x, w, b))
+    assert seen == [pre[0], pre[1], pre[1]]
+    monkeypatch.setattr(gs, "PRE", (3, 1))
+    with pytest.raises(ValueError, match="gemv_stream.PRE: 1 or 2 blocks before the PDL wait, got 3"):
+        gs.gemv_stream(*operands(1, 130, 96, torch.bfloat16, True))
+
+
 @pytest.mark.parametrize(("bn", "warps"), [(1, 1), (4, 2), (8, 4)])
 def test_other_tiles_keep_the_bits(bn, warps):
     x, w, b = operands(2, 50, 300, torch.bfloat16, True, seed=5)
@@ -150,3 +165,12 @@ def test_the_l2_switch_stays_off_where_bulk_prefetches_do_not_run(monkeypatch):
     y = gs.gemv_stream(x, w, b)
     assert seen == ([2] if DEV == "cuda" else [0])
     assert torch.equal(y, gemv_preload(x, w, b))
+
+
+def test_two_blocks_before_the_wait_load_twice_the_bytes_there_in_the_same_registers():
+    """gemv_stream.PRE 2 (sm_90a, QKV, BN 2 x 4 warps): twice the first block's loads before the wait,
+    the rest after; no spills, and PER_SM's programs still fit an SM."""
+    sass = sass_json("pdl_wait_sass.py")
+    got, base = sass["stream qkv 2x4 pre2"], sass["stream qkv 2x4"]
+    assert got["ldg_before_wait"] == 2 * base["ldg_before_wait"]
+    assert got["spills"] == 0 and gs.PER_SM[0] * 128 * got["regs"] <= 65536

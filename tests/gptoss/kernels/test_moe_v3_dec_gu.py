@@ -149,7 +149,12 @@ def test_gate_up_v3_dec_passes_the_release_switch(monkeypatch):
     monkeypatch.setattr(moe_v3_dec_gu, "RELEASE_EARLY", False)
     got_r = Routing.empty(1, 4, 8, DEV)
     assert torch.equal(moe_v3_dec_gu.gate_up_v3_dec(x, got_r, w, ALPHA, LIMIT, logits=logits), want)
-    assert seen == [False] and torch.equal(got_r.ids, want_r.ids) and torch.equal(got_r.rows, want_r.rows)
+    assert (
+        seen == [False] and torch.equal(got_r.ids, want_r.ids) and torch.equal(got_r.weights, want_r.weights)
+    )
+    assert torch.equal(got_r.counts, want_r.counts)
+    for e, c in enumerate(want_r.counts.tolist()):  # the rows stored: each expert's first counts[e]
+        assert torch.equal(got_r.rows[e, :c], want_r.rows[e, :c])
 
 
 @pytest.mark.parametrize("e", [6, 8])
