@@ -179,6 +179,19 @@ def suits(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
     )
 
 
+def checked_output(name: str, x: Tensor, w: Tensor, b: Tensor | None) -> tuple[int, int, int, Tensor]:
+    """(T, K, N, y [T, N] empty) for a decode GEMV `name` that takes what `suits` takes, or a clear
+    error naming the operands."""
+    if not suits(x, w, b):
+        raise ValueError(
+            f"{name} needs x [T, K] with 1 <= T <= {MAX_T}, w [N, K] and b [N] | None of one dtype "
+            f"and a contiguous last dim, got x {tuple(x.shape)} {x.dtype} strides {x.stride()}, "
+            f"w {tuple(w.shape)} {w.dtype}, b {None if b is None else (tuple(b.shape), b.dtype)}"
+        )
+    (t, k), n = x.shape, w.shape[0]
+    return t, k, n, torch.empty(t, n, dtype=x.dtype, device=x.device)
+
+
 def gemv_preload(
     x: Tensor,
     w: Tensor,
@@ -190,15 +203,7 @@ def gemv_preload(
 ) -> Tensor:
     """x [T, K], w [N, K], b [N] | None -> y [T, N] = x @ w^T + b, T <= MAX_T; tiles default to TILE,
     early_rows (the rows of a program's BN loaded before the PDL wait) to EARLY, both all BN rows."""
-    if not suits(x, w, b):
-        raise ValueError(
-            f"gemv_preload needs x [T, K] with 1 <= T <= {MAX_T}, w [N, K] and b [N] | None of one dtype "
-            f"and a contiguous last dim, got x {tuple(x.shape)} {x.dtype} strides {x.stride()}, "
-            f"w {tuple(w.shape)} {w.dtype}, b {None if b is None else (tuple(b.shape), b.dtype)}"
-        )
-    t, k = x.shape
-    n = w.shape[0]
-    y = torch.empty(t, n, dtype=x.dtype, device=x.device)  # [T, N]
+    t, k, n, y = checked_output("gemv_preload", x, w, b)
     if n == 0:
         return y
     bn, warps = block_n or TILE[0], num_warps or TILE[1]

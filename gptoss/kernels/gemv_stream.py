@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import os
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import device_info, l2_prefetch, pdl
-from gptoss.kernels.gemv_preload import MAX_T, k_parts, suits, tiles_from_env
+from gptoss.kernels.gemv_preload import checked_output, k_parts, tiles_from_env
 from gptoss.kernels.l2_prefetch import prefetch_part
 from gptoss.kernels.rounding import round_to
 
@@ -203,15 +202,7 @@ def gemv_stream(
 ) -> Tensor:
     """x [T, K], w [N, K], b [N] | None -> y [T, N] = x @ w^T + b, T <= gemv_preload.MAX_T (the operands
     gemv_preload takes); tiles default to TILE, programs an SM to PER_SM's for T."""
-    if not suits(x, w, b):
-        raise ValueError(
-            f"gemv_stream needs x [T, K] with 1 <= T <= {MAX_T}, w [N, K] and b [N] | None of one dtype "
-            f"and a contiguous last dim, got x {tuple(x.shape)} {x.dtype} strides {x.stride()}, "
-            f"w {tuple(w.shape)} {w.dtype}, b {None if b is None else (tuple(b.shape), b.dtype)}"
-        )
-    t, k = x.shape
-    n = w.shape[0]
-    y = torch.empty(t, n, dtype=x.dtype, device=x.device)  # [T, N]
+    t, k, n, y = checked_output("gemv_stream", x, w, b)
     if n == 0:
         return y
     bn, warps = block_n or TILE[0], num_warps or TILE[1]
