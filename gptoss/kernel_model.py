@@ -38,7 +38,7 @@ from gptoss.kernels.lora_attn import lora_add
 from gptoss.kernels.moe import expert_rows_v3, expert_rows_v3_logits, moe_forward, v3_decode
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_lora import experts_dec_lora, moe_forward_lora
-from gptoss.kernels.moe_tiles import DECODE_MAX_T
+from gptoss.kernels.moe_v3_dec import env_max_t
 from gptoss.kernels.norm_route import norm_logits, norm_route
 from gptoss.kernels.qkv_rope import qkv_rope
 from gptoss.kernels.qkv_rope import suits as qkv_rope_suits
@@ -89,14 +89,7 @@ ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0"
 
 
 def _decode_on_large(v: str | None) -> int:
-    if v in (None, ""):
-        return 0
-    if not v.isdigit() or int(v) > DECODE_MAX_T:
-        raise ValueError(
-            f"GPTOSS_DECODE_ON_LARGE must be the most tokens a decode batch has to run on the large v3 "
-            f"copy of the experts (0: never, up to {DECODE_MAX_T}), got {v!r}"
-        )
-    return int(v)
+    return env_max_t(v, "GPTOSS_DECODE_ON_LARGE", "MoE on the large v3 copy", default=0)
 
 
 DECODE_ON_LARGE = _decode_on_large(os.environ.get("GPTOSS_DECODE_ON_LARGE"))

@@ -88,16 +88,32 @@ def k_parts(k: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _row_sums(w1, w2, x_ptr, K, K1: tl.constexpr, K2: tl.constexpr):
-    """[BN] float32: each row of the tiles [BN, K1] (+ [BN, K2] at K1..K) times x [K]."""
+def _x_row(x_ptr, K, K1: tl.constexpr, K2: tl.constexpr, live):
+    """x [K] as float32 tiles [K1], [K2] (zeros where not live: the second token of a one-token launch)."""
     k1 = tl.arange(0, K1)
-    x1 = tl.load(x_ptr + k1).to(tl.float32)
-    acc = tl.sum(w1.to(tl.float32) * x1[None, :], axis=1)
+    x1 = tl.load(x_ptr + k1, mask=live, other=0.0).to(tl.float32)
+    x2 = x1
     if K2 > 0:
         k2 = K1 + tl.arange(0, K2)
-        x2 = tl.load(x_ptr + k2, mask=k2 < K, other=0.0).to(tl.float32)
+        x2 = tl.load(x_ptr + k2, mask=live & (k2 < K), other=0.0).to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _sums(w1, w2, x1, x2, K2: tl.constexpr):
+    """[BN] float32: each row of the tiles [BN, K1] (+ [BN, K2] at K1..K) times x (_x_row's tiles).
+    The one definition of a row's sum: gemv_stream's rows are these bits."""
+    acc = tl.sum(w1.to(tl.float32) * x1[None, :], axis=1)
+    if K2 > 0:
         acc += tl.sum(w2.to(tl.float32) * x2[None, :], axis=1)
     return acc
+
+
+@triton.jit
+def _row_sums(w1, w2, x_ptr, K, K1: tl.constexpr, K2: tl.constexpr):
+    """[BN] float32: _sums of the tiles with the row of x at x_ptr."""
+    x1, x2 = _x_row(x_ptr, K, K1, K2, True)
+    return _sums(w1, w2, x1, x2, K2)
 
 
 @triton.jit(do_not_specialize=["T"])

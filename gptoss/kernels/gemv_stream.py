@@ -31,7 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import device_info, l2_prefetch, pdl
-from gptoss.kernels.gemv_preload import checked_output, k_parts, tiles_from_env
+from gptoss.kernels.gemv_preload import _sums, _x_row, checked_output, k_parts, tiles_from_env
 from gptoss.kernels.l2_prefetch import prefetch_part
 from gptoss.kernels.rounding import round_to
 
@@ -93,27 +93,6 @@ def _rows(w_ptr, b_ptr, blk, nblk, N, K, stride_w, HAS_BIAS: tl.constexpr, BN: t
     if HAS_BIAS:
         bias = tl.load(b_ptr + tl.minimum(rows, N - 1), mask=live & (rows < N), other=0.0).to(tl.float32)
     return w1, w2, bias
-
-
-@triton.jit
-def _sums(w1, w2, x1, x2, K2: tl.constexpr):
-    """[BN] float32: gemv_preload._row_sums on x already loaded (x1 [K1], x2 [K2] float32)."""
-    acc = tl.sum(w1.to(tl.float32) * x1[None, :], axis=1)
-    if K2 > 0:
-        acc += tl.sum(w2.to(tl.float32) * x2[None, :], axis=1)
-    return acc
-
-
-@triton.jit
-def _x_row(x_ptr, K, K1: tl.constexpr, K2: tl.constexpr, live):
-    """x [K] as float32 tiles [K1], [K2] (zeros where not live: the second token of a one-token launch)."""
-    k1 = tl.arange(0, K1)
-    x1 = tl.load(x_ptr + k1, mask=live & (k1 < K1), other=0.0).to(tl.float32)
-    x2 = x1
-    if K2 > 0:
-        k2 = K1 + tl.arange(0, K2)
-        x2 = tl.load(x_ptr + k2, mask=live & (k2 < K), other=0.0).to(tl.float32)
-    return x1, x2
 
 
 @triton.jit(do_not_specialize=["T"])
