@@ -44,8 +44,8 @@ GEMV_MAX_T = 8
 
 
 def gemv_from_env(v: str | None) -> str:
-    """GPTOSS_GEMV: "preload" (unset), "stream" or "dot"."""
-    v = v or "preload"
+    """GPTOSS_GEMV: "stream" (unset), "preload" or "dot"."""
+    v = v or "stream"
     if v not in ("dot", "preload", "stream"):
         raise ValueError(f"GPTOSS_GEMV={v!r}: dot, preload or stream")
     return v
@@ -53,11 +53,14 @@ def gemv_from_env(v: str | None) -> str:
 
 # GPTOSS_GEMV picks the CUDA decode projections' kernel:
 #   dot      T <= GEMV_MAX_T on the tl.dot GEMV below where W is wider than tall (O), else cuBLAS (QKV)
-#   preload  (the default) one token on gemv_preload, QKV and O alike (W read before the PDL wait),
-#            and up to gemv_preload.MAX_T for a wide W (O; a tall one, QKV, lost to cuBLAS at T 2);
-#            larger T as with dot. H200, 120b batch 1: 351.0 against 341.6 tok/s (bench/results v31)
-#   stream   where preload would run, gemv_stream: the same sums on a one-wave grid whose programs
-#            walk several row blocks, the next block in flight (untimed)
+#   preload  one token on gemv_preload, QKV and O alike (W read before the PDL wait), and up to
+#            gemv_preload.MAX_T for a wide W (O; a tall one, QKV, lost to cuBLAS at T 2); larger T
+#            as with dot. H200, 120b batch 1: 351.0 against 341.6 tok/s (bench/results v31)
+#   stream   (the default) where preload would run, gemv_stream: the same sums on a one-wave grid
+#            whose programs walk several row blocks, the next block in flight. H200 (v40): alone at
+#            T 1, QKV 9.08 against 9.83 us, O 6.77 against 7.77; 120b batch 1 445.0 / 445.3 tok/s
+#            against 438.6 / 437.2, 20b 557.8 / 562.9 against 559.7 / 556.1 (with DECODE_ON_LARGE:
+#            624.8 / 630.0 against 606.2 / 619.4)
 GEMV = gemv_from_env(os.environ.get("GPTOSS_GEMV"))
 
 
@@ -184,8 +187,8 @@ def gemv(
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear(x, w, b). With GPTOSS_GEMV=preload (the default), a CUDA x of one token, or of up to
-    gemv_preload.MAX_T for a wide W, takes gemv_preload (GPTOSS_GEMV=stream: gemv_stream). Else the
+    """F.linear(x, w, b). With GPTOSS_GEMV=stream (the default), a CUDA x of one token, or of up to
+    gemv_preload.MAX_T for a wide W, takes gemv_stream (GPTOSS_GEMV=preload: gemv_preload). Else the
     GEMV kernel takes a CUDA [T, K] with 1 <= T <= GEMV_MAX_T when W is wider than tall (K > N: where
     cuBLAS splits K and adds a reduce kernel) and the operands suit it; otherwise F.linear itself.
     Measured on the H100 (v7): O [2880, 4096] 12.3 vs 14.3 us, but QKV [5120, 2880] 14.3 vs 13.7 us,

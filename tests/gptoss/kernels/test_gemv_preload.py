@@ -129,7 +129,8 @@ def test_linear_takes_it_on_cuda_when_switched_on(monkeypatch):
 
 
 def test_gemv_switch_values():
-    assert lin.gemv_from_env(None) == "preload" and lin.gemv_from_env("dot") == "dot"
+    assert lin.gemv_from_env(None) == "stream" and lin.gemv_from_env("") == "stream"
+    assert lin.gemv_from_env("preload") == "preload" and lin.gemv_from_env("dot") == "dot"
     with pytest.raises(ValueError, match="GPTOSS_GEMV='fast': dot, preload or stream"):
         lin.gemv_from_env("fast")
 

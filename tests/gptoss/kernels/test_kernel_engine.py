@@ -230,7 +230,7 @@ def test_decode_on_the_large_copy_gives_the_reference_tokens(
 ):
     """Two copies of the experts (20b's: v2 and a v3 copy for large batches): with
     GPTOSS_DECODE_ON_LARGE=1 one-token decode steps run the v3 copy's split-K gate_up and down
-    (120b's decode path) and no decode kernel on v2; with 0 (the default) the decode kernels on v2.
+    (120b's decode path; 1 is the default) and no decode kernel on v2; with 0 the decode kernels on v2.
     The greedy tokens equal the reference's either way."""
     from gptoss import kernel_model
     from gptoss.kernels import moe_decode, moe_v3_dec, moe_v3_dec_gu
@@ -268,7 +268,7 @@ def test_decode_on_the_large_copy_gives_the_reference_tokens(
 def test_decode_on_large_refuses_a_bad_value_by_name():
     from gptoss import kernel_model
 
-    assert [kernel_model._decode_on_large(v) for v in (None, "", "0", "4")] == [0, 0, 0, 4]
+    assert [kernel_model._decode_on_large(v) for v in (None, "", "0", "4")] == [1, 1, 0, 4]
     for bad in ("x", "-1", "99"):
         with pytest.raises(ValueError, match=r"^GPTOSS_DECODE_ON_LARGE must be the most tokens .* got "):
             kernel_model._decode_on_large(bad)
