@@ -78,11 +78,11 @@ def down(t: DecTiles):
     return _compile(f._down_flat_kernel if t.per_sm else d._down_dec_kernel, sig, consts, t.warps, t.stages)
 
 
-def norm_logits(pdl: bool, release: bool = True):
+def norm_logits(pdl: bool):
     sig = dict(x_ptr="*bf16", res_ptr="*bf16", nw_ptr="*fp32", h_ptr="*bf16", r_ptr="*bf16")
     sig.update(rw_ptr="*bf16", rb_ptr="*bf16", logits_ptr="*fp32")
     sig.update(T="i32", stride_x="i32", stride_res="i32", eps="fp32")
-    consts = dict(H=2880, E=32, BH=4096, PDL=pdl, RELEASE=release)
+    consts = dict(H=2880, E=32, BH=4096, PDL=pdl)
     return _compile(_norm_logits_kernel, sig, consts, 8, 3)
 
 

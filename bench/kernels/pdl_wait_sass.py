@@ -12,8 +12,7 @@ come before ACQBULK and only x after it; with GPTOSS_GEMV_PRELOAD_EARLY (rows a 
 wait) at 2 of 4, half of them; at 0, none. The one-wave GEMV (gemv_stream, BN 2 x 4 warps, one and two
 tokens): its first block's W and bias before ACQBULK, x and the next blocks' after; its registers say
 how many programs fit an SM (gemv_stream.PER_SM). norm_logits (20b: H 2880 in a 4096 tile over 8 warps):
-its norm weight (float32), router row and bias before ACQBULK, x and the residual after; with
-norm_route.RELEASE_EARLY off, the wait and no PREEXIT (the next kernel is placed as its programs exit).
+its norm weight (float32), router row and bias before ACQBULK, x and the residual after.
 rmsnorm (bf16, the MoE combine of 4 rows, H in a 4096 tile over 16 warps): its weight before ACQBULK,
 nothing but x, the combine rows and weights and the residual after. Decode attention with RoPE inside
 (attention_kernel, DECODE_CFG, a GQA group of 8 over 2 query tokens): the step's metadata, the
@@ -53,14 +52,12 @@ def compile_stats(k: int, bn: int, warps: int, early: int | None = None) -> dict
     return _load_stats(_compile(_gemv_preload_kernel, sig, consts, warps, 1))
 
 
-def stream_stats(k: int, bn: int, warps: int, two: bool, l2_ahead: int = 0, pre: int = 1) -> dict:
+def stream_stats(k: int, bn: int, warps: int, two: bool) -> dict:
     """gemv_stream's kernel (gptoss.kernels.gemv_stream) at W [N, k], as compile_stats."""
     k1, k2 = k_parts(k)
     sig = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", T="i32", N="i32", K="i32")
     sig.update(stride_x="i32", stride_w="i32", stride_y="i32")
-    consts = dict(
-        HAS_BIAS=True, BN=bn, K1=k1, K2=k2, TWO=two, PDL=True, L2_AHEAD=l2_ahead, NT=32 * warps, PRE=pre
-    )
+    consts = dict(HAS_BIAS=True, BN=bn, K1=k1, K2=k2, TWO=two, PDL=True)
     return _load_stats(_compile(_gemv_stream_kernel, sig, consts, warps, 1))
 
 
@@ -75,7 +72,6 @@ def _load_stats(kernel) -> dict:
         "ldg_before_wait": sum(op == "LDG" for op in ops[:wait]),
         "ldg_after_wait": sum(op == "LDG" for op in ops[wait:]),
         "release": "PREEXIT" in ops,
-        "bulk_prefetches": sum(op.startswith("UBLKPF") for op in ops),
         "wait_then_release": "PREEXIT" in ops and ops.index("PREEXIT") > wait,
     }
 
@@ -93,13 +89,10 @@ def stats() -> dict:
         for name, (_, k) in SHAPES.items()
         for two in (False, True)
     }
-    out["stream qkv 2x4 l2"] = stream_stats(2880, 2, 4, False, l2_ahead=2)  # GPTOSS_GEMV_STREAM_L2=2
-    out["stream qkv 2x4 pre2"] = stream_stats(2880, 2, 4, False, pre=2)  # gemv_stream.PRE (2, _)
     sig = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*fp32", out_ptr="*bf16", r_ptr="*bf16", cw_ptr="*fp32")
     sig.update(stride_x="i32", stride_res="i32", stride_out="i32", stride_r="i32", H="i32", eps="fp32")
     rms = _compile(_rmsnorm_kernel, sig, dict(HAS_RESIDUAL=True, TOP_K=4, BLOCK=4096, PDL=True), 16, 1)
     out |= {"norm_logits": _load_stats(norm_logits(True)), "rmsnorm": _load_stats(rms)}
-    out["norm_logits late release"] = _load_stats(norm_logits(True, release=False))  # RELEASE_EARLY off
     out |= {
         f"attention{' rope' if rope else ''}": _load_stats(compile_decode(False, *DECODE_CFG, rope=rope))
         for rope in (False, True)

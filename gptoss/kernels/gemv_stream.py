@@ -18,8 +18,15 @@ float32 products summed by tl.sum, plus the bias, one rounding), so its rows are
 
 G, the programs: the fewest that give no more blocks a program than PER_SM programs an SM would
 (ceil(blocks / ceil(blocks / (SMs * PER_SM)))), so every program walks the same number of blocks,
-give or take one. Untimed (2026-12-01: written without a GPU); linear.GEMV = "stream" takes it
-(GPTOSS_GEMV=stream), for the next A/B call.
+give or take one.
+
+Measured (H200, bench/results v40): alone at T 1 (a CUDA graph of 24), QKV 9.08 us against
+gemv_preload's 9.83 (3.25 against 3.00 TB/s) and O 6.77 against 7.77; at T 2, O 7.78 against 8.80.
+In the engine, 120b batch-1 128 -> 512, the projections added 481 us a token against 512: 445.0 /
+445.3 tok/s against 438.6 / 437.2 (one machine), 435.2 / 432.8 against 425.8 / 425.5 (another). It is
+linear()'s default (GPTOSS_GEMV=stream). Lost and removed: an L2 bulk prefetch of the block two
+iterations ahead (413.1 tok/s: the projections 669 us a token) and QKV's second block loaded before
+the PDL wait too (431.7); 5 programs an SM for one token were noise (444.7, PER_SM below).
 """
 
 from __future__ import annotations
@@ -30,9 +37,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels import device_info, l2_prefetch, pdl
+from gptoss.kernels import device_info, pdl
 from gptoss.kernels.gemv_preload import _sums, _x_row, checked_output, k_parts, tiles_from_env
-from gptoss.kernels.l2_prefetch import prefetch_part
 from gptoss.kernels.rounding import round_to
 
 # The interpreter's "SMs": a grid of a few programs, so the tests walk several blocks a program.
@@ -53,18 +59,6 @@ def per_sm_from_env(v: str | None) -> tuple[int, int]:
 
 
 PER_SM = per_sm_from_env(os.environ.get("GPTOSS_GEMV_STREAM_PER_SM"))
-# GPTOSS_GEMV_STREAM_L2=D (default 0: off): each iteration also asks L2 for the block D iterations
-# ahead (one bulk prefetch, l2_prefetch.prefetch_part), so the next block's loads find it there. Why:
-# in the sm_90a SASS (BN 2, QKV) ptxas issues the next block's loads halfway through the current
-# block's sums, not before them, so a program has one block in flight for part of each iteration
-# only; a prefetch holds no register. Where bulk prefetches run (Hopper, compiled) and W's rows
-# are contiguous. Untimed.
-L2_AHEAD = int(os.environ.get("GPTOSS_GEMV_STREAM_L2", "0") or 0)
-# Blocks a program loads before the PDL wait, (tall W: QKV, N > K; wide W: O): 1 or 2 each (default 1,
-# 1; a module switch for bench/decode_ab_gpu.py). Why 2 for QKV: the add + RMSNorm before it is one
-# program of ~3.6 us that moves ~30 KB, room for ~15 MB of QKV's 29.5 (4.4 TB/s) where one block a
-# program preloads ~6 MB; before O runs attention, which the preloads slowed before (v31). Untimed.
-PRE = (1, 1)
 TILE = tiles_from_env(os.environ.get("GPTOSS_GEMV_STREAM_TILE"), "GPTOSS_GEMV_STREAM_TILE")  # (BN, warps)
 
 
@@ -113,31 +107,20 @@ def _gemv_stream_kernel(
     K2: tl.constexpr,
     TWO: tl.constexpr,  # MAX_T 2: a second token's x row in registers too
     PDL: tl.constexpr,
-    L2_AHEAD: tl.constexpr = 0,  # blocks ahead to prefetch into L2 (0: none)
-    NT: tl.constexpr = 128,  # threads a program (32 * num_warps), for the prefetch's chunks
-    PRE: tl.constexpr = 1,  # blocks whose loads leave before the PDL wait: 1, or 2
 ):
     """Program p: row blocks p, p + G, ... (G programs), y[t, block] = x[t] @ W[block]^T + b."""
     pid, g = tl.program_id(0), tl.num_programs(0)
     nblk = tl.cdiv(N, BN)
-    # W and the bias never change: the first block's loads (PRE 2: the second's too) leave before the
-    # PDL wait. The second block's registers are the loop's next-block buffer, so PRE 2 costs none.
+    # W and the bias never change: the first block's loads leave before the PDL wait.
     w1, w2, bias = _rows(w_ptr, b_ptr, pid, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
-    n1, n2, nbias = w1, w2, bias
-    if PRE == 2:
-        n1, n2, nbias = _rows(w_ptr, b_ptr, pid + g, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
     pdl.wait_then_release(PDL)
     xa1, xa2 = _x_row(x_ptr, K, K1, K2, True)
     xb1, xb2 = xa1, xa2
     if TWO:
         xb1, xb2 = _x_row(x_ptr + stride_x, K, K1, K2, T > 1)
     for blk in range(pid, nblk, g):
-        if L2_AHEAD > 0:  # rows contiguous (the host checks): block blk + D*g's bytes, clamped to W's end
-            ahead = blk + L2_AHEAD * g
-            left = tl.maximum(tl.minimum(N - ahead * BN, BN), 0)
-            prefetch_part(w_ptr + ahead.to(tl.int64) * BN * stride_w, left * K * 2, 0, 1, NT)
-        if PRE == 1:  # the next block's loads first: in flight while this block is summed and stored
-            n1, n2, nbias = _rows(w_ptr, b_ptr, blk + g, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
+        # the next block's loads first: in flight while this block is summed and stored
+        n1, n2, nbias = _rows(w_ptr, b_ptr, blk + g, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
         rows = blk * BN + tl.arange(0, BN)
         acc = _sums(w1, w2, xa1, xa2, K2) + bias
         tl.store(y_ptr + rows, round_to(acc, y_ptr.dtype.element_ty), mask=rows < N)
@@ -147,27 +130,6 @@ def _gemv_stream_kernel(
                 y_ptr + stride_y + rows, round_to(acc, y_ptr.dtype.element_ty), mask=(rows < N) & (T > 1)
             )
         w1, w2, bias = n1, n2, nbias
-        if PRE == 2:  # the next block is loaded already: the one after it, behind this block's sums
-            n1, n2, nbias = _rows(w_ptr, b_ptr, blk + 2 * g, nblk, N, K, stride_w, HAS_BIAS, BN, K1, K2)
-
-
-def _pre(v: int) -> int:
-    if v not in (1, 2):
-        raise ValueError(f"gemv_stream.PRE: 1 or 2 blocks before the PDL wait, got {v!r}")
-    return v
-
-
-def _prefetches(x: Tensor, w: Tensor) -> bool:
-    """Whether L2_AHEAD's bulk prefetches may run: compiled on Hopper, W's rows contiguous, 2-byte
-    elements and K % 8 == 0, so every row (and block) starts 16-byte aligned and ends on 16 bytes."""
-    return (
-        L2_AHEAD > 0
-        and l2_prefetch.supported(x)
-        and w.stride(0) == w.shape[1]
-        and w.element_size() == 2
-        and w.data_ptr() % 16 == 0
-        and w.shape[1] % 8 == 0
-    )
 
 
 def gemv_stream(
@@ -204,9 +166,6 @@ def gemv_stream(
         K1=k1,
         K2=k2,
         TWO=t > 1,
-        L2_AHEAD=L2_AHEAD if _prefetches(x, w) else 0,
-        PRE=_pre(PRE[0] if n > k else PRE[1]),
-        NT=32 * warps,
         num_warps=warps,
         num_stages=1,
         **pdl.args(x),

@@ -82,11 +82,10 @@ MAX_T = _max_t(os.environ.get(_ENV))
 # kernel's programs on the uneven room the kernel ahead leaves. With PDL this kernel took 793-1,127 us
 # a token (v36), which is why it lost in the engine before (v26, v33).
 LAUNCH_PDL = common.env_switch("GPTOSS_V3_DEC_GATE_UP_PDL", "0")
-# With LAUNCH_PDL, whether the down may be placed right after this kernel's PDL wait (True) or only
-# as its programs exit (False; pdl.wait_then_release), as it is when this kernel launches plainly.
-# With norm_route.RELEASE_EARLY, the switches that tell v36's two suspects apart: this kernel placed
-# beside norm_logits, or the down placed beside this kernel. Untimed.
-RELEASE_EARLY = True
+# v36's two suspects for that, told apart on an H200 (v40, 120b batch 1): with PDL and a release only
+# as its programs exit (so the down is not placed beside it) it still took 865 us a token (385.6
+# tok/s); with norm_logits not releasing it either (so it is not placed beside norm_logits) 556 us,
+# as launched plainly. The cause is its programs placed beside norm_logits'.
 # Weight and scale words by TMA (GPTOSS_V3_DEC_GATE_UP_WTMA, default on; the down's GPTOSS_V3_DEC_WTMA
 # is its own): one copy each a K step instead of 16-byte cp.async a lane, the same bits.
 WTMA = common.env_switch("GPTOSS_V3_DEC_GATE_UP_WTMA", "1")
@@ -151,7 +150,6 @@ def _gate_up_v3_dec_kernel(
     s_desc=None,
     WTMA: tl.constexpr = False,
     ONE: tl.constexpr = False,
-    RELEASE: tl.constexpr = True,
 ):
     """Program (weight row block, slot): act[rows of the slot's expert, pid_n's BN/2 columns] =
     swiglu(x[rows // k] @ W13_e^T + b13_e); N = I, K = H, BN weight rows. ROUTE: every program
@@ -159,7 +157,7 @@ def _gate_up_v3_dec_kernel(
     and rows; program (0, 0) stores them for down and the combine. WTMA: the weight and scale words
     come by TMA (w_desc, s_desc: moe_v3.weight_descriptors over W13's E * 2N rows), one copy each a
     K step, as the split-K down takes them."""
-    pdl.wait_then_release(PDL, RELEASE)
+    pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     if ROUTE and ONE:  # one token: slot s is its j = s-th choice, assignment s (the decode down's)
         ids1, top1, e = _topk_one(logits_ptr, s, E, TOP_K, KP, BE)
@@ -287,7 +285,6 @@ def gate_up_v3_dec(
         num_stages=tiles.stages,
         maxnreg=t.maxnreg,  # dec_tiles_v3 fits the shape only
         **pdl.args(x, LAUNCH_PDL),
-        RELEASE=RELEASE_EARLY,
         ONE=ROUTE_ONE and n_tok == 1 and logits is not None,
         **(weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk) if WTMA and _tma_runs(x) else {}),
     )

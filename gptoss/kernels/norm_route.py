@@ -45,11 +45,12 @@ from gptoss.kernels.rounding import round_to
 MAX_T = 16  # the decode MoE's limit
 MAX_E = 256
 MAX_H = 8192  # a row in registers: 8192 / (32 * warps) floats a thread and tensor
-# Whether norm_logits lets the next kernel be placed right after its PDL wait (True, as timed so far)
-# or only as its programs exit (False; pdl.wait_then_release). A switch for bench/decode_ab_gpu.py:
-# the MoE gate_up after it lost with PDL when placed beside it (moe_v3_dec_gu.LAUNCH_PDL, v36), and
-# with a late release it would be placed on the SMs these programs leave instead. Untimed.
-RELEASE_EARLY = True
+# norm_logits releases the next kernel right after its PDL wait. A switch that released only as its
+# programs exit (so a PDL-launched gate_up would be placed on the SMs these leave) was timed with
+# moe_v3_dec_gu's (H200, 120b batch 1, v40): the gate_up launched with PDL and no early release of its
+# own lost (385.6 tok/s against 438.6, its 555 -> 865 us a token), and with norm_logits not releasing
+# either it was back at 556 us and 438.1 / 427.6 tok/s, noise. So the gate_up launches plainly, and
+# what slowed it with PDL is its programs placed beside norm_logits'. Both switches are gone.
 
 
 @triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
@@ -70,7 +71,6 @@ def _norm_logits_kernel(
     E: tl.constexpr,
     BH: tl.constexpr,
     PDL: tl.constexpr,
-    RELEASE: tl.constexpr = True,
 ):
     """Program (e, t): logits[t, e] = h[t] @ W[e] + b[e] (F.linear's output rounding); e == 0 stores r, h."""
     e = tl.program_id(0)
@@ -84,7 +84,7 @@ def _norm_logits_kernel(
     nw = tl.load(nw_ptr + hc, mask=m, other=0.0)
     wv = tl.load(rw_ptr + e * H + hc, mask=m, other=0.0)
     bias = tl.load(rb_ptr + e).to(tl.float32)
-    pdl.wait_then_release(PDL, RELEASE)
+    pdl.wait_then_release(PDL)
     xv = tl.load(x_ptr + t * stride_x + hc, mask=m, other=0.0)
     rv = tl.load(res_ptr + t * stride_res + hc, mask=m, other=0.0)
     r = round_to(xv.to(tl.float32) + rv.to(tl.float32), DT)  # torch's add: float32 sum, one rounding
@@ -178,7 +178,6 @@ def norm_logits(
         E=e,
         BH=bh,
         num_warps=max(1, min(8, bh // 512)),  # 16 floats a thread and tensor
-        RELEASE=RELEASE_EARLY,
         **pdl.args(x),
     )
     return hn, r, logits

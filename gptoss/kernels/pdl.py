@@ -54,12 +54,9 @@ def args(t: Tensor, launch: bool = True) -> dict[str, bool]:
 
 
 @triton.jit
-def wait_then_release(PDL: tl.constexpr, RELEASE: tl.constexpr = True):
+def wait_then_release(PDL: tl.constexpr):
     """First thing in a PDL kernel: wait for the previous kernel's writes, then let the next kernel
-    be placed (its programs in turn wait for all of ours before touching memory). RELEASE=False:
-    wait only; the next kernel's launch is then triggered as this kernel's programs exit (the
-    implicit trigger), so its programs are placed on the SMs these leave, not beside them."""
+    be placed (its programs in turn wait for all of ours before touching memory)."""
     if PDL:
         gdc_wait()
-        if RELEASE:
-            gdc_launch_dependents()
+        gdc_launch_dependents()

@@ -112,15 +112,15 @@ def test_the_table_sums_a_shown_kernel_by_name_prefix():
     assert (shown_us(per, "_attn_kernel"), shown_us(per, "_rms"), shown_us(per, "_gate")) == (12.0, 3.0, 0.0)
 
 
-def test_the_v39_plan_variants_name_switches_that_exist_with_their_types():
-    """bench/results v39's planned calls: each switch is a module attribute of the value's type, so a
+def test_the_v41_plan_variants_name_switches_that_exist_with_their_types():
+    """bench/results v41's planned calls: each switch is a module attribute of the value's type, so a
     rename fails here, not after a device call has loaded a 120b."""
     import importlib
 
     plan = (
-        "st=linear.GEMV='stream'+gemv_stream.PER_SM=(5,3)+gemv_stream.L2_AHEAD=2+gemv_stream.PRE=(2,1)",
-        "pgn=moe_v3_dec_gu.LAUNCH_PDL=True+moe_v3_dec_gu.RELEASE_EARLY=False+norm_route.RELEASE_EARLY=False",
-        "lg=gptoss.kernel_model.DECODE_ON_LARGE=1",
+        "lg16=gptoss.kernel_model.DECODE_ON_LARGE=16",
+        "sk4=gptoss.kernel_model.DECODE_ON_LARGE=16+moe_v3_dec_gu.MAX_T=4+moe_v3_dec.MAX_T=4",
+        "pre=linear.GEMV='preload'+gemv_stream.PER_SM=(4,3)",
     )
     for spec in plan:
         for mod, attr, _, value in parse_variant(spec)[1]:

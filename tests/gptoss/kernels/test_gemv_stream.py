@@ -1,6 +1,6 @@
 """The one-wave decode GEMV (gptoss.kernels.gemv_stream): the bits of gemv_preload at the same tiles,
 whatever the grid and however many row blocks a program walks, and linear()'s switch to it
-(GPTOSS_GEMV=stream).
+(GPTOSS_GEMV=stream, the default).
 
 Runs in Triton's interpreter on CPU (there the grid is sized for gemv_stream.SMS_OFF_GPU "SMs", so a
 program walks several blocks); on a GPU machine `TRITON_INTERPRET=0 pytest
@@ -51,21 +51,6 @@ def test_the_same_bits_as_gemv_preload(t, n, k, bias, per_sm, monkeypatch):
     want = reference(x, w, b)
     err = (got.float() - want).abs()
     assert bool((err <= want.abs() * 2**-8 + 1e-4).all()), float(err.max())
-
-
-@pytest.mark.parametrize("pre", [(2, 2), (2, 1), (1, 2)])
-def test_two_blocks_before_the_wait_keep_the_bits(pre, monkeypatch):
-    """gemv_stream.PRE: a tall W (N > K, as QKV) takes the first, a wide one (O) the second; with 2 a
-    program's second block loads before the wait and the loop loads two blocks ahead."""
-    monkeypatch.setattr(gs, "PRE", pre)
-    seen = record_launches(monkeypatch, gs, "_gemv_stream_kernel", "PRE")
-    for n, k in ((130, 96), (40, 300), (3, 128)):
-        x, w, b = operands(2, n, k, torch.bfloat16, True, seed=n + k)
-        assert torch.equal(gs.gemv_stream(x, w, b, per_sm=1), gemv_preload(x, w, b))
-    assert seen == [pre[0], pre[1], pre[1]]
-    monkeypatch.setattr(gs, "PRE", (3, 1))
-    with pytest.raises(ValueError, match="gemv_stream.PRE: 1 or 2 blocks before the PDL wait, got 3"):
-        gs.gemv_stream(*operands(1, 130, 96, torch.bfloat16, True))
 
 
 @pytest.mark.parametrize(("bn", "warps"), [(1, 1), (4, 2), (8, 4)])
@@ -142,35 +127,3 @@ def test_the_sm90a_code_fits_per_sm_programs_and_loads_the_first_block_before_th
     assert got["ldg_before_wait"] == 2 * (k1 + k2) * 2 // (16 * 128) + 2
     # after it: x's row(s) and the next block's W and bias, no more
     assert got["ldg_after_wait"] <= (1 + two) * 4 + got["ldg_before_wait"]
-
-
-def test_the_l2_switch_adds_one_bulk_prefetch_a_block_and_keeps_the_loads():
-    """GPTOSS_GEMV_STREAM_L2=2 (sm_90a, QKV, BN 2 x 4 warps): a bulk L2 prefetch (UBLKPF) in the
-    loop, none without it; the same loads before and after the wait."""
-    sass = sass_json("pdl_wait_sass.py")
-    got, base = sass["stream qkv 2x4 l2"], sass["stream qkv 2x4"]
-    assert got["bulk_prefetches"] >= 1 and base["bulk_prefetches"] == 0
-    assert (got["ldg_before_wait"], got["ldg_after_wait"]) == (
-        base["ldg_before_wait"],
-        base["ldg_after_wait"],
-    )
-    assert got["spills"] == 0 and gs.PER_SM[0] * 128 * got["regs"] <= 65536
-
-
-def test_the_l2_switch_stays_off_where_bulk_prefetches_do_not_run(monkeypatch):
-    """On CPU (the interpreter runs no PTX) the kernel never gets L2_AHEAD, whatever the switch."""
-    monkeypatch.setattr(gs, "L2_AHEAD", 2)
-    seen = record_launches(monkeypatch, gs, "_gemv_stream_kernel", "L2_AHEAD")
-    x, w, b = operands(1, 40, 64, torch.bfloat16, True, seed=9)
-    y = gs.gemv_stream(x, w, b)
-    assert seen == ([2] if DEV == "cuda" else [0])
-    assert torch.equal(y, gemv_preload(x, w, b))
-
-
-def test_two_blocks_before_the_wait_load_twice_the_bytes_there_in_the_same_registers():
-    """gemv_stream.PRE 2 (sm_90a, QKV, BN 2 x 4 warps): twice the first block's loads before the wait,
-    the rest after; no spills, and PER_SM's programs still fit an SM."""
-    sass = sass_json("pdl_wait_sass.py")
-    got, base = sass["stream qkv 2x4 pre2"], sass["stream qkv 2x4"]
-    assert got["ldg_before_wait"] == 2 * base["ldg_before_wait"]
-    assert got["spills"] == 0 and gs.PER_SM[0] * 128 * got["regs"] <= 65536

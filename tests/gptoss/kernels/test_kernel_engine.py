@@ -209,13 +209,11 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="linear() takes the decode GEMVs on CUDA tensors only")
 def test_stream_gemv_gives_the_reference_tokens(kernel_checkpoint, engines, monkeypatch):
-    """GPTOSS_GEMV=stream: one- and two-token decode steps' projections on gemv_stream (two blocks of
-    QKV before the wait as well) give the reference tokens; the spy sees it run."""
-    from gptoss.kernels import gemv_stream
+    """GPTOSS_GEMV=stream (the default): one- and two-token decode steps' projections on gemv_stream
+    give the reference tokens; the spy sees it run."""
     from gptoss.kernels import linear as lin
 
     monkeypatch.setattr(lin, "GEMV", "stream")
-    monkeypatch.setattr(gemv_stream, "PRE", (2, 1))
     ran = count_calls(monkeypatch, [(lin, "gemv_stream", "stream")])
     triton_eng, torch_eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False), engines[1]
     prompts = prompts_of([7, 19], seed=18)

@@ -139,24 +139,6 @@ def test_gate_up_v3_dec_routing_the_logits_matches_route_and_group(tokens, dtype
     assert torch.equal(act, moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT))
 
 
-def test_gate_up_v3_dec_passes_the_release_switch(monkeypatch):
-    """moe_v3_dec_gu.RELEASE_EARLY reaches the kernel as RELEASE (it acts where LAUNCH_PDL launches it
-    with PDL); act and the routing it stores do not depend on it."""
-    _, w, x, logits, _ = _case(8, 160, 96, 4, 1, torch.bfloat16, seed=41)
-    want_r = Routing.empty(1, 4, 8, DEV)
-    want = moe_v3_dec_gu.gate_up_v3_dec(x, want_r, w, ALPHA, LIMIT, logits=logits)
-    seen = record_launches(monkeypatch, moe_v3_dec_gu, "_gate_up_v3_dec_kernel", "RELEASE")
-    monkeypatch.setattr(moe_v3_dec_gu, "RELEASE_EARLY", False)
-    got_r = Routing.empty(1, 4, 8, DEV)
-    assert torch.equal(moe_v3_dec_gu.gate_up_v3_dec(x, got_r, w, ALPHA, LIMIT, logits=logits), want)
-    assert (
-        seen == [False] and torch.equal(got_r.ids, want_r.ids) and torch.equal(got_r.weights, want_r.weights)
-    )
-    assert torch.equal(got_r.counts, want_r.counts)
-    for e, c in enumerate(want_r.counts.tolist()):  # the rows stored: each expert's first counts[e]
-        assert torch.equal(got_r.rows[e, :c], want_r.rows[e, :c])
-
-
 @pytest.mark.parametrize("e", [6, 8])
 def test_one_token_routing_takes_route_and_groups_choices_on_ties(e, monkeypatch):
     """_topk_one's packed keys (ROUTE_ONE) choose as _topk does where logits tie (the lower id),
