@@ -57,10 +57,8 @@ def gemv_from_env(v: str | None) -> str:
 #            gemv_preload.MAX_T for a wide W (O; a tall one, QKV, lost to cuBLAS at T 2); larger T
 #            as with dot. H200, 120b batch 1: 351.0 against 341.6 tok/s (bench/results v31)
 #   stream   (the default) where preload would run, gemv_stream: the same sums on a one-wave grid
-#            whose programs walk several row blocks, the next block in flight. H200 (v40): alone at
-#            T 1, QKV 9.08 against 9.83 us, O 6.77 against 7.77; 120b batch 1 445.0 / 445.3 tok/s
-#            against 438.6 / 437.2, 20b 557.8 / 562.9 against 559.7 / 556.1 (with DECODE_ON_LARGE:
-#            624.8 / 630.0 against 606.2 / 619.4)
+#            whose programs walk several row blocks, the next block in flight (its docstring has
+#            the H200 figures, v40: 120b batch 1 +1.5 to +2.2 % over preload)
 GEMV = gemv_from_env(os.environ.get("GPTOSS_GEMV"))
 
 

@@ -120,7 +120,7 @@ def test_the_v41_plan_variants_name_switches_that_exist_with_their_types():
     plan = (
         "lg16=gptoss.kernel_model.DECODE_ON_LARGE=16",
         "sk4=gptoss.kernel_model.DECODE_ON_LARGE=16+moe_v3_dec_gu.MAX_T=4+moe_v3_dec.MAX_T=4",
-        "pre=linear.GEMV='preload'+gemv_stream.PER_SM=(4,3)",
+        "sk4=moe_v3_dec_gu.MAX_T=4+moe_v3_dec.MAX_T=4",
     )
     for spec in plan:
         for mod, attr, _, value in parse_variant(spec)[1]:
