@@ -20,7 +20,7 @@ from torch import Tensor
 from gptoss.block_manager import cdiv
 from gptoss.burst import Burst
 from gptoss.kernel_model import KernelModel, StepMeta
-from gptoss.kernels.decode_advance import greedy_advance
+from gptoss.kernels.decode_advance import greedy_tail
 from gptoss.kernels.sampling import sample
 from gptoss.model import GptOss
 from gptoss.scheduler import Batch
@@ -269,11 +269,9 @@ class KernelRunner:
             if j:
                 hidden = g.replay()[:n]
             last = j + 1 == k
-            if greedy:  # the argmax, then one launch for its NaN check, the output and the next inputs
+            if greedy:  # the argmax, its NaN check, the output and the next inputs: one launch
                 logits = self.model.lm_logits(hidden)  # not widened: the argmax is the float32 one's
-                greedy_advance(
-                    logits, logits.argmax(-1), out[j], self.g_in, *tabs, advance=carried or not last
-                )
+                greedy_tail(logits, out[j], self.g_in, *tabs, advance=carried or not last)
                 del logits
                 continue
             logits = self.model.logits(hidden)

@@ -3,7 +3,10 @@
 x, residual, out, r [T, H] (bf16 or float32, last dim contiguous); weight [H] float32. With
 `combine` (the MoE's per-token expert weights [T, k]), x is the experts' unreduced output y [T*k, H]
 and the kernel first forms x[t] = sum_j w[t, j] * y[t*k + j] in float32, rounded to y's dtype, as
-gptoss.kernels.moe.combine would: one launch fewer a layer at decode, the same numbers.
+gptoss.kernels.moe.combine would: one launch fewer a layer at decode, the same numbers. With `rows`
+(token ids [T]) and no residual, x is the embedding table and row t of the input is x[rows[t]]: the
+first layer's norm gathers its rows itself and stores them as r, where F.embedding was a launch of
+its own (6.3 us a token at 120b's batch 1 on an H200, v40's profile), the same bits.
 Bytes moved: T*H*e*(2 + 2*has_residual) + 4*H (e = element size), i.e. at H = 2880 in bf16 with a
 residual 23 KB per token. No FLOP worth counting: the op is bound by memory bandwidth.
 
@@ -16,6 +19,7 @@ off where that tiny difference straddles a rounding boundary.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -53,6 +57,8 @@ def _rmsnorm_kernel(
     TOP_K: tl.constexpr,  # 0: x is the input; k: x = combine of y rows t*k .. t*k + k - 1 with cw
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
+    ids_ptr=None,
+    GATHER: tl.constexpr = False,  # x row ids_ptr[row] (no residual), stored as r
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -62,7 +68,10 @@ def _rmsnorm_kernel(
     # as the compiler keeps a load below the stores to r (sm_90a SASS: 16 LDG after the MUFU).
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     pdl.wait_then_release(PDL)
-    if TOP_K == 0:
+    if GATHER:
+        x = tl.load(x_ptr + tl.load(ids_ptr + row) * stride_x + cols, mask=mask, other=0.0)
+        tl.store(r_ptr + row * stride_r + cols, x, mask=mask)
+    elif TOP_K == 0:
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     else:  # moe.combine's sum (the same helper), rounded as it rounds
         x = combine_rows(x_ptr, cw_ptr, row, cols, mask, stride_x, TOP_K, BLOCK).to(x_ptr.dtype.element_ty)
@@ -80,13 +89,23 @@ def _rmsnorm_kernel(
 
 
 def fused_add_rms_norm(
-    x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, combine: Tensor | None = None
+    x: Tensor,
+    residual: Tensor | None,
+    weight: Tensor,
+    eps: float,
+    combine: Tensor | None = None,
+    rows: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """x [T, H], residual [T, H] | None, weight [H] float32 -> (out [T, H], r [T, H]).
 
     With a residual, r = residual + x (a new tensor) and out = rms_norm(r); without, r is x itself.
     With combine [T, k] float32 (needs a residual), x is the MoE's y [T*k, H], combined first.
+    With rows [T] int64 (no residual, no combine), x is an embedding table [V, H] and the input is
+    F.embedding(rows, x), which r holds (a new tensor); the ids must lie in [0, V) (the engine's
+    check_prompt and its sampler keep them there).
     """
+    if rows is not None:
+        return _gathered(x, weight, eps, rows)
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(
             f"x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} strides {x.stride()}"
@@ -134,5 +153,43 @@ def fused_add_rms_norm(
         # 32 the same 131: the per-thread chain of loads and sums sets its latency.
         num_warps=min(16, max(1, block // 256)),
         **pdl.args(x),
+    )
+    return out, r
+
+
+def _gathered(table: Tensor, weight: Tensor, eps: float, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """fused_add_rms_norm(F.embedding(rows, table), None, weight, eps), the rows gathered in-kernel."""
+    if table.dim() != 2 or table.stride(-1) != 1 or rows.dim() != 1 or rows.dtype != torch.int64:
+        raise ValueError(
+            f"rows must be int64 [T] and the table [V, H] with a contiguous last dim, got rows "
+            f"{tuple(rows.shape)} {rows.dtype}, table {tuple(table.shape)}"
+        )
+    T, H = rows.shape[0], table.shape[1]
+    if weight.shape != (H,) or not weight.is_contiguous():
+        raise ValueError(f"weight must be a contiguous [{H}], got {tuple(weight.shape)}")
+    out, r = table.new_empty(T, H), table.new_empty(T, H)
+    if T == 0:
+        return out, r
+    block = triton.next_power_of_2(H)
+    _rmsnorm_kernel[(T,)](
+        table,
+        table,
+        weight,
+        out,
+        r,
+        weight,
+        table.stride(0),
+        table.stride(0),
+        out.stride(0),
+        r.stride(0),
+        H,
+        eps,
+        HAS_RESIDUAL=False,
+        TOP_K=0,
+        BLOCK=block,
+        num_warps=min(16, max(1, block // 256)),
+        **pdl.args(table),
+        ids_ptr=rows.contiguous(),
+        GATHER=True,
     )
     return out, r

@@ -129,6 +129,22 @@ def test_rmsnorm_combine_is_moe_combine_then_add(T: int, H: int) -> None:
         fused_add_rms_norm(y, None, w, 1e-5, combine=wts)
 
 
+@pytest.mark.parametrize("T,H", [(1, 96), (3, 2880)])
+def test_rmsnorm_rows_gathers_the_embedding_rows_itself(T: int, H: int) -> None:
+    """rows= (the first layer's norm, kernel_model.EMBED_IN_NORM): the same bits as F.embedding and
+    then the norm, r holding the gathered rows; a repeated id and the table's last row included."""
+    g = torch.Generator().manual_seed(T + H)
+    table = (torch.randn(50, H, generator=g) * 3).bfloat16().to(DEV)
+    ids = torch.tensor([49, 7, 7][:T], device=DEV)
+    w = (1 + 0.1 * torch.randn(H, generator=g)).to(DEV)
+    out, r = fused_add_rms_norm(table, None, w, 1e-5, rows=ids)
+    want_out, want_r = fused_add_rms_norm(torch.nn.functional.embedding(ids, table), None, w, 1e-5)
+    assert torch.equal(r, want_r) and r.data_ptr() != table.data_ptr()
+    assert torch.equal(out, want_out)
+    with pytest.raises(ValueError, match=r"rows must be int64 \[T\]"):
+        fused_add_rms_norm(table, None, w, 1e-5, rows=ids.int())
+
+
 def test_rmsnorm_loads_its_weight_before_the_pdl_wait() -> None:
     """Compiled for sm_90a on CPU (bench/kernels/pdl_wait_sass.py: bf16, the MoE combine of 4
     rows, a 4096 tile over 16 warps, 8 values a thread): the weight's 8 loads a thread come before
