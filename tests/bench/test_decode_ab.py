@@ -112,15 +112,18 @@ def test_the_table_sums_a_shown_kernel_by_name_prefix():
     assert (shown_us(per, "_attn_kernel"), shown_us(per, "_rms"), shown_us(per, "_gate")) == (12.0, 3.0, 0.0)
 
 
-def test_the_v41_plan_variants_name_switches_that_exist_with_their_types():
-    """bench/results v41's planned calls: each switch is a module attribute of the value's type, so a
-    rename fails here, not after a device call has loaded a 120b."""
+def test_the_planned_and_timed_variants_name_switches_that_exist_with_their_types():
+    """bench/results' planned calls (v41's next batch-4 runs) and v41's timed ones: each switch is a module
+    attribute of the value's type, so a rename fails here, not after a device call has loaded a 120b."""
     import importlib
 
     plan = (
         "lg16=gptoss.kernel_model.DECODE_ON_LARGE=16",
         "sk4=gptoss.kernel_model.DECODE_ON_LARGE=16+moe_v3_dec_gu.MAX_T=4+moe_v3_dec.MAX_T=4",
         "sk4=moe_v3_dec_gu.MAX_T=4+moe_v3_dec.MAX_T=4",
+        "old=decode_advance.ARGMAX='torch'+gptoss.kernel_model.EMBED_IN_NORM=False",
+        "gu16=moe_v3_dec_gu.V3_GATE_UP_DEC=DecTiles(16,16,256,2,2,4)",
+        "dn16=moe_v3_dec.V3_DOWN_DEC=DecTiles(16,16,256,2,2,3)",
     )
     for spec in plan:
         for mod, attr, _, value in parse_variant(spec)[1]:
