@@ -20,7 +20,7 @@ from torch import Tensor
 from gptoss.block_manager import cdiv
 from gptoss.burst import Burst
 from gptoss.kernel_model import KernelModel, StepMeta
-from gptoss.kernels.decode_advance import greedy_tail
+from gptoss.kernels.decode_advance import greedy_advance, tail_argmax
 from gptoss.kernels.sampling import sample
 from gptoss.model import GptOss
 from gptoss.scheduler import Batch
@@ -271,7 +271,8 @@ class KernelRunner:
             last = j + 1 == k
             if greedy:  # the argmax, its NaN check, the output and the next inputs: one launch
                 logits = self.model.lm_logits(hidden)  # not widened: the argmax is the float32 one's
-                greedy_tail(logits, out[j], self.g_in, *tabs, advance=carried or not last)
+                argmax = tail_argmax(logits)
+                greedy_advance(logits, argmax, out[j], self.g_in, *tabs, advance=carried or not last)
                 del logits
                 continue
             logits = self.model.logits(hidden)

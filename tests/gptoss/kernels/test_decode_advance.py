@@ -1,7 +1,7 @@
 """greedy_advance (gptoss.kernels.decode_advance): the greedy multi-step decode's tail in one launch
 gives what the torch ops it replaces gave (kernel_runner._greedy, then the clamp, the position and the
 two slot lookups), leaves every column past N and every input row past 3 alone, and with advance off
-writes only the output. greedy_argmax_advance, which takes the argmax too, gives the same over
+writes only the output. With no argmax given it takes the argmax too, and gives the same over
 vocabularies of several chunks: ties across chunks, NaN in a late chunk, a row of -inf, and its
 tickets left zeroed for the next launch. Interpreter on CPU, compiled with CUDA."""
 
@@ -12,7 +12,7 @@ import torch
 
 from gptoss.kernel_runner import _greedy
 from gptoss.kernels import decode_advance as da
-from gptoss.kernels.decode_advance import greedy_advance, greedy_argmax_advance, greedy_tail
+from gptoss.kernels.decode_advance import greedy_advance, tail_argmax
 from tests.gptoss.kernels.conftest import DEVICE
 
 BS = 16
@@ -93,37 +93,39 @@ def _chunked_state(ring_len: int, seed: int):
 
 
 @pytest.mark.parametrize("ring_len", [0, 8])
-def test_greedy_argmax_advance_equals_the_torch_tail_over_chunks(ring_len):
+def test_greedy_advance_taking_the_argmax_equals_the_torch_tail_over_chunks(ring_len):
     logits, full_tab, ring_tab, inputs = _chunked_state(ring_len, seed=10 + ring_len)
     want_ids, want_inputs = _torch_tail(logits, inputs, full_tab, ring_tab, 5, ring_len)
     assert want_ids.tolist()[1:] == [-1, 40, 0, da.CHUNK + 5]
     out = torch.full((5,), 12345, dtype=torch.int64, device=DEVICE)
-    greedy_argmax_advance(logits, out, inputs, full_tab, ring_tab, BS, ring_len, advance=True)
+    greedy_advance(logits, None, out, inputs, full_tab, ring_tab, BS, ring_len, advance=True)
     assert out.tolist() == want_ids.tolist()
     assert torch.equal(inputs, want_inputs)
     assert not da._locks[logits.device].any()  # every row's ticket back at zero
     # a second launch on the same tickets gives the same ids
     out2 = torch.empty(5, dtype=torch.int64, device=DEVICE)
-    greedy_argmax_advance(logits, out2, inputs.clone(), full_tab, ring_tab, BS, ring_len, advance=False)
+    greedy_advance(logits, None, out2, inputs.clone(), full_tab, ring_tab, BS, ring_len, advance=False)
     assert out2.tolist() == want_ids.tolist()
 
 
 @pytest.mark.parametrize("argmax", ["fused", "torch"])
-def test_greedy_tail_gives_the_same_ids_by_either_argmax(argmax, monkeypatch):
+def test_the_runners_argmax_choice_gives_the_same_ids_either_way(argmax, monkeypatch):
     monkeypatch.setattr(da, "ARGMAX", argmax)
     logits, full_tab, ring_tab, inputs = _chunked_state(8, seed=20)
     want_ids, want_inputs = _torch_tail(logits, inputs, full_tab, ring_tab, 5, 8)
     out = torch.empty(5, dtype=torch.int64, device=DEVICE)
-    greedy_tail(logits, out, inputs, full_tab, ring_tab, BS, 8, advance=True)
+    taken = tail_argmax(logits)
+    assert (taken is None) == (argmax == "fused")
+    greedy_advance(logits, taken, out, inputs, full_tab, ring_tab, BS, 8, advance=True)
     assert out.tolist() == want_ids.tolist()
     assert torch.equal(inputs, want_inputs)
 
 
-def test_greedy_argmax_advance_refuses_mismatched_operands():
+def test_greedy_advance_taking_the_argmax_refuses_mismatched_operands():
     logits, full_tab, ring_tab, inputs = _state(3, 4, 8, seed=4)
     with pytest.raises(ValueError, match=r"shapes disagree: logits \(3, 300\), out \(2,\)"):
         out = torch.empty(2, dtype=torch.int64, device=DEVICE)
-        greedy_argmax_advance(logits, out, inputs, full_tab, ring_tab, BS, 8, advance=True)
-    with pytest.raises(ValueError, match="out and inputs must be int64"):
+        greedy_advance(logits, None, out, inputs, full_tab, ring_tab, BS, 8, advance=True)
+    with pytest.raises(ValueError, match="argmax, out and inputs must be int64"):
         out = torch.empty(3, dtype=torch.int32, device=DEVICE)
-        greedy_argmax_advance(logits, out, inputs, full_tab, ring_tab, BS, 8, advance=True)
+        greedy_advance(logits, None, out, inputs, full_tab, ring_tab, BS, 8, advance=True)
