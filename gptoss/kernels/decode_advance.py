@@ -117,9 +117,13 @@ def _tail_kernel(
 def _launch(logits, argmax, out, inputs, full_tab, ring_tab, block_size, ring_len, advance) -> None:
     """_tail_kernel over logits [N, V]: argmax given ([N] int64) or None (the chunked argmax)."""
     n, v = logits.shape
-    chunks = 1 if argmax is not None else triton.cdiv(v, CHUNK)
-    pm = torch.empty(n, chunks, dtype=torch.float32, device=logits.device)
-    pi = torch.empty(n, chunks, dtype=torch.int32, device=logits.device)
+    if argmax is None:  # the partials and tickets of the chunked argmax
+        chunks = triton.cdiv(v, CHUNK)
+        pm = torch.empty(n, chunks, dtype=torch.float32, device=logits.device)
+        pi = torch.empty(n, chunks, dtype=torch.int32, device=logits.device)
+        lock = _lock_buffer(logits.device, n)
+    else:  # one program a row, which reads none of them
+        chunks, pm, pi, lock = 1, out, out, out
     ids, pos, full, ring, rows = inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]
     _tail_kernel[(chunks, n)](
         logits,
@@ -128,7 +132,7 @@ def _launch(logits, argmax, out, inputs, full_tab, ring_tab, block_size, ring_le
         argmax if argmax is not None else out,
         pm,
         pi,
-        _lock_buffer(logits.device, n) if argmax is None else pi,
+        lock,
         out,
         ids,
         pos,

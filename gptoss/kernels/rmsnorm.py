@@ -104,8 +104,12 @@ def fused_add_rms_norm(
     F.embedding(rows, x), which r holds (a new tensor); the ids must lie in [0, V) (the engine's
     check_prompt and its sampler keep them there).
     """
-    if rows is not None:
-        return _gathered(x, weight, eps, rows)
+    if rows is not None and (
+        residual is not None or combine is not None or rows.dim() != 1 or rows.dtype != torch.int64
+    ):
+        raise ValueError(
+            f"rows must be int64 [T], with no residual or combine, got rows {tuple(rows.shape)} {rows.dtype}"
+        )
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(
             f"x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} strides {x.stride()}"
@@ -119,7 +123,7 @@ def fused_add_rms_norm(
             )
         top_k = combine.shape[1]
         combine = combine.contiguous()
-    T, H = (x.shape[0] // max(top_k, 1), x.shape[1])
+    T, H = (x.shape[0] // max(top_k, 1) if rows is None else rows.shape[0], x.shape[1])
     if weight.shape != (H,) or not weight.is_contiguous():
         raise ValueError(f"weight must be a contiguous [{H}], got {tuple(weight.shape)}")
     if residual is not None and (
@@ -129,7 +133,7 @@ def fused_add_rms_norm(
             f"residual must match x ({(T, H)}, {x.dtype}), got {tuple(residual.shape)}, {residual.dtype}"
         )
     out = x.new_empty(T, H)  # [T, H]
-    r = x.new_empty(T, H) if residual is not None else x  # [T, H]
+    r = x.new_empty(T, H) if residual is not None or rows is not None else x  # [T, H]
     if T == 0:
         return out, r
     block = triton.next_power_of_2(H)
@@ -153,43 +157,7 @@ def fused_add_rms_norm(
         # 32 the same 131: the per-thread chain of loads and sums sets its latency.
         num_warps=min(16, max(1, block // 256)),
         **pdl.args(x),
-    )
-    return out, r
-
-
-def _gathered(table: Tensor, weight: Tensor, eps: float, rows: Tensor) -> tuple[Tensor, Tensor]:
-    """fused_add_rms_norm(F.embedding(rows, table), None, weight, eps), the rows gathered in-kernel."""
-    if table.dim() != 2 or table.stride(-1) != 1 or rows.dim() != 1 or rows.dtype != torch.int64:
-        raise ValueError(
-            f"rows must be int64 [T] and the table [V, H] with a contiguous last dim, got rows "
-            f"{tuple(rows.shape)} {rows.dtype}, table {tuple(table.shape)}"
-        )
-    T, H = rows.shape[0], table.shape[1]
-    if weight.shape != (H,) or not weight.is_contiguous():
-        raise ValueError(f"weight must be a contiguous [{H}], got {tuple(weight.shape)}")
-    out, r = table.new_empty(T, H), table.new_empty(T, H)
-    if T == 0:
-        return out, r
-    block = triton.next_power_of_2(H)
-    _rmsnorm_kernel[(T,)](
-        table,
-        table,
-        weight,
-        out,
-        r,
-        weight,
-        table.stride(0),
-        table.stride(0),
-        out.stride(0),
-        r.stride(0),
-        H,
-        eps,
-        HAS_RESIDUAL=False,
-        TOP_K=0,
-        BLOCK=block,
-        num_warps=min(16, max(1, block // 256)),
-        **pdl.args(table),
-        ids_ptr=rows.contiguous(),
-        GATHER=True,
+        ids_ptr=None if rows is None else rows.contiguous(),
+        GATHER=rows is not None,
     )
     return out, r
