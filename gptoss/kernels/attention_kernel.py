@@ -69,6 +69,7 @@ def _attn_kernel(
     PF_KEYS: tl.constexpr = 0,
     PRE_KV: tl.constexpr = False,
     LIVE: tl.constexpr = False,
+    NEW_N: tl.constexpr = 0,
 ):
     """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads. MERGE
     (decode splits): the last split of a (sequence, KV head) to finish merges the partials itself.
@@ -86,7 +87,11 @@ def _attn_kernel(
     last that holds keys of the sequence (live splits: n_live, from ctx) return before any load, the
     live ones take the tickets and the merge reads only their partials: at batch 1 under a 4096-key
     bound a full layer's 16 splits of 256 keys, of which a 640-key context fills 3 (the same bits:
-    the partials of empty splits are neutral, m -inf, l 0, acc 0)."""
+    the partials of empty splits are neutral, m -inf, l 0, acc 0). NEW_N (decode: one new key a
+    sequence; 0: BLOCK_N): the width of the new keys' tiles. At batch 1 the new key took a softmax
+    step over a whole BLOCK_N-wide tile (256 keys) of one live row; 16 keys hold it. The same bits:
+    the other columns' terms are exact zeros in either width."""
+    NEW_BN: tl.constexpr = NEW_N if NEW_N > 0 else BLOCK_N
     BM: tl.constexpr = BLOCK_Q * G_PAD
     pid0 = tl.program_id(0)
     s_idx = tl.program_id(1)
@@ -127,11 +132,11 @@ def _attn_kernel(
     if ROPE:  # decode: q and the new key are roped at their positions' table rows
         cos_q, sin_q = rope_table(tl.load(pos_ptr + tok, mask=row_ok, other=0), cs_ptr, row_ok, D)
         # The new key (token row q0, position ctx) once, as the new keys' tile sees it: row 0 of a
-        # [BLOCK_N, D] tile, zeros after; the tile loop then loads nothing for it (a roped tile inside
+        # [NEW_BN, D] tile, zeros after; the tile loop then loads nothing for it (a roped tile inside
         # the loop was pipelined: 148 registers and 35 KB shared against 96 and 19.5). Splits
         # partition the keys, so only the program holding it stores it, and no program of this
         # launch reads that slot (context keys come from the cache below ctx).
-        nk = tl.arange(0, BLOCK_N)
+        nk = tl.arange(0, NEW_BN)
         new_ok = (nk == 0) & (tl.maximum(lo, ctx) < hi)
         nrow = (q0 + nk * 0).to(tl.int64)
         cos_k, sin_k = rope_table(tl.load(pos_ptr + nrow, mask=new_ok, other=0), cs_ptr, new_ok, D)
@@ -266,7 +271,7 @@ def _attn_kernel(
         stride_tb,
         D,
         BS,
-        BLOCK_N,
+        NEW_BN,
         False,
         RING,
         WINDOWED,

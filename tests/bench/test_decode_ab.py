@@ -113,8 +113,9 @@ def test_the_table_sums_a_shown_kernel_by_name_prefix():
 
 
 def test_the_planned_and_timed_variants_name_switches_that_exist_with_their_types():
-    """bench/results' planned calls (v41's next batch-4 runs) and v41's timed ones: each switch is a module
-    attribute of the value's type, so a rename fails here, not after a device call has loaded a 120b."""
+    """bench/results' planned calls (v41's next batch-4 runs), v41's and v42's timed ones: each switch is a
+    module attribute of the value's type (or None, where None means "as another setting"), so a rename
+    fails here, not after a device call has loaded a 120b."""
     import importlib
 
     plan = (
@@ -124,7 +125,10 @@ def test_the_planned_and_timed_variants_name_switches_that_exist_with_their_type
         "old=decode_advance.ARGMAX='torch'+gptoss.kernel_model.EMBED_IN_NORM=False",
         "gu16=moe_v3_dec_gu.V3_GATE_UP_DEC=DecTiles(16,16,256,2,2,4)",
         "dn16=moe_v3_dec.V3_DOWN_DEC=DecTiles(16,16,256,2,2,3)",
+        "old=attention.NEW_KEYS_N=0",
+        "sl128=attention.SMALL_SLIDING_CFG=(128,8,1)",
     )
     for spec in plan:
         for mod, attr, _, value in parse_variant(spec)[1]:
-            assert type(getattr(importlib.import_module(mod), attr)) is type(value), (spec, attr)
+            now = getattr(importlib.import_module(mod), attr)
+            assert now is None or type(now) is type(value), (spec, attr)

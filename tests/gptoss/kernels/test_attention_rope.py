@@ -18,7 +18,7 @@ from gptoss.kernels.attention import paged_attention
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.model import Rope
 from gptoss.sampling import SamplingParams
-from tests.gptoss.kernels.conftest import sass_json
+from tests.gptoss.kernels.conftest import record_launches, sass_json
 from tests.gptoss.kernels.kernelkit import INTERPRETER_WARNINGS  # conftest set TRITON_INTERPRET first
 from tests.gptoss.kernels.test_attention_kernel import (
     BS,
@@ -146,6 +146,48 @@ def test_fused_rope_group_of_four_heads(pool):
     """Hq 8 over Hkv 2: G = 4, so a decode program's rows hold 4 token slots, 3 of them masked."""
     st = setup([129, 40, 0], pool, 8, 2, torch.bfloat16, seed=5)
     assert_same_bits(st, pool)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("pool", ["full", "ring"])
+@pytest.mark.parametrize("fused", [True, False], ids=["rope-inside", "rope-qkv"])
+@pytest.mark.parametrize("ctx", [CTX[:8], CTX], ids=["small-launch", "large-launch"])
+def test_new_keys_tile_of_16_gives_the_bits_of_a_whole_tile(ctx, fused, pool, dtype, monkeypatch):
+    """GPTOSS_ATTN_NEW_KEYS: a decode's one new key a sequence runs its softmax step on a 16-key
+    tile instead of the launch's BLOCK_N (256 for a small launch, 32 for a large one): out and the
+    caches keep their bits, with RoPE inside attention and without, over splits and one pass."""
+    from gptoss.kernels import attention
+
+    st = setup(ctx, pool, 16, 2, dtype, seed=41 + len(ctx))
+    widths = record_launches(monkeypatch, attention, "_attn_kernel", "NEW_N")
+    monkeypatch.setattr(attention, "NEW_KEYS_N", 0)
+    want = attend(st, pool, fused, max_context_hint=4096)
+    monkeypatch.setattr(attention, "NEW_KEYS_N", 16)
+    got = attend(st, pool, fused, max_context_hint=4096)
+    assert widths == [0, 16]
+    for name, a, b in zip(("out", "k_cache", "v_cache"), got, want, strict=True):
+        assert torch.equal(bits(a), bits(b)), f"{name} differs"
+    assert not got[0].isnan().any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_sliding_layers_own_small_launch_tile(dtype, monkeypatch):
+    """GPTOSS_ATTN_SMALL_SLIDING=128,8,1: a small launch on a sliding layer takes a 128-key tile (its
+    window whole), a full layer's launch keeps SMALL_DECODE_CFG's; the output matches the float64
+    reference and RoPE inside keeps the unfused bits."""
+    from gptoss.kernels import attention
+    from tests.gptoss.kernels.test_attention_kernel import TOL, assert_rows_close, reference
+
+    monkeypatch.setattr(attention, "SMALL_SLIDING_CFG", (128, 8, 1))
+    st = setup(CTX[:8], "ring", 16, 2, dtype, seed=53)
+    widths = record_launches(monkeypatch, attention, "_attn_kernel", "BLOCK_N")
+    assert_same_bits(st, "ring", max_context_hint=4096)
+    attend(st, "full", fused=True, max_context_hint=4096)
+    assert widths == [128, 128, min(attention.SMALL_DECODE_CFG[0], 512 // st["q"].element_size())]
+    st["q"], st["k"], st["v"] = rope_qkv(st["qkv"], st["pos"], st["cos_sin"], 16, 2, D)
+    out, kc, vc = attend(st, "ring", fused=True, max_context_hint=4096)
+    st["caches"]["ring"] = (kc, vc)  # the reference reads the step's own key from k, not the cache
+    assert_rows_close(out, reference(st, "ring"), TOL[dtype])
 
 
 def test_rope_refuses_prefill_launches_and_bad_operands():
