@@ -170,26 +170,6 @@ def test_new_keys_tile_of_16_gives_the_bits_of_a_whole_tile(ctx, fused, pool, dt
     assert not got[0].isnan().any()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_sliding_layers_own_small_launch_tile(dtype, monkeypatch):
-    """GPTOSS_ATTN_SMALL_SLIDING=128,8,1: a small launch on a sliding layer takes a 128-key tile (its
-    window whole), a full layer's launch keeps SMALL_DECODE_CFG's; the output matches the float64
-    reference and RoPE inside keeps the unfused bits."""
-    from gptoss.kernels import attention
-    from tests.gptoss.kernels.test_attention_kernel import TOL, assert_rows_close, reference
-
-    monkeypatch.setattr(attention, "SMALL_SLIDING_CFG", (128, 8, 1))
-    st = setup(CTX[:8], "ring", 16, 2, dtype, seed=53)
-    widths = record_launches(monkeypatch, attention, "_attn_kernel", "BLOCK_N")
-    assert_same_bits(st, "ring", max_context_hint=4096)
-    attend(st, "full", fused=True, max_context_hint=4096)
-    assert widths == [128, 128, min(attention.SMALL_DECODE_CFG[0], 512 // st["q"].element_size())]
-    st["q"], st["k"], st["v"] = rope_qkv(st["qkv"], st["pos"], st["cos_sin"], 16, 2, D)
-    out, kc, vc = attend(st, "ring", fused=True, max_context_hint=4096)
-    st["caches"]["ring"] = (kc, vc)  # the reference reads the step's own key from k, not the cache
-    assert_rows_close(out, reference(st, "ring"), TOL[dtype])
-
-
 def test_rope_refuses_prefill_launches_and_bad_operands():
     st = setup([5, 7], "full", 16, 2, torch.float32, seed=1)
     kc, vc = st["caches"]["full"]
