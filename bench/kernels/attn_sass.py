@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_decode_sass import _compile, disassemble, mma_loops  # noqa: E402
+from moe_decode_sass import _compile, disassemble, mma_loops, opcode  # noqa: E402
 
 from gptoss.kernels.attention import DECODE_CFG, NEW_KEYS_N, SMALL_DECODE_CFG  # noqa: E402
 from gptoss.kernels.attention_kernel import _attn_kernel  # noqa: E402
@@ -98,7 +98,7 @@ def batch1(cfg: tuple[int, int, int], new_n: int, sliding: bool) -> str:
     kernel = compile_decode(False, *cfg, rope=True, pre_kv=True, new_n=new_n, sliding=sliding)
     res, _, ins = disassemble(kernel)
     regs = re.search(r"REG:(\d+)", res)[1]
-    ops = [re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for _, x in ins]
+    ops = [opcode(x) for _, x in ins]
     wait = ops.index("ACQBULK")
     after = collections.Counter(ops[wait:])
     return (

@@ -108,6 +108,12 @@ def disassemble(k) -> tuple[str, str, list[tuple[int, str]]]:
     return res, sass, ins
 
 
+def opcode(text: str) -> str:
+    """The opcode of a SASS line, without its predicate (@P0, @!UP0) and modifiers (.L2)."""
+    words = text.split()
+    return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+
+
 def mma_loops(ins: list[tuple[int, str]]) -> list[list[str]]:
     """The bodies of the loops (a backward branch) that hold a tensor-core MMA."""
     loops = []

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attn_sass import compile_decode  # noqa: E402
-from moe_decode_sass import _compile, disassemble, norm_logits  # noqa: E402
-from prefetch_sass import _opcode, report  # noqa: E402
+from moe_decode_sass import _compile, disassemble, norm_logits, opcode  # noqa: E402
+from prefetch_sass import report  # noqa: E402
 
 from gptoss.kernels.attention import DECODE_CFG  # noqa: E402
 from gptoss.kernels.attention_reduce import _reduce_kernel  # noqa: E402
@@ -63,7 +63,7 @@ def stream_stats(k: int, bn: int, warps: int, two: bool) -> dict:
 
 def _load_stats(kernel) -> dict:
     res, _, ins = disassemble(kernel)
-    ops = [_opcode(x) for _, x in ins]
+    ops = [opcode(x) for _, x in ins]
     wait = ops.index("ACQBULK")
     regs = int(res.split("REG:")[1].split()[0])
     return {

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attn_sass import compile_decode  # noqa: E402
-from moe_decode_sass import _compile, disassemble, mma_loops  # noqa: E402
+from moe_decode_sass import _compile, disassemble, mma_loops, opcode  # noqa: E402
 from moe_v3_sass import SHAPE, SIG  # noqa: E402
 
 from gptoss.kernels import l2_prefetch, moe_v3_kernels  # noqa: E402
@@ -36,13 +36,7 @@ MARKS = ("PREEXIT", "UBLKPF", "ACQBULK")
 def standalone() -> dict:
     k = _compile(l2_prefetch._prefetch_kernel, dict(ptr="*bf16", nbytes="i64"), dict(NT=32, PDL=True), 1, 1)
     _, _, ins = disassemble(k)
-    return {"order": [op for op in map(_opcode, (x for _, x in ins)) if op in MARKS]}
-
-
-def _opcode(text: str) -> str:
-    """The opcode of a SASS line, without its predicate (@P0, @!UP0) and modifiers (.L2)."""
-    words = text.split()
-    return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+    return {"order": [op for op in map(opcode, (x for _, x in ins)) if op in MARKS]}
 
 
 def gate_up(pf: bool) -> dict:
@@ -66,7 +60,7 @@ def gate_up(pf: bool) -> dict:
 
 def attention(pf_keys: int) -> dict:
     _, _, ins = disassemble(compile_decode(False, *DECODE_CFG, pf_keys=pf_keys))
-    ops = [_opcode(x) for _, x in ins]
+    ops = [opcode(x) for _, x in ins]
     wait = ops.index("ACQBULK")
     pf = [i for i, x in enumerate(x for _, x in ins) if "CCTL.E.PF2" in x]
     return {
