@@ -5,7 +5,8 @@
 Each row: kernel ("attn-decode" | "attn-prefill"), case, ours_us, vllm_us (FA3 through
 vllm.vllm_flash_attn as vLLM's FlashAttention backend calls it for gpt-oss; None when it is
 missing or fails, with the reason printed), ratio = ours_us / vllm_us (< 1: ours is faster),
-hbm_frac (decode: (K + V bytes read + q and out bytes) / ours_us / 3.0e12; None for prefill) and
+hbm_frac (decode: (K + V bytes read + q and out bytes) / ours_us / a copy's bandwidth, hbm.py;
+None for prefill) and
 tflops (prefill: causal QK^T + PV FLOPs / ours_us). Times are triton.testing.do_bench medians
 (it flushes L2 between runs), in microseconds.
 
@@ -25,6 +26,9 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hbm import copy_bytes_per_s  # noqa: E402
 
 from gptoss.kernels.attention import paged_attention  # noqa: E402
 from gptoss.kernels.kv_write import write_kv  # noqa: E402
@@ -33,7 +37,6 @@ from gptoss.kv_dtype import quantize  # noqa: E402
 HQ, HKV, D, BS, WINDOW = 64, 8, 64, 16, 128
 RING = triton.cdiv(WINDOW, BS)
 SCALE = D**-0.5
-PEAK_BYTES_PER_S = 3.0e12  # H100 SXM HBM3, achievable
 BF16 = torch.bfloat16
 
 
@@ -77,7 +80,7 @@ def _row(
         "ours_us": round(ours, 2),
         "vllm_us": None if peer is None else round(peer, 2),
         "ratio": None if not peer else round(ours / peer, 3),
-        "hbm_frac": None if nbytes is None else round(nbytes / (ours * 1e-6) / PEAK_BYTES_PER_S, 3),
+        "hbm_frac": None if nbytes is None else round(nbytes / (ours * 1e-6) / copy_bytes_per_s(), 3),
         "tflops": None if flops is None else round(flops / (ours * 1e-6) / 1e12, 1),
     }
 

@@ -1,6 +1,12 @@
-"""Decode attention's launch settings swept at the engine's decode shapes (CUDA only).
+"""Attention's launch settings swept at the engine's decode shapes, or prefill's (CUDA only).
 
     python bench/kernels/attn_sweep.py [--configs 64,4,3 32,4,3 ...] [--kv-cache-dtype fp8]
+    python bench/kernels/attn_sweep.py --prefill [--configs 64,8,3,128 32,4,3,64 ...]
+
+--prefill: attention.PREFILL_CFG / PREFILL_SLIDING_CFG's (BLOCK_N, num_warps, num_stages, rows)
+over one sequence's 1k, 4k and 16k-token prefill, full and sliding (attn_gpu's prefill_case), with
+vLLM's FA3 in the last column where it imports: µs and the ratio FA3 / ours (> 1: ours faster),
+then each case's fastest setting. The engine takes one with GPTOSS_ATTN_PREFILL(_SLIDING)=BN,W,S,ROWS.
 
 attention.DECODE_CFG (BLOCK_N, num_warps, num_stages) was set by reasoning, never measured. Each
 row: a case (batch, context, full or sliding) and, per config, our decode attention's µs
@@ -21,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from attn_gpu import decode_case  # noqa: E402
+from attn_gpu import _fa3, _fa3_sink_probe, decode_case, prefill_case  # noqa: E402
 
 from gptoss.kernels import attention  # noqa: E402
 
@@ -47,14 +53,72 @@ CASES = [  # (batch, context, sliding, key bound)
     (256, 4096, False, None),
 ]
 
+PREFILL_CONFIGS = [
+    "64,8,3,128",
+    "32,8,3,128",
+    "32,8,2,128",
+    "64,8,2,128",
+    "32,4,3,64",
+    "32,4,2,64",
+    "64,4,3,64",
+    "16,4,3,64",
+    "32,8,3,256",
+    "64,4,2,128",
+]
+PREFILL_CASES = [(t, sliding) for sliding in (True, False) for t in (1024, 4096, 16384)]
+
+
+def sweep_prefill(configs: list[str]) -> int:
+    """One row a case: ours µs (TFLOP/s) at each setting, FA3's µs, then the best setting's ratio."""
+    cfgs = [tuple(int(v) for v in c.split(",")) for c in configs]
+    fa = _fa3()
+    fa = None if fa is None else _fa3_sink_probe(fa)
+    defaults = attention.PREFILL_CFG, attention.PREFILL_SLIDING_CFG
+    print(f"{torch.cuda.get_device_name()}; defaults full {defaults[0]}, sliding {defaults[1]}; us (TFLOP/s)")
+    print(f"{'case':16}" + "".join(f"{c:>16}" for c in configs) + f"{'FA3':>10}  best (FA3 / best)")
+    failed = 0
+    for t, sliding in PREFILL_CASES:
+        cells, times = [], []
+        for c in cfgs:
+            attention.PREFILL_CFG = attention.PREFILL_SLIDING_CFG = c
+            try:
+                r = prefill_case(t, sliding, None)
+                cells.append(f"{r['ours_us']:.1f} ({r['tflops']:.0f})")
+                times.append(r["ours_us"])
+            except Exception as e:  # noqa: BLE001 - one setting that fails is reported, the others still timed
+                failed += 1
+                print(f"T={t} {c}: {type(e).__name__}: {e}", file=sys.stderr)
+                cells.append("failed")
+                times.append(float("inf"))
+            torch.cuda.empty_cache()
+        attention.PREFILL_CFG, attention.PREFILL_SLIDING_CFG = defaults
+        peer = prefill_case(t, sliding, fa)["vllm_us"] if fa is not None else None
+        best = min(range(len(cfgs)), key=times.__getitem__)
+        ratio = f"{peer / times[best]:.2f}" if peer else "-"
+        case = f"T={t} {'sliding' if sliding else 'full'}"
+        print(
+            f"{case:16}"
+            + "".join(f"{cell:>16}" for cell in cells)
+            + f"{peer if peer else '-':>10}  {configs[best]} ({ratio})",
+            flush=True,
+        )
+    return failed
+
 
 def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("attn_sweep.py needs a CUDA GPU")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=CONFIGS)
+    ap.add_argument("--configs", nargs="+", default=None, help="default: CONFIGS, or PREFILL_CONFIGS")
     ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="fp8: e4m3 caches")
+    ap.add_argument("--prefill", action="store_true", help="sweep prefill's settings instead")
     args = ap.parse_args()
+    if args.prefill:
+        failed = sweep_prefill(args.configs or PREFILL_CONFIGS)
+        if failed:
+            sys.exit(f"{failed} cells failed (errors above)")
+        return
+    args.configs = args.configs or CONFIGS
     fp8 = args.kv_cache_dtype == "fp8"
     cfgs = [tuple(int(v) for v in c.split(",")) for c in args.configs]
     default = attention.DECODE_CFG

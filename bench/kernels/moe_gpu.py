@@ -55,6 +55,7 @@ from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: 
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hbm import copy_bytes_per_s  # noqa: E402
 from moe_dec_variants import DEC_VARIANTS, DecVariant  # noqa: E402
 from moe_peer import ALPHA, LIMIT, TOP_K, H, I, check, vllm_moe  # noqa: E402
 from moe_subnormal import subnormal_checks  # noqa: E402
@@ -62,7 +63,6 @@ from moe_variants import VARIANTS, Variant  # noqa: E402
 
 E = 32  # 20b; --experts 128: 120b
 MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096, 16384)
-PEAK_BYTES_PER_S = 3.0e12  # H100 SXM HBM3, achievable copy bandwidth (main() sets the H200's 4.3e12)
 EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # packed w13 + w2 and scales
 
 
@@ -312,7 +312,7 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool, rounds: int = 
                     "down_us": times.get("down"),
                     "eager_us": eager,
                     "router_us": times.get("router"),
-                    "hbm": None if not g else hit * EXPERT_BYTES / (g * 1e-6) / PEAK_BYTES_PER_S,
+                    "hbm": None if not g else hit * EXPERT_BYTES / (g * 1e-6) / copy_bytes_per_s(),
                     "spread": (max(moe_t) - min(moe_t)) / g if g and rounds > 1 else None,
                     "err": _err(out, ref),
                 }
@@ -367,7 +367,7 @@ def run(rows: list) -> None:
 
 
 def main() -> None:
-    global E, PEAK_BYTES_PER_S  # the shapes every helper reads: 20b's 32 experts unless told
+    global E  # the shapes every helper reads: 20b's 32 experts unless told
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--variants", default=",".join([*VARIANTS, "vllm"]))
@@ -379,8 +379,6 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("moe_gpu.py needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
-    if "H200" in torch.cuda.get_device_name():
-        PEAK_BYTES_PER_S = 4.3e12  # a device-to-device copy there (shared/DESIGN.md section 9)
     subnormal_checks()
     names = [n for n in args.variants.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS and n not in DEC_VARIANTS and n != "vllm"]

@@ -47,20 +47,42 @@ SMALL_SPLIT_KEYS = _split_keys_from_env(
 )
 
 
+def _parse_cfg(name: str, v: str, shown: str | None = None) -> tuple[int, int, int]:
+    """v = "BLOCK_N,num_warps,num_stages" checked; errors name `name` and show `shown` (default v)."""
+    shown = v if shown is None else shown
+    parts = v.split(",")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(
+            f"{name} must be BLOCK_N,num_warps,num_stages (three positive counts), got {shown!r}"
+        )
+    block_n, warps, stages = map(int, parts)
+    if block_n & (block_n - 1) or block_n < 16 or warps & (warps - 1):
+        raise ValueError(
+            f"{name}: BLOCK_N must be a power of two >= 16 and num_warps a power of two, got {shown!r}"
+        )
+    return block_n, warps, stages
+
+
 def _cfg_from_env(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
     """A (BLOCK_N, num_warps, num_stages) override such as GPTOSS_ATTN_DECODE=128,4,2 (benchmarks)."""
+    v = os.environ.get(name, "")
+    return _parse_cfg(name, v) if v else default
+
+
+def _prefill_cfg_from_env(name: str, default: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """A prefill launch's (BLOCK_N, num_warps, num_stages, rows), e.g. GPTOSS_ATTN_PREFILL=32,8,3,128:
+    rows is its BLOCK_M, query tokens x the padded GQA group (a power of two >= 16)."""
     v = os.environ.get(name, "")
     if not v:
         return default
     parts = v.split(",")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"{name} must be BLOCK_N,num_warps,num_stages (three positive counts), got {v!r}")
-    block_n, warps, stages = map(int, parts)
-    if block_n & (block_n - 1) or block_n < 16 or warps & (warps - 1):
+    rows = int(parts[-1]) if parts[-1].isdigit() else 0
+    if len(parts) != 4 or rows < 16 or rows & (rows - 1):
         raise ValueError(
-            f"{name}: BLOCK_N must be a power of two >= 16 and num_warps a power of two, got {v!r}"
+            f"{name} must be BLOCK_N,num_warps,num_stages,rows (four counts, rows a power of two >= 16), "
+            f"got {v!r}"
         )
-    return block_n, warps, stages
+    return (*_parse_cfg(name, ",".join(parts[:3]), v), rows)
 
 
 def _choice_from_env(name: str, choices: tuple[str, ...]) -> str:
@@ -90,8 +112,13 @@ DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (32, 2, 3))
 # after the wait (so its weight preload would not run beside attention's loads) lost: 425.0 / 424.9,
 # attention -12 and the projections +69 us a token.
 SMALL_DECODE_CFG: tuple[int, int, int] | None = _cfg_from_env("GPTOSS_ATTN_SMALL_DECODE", (256, 8, 1))
-PREFILL_CFG = (64, 8, 3)
-PREFILL_ROWS = 128  # BLOCK_M of prefill: query tokens x padded GQA group
+
+# Prefill (BLOCK_N, num_warps, num_stages, rows), full layers and sliding ones apart
+# (GPTOSS_ATTN_PREFILL, GPTOSS_ATTN_PREFILL_SLIDING): their registers differ (sm_90a, compiled on
+# CPU, bf16: (64, 8, 3, 128) holds 127 registers a thread on a full layer, two programs an SM, and 173
+# on a sliding one, whose window masks add to it: one program of 8 warps an SM).
+PREFILL_CFG = _prefill_cfg_from_env("GPTOSS_ATTN_PREFILL", (64, 8, 3, 128))
+PREFILL_SLIDING_CFG = _prefill_cfg_from_env("GPTOSS_ATTN_PREFILL_SLIDING", (64, 8, 3, 128))
 # Triton 3.6's interpreter multiplies the raw bits of bf16 dot operands; passed to the kernel as
 # UPCAST, it makes it upcast dot operands (after the same bf16 rounding) there.
 INTERPRETED = bool(triton.knobs.runtime.interpret)
@@ -289,8 +316,8 @@ def paged_attention(
         sms = sm_count(q) if q.is_cuda else 132
         splits = decode_splits(1 if batch_invariant else num_seqs, hkv, max_keys, sms, small)
     else:
-        block_n, warps, stages = PREFILL_CFG
-        block_q = max(1, PREFILL_ROWS // g_pad)
+        block_n, warps, stages, rows = PREFILL_CFG if window is None else PREFILL_SLIDING_CFG
+        block_q = max(1, rows // g_pad)
         splits = 1
     tickets = None
     if splits > 1:
