@@ -97,8 +97,12 @@ def _choice_from_env(name: str, choices: tuple[str, ...]) -> str:
 # 2026-11-27, bench/results v18): (32, 2, 3) against the first guess (64, 4, 3), us: 1000 sequences at
 # 1536 context, sliding 145.6 vs 188.1, full 1161.9 vs 1176.8 (93 % of HBM); 256 at 4096, full 763.8 vs
 # 843.6. Offline 1000 x (1024 -> 1024) +1.4 % (18,040.5 vs 17,797.2 tok/s, both warm), concurrency 16
-# with LoRA +1.0 %, batch 1 within its noise (407-412 vs 405-410). Prefill: by reasoning, not swept.
-DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (32, 2, 3))
+# with LoRA +1.0 %, batch 1 within its noise (407-412 vs 405-410). Swept again on an H200 (2026-12-02,
+# bench/results v43), us: 1024 x 1536 full (64, 2, 3) 803.8 against 857.8, sliding 119.0 against 124.0;
+# 256 x 4096 full 537.3 against 558.9; as CUDA-graph replays beside FA3 (kernels_gpu.py) 256 x 8192 full
+# 1,044.0 against 1,111.2 (FA3 1,116.9); Offline 20b 1000 x (1024 -> 1024), one machine, warm:
+# 22,754 / 22,657 tok/s against 22,304 (+1.8 %). So (64, 2, 3) now.
+DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 2, 3))
 # Decode launches of up to SMALL_DECODE sequences (outside the batch-invariant mode) take their own
 # (BLOCK_N, num_warps, num_stages): GPTOSS_ATTN_SMALL_DECODE, default (256, 8, 1) with 256-key splits
 # (SMALL_SPLIT_KEYS), so a split is one tile that the preload (PRELOAD_KV) loads before the PDL wait:
@@ -114,11 +118,15 @@ DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (32, 2, 3))
 SMALL_DECODE_CFG: tuple[int, int, int] | None = _cfg_from_env("GPTOSS_ATTN_SMALL_DECODE", (256, 8, 1))
 
 # Prefill (BLOCK_N, num_warps, num_stages, rows), full layers and sliding ones apart
-# (GPTOSS_ATTN_PREFILL, GPTOSS_ATTN_PREFILL_SLIDING): their registers differ (sm_90a, compiled on
-# CPU, bf16: (64, 8, 3, 128) holds 127 registers a thread on a full layer, two programs an SM, and 173
-# on a sliding one, whose window masks add to it: one program of 8 warps an SM).
+# (GPTOSS_ATTN_PREFILL, GPTOSS_ATTN_PREFILL_SLIDING): their registers differ. sm_90a, compiled on CPU,
+# bf16: (64, 8, 3, 128) holds 127 registers a thread on a full layer (two programs an SM) and 173 on a
+# sliding one (one program of 8 warps an SM); (16, 4, 3, 64) on a sliding one: 8 query tokens x 8 heads,
+# a 135-key window span in 9 tiles of 16 (3 of 64 before). H200, one prefill of T tokens
+# (bench/kernels/attn_sweep.py --prefill, bench/results v43), us at T 4k / 16k: sliding (16, 4, 3, 64)
+# 70.4-78.8 / 252.9-253.7 against 137.9-138.1 / 522.8 at (64, 8, 3, 128); as CUDA-graph replays beside
+# FA3 1.13-1.17x FA3 (0.30-0.87x before); full layers: (64, 8, 3, 128) fastest of the 16 tried.
 PREFILL_CFG = _prefill_cfg_from_env("GPTOSS_ATTN_PREFILL", (64, 8, 3, 128))
-PREFILL_SLIDING_CFG = _prefill_cfg_from_env("GPTOSS_ATTN_PREFILL_SLIDING", (64, 8, 3, 128))
+PREFILL_SLIDING_CFG = _prefill_cfg_from_env("GPTOSS_ATTN_PREFILL_SLIDING", (16, 4, 3, 64))
 # Triton 3.6's interpreter multiplies the raw bits of bf16 dot operands; passed to the kernel as
 # UPCAST, it makes it upcast dot operands (after the same bf16 rounding) there.
 INTERPRETED = bool(triton.knobs.runtime.interpret)

@@ -51,18 +51,19 @@ def test_prefill_launch_settings_keep_the_result(full, sliding, monkeypatch):
 
 
 def test_prefill_settings_from_the_environment(monkeypatch):
-    """Unset: (64, 8, 3, 128) for both kinds; set: the four counts of each; a bad value is refused
-    by name."""
+    """Unset: (64, 8, 3, 128) for full layers, (16, 4, 3, 64) for sliding ones; set: the four counts
+    of each; a bad value is refused by name."""
     from gptoss.kernels import attention
 
     try:
         for name in ("GPTOSS_ATTN_PREFILL", "GPTOSS_ATTN_PREFILL_SLIDING"):
             monkeypatch.delenv(name, raising=False)
         mod = importlib.reload(attention)
-        assert mod.PREFILL_CFG == mod.PREFILL_SLIDING_CFG == (64, 8, 3, 128)
+        assert (mod.PREFILL_CFG, mod.PREFILL_SLIDING_CFG) == ((64, 8, 3, 128), (16, 4, 3, 64))
         monkeypatch.setenv("GPTOSS_ATTN_PREFILL_SLIDING", "32,4,3,64")
+        monkeypatch.setenv("GPTOSS_ATTN_PREFILL", "32,8,3,256")
         mod = importlib.reload(attention)
-        assert (mod.PREFILL_CFG, mod.PREFILL_SLIDING_CFG) == ((64, 8, 3, 128), (32, 4, 3, 64))
+        assert (mod.PREFILL_CFG, mod.PREFILL_SLIDING_CFG) == ((32, 8, 3, 256), (32, 4, 3, 64))
         for bad, why in [
             ("32,4,3", "four counts"),
             ("32,4,3,96", "rows a power of two >= 16"),
@@ -80,7 +81,7 @@ def test_prefill_settings_from_the_environment(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("cfg", [(64, 8, 3, 128), (32, 8, 3, 128), (32, 4, 3, 64), (64, 4, 3, 64)], ids=str)
+@pytest.mark.parametrize("cfg", [(64, 8, 3, 128), (16, 4, 3, 64), (32, 4, 3, 64), (64, 4, 3, 64)], ids=str)
 def test_gpu_prefill_settings_at_full_shapes(cfg, monkeypatch):
     """Compiled, 120b's heads (64 over 8): a 1024-token chunk after 100 cached tokens and a 300-token
     prompt, each pool on the setting under test, against the reference in bf16."""

@@ -78,7 +78,7 @@ def test_split_keys_env_parses_and_refuses_bad_values():
 
 def test_small_launches_split_a_tile_of_keys_each(monkeypatch):
     """A launch of <= SMALL_DECODE sequences (small) splits at SMALL_SPLIT_KEYS, here v37's 32 on
-    DECODE_CFG's 32-key tile (the default is one 256-key tile at 256): a 128-key sliding window into
+    a 32-key DECODE_CFG tile (the default is one 256-key tile at 256): a 128-key sliding window into
     4 splits of one tile (256: one split), a lone sequence at a 4096-key hint into MAX_SPLITS; larger
     launches and the batch-invariant mode (small False) keep 256. A sliding layer's batch-1 decode
     then merges its 4 splits in the kernel, each tile preloaded, and equals the reference."""
@@ -86,6 +86,7 @@ def test_small_launches_split_a_tile_of_keys_each(monkeypatch):
 
     monkeypatch.setattr(attention, "SMALL_SPLIT_KEYS", 32)
     monkeypatch.setattr(attention, "SMALL_DECODE_CFG", None)
+    monkeypatch.setattr(attention, "DECODE_CFG", (32, 2, 3))
     splits, tickets = [], []
     split_fn, ticket_fn = attention.decode_splits, attention._ticket_buffer
     monkeypatch.setattr(attention, "decode_splits", lambda *a: splits.append(split_fn(*a)) or splits[-1])
@@ -286,7 +287,8 @@ def test_merge_reads_only_the_live_splits(monkeypatch, dtype):
     tickets are back to zero."""
     from gptoss.kernels import attention
 
-    monkeypatch.setattr(attention, "SMALL_DECODE_CFG", None)  # DECODE_CFG's 32-key tile
+    monkeypatch.setattr(attention, "SMALL_DECODE_CFG", None)  # DECODE_CFG's tile, at 32 keys here
+    monkeypatch.setattr(attention, "DECODE_CFG", (32, 2, 3))
     rec = _PartialsRecorder(attention._attn_kernel)
     monkeypatch.setattr(attention, "_attn_kernel", rec)
     ctx = [300, 0, 129, 17]
