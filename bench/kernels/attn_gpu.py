@@ -20,7 +20,6 @@ token written there) and window_size (127, 0) for sliding. Prefill: one sequence
 
 from __future__ import annotations
 
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hbm import copy_bytes_per_s  # noqa: E402
+from timing import timed_us  # noqa: E402
 
 from gptoss.kernels.attention import paged_attention  # noqa: E402
 from gptoss.kernels.kv_write import write_kv  # noqa: E402
@@ -41,52 +41,6 @@ HQ, HKV, D, BS, WINDOW = 64, 8, 64, 16, 128
 RING = triton.cdiv(WINDOW, BS)
 SCALE = D**-0.5
 BF16 = torch.bfloat16
-
-
-def graph_us(fn: Callable[[], object], calls: int = 20) -> float:
-    """GPU microseconds per call of fn: the median of 5 samples of 10 replays of one CUDA graph holding
-    `calls` back-to-back calls (no host launch cost, as the engine runs its kernels; L2 stays warm across
-    the calls). Raises what the capture raises, with the capture ended and the current stream restored."""
-    fn()  # compiles Triton kernels and makes buffers (attention's tickets) a capture must not allocate
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()  # torch's documented pattern: warm up on a side stream before capturing
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    stream = torch.cuda.current_stream()
-    g = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                fn()
-    except BaseException:
-        torch.cuda.set_stream(stream)  # capture_end raising skips torch.cuda.graph's own stream restore
-        raise
-    for _ in range(3):
-        g.replay()
-    reps, samples = 10, []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            g.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / (reps * calls))
-    return statistics.median(samples)
-
-
-def _us(fn: Callable[[], object], what: str) -> float:
-    fn()  # a failing call is no capture failure: it reaches the caller (_peer_us reports FA3's)
-    torch.cuda.synchronize()
-    try:
-        return graph_us(fn)
-    except Exception as e:  # noqa: BLE001 - a case that cannot be captured is still timed, eagerly, flagged
-        torch.cuda.synchronize()
-        print(f"{what}: timed eagerly, CUDA-graph capture failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
 
 def _fa3() -> Callable | None:
@@ -106,7 +60,7 @@ def _peer_us(fn: Callable[[], object] | None, what: str) -> float | None:
     if fn is None:
         return None
     try:
-        return _us(fn, f"{what} FA3")
+        return timed_us(fn, f"{what} FA3")
     except Exception as e:  # noqa: BLE001 - whatever the peer raises is reported, ours still timed
         print(f"{what}: FA3 failed: {type(e).__name__}: {e}", file=sys.stderr)
         return None
@@ -261,7 +215,9 @@ def decode_case(
         _check(f"decode {case}", ours, peer, peer_out)
     kv_bytes = 1 if kv_fp8 else 2
     nbytes = b * HKV * keys * D * 2 * kv_bytes + 2 * b * HQ * D * 2  # K + V read, q read, out written
-    return _row("attn-decode", case, _us(ours, f"decode {case} ours"), _peer_us(peer, case), nbytes, None)
+    return _row(
+        "attn-decode", case, timed_us(ours, f"decode {case} ours"), _peer_us(peer, case), nbytes, None
+    )
 
 
 def prefill_case(t: int, sliding: bool, fa: Callable | None, check: bool = False) -> dict:
@@ -302,7 +258,9 @@ def prefill_case(t: int, sliding: bool, fa: Callable | None, check: bool = False
         _check(f"prefill {case}", ours, peer, peer_out)
     seen = pos.clamp(max=WINDOW - 1) + 1 if sliding else pos + 1  # keys each query sees
     flops = 4.0 * HQ * D * float(seen.sum())
-    return _row("attn-prefill", case, _us(ours, f"prefill {case} ours"), _peer_us(peer, case), None, flops)
+    return _row(
+        "attn-prefill", case, timed_us(ours, f"prefill {case} ours"), _peer_us(peer, case), None, flops
+    )
 
 
 def run(rows: list) -> None:

@@ -5,7 +5,8 @@
 Each row: kernel, case, ours_us, vllm_us (vLLM's own op where it has one and `vllm` imports,
 else None), torch_us (eager torch), peer (which one `ratio` uses: vllm if timed, else torch),
 ratio = ours_us / peer_us (< 1: ours is faster), hbm_frac = bytes moved / ours / peak HBM bandwidth
-(None on an unknown GPU). Times are triton.testing.do_bench medians, in microseconds.
+(None on an unknown GPU). Times are CUDA-graph replays (timing.py: GPU time, no host launch cost; an op
+that cannot be captured is timed eagerly by do_bench, flagged on stderr), in microseconds per call.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import timed_us  # noqa: E402
 
 from gptoss.config import PRESETS
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
@@ -46,15 +49,11 @@ def _vllm_ops():
     return _custom_ops
 
 
-def _us(fn: Callable[[], object]) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-
-
 def _peer_us(fn: Callable[[], object] | None, what: str) -> float | None:
     if fn is None:
         return None
     try:
-        return _us(fn)
+        return timed_us(fn, f"{what} peer")
     except (AttributeError, RuntimeError, TypeError) as e:  # a peer whose API moved is reported
         print(f"{what}: peer failed: {type(e).__name__}: {e}", file=sys.stderr)
         return None
@@ -85,7 +84,7 @@ def rmsnorm_case(T: int, vops) -> dict:
     w = 1 + 0.1 * torch.randn(H, device="cuda")
     x = torch.randn(T, H, device="cuda").bfloat16()
     res = torch.randn(T, H, device="cuda").bfloat16()
-    ours = _us(partial(fused_add_rms_norm, x, res, w, 1e-5))
+    ours = timed_us(partial(fused_add_rms_norm, x, res, w, 1e-5), f"rmsnorm T={T}")
     vl = None
     if vops is not None:  # vLLM's op is in place, with a bf16 weight
         vl = _peer_us(partial(vops.fused_add_rms_norm, x.clone(), res.clone(), w.bfloat16(), 1e-5), "rmsnorm")
@@ -94,7 +93,7 @@ def rmsnorm_case(T: int, vops) -> dict:
         f"T={T} H={H} bf16 +residual",
         ours,
         vl,
-        _us(partial(_torch_add_norm, x, res, w)),
+        timed_us(partial(_torch_add_norm, x, res, w), f"rmsnorm T={T} torch"),
         4 * T * H * 2 + 4 * H,
     )
 
@@ -130,9 +129,11 @@ def rope_case(T: int, vops) -> dict:
             )
 
         vl = _peer_us(vllm_fn, "rope")
-    ours = _us(partial(rope_qkv, qkv, positions, cos_sin, HQ, HKV, D, k_cache, v_cache, slots))
+    ours = timed_us(
+        partial(rope_qkv, qkv, positions, cos_sin, HQ, HKV, D, k_cache, v_cache, slots), f"rope T={T}"
+    )
     nbytes = T * ((HQ + 2 * HKV) * D * 2 * 2 + 2 * HKV * D * 2 + D * 4 + 16)
-    return _row("rope_qkv", f"T={T} +kv write", ours, vl, _us(torch_fn), nbytes)
+    return _row("rope_qkv", f"T={T} +kv write", ours, vl, timed_us(torch_fn, f"rope T={T} torch"), nbytes)
 
 
 def sample_cases(B: int) -> list[dict]:
@@ -149,14 +150,32 @@ def sample_cases(B: int) -> list[dict]:
         probs = torch.softmax(logits / ones[:, None], -1)
         return probs.div_(torch.empty_like(probs).exponential_()).argmax(-1)
 
-    greedy = _us(partial(sample, logits, zeros, no_k, ones, seeds, offsets, filtered=False))
-    drawn = _us(partial(sample, logits, ones, no_k, ones, seeds, offsets, filtered=False))
+    greedy = timed_us(
+        partial(sample, logits, zeros, no_k, ones, seeds, offsets, filtered=False), f"B={B} greedy"
+    )
+    drawn = timed_us(partial(sample, logits, ones, no_k, ones, seeds, offsets, filtered=False), f"B={B} T=1")
     top_k = torch.full((B,), 50, dtype=torch.int32, device="cuda")
     top_p = torch.full((B,), 0.9, device="cuda")
-    filt = _us(partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True))
+    filt = timed_us(
+        partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True), f"B={B} top-k/p"
+    )
     return [
-        _row("sample", f"B={B} greedy", greedy, None, _us(partial(torch.argmax, logits, -1)), nbytes),
-        _row("sample", f"B={B} T=1", drawn, _us(vllm_style), _us(torch_multinomial), nbytes),
+        _row(
+            "sample",
+            f"B={B} greedy",
+            greedy,
+            None,
+            timed_us(partial(torch.argmax, logits, -1), f"B={B} argmax"),
+            nbytes,
+        ),
+        _row(
+            "sample",
+            f"B={B} T=1",
+            drawn,
+            timed_us(vllm_style, f"B={B} vllm-style"),
+            timed_us(torch_multinomial, f"B={B} multinomial"),
+            nbytes,
+        ),
         _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, None, nbytes),
     ]
 
