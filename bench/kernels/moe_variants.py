@@ -3,7 +3,7 @@ MoE (Variant, VARIANTS), with why each exists. The decode path's are moe_dec_var
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gptoss.kernels.moe import Tiles
 from gptoss.kernels.moe_tiles import DECODE_BUCKET, NARROW_V3, DecTiles
@@ -296,6 +296,10 @@ for _name, _gu, _dn, _buckets in [
     ),
 ]:
     VARIANTS[_name] = Variant("v3", tiles=_few(_gu, _dn, _buckets), max_m=2048)
+# S-h256k64's downs at BM 64 and 128 (BK 64, half) race on the cp.async path, which down_v3 refuses
+# (moe_v3.racy_pointer_down): the whole default table stopped there at M 256-512 (bench/results v43).
+# By TMA they give one output a input.
+VARIANTS["S-h256k64"] = replace(VARIANTS["S-h256k64"], wtma=True)
 
 
 # Decode batches on the v3 kernels (T <= 16 tokens: moe_tiles.DECODE_BUCKET, since v23): 120b runs

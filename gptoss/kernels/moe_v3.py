@@ -311,7 +311,7 @@ def down_v3(
     w2, s2, w_strides, s_strides = _weight_args(w.w2, w.s2, swz)
     wtma = _wtma_args(act, w.w2, w.s2, swz, tiles.bn, tiles)
     if swz and not wtma and racy_pointer_down(tiles) and act.is_cuda and not triton.knobs.runtime.interpret:
-        raise ValueError(
+        raise RacyTilesError(
             f"down_v3: {tiles} on the cp.async path gives other values from run to run on the GPU (half "
             "tiles of BM 64-128 at BK 64; bench/kernels/moe_repeat_gpu.py, bench/results v30): take BK 128, "
             "or load their weights by TMA (GPTOSS_MOE_V3_WTMA=auto or 1)"
@@ -348,6 +348,10 @@ def down_v3(
         num_stages=tiles.stages,
     )
     return y
+
+
+class RacyTilesError(ValueError):
+    """down_v3 refuses tiles whose cp.async path races (racy_pointer_down): a sweep skips them by type."""
 
 
 def racy_pointer_down(tiles: Tiles) -> bool:
