@@ -124,7 +124,7 @@ SMALL_DECODE_CFG: tuple[int, int, int] | None = _cfg_from_env("GPTOSS_ATTN_SMALL
 # a 135-key window span in 9 tiles of 16 (3 of 64 before). H200, one prefill of T tokens
 # (bench/kernels/attn_sweep.py --prefill, bench/results v43), us at T 4k / 16k: sliding (16, 4, 3, 64)
 # 70.4-78.8 / 252.9-253.7 against 137.9-138.1 / 522.8 at (64, 8, 3, 128); as CUDA-graph replays beside
-# FA3 1.13-1.17x FA3 (0.30-0.87x before); full layers: (64, 8, 3, 128) fastest of the 16 tried.
+# FA3 1.13-1.17x FA3 (the old setting ~0.55x at 4k-16k); full layers: (64, 8, 3, 128) fastest of 16.
 PREFILL_CFG = _prefill_cfg_from_env("GPTOSS_ATTN_PREFILL", (64, 8, 3, 128))
 PREFILL_SLIDING_CFG = _prefill_cfg_from_env("GPTOSS_ATTN_PREFILL_SLIDING", (16, 4, 3, 64))
 # Triton 3.6's interpreter multiplies the raw bits of bf16 dot operands; passed to the kernel as
