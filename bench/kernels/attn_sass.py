@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moe_decode_sass import _compile, disassemble, mma_loops, opcode  # noqa: E402
 
-from gptoss.kernels.attention import DECODE_CFG, NEW_KEYS_N, SMALL_DECODE_CFG  # noqa: E402
 from gptoss.kernels.attention_kernel import _attn_kernel  # noqa: E402
+from gptoss.kernels.attention_settings import DECODE_CFG, NEW_KEYS_N, SMALL_DECODE_CFG  # noqa: E402
 
 POINTERS = {
     "q_ptr": "bf16",

@@ -34,8 +34,8 @@ from attn_sass import compile_decode  # noqa: E402
 from moe_decode_sass import _compile, disassemble, norm_logits, opcode  # noqa: E402
 from prefetch_sass import report  # noqa: E402
 
-from gptoss.kernels.attention import DECODE_CFG  # noqa: E402
 from gptoss.kernels.attention_reduce import _reduce_kernel  # noqa: E402
+from gptoss.kernels.attention_settings import DECODE_CFG  # noqa: E402
 from gptoss.kernels.gemv_preload import _gemv_preload_kernel, k_parts  # noqa: E402
 from gptoss.kernels.gemv_stream import _gemv_stream_kernel  # noqa: E402
 from gptoss.kernels.rmsnorm import _rmsnorm_kernel  # noqa: E402

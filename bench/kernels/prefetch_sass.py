@@ -27,7 +27,7 @@ from moe_decode_sass import _compile, disassemble, mma_loops, opcode  # noqa: E4
 from moe_v3_sass import SHAPE, SIG  # noqa: E402
 
 from gptoss.kernels import l2_prefetch, moe_v3_kernels  # noqa: E402
-from gptoss.kernels.attention import DECODE_CFG  # noqa: E402
+from gptoss.kernels.attention_settings import DECODE_CFG  # noqa: E402
 from gptoss.kernels.moe_tiles import _DEC_GU_V3  # noqa: E402
 
 MARKS = ("PREEXIT", "UBLKPF", "ACQBULK")

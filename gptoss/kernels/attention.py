@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 from torch import Tensor
@@ -12,158 +10,29 @@ from gptoss.kernels import l2_prefetch, pdl
 from gptoss.kernels.attention_kernel import _attn_kernel
 from gptoss.kernels.attention_reduce import _reduce_kernel
 from gptoss.kernels.attention_rope import rope_operands
+from gptoss.kernels.attention_settings import (  # read at each launch from here: A/B runs set them
+    DECODE_CFG,
+    LIVE_SPLITS,
+    MAX_SPLITS,
+    MIN_SPLIT_KEYS,
+    NEW_KEYS_N,
+    PREFILL_CFG,
+    PREFILL_SLIDING_CFG,
+    PRELOAD_KV,
+    PROGRAMS_PER_SM,
+    REDUCE,
+    SMALL_DECODE,
+    SMALL_DECODE_CFG,
+    SMALL_SPLIT_KEYS,
+)
 from gptoss.kernels.device_info import sm_count
 from gptoss.kernels.l2_prefetch import prefetch_l2
 from gptoss.kv_dtype import is_fp8
 
 LOG2E = 1.4426950408889634
-# Decode splits the keys of a (sequence, KV head) over several programs until about this many
-# programs per SM run; a split keeps at least MIN_SPLIT_KEYS keys so its partials (16 rows of
-# m, l and D floats, written then read back) stay small next to the K/V it reads (256 B a key).
-# Only small batches reach the bound (S x Hkv < PROGRAMS_PER_SM x SMs): at batch 1 a program then
-# walks its keys in BLOCK_N steps one after another, so fewer keys a split shorten that chain;
-# GPTOSS_ATTN_SPLIT_KEYS=N sets the bound (benchmarks: bench/gptoss_120b_ab_gpu.sh's B1_MODES). At
-# 128 (H100, 20b, batch-1 128 -> 512, 2026-11-28): 404.4 against 406.6 tok/s, no gain; 256 stays.
-# Launches of up to SMALL_DECODE sequences take SMALL_SPLIT_KEYS (GPTOSS_ATTN_SMALL_SPLIT_KEYS)
-# instead, the width of their tile (SMALL_DECODE_CFG below): one tile a split, whose keys the preload
-# (PRELOAD_KV) loads before the PDL wait. v37 took 32 on DECODE_CFG's 32-key tile (a sliding layer's
-# window in 4 splits of one tile: +0.5 % against 256-key splits walking 32-key tiles); v38 one
-# 256-key tile on 8 warps at 256 (+1.4 % against v37's).
-PROGRAMS_PER_SM = 4
-MAX_SPLITS = 64
-
-
-def _split_keys_from_env(v: str | None, name: str = "GPTOSS_ATTN_SPLIT_KEYS", default: int = 256) -> int:
-    if v in (None, ""):
-        return default
-    if not v.isdigit() or int(v) < 16:
-        raise ValueError(f"{name} must be the fewest keys a decode split takes (>= 16), got {v!r}")
-    return int(v)
-
-
-MIN_SPLIT_KEYS = _split_keys_from_env(os.environ.get("GPTOSS_ATTN_SPLIT_KEYS"))
-SMALL_SPLIT_KEYS = _split_keys_from_env(
-    os.environ.get("GPTOSS_ATTN_SMALL_SPLIT_KEYS"), "GPTOSS_ATTN_SMALL_SPLIT_KEYS", 256
-)
-
-
-def _parse_cfg(name: str, v: str, shown: str | None = None) -> tuple[int, int, int]:
-    """v = "BLOCK_N,num_warps,num_stages" checked; errors name `name` and show `shown` (default v)."""
-    shown = v if shown is None else shown
-    parts = v.split(",")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(
-            f"{name} must be BLOCK_N,num_warps,num_stages (three positive counts), got {shown!r}"
-        )
-    block_n, warps, stages = map(int, parts)
-    if block_n & (block_n - 1) or block_n < 16 or warps & (warps - 1):
-        raise ValueError(
-            f"{name}: BLOCK_N must be a power of two >= 16 and num_warps a power of two, got {shown!r}"
-        )
-    return block_n, warps, stages
-
-
-def _cfg_from_env(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
-    """A (BLOCK_N, num_warps, num_stages) override such as GPTOSS_ATTN_DECODE=128,4,2 (benchmarks)."""
-    v = os.environ.get(name, "")
-    return _parse_cfg(name, v) if v else default
-
-
-def _prefill_cfg_from_env(name: str, default: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-    """A prefill launch's (BLOCK_N, num_warps, num_stages, rows), e.g. GPTOSS_ATTN_PREFILL=32,8,3,128:
-    rows is its BLOCK_M, query tokens x the padded GQA group (a power of two >= 16)."""
-    v = os.environ.get(name, "")
-    if not v:
-        return default
-    parts = v.split(",")
-    rows = int(parts[-1]) if parts[-1].isdigit() else 0
-    if len(parts) != 4 or rows < 16 or rows & (rows - 1):
-        raise ValueError(
-            f"{name} must be BLOCK_N,num_warps,num_stages,rows (four counts, rows a power of two >= 16), "
-            f"got {v!r}"
-        )
-    return (*_parse_cfg(name, ",".join(parts[:3]), v), rows)
-
-
-def _choice_from_env(name: str, choices: tuple[str, ...]) -> str:
-    """os.environ[name], one of `choices` (the first when unset): a typo is an error, never the default."""
-    v = os.environ.get(name, "") or choices[0]
-    if v not in choices:
-        raise ValueError(f"{name}={v!r}: expected one of {', '.join(choices)}")
-    return v
-
-
-# (BLOCK_N, num_warps, num_stages) per path. Decode: swept on an H100 (bench/kernels/attn_sweep.py,
-# 2026-11-27, bench/results v18): (32, 2, 3) against the first guess (64, 4, 3), us: 1000 sequences at
-# 1536 context, sliding 145.6 vs 188.1, full 1161.9 vs 1176.8 (93 % of HBM); 256 at 4096, full 763.8 vs
-# 843.6. Offline 1000 x (1024 -> 1024) +1.4 % (18,040.5 vs 17,797.2 tok/s, both warm), concurrency 16
-# with LoRA +1.0 %, batch 1 within its noise (407-412 vs 405-410). Swept again on an H200 (2026-12-02,
-# bench/results v43), us: 1024 x 1536 full (64, 2, 3) 803.8 against 857.8, sliding 119.0 against 124.0;
-# 256 x 4096 full 537.3 against 558.9; as CUDA-graph replays beside FA3 (kernels_gpu.py) 256 x 8192 full
-# 1,044.0 against 1,111.2 (FA3 1,116.9); Offline 20b 1000 x (1024 -> 1024), one machine, warm:
-# 22,754 / 22,657 tok/s against 22,304 (+1.8 %). So (64, 2, 3) now.
-DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 2, 3))
-# Decode launches of up to SMALL_DECODE sequences (outside the batch-invariant mode) take their own
-# (BLOCK_N, num_warps, num_stages): GPTOSS_ATTN_SMALL_DECODE, default (256, 8, 1) with 256-key splits
-# (SMALL_SPLIT_KEYS), so a split is one tile that the preload (PRELOAD_KV) loads before the PDL wait:
-# at batch 1 a sliding layer's 128-key window is one split (no partials, no merge) and a 640-key
-# context 3 live splits of a full layer's 16. None: DECODE_CFG's. H200, random 120b, batch-1 128 ->
-# 512, one process, interleaved rounds (bench/results v38, two calls), tok/s: (256, 8, 1) 435.4 /
-# 435.9 and 437.2 / 435.0 against DECODE_CFG's 32-key tile at 32-key splits 428.1 / 425.3 and 431.4 /
-# 428.7 (attention 291-293 against 329-332 us a token); (64, 4, 2) at 64 keys 429.2 / 432.3; (128,
-# 4, 2) 415.7 / 423.0; (128, 8, 2) 413.0 / 419.7; (256, 4, 1) 402.8 / 397.4; (256, 16, 1) 425.5 /
-# 429.5; (512, 8, 1) 392.4 / 389.3. Releasing the O projection at each program's end rather than
-# after the wait (so its weight preload would not run beside attention's loads) lost: 425.0 / 424.9,
-# attention -12 and the projections +69 us a token.
-SMALL_DECODE_CFG: tuple[int, int, int] | None = _cfg_from_env("GPTOSS_ATTN_SMALL_DECODE", (256, 8, 1))
-
-# Prefill (BLOCK_N, num_warps, num_stages, rows), full layers and sliding ones apart
-# (GPTOSS_ATTN_PREFILL, GPTOSS_ATTN_PREFILL_SLIDING): their registers differ. sm_90a, compiled on CPU,
-# bf16: (64, 8, 3, 128) holds 127 registers a thread on a full layer (two programs an SM) and 173 on a
-# sliding one (one program of 8 warps an SM); (16, 4, 3, 64) on a sliding one: 8 query tokens x 8 heads,
-# a 135-key window span in 9 tiles of 16 (3 of 64 before). H200, one prefill of T tokens
-# (bench/kernels/attn_sweep.py --prefill, bench/results v43), us at T 4k / 16k: sliding (16, 4, 3, 64)
-# 70.4-78.8 / 252.9-253.7 against 137.9-138.1 / 522.8 at (64, 8, 3, 128); as CUDA-graph replays beside
-# FA3 1.13-1.17x FA3 (the old setting ~0.55x at 4k-16k); full layers: (64, 8, 3, 128) fastest of 16.
-PREFILL_CFG = _prefill_cfg_from_env("GPTOSS_ATTN_PREFILL", (64, 8, 3, 128))
-PREFILL_SLIDING_CFG = _prefill_cfg_from_env("GPTOSS_ATTN_PREFILL_SLIDING", (16, 4, 3, 64))
 # Triton 3.6's interpreter multiplies the raw bits of bf16 dot operands; passed to the kernel as
 # UPCAST, it makes it upcast dot operands (after the same bf16 rounding) there.
 INTERPRETED = bool(triton.knobs.runtime.interpret)
-# Decode launches of up to SMALL_DECODE sequences (batch 1 and the like: latency-bound, a layer's
-# kernels back to back under PDL) take the two settings below by default; larger ones keep registers
-# for occupancy and the reduce launch, whose cost a batch amortises.
-SMALL_DECODE = 8
-# GPTOSS_ATTN_REDUCE: how decode's split-K partials are merged. "fused": by the last split program of
-# each (sequence, KV head) inside the attention kernel (a ticket, as a split-K semaphore), one launch
-# fewer a full layer; "split": by a second launch (the reduce kernel); "small" (default): fused for
-# launches of <= SMALL_DECODE sequences, split above. The same arithmetic, so the same bits.
-# History: on the H100 (2026-11-26, batch 1) fused lost, 407.7 / 406.9 tok/s against 413.3 / 415.6,
-# when its merge took one dependent L2 round trip a split (16 at batch 1). Since the merge loads 8
-# splits a tile (attention_reduce.merge_splits, ~3 round trips) it wins: 120b batch 1 on an H200
-# (v33, two runs each) 376.5 / 372.7 tok/s against 365.8 / 369.1 with the reduce launch.
-REDUCE = _choice_from_env("GPTOSS_ATTN_REDUCE", ("small", "fused", "split"))
-# GPTOSS_ATTN_PRELOAD (default 1; 0 turns it off): decode launches of up to SMALL_DECODE sequences
-# load each program's first BLOCK_N cached keys and values into registers before the PDL wait
-# (PRE_KV), so that tile's table and K/V round trips overlap the QKV projection instead of following
-# q's load. Batch 1 at 120b: a full layer's 16 splits hold <= 48 keys each, one or two tiles. The
-# same bits; sm_90a: 120 registers against 117 (bench/kernels/pdl_wait_sass.py). 120b batch 1 on an
-# H200 (v33): 377.7 / 373.3 tok/s against 365.8 / 369.1; with the fused merge 378.3.
-PRELOAD_KV = _choice_from_env("GPTOSS_ATTN_PRELOAD", ("1", "0")) == "1"
-# GPTOSS_ATTN_LIVE (default 1; 0 turns it off): with the in-kernel merge, the splits past the last that
-# holds keys of the sequence return at once, and the merge reads the live splits' partials only
-# (the same bits). At batch 1 under the engine's 4096-key bound v37's 32-key splits launched 64 a full
-# layer and a 640-key context filled 20, yet the merge read 64 partials in 8 dependent tiles and 64
-# programs drew tickets on one word; at today's 256-key splits a full layer launches 16, 3 of them live.
-# H200, random 120b, batch-1 128 -> 512 at 32-key splits (v38): 428.1 / 425.3 tok/s against 414.8 /
-# 417.5 without.
-LIVE_SPLITS = _choice_from_env("GPTOSS_ATTN_LIVE", ("1", "0")) == "1"
-# GPTOSS_ATTN_NEW_KEYS (default 16; 0: the launch's BLOCK_N): the width of a decode's new-keys tile.
-# A decode has one new key a sequence, whose softmax step ran over a BLOCK_N-wide tile (256 keys at
-# batch 1: two dots, the max and the sum over 255 masked columns); the masked columns' terms are
-# exact zeros, so a 16-key tile gives the same bits. H200, random 120b, batch-1 128 -> 512, one process
-# (bench/results v42): 466.4-466.8 tok/s against 451.3-453.5 at 0; attention 285.9 -> 222.8 us a token.
-NEW_KEYS_N = int(_choice_from_env("GPTOSS_ATTN_NEW_KEYS", ("16", "0", "32", "64")))
 MAX_TICKETS = 1 << 16  # (sequence, KV head) pairs one launch can merge in-kernel; more take the reduce
 _tickets: dict[torch.device, Tensor] = {}
 

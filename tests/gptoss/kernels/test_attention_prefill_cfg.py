@@ -5,8 +5,6 @@ the attention test_attention_kernel's torch reference gives. Interpreter on CPU,
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -18,7 +16,7 @@ from tests.gptoss.kernels.test_attention_kernel import (  # conftest set TRITON_
     reference,
     run_kernel,
 )
-from tests.gptoss.kernels.test_attention_splits import _LaunchRecorder
+from tests.gptoss.kernels.test_attention_splits import _LaunchRecorder, reread_settings
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -53,16 +51,15 @@ def test_prefill_launch_settings_keep_the_result(full, sliding, monkeypatch):
 def test_prefill_settings_from_the_environment(monkeypatch):
     """Unset: (64, 8, 3, 128) for full layers, (16, 4, 3, 64) for sliding ones; set: the four counts
     of each; a bad value is refused by name."""
-    from gptoss.kernels import attention
 
     try:
         for name in ("GPTOSS_ATTN_PREFILL", "GPTOSS_ATTN_PREFILL_SLIDING"):
             monkeypatch.delenv(name, raising=False)
-        mod = importlib.reload(attention)
+        mod = reread_settings()
         assert (mod.PREFILL_CFG, mod.PREFILL_SLIDING_CFG) == ((64, 8, 3, 128), (16, 4, 3, 64))
         monkeypatch.setenv("GPTOSS_ATTN_PREFILL_SLIDING", "32,4,3,64")
         monkeypatch.setenv("GPTOSS_ATTN_PREFILL", "32,8,3,256")
-        mod = importlib.reload(attention)
+        mod = reread_settings()
         assert (mod.PREFILL_CFG, mod.PREFILL_SLIDING_CFG) == ((32, 8, 3, 256), (32, 4, 3, 64))
         for bad, why in [
             ("32,4,3", "four counts"),
@@ -74,10 +71,10 @@ def test_prefill_settings_from_the_environment(monkeypatch):
         ]:
             monkeypatch.setenv("GPTOSS_ATTN_PREFILL", bad)
             with pytest.raises(ValueError, match=f"GPTOSS_ATTN_PREFILL.*{why}"):
-                importlib.reload(attention)
+                reread_settings()
     finally:
         monkeypatch.undo()
-        importlib.reload(attention)
+        reread_settings()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -27,6 +27,17 @@ from tests.gptoss.kernels.test_attention_kernel import (  # conftest set TRITON_
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
 
+def reread_settings():
+    """gptoss.kernels.attention as a fresh process would make it under the environment now: its
+    settings module read again, then attention, which takes its settings from there."""
+    import importlib
+
+    from gptoss.kernels import attention, attention_settings
+
+    importlib.reload(attention_settings)
+    return importlib.reload(attention)
+
+
 @pytest.mark.parametrize("hint", [None, 200, 4096])
 def test_decode_splits_and_neutral_partials(hint):
     """hint 200: one pass; None: the table's 19 blocks allow 304 keys, 2 splits; 4096: 16 splits,
@@ -64,16 +75,16 @@ def test_the_reduce_loads_sinks_and_query_start_before_the_pdl_wait():
 
 
 def test_split_keys_env_parses_and_refuses_bad_values():
-    from gptoss.kernels import attention
+    from gptoss.kernels import attention_settings
 
-    assert [attention._split_keys_from_env(v) for v in (None, "", "64", "16")] == [256, 256, 64, 16]
+    assert [attention_settings._split_keys_from_env(v) for v in (None, "", "64", "16")] == [256, 256, 64, 16]
     for bad in ("8", "x", "-64", "64.0"):
         with pytest.raises(ValueError, match=f"GPTOSS_ATTN_SPLIT_KEYS must be .*got '{bad}'"):
-            attention._split_keys_from_env(bad)
+            attention_settings._split_keys_from_env(bad)
     small = "GPTOSS_ATTN_SMALL_SPLIT_KEYS"
-    assert attention._split_keys_from_env(None, small, 256) == 256  # the module default
+    assert attention_settings._split_keys_from_env(None, small, 256) == 256  # the module default
     with pytest.raises(ValueError, match=f"{small} must be .*got '8'"):
-        attention._split_keys_from_env("8", small, 32)
+        attention_settings._split_keys_from_env("8", small, 32)
 
 
 def test_small_launches_split_a_tile_of_keys_each(monkeypatch):
@@ -116,7 +127,7 @@ def test_decode_launch_settings_keep_the_result(cfg, monkeypatch):
 
 
 def test_decode_settings_from_the_environment(monkeypatch):
-    from gptoss.kernels.attention import _cfg_from_env
+    from gptoss.kernels.attention_settings import _cfg_from_env
 
     monkeypatch.setenv("GPTOSS_ATTN_DECODE", "128,8,2")
     assert _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 4, 3)) == (128, 8, 2)
@@ -182,13 +193,10 @@ def test_small_decodes_merge_in_kernel_and_preload_by_default(
     """GPTOSS_ATTN_REDUCE / GPTOSS_ATTN_PRELOAD as the module reads them: the in-kernel merge and the
     first tile's preload (MERGE, PRE_KV) for split decode launches of <= SMALL_DECODE sequences by
     default, neither above; fused merges every split launch; 0 and split turn them off."""
-    import importlib
-
-    from gptoss.kernels import attention
 
     monkeypatch.setenv("GPTOSS_ATTN_REDUCE", reduce)
     monkeypatch.setenv("GPTOSS_ATTN_PRELOAD", preload)
-    fresh = importlib.reload(attention)
+    fresh = reread_settings()
     try:
         assert (fresh.REDUCE, fresh.PRELOAD_KV) == (reduce, preload == "1")
         rec = _LaunchRecorder(fresh._attn_kernel)
@@ -214,11 +222,11 @@ def test_small_decodes_merge_in_kernel_and_preload_by_default(
         assert (rec.launches[-1]["MERGE"], rec.launches[-1]["PRE_KV"]) == want_large
     finally:
         monkeypatch.undo()
-        importlib.reload(attention)
+        reread_settings()
 
 
 def test_attention_switches_refuse_unknown_values(monkeypatch):
-    from gptoss.kernels.attention import _choice_from_env
+    from gptoss.kernels.attention_settings import _choice_from_env
 
     monkeypatch.setenv("GPTOSS_ATTN_REDUCE", "")
     assert _choice_from_env("GPTOSS_ATTN_REDUCE", ("small", "fused", "split")) == "small"
@@ -336,21 +344,18 @@ def test_small_launches_take_their_own_tile(monkeypatch):
 def test_small_decode_settings_from_the_environment(monkeypatch):
     """GPTOSS_ATTN_SMALL_DECODE as the module reads it: unset, a 256-key tile on 8 warps; set, its
     three counts; a bad value is refused by name."""
-    import importlib
-
-    from gptoss.kernels import attention
 
     try:
         monkeypatch.delenv("GPTOSS_ATTN_SMALL_DECODE", raising=False)
-        assert importlib.reload(attention).SMALL_DECODE_CFG == (256, 8, 1)
+        assert reread_settings().SMALL_DECODE_CFG == (256, 8, 1)
         monkeypatch.setenv("GPTOSS_ATTN_SMALL_DECODE", "128,4,2")
-        assert importlib.reload(attention).SMALL_DECODE_CFG == (128, 4, 2)
+        assert reread_settings().SMALL_DECODE_CFG == (128, 4, 2)
         monkeypatch.setenv("GPTOSS_ATTN_SMALL_DECODE", "96,4,2")
         with pytest.raises(ValueError, match="GPTOSS_ATTN_SMALL_DECODE: BLOCK_N must be a power of two"):
-            importlib.reload(attention)
+            reread_settings()
     finally:
         monkeypatch.undo()
-        importlib.reload(attention)
+        reread_settings()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
