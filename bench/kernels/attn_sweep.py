@@ -8,9 +8,10 @@ over one sequence's 1k, 4k and 16k-token prefill, full and sliding (attn_gpu's p
 vLLM's FA3 in the last column where it imports: µs and the ratio FA3 / ours (> 1: ours faster),
 then each case's fastest setting. The engine takes one with GPTOSS_ATTN_PREFILL(_SLIDING)=BN,W,S,ROWS.
 
-attention.DECODE_CFG (BLOCK_N, num_warps, num_stages) was set by reasoning, never measured. Each
-row: a case (batch, context, full or sliding) and, per config, our decode attention's µs
-(triton.testing.do_bench median, L2 flushed) and its share of ~3.0 TB/s (attn_gpu's byte count).
+Decode: attention.DECODE_CFG's (BLOCK_N, num_warps, num_stages). Each row: a case (batch, context,
+full or sliding) and, per config, our decode attention's µs and its share of a copy's bandwidth
+(attn_gpu's byte count, hbm.py). Times are attn_gpu's: CUDA-graph replays (timing.py); a cell whose
+capture failed is timed eagerly and listed at the end.
 Cases: batch 1 at 640 context as the batch-1 bench's steps see it (the key bound is the bench's
 max_model_len, 8192, so full layers split 32 ways, 10 of them with keys), and an Offline decode
 step's ~1000 sequences at ~1.5k context (one split). The engine takes a config with GPTOSS_ATTN_DECODE=BN,W,S.
@@ -27,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import timing  # noqa: E402
 from attn_gpu import _fa3, _fa3_sink_probe, decode_case, prefill_case  # noqa: E402
 
 from gptoss.kernels import attention  # noqa: E402
@@ -105,27 +107,12 @@ def sweep_prefill(configs: list[str]) -> int:
     return failed
 
 
-def main() -> None:
-    if not torch.cuda.is_available():
-        sys.exit("attn_sweep.py needs a CUDA GPU")
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=None, help="default: CONFIGS, or PREFILL_CONFIGS")
-    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="fp8: e4m3 caches")
-    ap.add_argument("--prefill", action="store_true", help="sweep prefill's settings instead")
-    args = ap.parse_args()
-    if args.prefill:
-        failed = sweep_prefill(args.configs or PREFILL_CONFIGS)
-        if failed:
-            sys.exit(f"{failed} cells failed (errors above)")
-        return
-    args.configs = args.configs or CONFIGS
-    fp8 = args.kv_cache_dtype == "fp8"
-    cfgs = [tuple(int(v) for v in c.split(",")) for c in args.configs]
+def sweep_decode(configs: list[str], fp8: bool) -> int:
+    """One row a case: ours µs (HBM share) at each DECODE_CFG setting; returns the failed cells."""
+    cfgs = [tuple(int(v) for v in c.split(",")) for c in configs]
     default = attention.DECODE_CFG
-    print(
-        f"{torch.cuda.get_device_name()}; default DECODE_CFG {default}; "
-        f"KV {args.kv_cache_dtype}; us (HBM share)"
-    )
+    kv = "fp8" if fp8 else "auto"
+    print(f"{torch.cuda.get_device_name()}; default DECODE_CFG {default}; KV {kv}; us (HBM share)")
     print(f"{'case':34}" + "".join(f"{','.join(map(str, c)):>16}" for c in cfgs))
     failed = 0
     for b, ctx, sliding, hint in CASES:
@@ -143,8 +130,25 @@ def main() -> None:
         attention.DECODE_CFG = default
         case = f"B={b} ctx={ctx} {'sliding' if sliding else 'full'}{f' hint {hint}' if hint else ''}"
         print(f"{case:34}" + "".join(f"{cell:>16}" for cell in cells), flush=True)
+    return failed
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("attn_sweep.py needs a CUDA GPU")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=None, help="default: CONFIGS, or PREFILL_CONFIGS")
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="fp8: e4m3 caches")
+    ap.add_argument("--prefill", action="store_true", help="sweep prefill's settings instead")
+    args = ap.parse_args()
+    if args.prefill:
+        failed = sweep_prefill(args.configs or PREFILL_CONFIGS)
+    else:
+        failed = sweep_decode(args.configs or CONFIGS, args.kv_cache_dtype == "fp8")
+    if timing.EAGER:
+        print(f"{len(timing.EAGER)} cell(s) timed eagerly, host time included: {', '.join(timing.EAGER)}")
     if failed:
-        sys.exit(f"{failed} of {len(CASES) * len(cfgs)} cells failed (errors above)")
+        sys.exit(f"{failed} cells failed (errors above)")
 
 
 if __name__ == "__main__":

@@ -260,8 +260,11 @@ def _captures(name: str, m: int, ck: dict, weights: dict, peer: Callable | None,
             return {k: _capture(f) for k, f in parts.items()}, _us(parts["moe"]), parts["moe"]()
         except moe_v3.RacyTilesError as e:  # the kernels refuse these tiles here: no row, the rest timed
             print(f"  {name} at M {m}: refused: {e}", file=sys.stderr)
+            REFUSED.append(f"{name} at M {m}")
             return None
 
+
+REFUSED: list[str] = []  # (variant, M) pairs the kernels refused (RacyTilesError): listed after the table
 
 # A variant's whole-MoE output against the v2 M-tile kernels' (GPU-tested) at the same M: bf16
 # roundings in another summation order differ by ~5e-3; past ERR_LIMIT the row is marked WRONG, so
@@ -391,6 +394,8 @@ def main() -> None:
     print(f"{'M':>6} {'variant':<12} {'graph us':>9} {'gate_up':>9} {'down':>9} {'eager us':>9} {'HBM':>6}")
     ms = tuple(int(m) for m in args.ms.split(","))
     table(ms, names, with_vllm=not args.no_vllm and "vllm" in names, rounds=max(1, args.rounds))
+    if REFUSED:
+        print(f"{len(REFUSED)} refused by the kernels (their tiles race on this path): {', '.join(REFUSED)}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ from collections.abc import Callable
 import torch
 import triton
 
+# The cases timed eagerly (their capture failed): their figures carry host time, so a table lists them.
+EAGER: list[str] = []
+
 
 def graph_us(fn: Callable[[], object], calls: int = 20) -> float:
     """GPU microseconds per call of fn: the median of 5 samples of 10 replays of one CUDA graph holding
@@ -58,4 +61,5 @@ def timed_us(fn: Callable[[], object], what: str) -> float:
     except Exception as e:  # noqa: BLE001 - a case that cannot be captured is still timed, eagerly, flagged
         torch.cuda.synchronize()
         print(f"{what}: timed eagerly, CUDA-graph capture failed: {type(e).__name__}: {e}", file=sys.stderr)
+        EAGER.append(what)
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
