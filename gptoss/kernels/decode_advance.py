@@ -33,7 +33,9 @@ if ARGMAX not in ("fused", "torch"):
     raise ValueError(f"GPTOSS_GREEDY_ARGMAX={ARGMAX!r}: choose fused or torch")
 FUSED_MAX_ROWS = 16
 CHUNK = 2048  # logits a program: 99 programs a row at 201,088, 16 values a thread at 4 warps
-_locks: dict[torch.device, Tensor] = {}
+# A device's scratch of the chunked argmax, made once: the chunks' (max, index) partials and a
+# ticket a row (zeroed again by the kernel). Launches in a stream never overlap, so one set serves all.
+_scratch: dict[torch.device, tuple[Tensor, Tensor, Tensor]] = {}
 
 
 @triton.jit
@@ -119,9 +121,7 @@ def _launch(logits, argmax, out, inputs, full_tab, ring_tab, block_size, ring_le
     n, v = logits.shape
     if argmax is None:  # the partials and tickets of the chunked argmax
         chunks = triton.cdiv(v, CHUNK)
-        pm = torch.empty(n, chunks, dtype=torch.float32, device=logits.device)
-        pi = torch.empty(n, chunks, dtype=torch.int32, device=logits.device)
-        lock = _lock_buffer(logits.device, n)
+        pm, pi, lock = _scratch_buffers(logits.device, n, chunks)
     else:  # one program a row, which reads none of them
         chunks, pm, pi, lock = 1, out, out, out
     ids, pos, full, ring, rows = inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]
@@ -187,12 +187,19 @@ def greedy_advance(
     _launch(logits, argmax, out, inputs, full_tab, ring_tab, block_size, ring_len, advance)
 
 
-def _lock_buffer(device: torch.device, n: int) -> Tensor:
-    """Zeroed int32 tickets, one a row, made once a device (the tail runs outside CUDA graphs)."""
-    buf = _locks.get(device)
-    if buf is None or buf.numel() < n:
-        buf = _locks[device] = torch.zeros(max(n, FUSED_MAX_ROWS), dtype=torch.int32, device=device)
-    return buf
+def _scratch_buffers(device: torch.device, n: int, chunks: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The chunked argmax's partials [n, chunks] (float32 maxima, int32 indices) and zeroed int32
+    tickets [>= n] on `device`, made once (the tail runs outside CUDA graphs) instead of every step."""
+    buf = _scratch.get(device)
+    if buf is None or buf[0].numel() < n * chunks or buf[2].numel() < n:
+        rows = max(n, FUSED_MAX_ROWS)
+        buf = _scratch[device] = (
+            torch.empty(rows * chunks, dtype=torch.float32, device=device),
+            torch.empty(rows * chunks, dtype=torch.int32, device=device),
+            torch.zeros(rows, dtype=torch.int32, device=device),
+        )
+    pm, pi, lock = buf
+    return pm[: n * chunks].view(n, chunks), pi[: n * chunks].view(n, chunks), lock
 
 
 def tail_argmax(logits: Tensor) -> Tensor | None:

@@ -101,11 +101,13 @@ def test_greedy_advance_taking_the_argmax_equals_the_torch_tail_over_chunks(ring
     greedy_advance(logits, None, out, inputs, full_tab, ring_tab, BS, ring_len, advance=True)
     assert out.tolist() == want_ids.tolist()
     assert torch.equal(inputs, want_inputs)
-    assert not da._locks[logits.device].any()  # every row's ticket back at zero
-    # a second launch on the same tickets gives the same ids
+    scratch = da._scratch[logits.device]
+    assert not scratch[2].any()  # every row's ticket back at zero
+    # a second launch on the same tickets and partials (made once, not every step) gives the same ids
     out2 = torch.empty(5, dtype=torch.int64, device=DEVICE)
     greedy_advance(logits, None, out2, inputs.clone(), full_tab, ring_tab, BS, ring_len, advance=False)
     assert out2.tolist() == want_ids.tolist()
+    assert all(a is b for a, b in zip(da._scratch[logits.device], scratch, strict=True))
 
 
 @pytest.mark.parametrize("argmax", ["fused", "torch"])
