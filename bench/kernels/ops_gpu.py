@@ -4,9 +4,10 @@
 
 Each row: kernel, case, ours_us, vllm_us (vLLM's own op where it has one and `vllm` imports,
 else None), torch_us (eager torch), peer (which one `ratio` uses: vllm if timed, else torch),
-ratio = ours_us / peer_us (< 1: ours is faster), hbm_frac = bytes moved / ours / peak HBM bandwidth
-(None on an unknown GPU). Times are CUDA-graph replays (timing.py: GPU time, no host launch cost; an op
-that cannot be captured is timed eagerly by do_bench, flagged on stderr), in microseconds per call.
+ratio = ours_us / peer_us (< 1: ours is faster), hbm_frac = bytes moved / ours / a copy's bandwidth
+(hbm.py, as the MoE and attention parts divide). Times are CUDA-graph replays (timing.py: GPU time,
+no host launch cost; an op that cannot be captured is timed eagerly by do_bench, flagged on stderr
+and listed after kernels_gpu.py's table), in microseconds per call.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from hbm import copy_bytes_per_s  # noqa: E402
 from timing import timed_us  # noqa: E402
 
 from gptoss.config import PRESETS
@@ -32,14 +34,6 @@ from gptoss.model import Rope, apply_rope, rms_norm
 CFG = PRESETS["20b"]
 H, HQ, HKV, D = CFG.hidden_size, CFG.num_attention_heads, CFG.num_key_value_heads, CFG.head_dim
 V = CFG.vocab_size
-PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100 PCIe": 2.0e12, "H100": 3.35e12}  # first match in the name wins
-
-
-def _peak() -> float | None:
-    name = torch.cuda.get_device_name()
-    return next((bw for key, bw in PEAK_BYTES_PER_S.items() if key in name), None)
-
-
 def _vllm_ops():
     try:
         from vllm import _custom_ops
@@ -63,7 +57,6 @@ def _row(
     kernel: str, case: str, ours: float, vllm: float | None, torch_us: float | None, nbytes: int
 ) -> dict:
     peer, peer_us = ("vllm", vllm) if vllm is not None else ("torch", torch_us)
-    peak = _peak()
     return {
         "kernel": kernel,
         "case": case,
@@ -72,7 +65,7 @@ def _row(
         "torch_us": None if torch_us is None else round(torch_us, 2),
         "peer": peer,
         "ratio": None if not peer_us else round(ours / peer_us, 3),
-        "hbm_frac": None if peak is None else round(nbytes / (ours * 1e-6) / peak, 3),
+        "hbm_frac": round(nbytes / (ours * 1e-6) / copy_bytes_per_s(), 3),
     }
 
 
