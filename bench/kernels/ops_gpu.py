@@ -34,6 +34,8 @@ from gptoss.model import Rope, apply_rope, rms_norm
 CFG = PRESETS["20b"]
 H, HQ, HKV, D = CFG.hidden_size, CFG.num_attention_heads, CFG.num_key_value_heads, CFG.head_dim
 V = CFG.vocab_size
+
+
 def _vllm_ops():
     try:
         from vllm import _custom_ops
