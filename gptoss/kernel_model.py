@@ -38,6 +38,7 @@ from gptoss.kernels.lora_attn import lora_add
 from gptoss.kernels.moe import expert_rows_v3, expert_rows_v3_logits, moe_forward, v3_decode
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_lora import experts_dec_lora, moe_forward_lora
+from gptoss.kernels.moe_routing import Routing
 from gptoss.kernels.moe_v3_dec import env_max_t
 from gptoss.kernels.norm_route import norm_logits, norm_route
 from gptoss.kernels.qkv_rope import qkv_rope
@@ -95,9 +96,30 @@ def _decode_on_large(v: str | None) -> int:
 
 
 DECODE_ON_LARGE = _decode_on_large(os.environ.get("GPTOSS_DECODE_ON_LARGE"))
+
 # GPTOSS_EMBED_IN_NORM (default 1; 0 turns it off): the first layer's add+RMSNorm gathers the token
 # rows of the embedding itself (fused_add_rms_norm's rows=), one launch fewer a step, the same bits.
 EMBED_IN_NORM = os.environ.get("GPTOSS_EMBED_IN_NORM", "1") != "0"
+
+
+def decode_copy(x: Tensor, w: MoEWeights, expert_lora: bool = False) -> MoEWeights | None:
+    """The experts' copy a decode-sized x [T, H] runs the fused decode MoE on, or None (not a decode
+    size: moe_forward). The large v3 copy up to DECODE_ON_LARGE tokens, where there is one and no
+    expert adapter (expert_lora); else the primary copy's decode kernels (bits) or v3's."""
+    if not expert_lora and w.large is not None and x.shape[0] <= DECODE_ON_LARGE and v3_decode(x, w.large):
+        return w.large
+    if moe_decode.use_decode(x, w) or (not expert_lora and v3_decode(x, w)):
+        return w
+    return None
+
+
+def decode_rows(
+    x: Tensor, logits: Tensor, top_k: int, w: MoEWeights, alpha: float, limit: float
+) -> tuple[Tensor, Routing]:
+    """A decode batch's expert GEMMs on w (decode_copy's choice), the gate_up routing the logits [T, E]
+    itself -> (the experts' rows y [T*k, H], the routing), on the decode kernels (bits) or v3's."""
+    rows = moe_decode.experts_dec_logits if w.layout == "bits" else expert_rows_v3_logits
+    return rows(x, logits, top_k, w, alpha, limit)
 
 
 @dataclass(slots=True)
@@ -208,7 +230,7 @@ class KernelModel:
             if self.batch_invariant:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = bi.moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
-            elif FUSED_DECODE and (w := self._decode_copy(x, lay)) is not None:
+            elif FUSED_DECODE and (w := decode_copy(x, lay.moe, lay.lora_moe is not None)) is not None:
                 x, residual, pending = self._decode_moe(x, residual, lay, w, lora_index)
                 if "qkv" in warm and i + 1 < len(self.layers):  # beside the down GEMM just launched
                     l2_prefetch.prefetch_l2(self.layers[i + 1].wqkv)
@@ -231,27 +253,10 @@ class KernelModel:
         out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps, combine=pending)
         return out
 
-    @staticmethod
-    def _decode_copy(x: Tensor, lay: Layer) -> MoEWeights | None:
-        """The experts' copy a decode-sized x [T, H] runs its fused decode MoE on, or None (not a
-        decode size: moe_forward). The large v3 copy up to DECODE_ON_LARGE tokens, where there is
-        one and no expert adapter; else the primary copy's decode kernels (bits) or v3's."""
-        w = lay.moe
-        if (
-            lay.lora_moe is None
-            and w.large is not None
-            and x.shape[0] <= DECODE_ON_LARGE
-            and v3_decode(x, w.large)
-        ):
-            return w.large
-        if moe_decode.use_decode(x, w) or (lay.lora_moe is None and v3_decode(x, w)):
-            return w
-        return None
-
     def _decode_moe(
         self, x: Tensor, residual: Tensor, lay: Layer, w: MoEWeights, lora_index: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Decode sizes: add + RMSNorm, the router (ROUTER) and the expert GEMMs on w (_decode_copy's
+        """Decode sizes: add + RMSNorm, the router (ROUTER) and the expert GEMMs on w (decode_copy's
         choice of lay's experts) -> (the experts' rows y [T*k, H], the new residual, the routing
         weights [T, k] the next add+RMSNorm combines with). A layer with expert adapters routes before
         the GEMMs (their shrink needs the routing), by norm_route unless ROUTER is split, and its GEMMs
@@ -263,8 +268,7 @@ class KernelModel:
         bits = w.layout == "bits"
         if ROUTER == "fused" and lay.lora_moe is None:  # the gate_up GEMM routes the logits itself
             h, residual, logits = norm_logits(x, residual, lay.ln2, self.eps, *a)
-            rows = moe_decode.experts_dec_logits if bits else expert_rows_v3_logits
-            y, r = rows(h, logits, self.top_k, w, self.alpha, self.limit)
+            y, r = decode_rows(h, logits, self.top_k, w, self.alpha, self.limit)
             return y, residual, r.weights
         if ROUTER == "split":
             h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)

@@ -26,7 +26,10 @@ portable dequant), and v2 with other tiles at decode (v2-2d, v2-bn16, v2-bn64, v
 as MMA lane fragments, gptoss.kernels.moe_v3), v3ds (tl.dot_scaled on checkpoint order) and v3 tile
 sweeps v3-* (M 256, 512 and >= 1024), and "dual" (v2 weights plus a v3 copy that M >= 17 runs, as
 the engine on 20b), e.g. --ms 256,512,1024,4096,16384 --variants
-v2,v3,dual,v3-gu128x256,v3-b32-k64s6,v3-b64-k64,vllm.
+v2,v3,dual,v3-gu128x256,v3-b32-k64s6,v3-b64-k64,vllm. "engine" is what the engine runs on 20b: the
+two copies with every module switch at its default, and decode batches (M <= 16) through the
+engine's decode MoE (the router GEMV, the expert GEMMs with the gate_up routing the logits, the
+combine: kernel_model.decode_copy / decode_rows) instead of moe_forward.
 vLLM 0.26's monolithic Triton MXFP4 expert
 (triton_kernel_moe_forward: triton_kernels routing + matmul_ogs for w13 with the fused SwiGLU and
 for w2 with scatter; weights converted by its own TRITON-backend loader) is the "vllm" variant,
@@ -50,6 +53,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from gptoss.kernel_model import decode_copy, decode_rows  # noqa: E402
 from gptoss.kernels import moe, moe_common, moe_decode, moe_tiles, moe_v3, moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
@@ -173,7 +177,10 @@ def _weights(ck: dict[str, torch.Tensor], kernels: str) -> moe.MoEWeights:
 
 @contextmanager
 def _switches(v: Variant) -> Iterator[None]:
-    """The module switches a variant needs, restored afterwards."""
+    """The module switches a variant needs, restored afterwards (none for the engine's)."""
+    if v.engine:
+        yield
+        return
     saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED, (moe_v3.TMA_DOWN, moe_v3.TMA_X)
     saved_w = moe_v3.TMA_W, moe_v3_dec.WTMA, moe_v3_dec_gu.WTMA
     saved_dd = moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC
@@ -204,11 +211,17 @@ def _switches(v: Variant) -> Iterator[None]:
         moe_v3_dec_gu.MAX_T, moe_v3_dec_gu.V3_GATE_UP_DEC = saved_gu
 
 
-def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
-    """The whole forward and each GEMM alone (routing and act precomputed), as moe_forward runs them."""
+def _ours_parts(
+    ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor, engine: bool = False
+) -> dict[str, Callable]:
+    """The whole forward and each GEMM alone (routing and act precomputed), as moe_forward runs them;
+    engine: at decode sizes as the engine's decode step runs them (_engine_decode)."""
+    if engine and (dw := decode_copy(x, w)) is not None:
+        return _engine_decode(ck, dw, x)
     t = x.shape[0]
     r = route_and_group(F.linear(x, ck["router_w"], ck["router_b"]), TOP_K)
-    full, w = w, moe.for_rows(w, t, TOP_K)  # the copy moe_forward runs (dual: v2 or v3 by M)
+    full = w
+    w = moe.for_rows(w, t, TOP_K)  # the copy moe_forward runs (dual: v2 or v3 by M)
     if w.layout == "bits":
         gu_tiles = moe.choose_tiles_v2(t, TOP_K, E, I, H, gate_up=True)
         dn_tiles = moe.choose_tiles_v2(t, TOP_K, E, H, I, gate_up=False)
@@ -235,6 +248,23 @@ def _ours_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor)
     }
 
 
+def _engine_decode(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
+    """A decode batch's MoE as the engine's step runs it on w (kernel_model.decode_copy's choice: 20b's
+    v3 copy at batch 1, its v2 decode kernels at 2-16 tokens): the router GEMV, the expert GEMMs with
+    the gate_up routing the logits itself (kernel_model.decode_rows), the combine. The engine fuses
+    the router into the add + RMSNorm before it and the combine into the one after it (norm_logits,
+    fused_add_rms_norm's combine=); here each is a launch of its own. gate_up / down: each GEMM alone
+    on the kernels decode_rows takes, routing precomputed."""
+    rw, rb = ck["router_w"], ck["router_b"]
+
+    def forward() -> torch.Tensor:
+        y, routing = decode_rows(x, F.linear(x, rw, rb), TOP_K, w, ALPHA, LIMIT)
+        return moe.combine(y, routing.weights, x.dtype)
+
+    parts = _dec_parts(ck, w, x) if w.layout == "bits" else _ours_parts(ck, w, x)
+    return {"moe": forward, "gate_up": parts["gate_up"], "down": parts["down"]}
+
+
 def _captures(name: str, m: int, ck: dict, weights: dict, peer: Callable | None, x: torch.Tensor):
     """A variant's graph replays by part ("moe", "gate_up", ...), its eager us and its output at this
     M, or None where it does not run at M. The module switches hold only while capturing: a graph
@@ -255,7 +285,7 @@ def _captures(name: str, m: int, ck: dict, weights: dict, peer: Callable | None,
     if not v.min_m <= m <= v.max_m:
         return None
     with _switches(v):
-        parts = _ours_parts(ck, weights[v.kernels], x)
+        parts = _ours_parts(ck, weights[v.kernels], x, engine=v.engine)
         try:
             return {k: _capture(f) for k, f in parts.items()}, _us(parts["moe"]), parts["moe"]()
         except moe_v3.RacyTilesError as e:  # the kernels refuse these tiles here: no row, the rest timed
@@ -349,7 +379,8 @@ def _fmt_row(r: dict) -> str:
 
 def run(rows: list) -> None:
     """For bench/kernels_gpu.py: one dict per M (kernel, case, ours_us = the engine's path as a CUDA
-    graph replay (decode kernels, v2, v3 by M: variant "engine"), vllm_us its graph replay (eager
+    graph replay (variant "engine": every switch at its default, decode batches as the engine's step
+    runs them, _engine_decode), vllm_us its graph replay (eager
     where it cannot be captured), ratio = ours / vllm, hbm_frac of ours, and both eager times)."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench/kernels/moe_gpu.py needs a CUDA GPU")

@@ -21,6 +21,9 @@ class Variant:
     v3_dec_down: DecTiles | None = None  # v3 at M <= 16: down on moe_v3_dec's split-K slot kernel
     v3_dec_gate_up: DecTiles | None = None  # v3 at M <= 16: gate_up on moe_v3_dec_gu's split-K kernel
     wtma: bool = False  # v3: weight and scale words by TMA at every tile (GPTOSS_MOE_V3_WTMA=1), else never
+    # Every module switch as the engine leaves it (the fields above unused), and at decode sizes the
+    # engine's fused decode MoE (kernel_model.decode_copy / decode_rows) instead of moe_forward
+    engine: bool = False
 
 
 DECODE = 64  # M <= 64: BM 16 at E 32, top-4
@@ -197,7 +200,11 @@ VARIANTS["v3-w-s6"] = Variant(
 )
 VARIANTS["v3ds"] = Variant("v3ds")
 VARIANTS["dual"] = Variant("dual")
-VARIANTS["engine"] = Variant("dual", decode=True)  # what the engine runs on 20b: decode, v2, v3 by M
+# What the engine runs on 20b: two copies (v2, v3), every switch at its default. Before 2026-12-02 this
+# was Variant("dual", decode=True), whose switches differed from the engine's since v29-v40: v3's
+# weights on cp.async (the engine: TMA at tiles of <= 128 rows), and batch 1 on v2's decode kernels
+# through moe_forward (the engine: v3's split-K kernels, the gate_up routing the logits).
+VARIANTS["engine"] = Variant("dual", engine=True)
 for _name, _buckets, _gu, _dn, _lo, _hi in [
     ("v3-gu128x256", (128, 512), Tiles(128, 256, 64, 8, 3), None, 1024, 1 << 30),
     ("v3-b32-k64s6", (32,), Tiles(32, 64, 64, 4, 6), Tiles(32, 64, 64, 4, 6), 129, 256),
@@ -300,6 +307,10 @@ for _name, _gu, _dn, _buckets in [
 # (moe_v3.racy_pointer_down): the whole default table stopped there at M 256-512 (bench/results v43).
 # By TMA they give one output a input.
 VARIANTS["S-h256k64"] = replace(VARIANTS["S-h256k64"], wtma=True)
+# The few-rows tiles with their weights by TMA, as the engine loads them (GPTOSS_MOE_V3_WTMA=auto:
+# tiles of <= 128 rows); S-h128-w is the engine's own tiles at buckets 16-64.
+VARIANTS["S-h128-w"] = replace(VARIANTS["S-h128"], wtma=True)
+VARIANTS["S-h256-w"] = replace(VARIANTS["S-h256"], wtma=True)
 
 
 # Decode batches on the v3 kernels (T <= 16 tokens: moe_tiles.DECODE_BUCKET, since v23): 120b runs

@@ -42,3 +42,30 @@ def test_our_capture_failure_fails_the_bench_and_the_peers_is_reported(capsys):
         _capture(_broken)
     assert _capture(_broken, peer=True) is None
     assert capsys.readouterr().err == "  vLLM graph capture failed: ValueError: boom\n"
+
+
+def test_the_engine_variant_leaves_every_switch_as_the_engine_runs():
+    """The "engine" rows (kernels_gpu.py's MoE column) time the module defaults; before 2026-12-02 its
+    switches put v3's weights on cp.async and batch 1 on v2's decode kernels, which the engine no
+    longer ran. A tile variant's switches do change them, and are restored after."""
+    from moe_gpu import _switches
+    from moe_variants import VARIANTS
+
+    from gptoss.kernels import moe, moe_common, moe_decode, moe_v3, moe_v3_dec, moe_v3_dec_gu
+
+    def state() -> tuple:
+        return (
+            moe_common.USE_ASM,
+            dict(moe.TILE_OVERRIDE),
+            moe_decode.ENABLED,
+            (moe_v3.TMA_DOWN, moe_v3.TMA_X, moe_v3.TMA_W),
+            (moe_v3_dec.WTMA, moe_v3_dec_gu.WTMA, moe_v3_dec.MAX_T, moe_v3_dec_gu.MAX_T),
+        )
+
+    before = state()
+    with _switches(VARIANTS["engine"]):
+        assert state() == before
+    with _switches(VARIANTS["v3"]):
+        assert state() != before
+        assert (moe_v3.TMA_W, moe_v3_dec.MAX_T) == ("0", 0)
+    assert state() == before
