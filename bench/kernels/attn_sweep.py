@@ -2,6 +2,7 @@
 
     python bench/kernels/attn_sweep.py [--configs 64,4,3 32,4,3 ...] [--kv-cache-dtype fp8]
     python bench/kernels/attn_sweep.py --prefill [--configs 64,8,3,128 32,4,3,64 ...]
+    python bench/kernels/attn_sweep.py --small [--configs 256,8,1@256 128,8,1@128 ...]
 
 --prefill: attention.PREFILL_CFG / PREFILL_SLIDING_CFG's (BLOCK_N, num_warps, num_stages, rows)
 over one sequence's 1k, 4k and 16k-token prefill, full and sliding (attn_gpu's prefill_case), with
@@ -12,9 +13,16 @@ Decode: attention.DECODE_CFG's (BLOCK_N, num_warps, num_stages). Each row: a cas
 full or sliding) and, per config, our decode attention's µs and its share of a copy's bandwidth
 (attn_gpu's byte count, hbm.py). Times are attn_gpu's: CUDA-graph replays (timing.py); a cell whose
 capture failed is timed eagerly and listed at the end.
-Cases: batch 1 at 640 context as the batch-1 bench's steps see it (the key bound is the bench's
-max_model_len, 8192, so full layers split 32 ways, 10 of them with keys), and an Offline decode
-step's ~1000 sequences at ~1.5k context (one split). The engine takes a config with GPTOSS_ATTN_DECODE=BN,W,S.
+Cases: an Offline decode step's ~1000 sequences at ~1.5k context (one split) and 256 at 4k. The
+engine takes a config with GPTOSS_ATTN_DECODE=BN,W,S.
+
+--small: launches of up to attention.SMALL_DECODE sequences (batch 1 and the like), which take
+SMALL_DECODE_CFG and SMALL_SPLIT_KEYS instead (a config "BN,W,S@KEYS"; the engine takes one with
+GPTOSS_ATTN_SMALL_DECODE=BN,W,S and GPTOSS_ATTN_SMALL_SPLIT_KEYS=KEYS). Cases: batch 1 at 640
+context as the batch-1 bench's steps see it (the key bound is its max_model_len, 8192: a full layer
+splits 32 ways, 3 of them with keys), and kernels_gpu.py's batch-1 cases (1k and 8k context, the
+bound the context). Until 2026-12-02 the decode sweep held the batch-1 cases, which DECODE_CFG
+never reaches: their cells were one setting.
 """
 
 from __future__ import annotations
@@ -47,12 +55,19 @@ CONFIGS = [
 ]
 ENGINE_HINT = 8192  # bench/gptoss_gpu.py's --max-model-len: decode splits follow it, not the context
 CASES = [  # (batch, context, sliding, key bound)
-    (1, 640, False, ENGINE_HINT),
-    (1, 640, True, ENGINE_HINT),
-    (1, 4096, False, ENGINE_HINT),
     (1024, 1536, False, None),
     (1024, 1536, True, None),
     (256, 4096, False, None),
+]
+
+SMALL_CONFIGS = ["256,8,1@256", "128,8,1@128", "128,4,1@128", "128,4,2@128", "64,4,1@64", "512,8,1@512"]
+SMALL_CASES = [
+    (1, 640, False, ENGINE_HINT),
+    (1, 640, True, ENGINE_HINT),
+    (1, 1024, False, None),
+    (1, 8192, False, None),
+    (1, 8192, True, None),
+    (8, 4096, False, ENGINE_HINT),
 ]
 
 PREFILL_CONFIGS = [
@@ -107,18 +122,28 @@ def sweep_prefill(configs: list[str]) -> int:
     return failed
 
 
-def sweep_decode(configs: list[str], fp8: bool) -> int:
-    """One row a case: ours µs (HBM share) at each DECODE_CFG setting; returns the failed cells."""
-    cfgs = [tuple(int(v) for v in c.split(",")) for c in configs]
-    default = attention.DECODE_CFG
+def _small_setting(c: str) -> dict[str, object]:
+    """ "BN,W,S@KEYS" -> the attention attributes a small launch reads."""
+    cfg, keys = c.split("@")
+    return {"SMALL_DECODE_CFG": tuple(int(v) for v in cfg.split(",")), "SMALL_SPLIT_KEYS": int(keys)}
+
+
+def sweep_decode(configs: list[str], fp8: bool, small: bool = False) -> int:
+    """One row a case: ours µs (HBM share) at each DECODE_CFG setting (small: SMALL_DECODE_CFG and
+    SMALL_SPLIT_KEYS over SMALL_CASES); returns the failed cells."""
+    settings = [
+        _small_setting(c) if small else {"DECODE_CFG": tuple(int(v) for v in c.split(","))} for c in configs
+    ]
+    default = {k: getattr(attention, k) for k in settings[0]}
     kv = "fp8" if fp8 else "auto"
-    print(f"{torch.cuda.get_device_name()}; default DECODE_CFG {default}; KV {kv}; us (HBM share)")
-    print(f"{'case':34}" + "".join(f"{','.join(map(str, c)):>16}" for c in cfgs))
+    print(f"{torch.cuda.get_device_name()}; defaults {default}; KV {kv}; us (HBM share)")
+    print(f"{'case':34}" + "".join(f"{c:>16}" for c in configs))
     failed = 0
-    for b, ctx, sliding, hint in CASES:
+    for b, ctx, sliding, hint in SMALL_CASES if small else CASES:
         cells = []
-        for c in cfgs:
-            attention.DECODE_CFG = c
+        for c, setting in zip(configs, settings, strict=True):
+            for k, v in setting.items():
+                setattr(attention, k, v)
             try:
                 r = decode_case(b, ctx, sliding, None, hint=hint, kv_fp8=fp8)
                 cells.append(f"{r['ours_us']:.1f} ({r['hbm_frac']:.0%})")
@@ -127,7 +152,8 @@ def sweep_decode(configs: list[str], fp8: bool) -> int:
                 print(f"B={b} ctx={ctx} {c}: {type(e).__name__}: {e}", file=sys.stderr)
                 cells.append("failed")
             torch.cuda.empty_cache()
-        attention.DECODE_CFG = default
+        for k, v in default.items():
+            setattr(attention, k, v)
         case = f"B={b} ctx={ctx} {'sliding' if sliding else 'full'}{f' hint {hint}' if hint else ''}"
         print(f"{case:34}" + "".join(f"{cell:>16}" for cell in cells), flush=True)
     return failed
@@ -137,14 +163,18 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("attn_sweep.py needs a CUDA GPU")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=None, help="default: CONFIGS, or PREFILL_CONFIGS")
+    ap.add_argument(
+        "--configs", nargs="+", default=None, help="default: CONFIGS, SMALL_CONFIGS or PREFILL_CONFIGS"
+    )
     ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="fp8: e4m3 caches")
     ap.add_argument("--prefill", action="store_true", help="sweep prefill's settings instead")
+    ap.add_argument("--small", action="store_true", help="sweep small decode launches' settings instead")
     args = ap.parse_args()
     if args.prefill:
         failed = sweep_prefill(args.configs or PREFILL_CONFIGS)
     else:
-        failed = sweep_decode(args.configs or CONFIGS, args.kv_cache_dtype == "fp8")
+        default = SMALL_CONFIGS if args.small else CONFIGS
+        failed = sweep_decode(args.configs or default, args.kv_cache_dtype == "fp8", args.small)
     if timing.EAGER:
         print(f"{len(timing.EAGER)} cell(s) timed eagerly, host time included: {', '.join(timing.EAGER)}")
     if failed:

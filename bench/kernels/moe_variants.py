@@ -311,6 +311,16 @@ VARIANTS["S-h256k64"] = replace(VARIANTS["S-h256k64"], wtma=True)
 # tiles of <= 128 rows); S-h128-w is the engine's own tiles at buckets 16-64.
 VARIANTS["S-h128-w"] = replace(VARIANTS["S-h128"], wtma=True)
 VARIANTS["S-h256-w"] = replace(VARIANTS["S-h256"], wtma=True)
+# S-h256k64's tiles at bucket 64 only (20b's M 257-512, 120b's 1025-2048), by TMA: its bucket-32
+# tiles gave other bits (moe_tiles' note), so only bucket 64's are candidates for the table.
+VARIANTS["S-b64k64"] = Variant(
+    "v3",
+    tiles=_few(
+        lambda b: Tiles(2 * b, 128, 64, 8, 6, half=True), lambda b: Tiles(2 * b, 256, 64, 8, 6, half=True), (64,)
+    ),
+    max_m=2048,
+    wtma=True,
+)
 
 
 # Decode batches on the v3 kernels (T <= 16 tokens: moe_tiles.DECODE_BUCKET, since v23): 120b runs
