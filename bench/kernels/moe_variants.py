@@ -316,7 +316,9 @@ VARIANTS["S-h256-w"] = replace(VARIANTS["S-h256"], wtma=True)
 VARIANTS["S-b64k64"] = Variant(
     "v3",
     tiles=_few(
-        lambda b: Tiles(2 * b, 128, 64, 8, 6, half=True), lambda b: Tiles(2 * b, 256, 64, 8, 6, half=True), (64,)
+        lambda b: Tiles(2 * b, 128, 64, 8, 6, half=True),
+        lambda b: Tiles(2 * b, 256, 64, 8, 6, half=True),
+        (64,),
     ),
     max_m=2048,
     wtma=True,
