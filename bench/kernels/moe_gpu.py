@@ -228,7 +228,7 @@ def _ours_parts(
         gate_up, down = moe.gate_up_v2, moe.down_v2
     elif w.layout in ("v3", "v3ds"):
         gu_tiles = moe.choose_tiles_v3(t, TOP_K, E, I, H, gate_up=True)
-        dn_tiles = moe.choose_tiles_v3(t, TOP_K, E, H, I, gate_up=False)
+        dn_tiles = moe.choose_tiles_v3(t, TOP_K, E, H, I, gate_up=False, cp_async=moe_v3.pointer_down(x, w))
         srt, tx = moe_v3.tma_plan(x)  # the TMA variants (the gather pass inside gate_up)
         gate_up = partial(moe.gate_up_v3, sorted_rows=srt, tma_x=tx)
         down = partial(moe.down_v3, sorted_rows=srt)

@@ -200,7 +200,8 @@ def expert_rows_v3(
         )
     if 0 < t <= moe_v3_dec.MAX_T and w.layout == "v3" and not srt:
         return moe_v3_dec.down_v3_dec(act, r, w)
-    return down_v3(act, r, w, choose_tiles_v3(t, k, e, h, i, gate_up=False), sorted_rows=srt)
+    dn = choose_tiles_v3(t, k, e, h, i, gate_up=False, cp_async=moe_v3.pointer_down(act, w))
+    return down_v3(act, r, w, dn, sorted_rows=srt)
 
 
 def expert_rows_v3_logits(

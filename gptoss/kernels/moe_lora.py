@@ -42,7 +42,7 @@ from gptoss.kernels.moe_common import _empty, _expert_tile_at, _precision, _tile
 from gptoss.kernels.moe_layout import for_rows
 from gptoss.kernels.moe_routing import Routing, route_and_group
 from gptoss.kernels.moe_tiles import choose_tiles_v3, dec_tiles
-from gptoss.kernels.moe_v3 import down_v3, gate_up_v3
+from gptoss.kernels.moe_v3 import down_v3, gate_up_v3, pointer_down
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +280,8 @@ def moe_forward_lora(
     if w.layout == "bits":
         y = down_v2(act, r, w, choose_tiles_v2(t, top_k, e, h, i, gate_up=False), lora2)
     elif w.layout in ("v3", "v3ds"):
-        y = down_v3(act, r, w, choose_tiles_v3(t, top_k, e, h, i, gate_up=False), lora2)
+        dn = choose_tiles_v3(t, top_k, e, h, i, gate_up=False, cp_async=pointer_down(act, w))
+        y = down_v3(act, r, w, dn, lora2)
     else:
         y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False), lora2)
     return combine(y, r.weights, x.dtype)

@@ -147,11 +147,19 @@ _WIDE_GU4, _WIDE_DN4 = replace(_WIDE_GU, stages=4), replace(_WIDE_DN, stages=4)
 # these: 120b shapes M 256 1201 / 811 / 788, M 512 1566 / 1068 / 895, M 1024 1605 / 1322 / 1139-1178,
 # M 2048 2559 / 2138 / 2016; 20b M 32 260 / 208 / 214, M 64 277 / 220 / 218, M 128 367 / 277 / 251,
 # M 256 433 / 333 / 299, M 512 669 / 559 / 527. At bucket 64 "S-h256k64" (BM 128, BK 64, 256 weight
-# rows, 6 stages) timed faster still (120b M 2048 1575, 20b M 512 424) but is not adopted until the
-# GPU bit test passes it: its bucket-32 tiles (BM 64, BK 64, half) gave other bits (err 3.2e-3 against
-# 1e-4 for the rest, as the odd BK-64 half tile of test_v3_prefill_tiles_on_gpu).
-_FEW_GU = {b: Tiles(2 * b, 64, 128, 4, 4, half=True) for b in (16, 32, 64)}
-_FEW_DN = {b: Tiles(2 * b, 128, 128, 4, 4, half=True) for b in (16, 32, 64)}
+# rows, 6 stages) timed faster still (120b M 2048 1575, 20b M 512 424); its bucket-32 tiles (BM 64,
+# BK 64, half) gave other bits (err 3.2e-3 against 1e-4 for the rest, as the odd BK-64 half tile of
+# test_v3_prefill_tiles_on_gpu), so bucket 64 alone takes them (below).
+_FEW_GU = {b: Tiles(2 * b, 64, 128, 4, 4, half=True) for b in (16, 32)}
+_FEW_DN = {b: Tiles(2 * b, 128, 128, 4, 4, half=True) for b in (16, 32)}
+# Bucket 64 takes S-h256k64's tiles (BM 128 on a half body, 128 / 256 weight rows, BK 64, 6 stages)
+# since 2026-12-02: H200, whole MoE in a CUDA graph, weights by TMA as the engine loads them, median of
+# 3 interleaved rounds (bench/results v44, `moe_gpu.py --no-vllm --variants engine,S-b64k64`), µs:
+# 20b M 512 517.0 -> 398.8, 120b M 2048 1976.2 -> 1491.2 (the same bits). Their down races on the
+# cp.async path (moe_v3.racy_pointer_down): where the weights come that way (GPTOSS_MOE_V3_WTMA=0,
+# or a device without TMA) the bucket's down keeps its former tiles (_POINTER_DOWN_V3).
+_K64_GU, _K64_DN = Tiles(128, 128, 64, 8, 6, half=True), Tiles(128, 256, 64, 8, 6, half=True)
+_POINTER_DOWN_V3 = {64: Tiles(128, 128, 128, 4, 4, half=True)}  # S-h128's, bucket 64's until then
 # Decode batches (T <= DECODE_MAX_T tokens: no expert gets more than 16 rows), key DECODE_BUCKET:
 # one BM-16 tile an expert (no half body: BM 16 is the narrowest tl.dot), one warpgroup over 64
 # weight rows (gate_up: 32 act columns; a down tile of 32 rows gives other bits), BK 128, 4 stages.
@@ -162,8 +170,8 @@ _FEW_DN = {b: Tiles(2 * b, 128, 128, 4, 4, half=True) for b in (16, 32, 64)}
 # BK 256 64.3 / 149.2 / 286.6; the v2 decode kernels 55.9 / 122.3 / 247.6; vLLM 72.4 / 148.5 / 252.0.
 DECODE_BUCKET, DECODE_MAX_T = 0, 16
 _DEC_GU_V3, _DEC_DN_V3 = Tiles(16, 32, 128, 4, 4), Tiles(16, 64, 128, 4, 4)
-_GATE_UP_TILES_V3 = {DECODE_BUCKET: _DEC_GU_V3, **_FEW_GU, 128: _WIDE_GU4, 512: _WIDE_GU}
-_DOWN_TILES_V3 = {DECODE_BUCKET: _DEC_DN_V3, **_FEW_DN, 128: _WIDE_DN4, 512: _WIDE_DN}
+_GATE_UP_TILES_V3 = {DECODE_BUCKET: _DEC_GU_V3, **_FEW_GU, 64: _K64_GU, 128: _WIDE_GU4, 512: _WIDE_GU}
+_DOWN_TILES_V3 = {DECODE_BUCKET: _DEC_DN_V3, **_FEW_DN, 64: _K64_DN, 128: _WIDE_DN4, 512: _WIDE_DN}
 # The tiles of buckets 128 and 512 before (2026-11-22 to 26), for benchmarks (moe_variants "v3-128").
 NARROW_V3 = {
     (128, True): Tiles(128, 128, 64, 8, 4),
@@ -216,16 +224,19 @@ def bucket_v3(rows: int, t: int | None = None) -> int:
     return 512 if rows >= 512 else min(128, max(16, triton.next_power_of_2(rows)))
 
 
-def choose_tiles_v3(t: int, top_k: int, e: int, n: int, k: int, gate_up: bool) -> Tiles:
+def choose_tiles_v3(
+    t: int, top_k: int, e: int, n: int, k: int, gate_up: bool, cp_async: bool = False
+) -> Tiles:
     """choose_tiles for the v3 kernels (TILE_OVERRIDE, then GPTOSS_MOE_V3_TILES apply): BN >= 64 (a
-    warpgroup's wgmma rows), BK a multiple of 64 (the "v3" layout's K chunk; past K the masked tail)."""
+    warpgroup's wgmma rows), BK a multiple of 64 (the "v3" layout's K chunk; past K the masked tail).
+    cp_async: the down's weights come by cp.async (moe_v3.pointer_down): the table's tiles that race
+    there give way to _POINTER_DOWN_V3's (an override is taken as given: down_v3 refuses it)."""
     bucket = bucket_v3(triton.cdiv(t * top_k, e), t)
     key = (bucket, gate_up)
-    cfg = (
-        TILE_OVERRIDE.get(key)
-        or V3_ENV_TILES.get(key)
-        or (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
-    )
+    table = (_GATE_UP_TILES_V3 if gate_up else _DOWN_TILES_V3)[bucket]
+    if cp_async and not gate_up:
+        table = _POINTER_DOWN_V3.get(bucket, table)
+    cfg = TILE_OVERRIDE.get(key) or V3_ENV_TILES.get(key) or table
     bn = min(cfg.bn, max(64, triton.next_power_of_2(n)))
     bk = min(cfg.bk, max(64, triton.next_power_of_2(k)))  # a multiple of 32; past K the masked tail
     rows = 2 * bn if gate_up else bn  # gate_up's dot covers a gate and an up row per act column

@@ -119,6 +119,12 @@ def _wtma_args(x: Tensor, blocks: Tensor, scales: Tensor, swz: bool, rows: int, 
     return weight_descriptors(blocks, scales, rows, tiles.bk)
 
 
+def pointer_down(act: Tensor, w: MoEWeights) -> bool:
+    """Whether down_v3 loads w's "v3" words by cp.async for act at tiles of BM <= 128 (TMA_W "0", or
+    no TMA on act's device): where racy_pointer_down's tiles race (choose_tiles_v3's cp_async)."""
+    return w.layout == "v3" and not (TMA_W != "0" and _tma_runs(act))
+
+
 def tma_plan(x: Tensor, lora: object | None = None) -> tuple[bool, bool]:
     """This call's (act expert by expert with down reading it by TMA, gate_up reading x by TMA from
     a copy of its rows expert by expert): TMA_DOWN / TMA_X where TMA runs (Hopper and later, the

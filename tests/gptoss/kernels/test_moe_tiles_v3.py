@@ -81,3 +81,25 @@ def test_v3_tiles_from_the_environment(monkeypatch):
 def test_v3_env_tiles_refuse_bad_values(value, match):
     with pytest.raises(ValueError, match=match):
         _v3_env_tiles(value)
+
+
+def test_bucket_64_takes_the_bk64_tiles_unless_its_down_comes_by_cp_async(monkeypatch):
+    """Bucket 64 (20b's M 257-512, 120b's 1025-2048) on S-h256k64's tiles since v44; their down races on
+    the cp.async path (moe_v3.racy_pointer_down), so there the down keeps S-h128's. An override is
+    taken as given either way."""
+    from gptoss.kernels.moe_v3 import racy_pointer_down
+
+    gu, dn = Tiles(128, 128, 64, 8, 6, half=True), Tiles(128, 256, 64, 8, 6, half=True)
+    for t, e in ((512, 32), (2048, 128)):
+        assert choose_tiles_v3(t, 4, e, 2880, 2880, gate_up=True) == gu
+        assert choose_tiles_v3(t, 4, e, 2880, 2880, gate_up=True, cp_async=True) == gu
+        assert choose_tiles_v3(t, 4, e, 2880, 2880, gate_up=False) == dn
+        safe = choose_tiles_v3(t, 4, e, 2880, 2880, gate_up=False, cp_async=True)
+        assert safe == Tiles(128, 128, 128, 4, 4, half=True)
+        assert racy_pointer_down(dn) and not racy_pointer_down(safe)
+    # Bucket 32 keeps its tiles either way
+    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=False, cp_async=True) == Tiles(
+        64, 128, 128, 4, 4, half=True
+    )
+    monkeypatch.setitem(TILE_OVERRIDE, (64, False), dn)
+    assert choose_tiles_v3(512, 4, 32, 2880, 2880, gate_up=False, cp_async=True) == dn

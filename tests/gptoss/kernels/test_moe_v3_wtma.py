@@ -233,11 +233,14 @@ def test_the_split_k_down_with_weights_by_tma_gives_the_same_bits_on_gpu(monkeyp
 )
 def test_which_down_tiles_race_on_the_pointer_path(tiles, racy):
     """The tiles measured racy on the GPU (bench/kernels/moe_repeat_gpu.py, v30) and their neighbours
-    measured deterministic; no default down tile is racy."""
-    from gptoss.kernels.moe_tiles import _DOWN_TILES_V3
+    measured deterministic; the one racy default down tile (bucket 64's, since v44) has a safe one for
+    the cp.async path, and no other default is racy."""
+    from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _POINTER_DOWN_V3
 
     assert moe_v3.racy_pointer_down(tiles) is racy
-    assert not any(moe_v3.racy_pointer_down(t) for t in _DOWN_TILES_V3.values())
+    racy_buckets = [b for b, t in _DOWN_TILES_V3.items() if moe_v3.racy_pointer_down(t)]
+    assert racy_buckets == [64] == list(_POINTER_DOWN_V3)
+    assert not moe_v3.racy_pointer_down(_POINTER_DOWN_V3[64])
 
 
 @gpu
@@ -253,3 +256,28 @@ def test_the_racy_pointer_down_is_refused_and_runs_by_tma(monkeypatch):
     monkeypatch.setattr(moe_v3, "TMA_W", "auto")
     runs = [moe.down_v3(act, r, w, racy) for _ in range(5)]
     assert all(torch.equal(runs[0], y) for y in runs[1:])
+
+
+@pytest.mark.parametrize(("tma_w", "pointer"), [("auto", False), ("1", False), ("0", True)])
+def test_pointer_down_follows_the_weight_switch(monkeypatch, tma_w, pointer):
+    """moe_v3.pointer_down: v3 words by cp.async where TMA_W is "0" (or TMA does not run): the engine's
+    down then takes choose_tiles_v3's cp.async-safe tiles; v3ds never loads by TMA but never races."""
+    _, w = make_moe(8, 64, 64, 4, torch.bfloat16, seed=1, kernels="v3")
+    monkeypatch.setattr(moe_v3, "TMA_W", tma_w)
+    act = torch.zeros(4, 64, device=DEV, dtype=torch.bfloat16)
+    assert moe_v3.pointer_down(act, w) is pointer
+    _, w3ds = make_moe(8, 64, 64, 4, torch.bfloat16, seed=1, kernels="v3ds")
+    assert moe_v3.pointer_down(act, w3ds) is False
+
+
+@gpu
+def test_bucket_64_on_the_pointer_path_takes_safe_tiles_on_gpu(monkeypatch):
+    """20b at M 512 (64 rows an expert) with GPTOSS_MOE_V3_WTMA=0: the table's BK-64 down would race on
+    cp.async and down_v3 would refuse it; the engine's path takes the safe tiles and gives the bits
+    the TMA path gives."""
+    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=5, kernels="v3")
+    x = torch.randn(512, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(1)).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    by_tma = moe.expert_rows_v3(x, r, w, ALPHA, LIMIT)
+    monkeypatch.setattr(moe_v3, "TMA_W", "0")
+    assert torch.equal(moe.expert_rows_v3(x, r, w, ALPHA, LIMIT), by_tma)
