@@ -17,7 +17,7 @@ import os
 # instead, the width of their tile (SMALL_DECODE_CFG below): one tile a split, whose keys the preload
 # (PRELOAD_KV) loads before the PDL wait. v37 took 32 on DECODE_CFG's 32-key tile (a sliding layer's
 # window in 4 splits of one tile: +0.5 % against 256-key splits walking 32-key tiles); v38 one
-# 256-key tile on 8 warps at 256 (+1.4 % against v37's).
+# 256-key tile on 8 warps at 256 (+1.4 % against v37's); v44 one 128-key tile on 4 warps at 128.
 PROGRAMS_PER_SM = 4
 MAX_SPLITS = 64
 
@@ -32,7 +32,7 @@ def _split_keys_from_env(v: str | None, name: str = "GPTOSS_ATTN_SPLIT_KEYS", de
 
 MIN_SPLIT_KEYS = _split_keys_from_env(os.environ.get("GPTOSS_ATTN_SPLIT_KEYS"))
 SMALL_SPLIT_KEYS = _split_keys_from_env(
-    os.environ.get("GPTOSS_ATTN_SMALL_SPLIT_KEYS"), "GPTOSS_ATTN_SMALL_SPLIT_KEYS", 256
+    os.environ.get("GPTOSS_ATTN_SMALL_SPLIT_KEYS"), "GPTOSS_ATTN_SMALL_SPLIT_KEYS", 128
 )
 
 
@@ -93,8 +93,9 @@ def _choice_from_env(name: str, choices: tuple[str, ...]) -> str:
 # 22,754 / 22,657 tok/s against 22,304 (+1.8 %). So (64, 2, 3) now.
 DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 2, 3))
 # Decode launches of up to SMALL_DECODE sequences (outside the batch-invariant mode) take their own
-# (BLOCK_N, num_warps, num_stages): GPTOSS_ATTN_SMALL_DECODE, default (256, 8, 1) with 256-key splits
-# (SMALL_SPLIT_KEYS), so a split is one tile that the preload (PRELOAD_KV) loads before the PDL wait:
+# (BLOCK_N, num_warps, num_stages): GPTOSS_ATTN_SMALL_DECODE, default (128, 4, 1) with 128-key splits
+# (SMALL_SPLIT_KEYS) since 2026-12-02 (below), so a split is one tile that the preload (PRELOAD_KV)
+# loads before the PDL wait. Until then (256, 8, 1) at 256 keys:
 # at batch 1 a sliding layer's 128-key window is one split (no partials, no merge) and a 640-key
 # context 3 live splits of a full layer's 16. None: DECODE_CFG's. H200, random 120b, batch-1 128 ->
 # 512, one process, interleaved rounds (bench/results v38, two calls), tok/s: (256, 8, 1) 435.4 /
@@ -104,7 +105,14 @@ DECODE_CFG = _cfg_from_env("GPTOSS_ATTN_DECODE", (64, 2, 3))
 # 429.5; (512, 8, 1) 392.4 / 389.3. Releasing the O projection at each program's end rather than
 # after the wait (so its weight preload would not run beside attention's loads) lost: 425.0 / 424.9,
 # attention -12 and the projections +69 us a token.
-SMALL_DECODE_CFG: tuple[int, int, int] | None = _cfg_from_env("GPTOSS_ATTN_SMALL_DECODE", (256, 8, 1))
+# (128, 4, 1) at 128 keys was not among v38's: H200, CUDA-graph replays (bench/kernels/attn_sweep.py
+# --small, bench/results v44), us, (256, 8, 1)@256 against (128, 4, 1)@128: batch 1 at 640 context
+# under an 8192-key bound, full 5.1 / 4.6, sliding 3.9 / 2.9; 1k full 6.5 / 4.7; 8k full 13.9 / 9.6
+# (FA3 13.3); batch 8 at 4k 43.8 / 25.8; (64, 4, 1)@64 and (128, 8, 1)@128 in between. In the engine
+# (random 20b, 128 -> 512, decode_ab_gpu.py, one process, 2 rounds): batch 1 648.0 / 651.7 tok/s
+# against 648.4 / 645.1, attention 153.2 -> 141.8 us a token; batch 8 1,933.4 / 1,929.6 against
+# 1,934.7 / 1,938.4 (the same within the spread). 120b (the same attention shapes) is untimed with it.
+SMALL_DECODE_CFG: tuple[int, int, int] | None = _cfg_from_env("GPTOSS_ATTN_SMALL_DECODE", (128, 4, 1))
 
 # Prefill (BLOCK_N, num_warps, num_stages, rows), full layers and sliding ones apart
 # (GPTOSS_ATTN_PREFILL, GPTOSS_ATTN_PREFILL_SLIDING): their registers differ. sm_90a, compiled on CPU,

@@ -297,6 +297,7 @@ def test_merge_reads_only_the_live_splits(monkeypatch, dtype):
 
     monkeypatch.setattr(attention, "SMALL_DECODE_CFG", None)  # DECODE_CFG's tile, at 32 keys here
     monkeypatch.setattr(attention, "DECODE_CFG", (32, 2, 3))
+    monkeypatch.setattr(attention, "SMALL_SPLIT_KEYS", 256)
     rec = _PartialsRecorder(attention._attn_kernel)
     monkeypatch.setattr(attention, "_attn_kernel", rec)
     ctx = [300, 0, 129, 17]
@@ -342,12 +343,14 @@ def test_small_launches_take_their_own_tile(monkeypatch):
 
 
 def test_small_decode_settings_from_the_environment(monkeypatch):
-    """GPTOSS_ATTN_SMALL_DECODE as the module reads it: unset, a 256-key tile on 8 warps; set, its
-    three counts; a bad value is refused by name."""
+    """GPTOSS_ATTN_SMALL_DECODE as the module reads it: unset, a 128-key tile on 4 warps, one stage
+    (v44); set, its three counts; a bad value is refused by name."""
 
     try:
         monkeypatch.delenv("GPTOSS_ATTN_SMALL_DECODE", raising=False)
-        assert reread_settings().SMALL_DECODE_CFG == (256, 8, 1)
+        monkeypatch.delenv("GPTOSS_ATTN_SMALL_SPLIT_KEYS", raising=False)
+        assert reread_settings().SMALL_DECODE_CFG == (128, 4, 1)
+        assert reread_settings().SMALL_SPLIT_KEYS == 128
         monkeypatch.setenv("GPTOSS_ATTN_SMALL_DECODE", "128,4,2")
         assert reread_settings().SMALL_DECODE_CFG == (128, 4, 2)
         monkeypatch.setenv("GPTOSS_ATTN_SMALL_DECODE", "96,4,2")
@@ -359,7 +362,7 @@ def test_small_decode_settings_from_the_environment(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("cfg", [(32, 2, 3), (64, 4, 2), (128, 8, 2), (256, 8, 1)], ids=str)
+@pytest.mark.parametrize("cfg", [(32, 2, 3), (64, 4, 2), (128, 4, 1), (128, 8, 2), (256, 8, 1)], ids=str)
 @pytest.mark.parametrize("pool", ["full", "ring"])
 def test_gpu_small_launch_tiles_and_live_splits(cfg, pool, monkeypatch):
     """Compiled, 120b's heads (64 over 8), batch 1 at 130-4000 keys under a 4096-key hint, each small
@@ -379,12 +382,14 @@ def test_gpu_small_launch_tiles_and_live_splits(cfg, pool, monkeypatch):
             assert torch.equal(run_kernel(st, pool, max_context_hint=4096), want)
 
 
-def test_float32_small_launches_take_half_the_default_tile(monkeypatch):
-    """The default small tile is 256 keys on 8 warps; float32 q halves it to 128 (256 float32 keys
-    need more shared memory than an H200 has, compiled), bf16 keeps it. Both equal the reference."""
+def test_float32_small_launches_take_half_a_256_key_tile(monkeypatch):
+    """A small tile of 256 keys on 8 warps (the default until v44): float32 q halves it to 128 (256
+    float32 keys need more shared memory than an H200 has, compiled), bf16 keeps it. Both equal the
+    reference."""
     from gptoss.kernels import attention
 
-    assert attention.SMALL_DECODE_CFG == (256, 8, 1) and attention.SMALL_SPLIT_KEYS == 256
+    monkeypatch.setattr(attention, "SMALL_DECODE_CFG", (256, 8, 1))
+    monkeypatch.setattr(attention, "SMALL_SPLIT_KEYS", 256)
     rec = _LaunchRecorder(attention._attn_kernel, ("BLOCK_N", "num_warps"))
     monkeypatch.setattr(attention, "_attn_kernel", rec)
     for dtype in (torch.float32, torch.bfloat16):
