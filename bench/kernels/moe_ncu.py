@@ -185,6 +185,7 @@ def profile(ms: list[int], variant: str, with_vllm: bool) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import moe_gpu
+    from moe_parts import switches, variant_parts
     from moe_peer import vllm_moe
     from moe_variants import VARIANTS
 
@@ -194,8 +195,8 @@ def profile(ms: list[int], variant: str, with_vllm: bool) -> None:
     peer = vllm_moe(ck, moe_gpu.E) if with_vllm else None
     for m in ms:
         x = torch.randn(m, moe_gpu.H, device="cuda").bfloat16()
-        with moe_gpu._switches(v):
-            ours = moe_gpu._ours_parts(ck, w, x)["moe"]
+        with switches(v):
+            ours = variant_parts(ck, w, x, engine=v.engine)["moe"]
             ours()  # compiles (and autotunes nothing): the profiled launch is a warm one
             if peer is not None:
                 peer(x)

@@ -48,7 +48,7 @@ def test_the_engine_variant_leaves_every_switch_as_the_engine_runs():
     """The "engine" rows (kernels_gpu.py's MoE column) time the module defaults; before 2026-12-02 its
     switches put v3's weights on cp.async and batch 1 on v2's decode kernels, which the engine no
     longer ran. A tile variant's switches do change them, and are restored after."""
-    from moe_gpu import _switches
+    from moe_parts import switches as _switches
     from moe_variants import VARIANTS
 
     from gptoss.kernels import moe, moe_common, moe_decode, moe_v3, moe_v3_dec, moe_v3_dec_gu

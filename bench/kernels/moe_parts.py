@@ -1,0 +1,146 @@
+"""What each variant of bench/kernels/moe_gpu.py runs: its module switches (switches, dec_switches,
+restored afterwards) and its parts, the whole MoE and each GEMM alone with routing and act
+precomputed (variant_parts, dec_parts, engine_decode: the engine's decode step)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from moe_dec_variants import DecVariant
+from moe_peer import ALPHA, LIMIT, TOP_K, H, I
+from moe_variants import Variant
+
+from gptoss.kernel_model import decode_copy, decode_rows
+from gptoss.kernels import moe, moe_common, moe_decode, moe_tiles, moe_v3, moe_v3_dec, moe_v3_dec_gu
+from gptoss.kernels.moe import moe_forward
+from gptoss.kernels.moe_routing import route_and_group
+
+
+@contextmanager
+def dec_switches(v: DecVariant) -> Iterator[None]:
+    """The decode path's switches a DecVariant needs (its tiles, probe and reach), restored afterwards."""
+    saved = moe_decode.ENABLED, dict(moe_tiles.DEC_TILE_OVERRIDE), moe_decode.PROBE, moe_decode.MAX_T
+    moe_decode.ENABLED = True
+    moe_decode.PROBE = v.probe
+    moe_decode.MAX_T = max(moe_decode.MAX_T, v.max_m)  # the rows variants (120b) run past T 16
+    moe_tiles.DEC_TILE_OVERRIDE.clear()
+    moe_tiles.DEC_TILE_OVERRIDE.update(
+        {k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None}
+    )
+    try:
+        yield
+    finally:
+        moe_decode.ENABLED = saved[0]
+        moe_tiles.DEC_TILE_OVERRIDE.clear()
+        moe_tiles.DEC_TILE_OVERRIDE.update(saved[1])
+        moe_decode.PROBE = saved[2]
+        moe_decode.MAX_T = saved[3]
+
+
+def dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
+    """The decode forward, its router and each GEMM alone (routing and act precomputed)."""
+    rw, rb = ck["router_w"], ck["router_b"]
+    r = route_and_group(F.linear(x, rw, rb), TOP_K)
+    gu, dn = moe_tiles.dec_tiles(True, H, x.shape[0]), moe_tiles.dec_tiles(False, I, x.shape[0])
+    act = moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu)
+
+    return {
+        "moe": lambda: moe_forward(x, rw, rb, TOP_K, w, ALPHA, LIMIT),
+        "router": lambda: route_and_group(F.linear(x, rw, rb), TOP_K),
+        "gate_up": lambda: moe_decode.gate_up_dec(x, r, w, ALPHA, LIMIT, gu),
+        "down": lambda: moe_decode.down_dec(act, r, w, dn),
+    }
+
+
+@contextmanager
+def switches(v: Variant) -> Iterator[None]:
+    """The module switches a variant needs, restored afterwards (none for the engine's)."""
+    if v.engine:
+        yield
+        return
+    saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED, (moe_v3.TMA_DOWN, moe_v3.TMA_X)
+    saved_w = moe_v3.TMA_W, moe_v3_dec.WTMA, moe_v3_dec_gu.WTMA
+    saved_dd = moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC
+    saved_gu = moe_v3_dec_gu.MAX_T, moe_v3_dec_gu.V3_GATE_UP_DEC
+    # "v3" the table's tiles at every M; the v3-dd variants the split-K down (-gu: and gate_up) at
+    # every decode M
+    moe_v3_dec.MAX_T = moe_tiles.DECODE_MAX_T if v.v3_dec_down is not None else 0
+    moe_v3_dec.V3_DOWN_DEC = v.v3_dec_down or saved_dd[1]
+    moe_v3_dec_gu.MAX_T = moe_tiles.DECODE_MAX_T if v.v3_dec_gate_up is not None else 0
+    moe_v3_dec_gu.V3_GATE_UP_DEC = v.v3_dec_gate_up or saved_gu[1]
+    moe_common.USE_ASM = v.asm
+    moe_decode.ENABLED = v.decode  # else the M-tile kernels at every M (the decode path: DEC_VARIANTS)
+    moe_v3.TMA_DOWN, moe_v3.TMA_X = moe_v3._tma_mode(v.tma)
+    moe_v3.TMA_W = "1" if v.wtma else "0"  # "v3": the cp.async path, whatever the default
+    moe_v3_dec.WTMA = moe_v3_dec_gu.WTMA = v.wtma
+    moe.TILE_OVERRIDE.clear()
+    moe.TILE_OVERRIDE.update(v.tiles or {})
+    try:
+        yield
+    finally:
+        moe_common.USE_ASM = saved[0]
+        moe.TILE_OVERRIDE.clear()
+        moe.TILE_OVERRIDE.update(saved[1])
+        moe_decode.ENABLED = saved[2]
+        moe_v3.TMA_DOWN, moe_v3.TMA_X = saved[3]
+        moe_v3.TMA_W, moe_v3_dec.WTMA, moe_v3_dec_gu.WTMA = saved_w
+        moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC = saved_dd
+        moe_v3_dec_gu.MAX_T, moe_v3_dec_gu.V3_GATE_UP_DEC = saved_gu
+
+
+def variant_parts(
+    ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor, engine: bool = False
+) -> dict[str, Callable]:
+    """The whole forward and each GEMM alone (routing and act precomputed), as moe_forward runs them;
+    engine: at decode sizes as the engine's decode step runs them (engine_decode)."""
+    if engine and (dw := decode_copy(x, w)) is not None:
+        return engine_decode(ck, dw, x)
+    t, e = x.shape[0], w.shape[0]
+    r = route_and_group(F.linear(x, ck["router_w"], ck["router_b"]), TOP_K)
+    full = w
+    w = moe.for_rows(w, t, TOP_K)  # the copy moe_forward runs (dual: v2 or v3 by M)
+    if w.layout == "bits":
+        gu_tiles = moe.choose_tiles_v2(t, TOP_K, e, I, H, gate_up=True)
+        dn_tiles = moe.choose_tiles_v2(t, TOP_K, e, H, I, gate_up=False)
+        gate_up, down = moe.gate_up_v2, moe.down_v2
+    elif w.layout in ("v3", "v3ds"):
+        gu_tiles = moe.choose_tiles_v3(t, TOP_K, e, I, H, gate_up=True)
+        dn_tiles = moe.choose_tiles_v3(t, TOP_K, e, H, I, gate_up=False, cp_async=moe_v3.pointer_down(x, w))
+        srt, tx = moe_v3.tma_plan(x)  # the TMA variants (the gather pass inside gate_up)
+        gate_up = partial(moe.gate_up_v3, sorted_rows=srt, tma_x=tx)
+        down = partial(moe.down_v3, sorted_rows=srt)
+        if t <= moe_v3_dec.MAX_T and w.layout == "v3" and not srt:
+            down = lambda act, r, w, _tiles: moe_v3_dec.down_v3_dec(act, r, w)  # noqa: E731
+        if t <= moe_v3_dec_gu.MAX_T and w.layout == "v3" and not srt:
+            gate_up = lambda x, r, w, a, lim, _tiles: moe_v3_dec_gu.gate_up_v3_dec(x, r, w, a, lim)  # noqa: E731
+    else:
+        gu_tiles = moe.choose_tiles(t, TOP_K, e, I, H, gate_up=True)
+        dn_tiles = moe.choose_tiles(t, TOP_K, e, H, I, gate_up=False)
+        gate_up, down = moe.gate_up, moe.down
+    act = gate_up(x, r, w, ALPHA, LIMIT, gu_tiles)
+    return {
+        "moe": lambda: moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, full, ALPHA, LIMIT),
+        "gate_up": lambda: gate_up(x, r, w, ALPHA, LIMIT, gu_tiles),
+        "down": lambda: down(act, r, w, dn_tiles),
+    }
+
+
+def engine_decode(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
+    """A decode batch's MoE as the engine's step runs it on w (kernel_model.decode_copy's choice: 20b's
+    v3 copy at batch 1, its v2 decode kernels at 2-16 tokens): the router GEMV, the expert GEMMs with
+    the gate_up routing the logits itself (kernel_model.decode_rows), the combine. The engine fuses
+    the router into the add + RMSNorm before it and the combine into the one after it (norm_logits,
+    fused_add_rms_norm's combine=); here each is a launch of its own. gate_up / down: each GEMM alone
+    on the kernels decode_rows takes, routing precomputed."""
+    rw, rb = ck["router_w"], ck["router_b"]
+
+    def forward() -> torch.Tensor:
+        y, routing = decode_rows(x, F.linear(x, rw, rb), TOP_K, w, ALPHA, LIMIT)
+        return moe.combine(y, routing.weights, x.dtype)
+
+    parts = dec_parts(ck, w, x) if w.layout == "bits" else variant_parts(ck, w, x)
+    return {"moe": forward, "gate_up": parts["gate_up"], "down": parts["down"]}

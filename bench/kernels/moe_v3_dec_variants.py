@@ -1,0 +1,88 @@
+"""bench/kernels/moe_gpu.py's variants of decode batches (T <= 16 tokens) on the v3 kernels: the v3
+tiles' decode bucket (D-*) and the split-K slot kernels (v3-dd*), with why each exists; moe_variants
+adds them to VARIANTS."""
+
+from __future__ import annotations
+
+from moe_variant import Variant
+
+from gptoss.kernels.moe import Tiles
+from gptoss.kernels.moe_tiles import DECODE_BUCKET, DecTiles
+
+V3_DEC_VARIANTS: dict[str, Variant] = {}
+
+
+# Decode batches on the v3 kernels (T <= 16 tokens: moe_tiles.DECODE_BUCKET, since v23): 120b runs
+# every batch on its one v3 copy, so batch 1 takes these (the v2 decode kernels: DEC_VARIANTS
+# "slot"). "v3" is the table's (64 weight rows, BK 128, 4 stages); "D-old" bucket 16's tiles, which
+# these batches took before v23 (128 weight rows: 180 gate_up and 92 down programs at T 1). A down
+# tile needs 64 weight rows (BN 64): at 32 its bits differ (moe_v3 tests).
+def _dec(gu: Tiles, dn: Tiles) -> dict[tuple[int, bool], Tiles]:
+    return {(DECODE_BUCKET, True): gu, (DECODE_BUCKET, False): dn}
+
+
+for _name, _gu, _dn in [
+    ("D-old", Tiles(32, 64, 128, 4, 4, half=True), Tiles(32, 128, 128, 4, 4, half=True)),
+    ("D-64k128s6", Tiles(16, 32, 128, 4, 6), Tiles(16, 64, 128, 4, 6)),
+    ("D-64k256s4", Tiles(16, 32, 256, 4, 4), Tiles(16, 64, 256, 4, 4)),  # twice the bytes a stage
+    ("D-64k64s8", Tiles(16, 32, 64, 4, 8), Tiles(16, 64, 64, 4, 8)),
+    ("D-128k64s8", Tiles(16, 64, 64, 4, 8), Tiles(16, 64, 64, 4, 8)),  # gate_up on 128 weight rows
+    ("D-128k128s6", Tiles(16, 64, 128, 4, 6), Tiles(16, 128, 128, 4, 6)),  # half the programs
+    # down on 32 weight rows (mma.sync, 2 warps): twice the programs (360 at T 1) as v2's decode down,
+    # which beats v3's at batch 1 (10.7 against 16.8 us a layer, v23); its bits differ from the
+    # other buckets'. Measured v24: ~2x slower at every M (down alone at M 1 41.5 against 21.2 us);
+    # the split-K kernel over the same words (v3-dd below) is what won
+    ("D-dn32", Tiles(16, 32, 128, 4, 4), Tiles(16, 32, 128, 2, 4)),
+    ("D-dn32k256", Tiles(16, 32, 128, 4, 4), Tiles(16, 32, 256, 2, 4)),
+]:
+    V3_DEC_VARIANTS[_name] = Variant("v3", tiles=_dec(_gu, _dn), max_m=16)
+
+# Decode batches' down on the v3 weights as v2's decode down runs (moe_v3_dec; the engine's at T 1
+# since v24, GPTOSS_V3_DEC_DOWN; "v3" here is the table's tiles at every M, these at every M <= 16):
+# a program per (32 weight rows, expert with rows), each K step of 512 split over 4 warps (a batched
+# dot): twice the programs of v3's down at T 1 and 4 warps dequantizing at once. v23: v3's down 16.8
+# us a layer at batch 1 against v2's decode down 10.7 (same bytes). -k1024: BK 1024 (8 KB of
+# weights a warp a step); -s4: 4 stages.
+V3_DEC_VARIANTS["v3-dd"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 512, 4, 4, 3))
+V3_DEC_VARIANTS["v3-dd-s4"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 512, 4, 4, 4))
+V3_DEC_VARIANTS["v3-dd-k1024"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 1024, 4, 4, 3))
+# The engine's batch-1 MoE (v3-dd) with every weight by TMA: the gate_up's (GPTOSS_MOE_V3_WTMA's
+# default) and the split-K down's (GPTOSS_V3_DEC_WTMA=1; sm_90a: 6 UTMALDG.3D for 12 LDGSTS.128 a
+# K loop, 368 -> 388 instructions, no added layout conversion); v3-dd is the same on cp.async.
+V3_DEC_VARIANTS["v3-dd-w"] = Variant("v3", max_m=16, v3_dec_down=DecTiles(16, 32, 512, 4, 4, 3), wtma=True)
+# The same with the gate_up's decode tiles (64 weight rows, BK 128) 6 and 8 stages deep: 360 programs
+# x stages x 4 KB in flight (5.9 MB at 4 stages, 11.8 MB at 8), still one wave at 8 (~70 KB shared
+# a program, 3 an SM). At 20b's bucket-16 and -32 tiles 6 stages lost (v29, one program an SM).
+for _s in (6, 8):
+    V3_DEC_VARIANTS[f"v3-dd-w-s{_s}"] = Variant(
+        "v3",
+        tiles=_dec(Tiles(16, 32, 128, 4, _s), Tiles(16, 64, 128, 4, 4)),
+        max_m=16,
+        v3_dec_down=DecTiles(16, 32, 512, 4, 4, 3),
+        wtma=True,
+    )
+# Both decode GEMMs split-K (moe_v3_dec_gu, 2026-11-28): the gate_up on the down's design with its
+# own tiles (V3_GATE_UP_DEC: BK 128 over 2 warps, 12 programs an SM at T 1), 17.0 against 20.6 us at
+# T 1 alone (its docstring). -dd2: the down on the same 2-warp tiles (11.0 against 14.1 us, one run).
+_DD, _GU = DecTiles(16, 32, 512, 4, 4, 3), DecTiles(16, 32, 128, 2, 2, 4)
+V3_DEC_VARIANTS["v3-dd-gu"] = Variant("v3", max_m=16, v3_dec_down=_DD, v3_dec_gate_up=_GU)
+V3_DEC_VARIANTS["v3-dd2-gu"] = Variant("v3", max_m=16, v3_dec_down=_GU, v3_dec_gate_up=_GU)
+# Both split-K decode GEMMs with their weights by TMA (GPTOSS_V3_DEC_WTMA covers the gate_up since
+# 2026-11-29). At T 1 the gate_up (120b: 35 MB) runs ~20 us, ~1.7 TB/s, and keeps at most
+# programs x stages x a stage's bytes in flight: 720 x 4 x 2 KB = 5.9 MB at the default tiles, about
+# what 4.3 TB/s times a loaded DRAM latency of ~1.5 us needs, so latency may bound it. -s8, -k256
+# and -k256s6 double or triple that and still fit the 720 programs in one wave (sm_90a with TMA:
+# 72 / 89 / 89 registers at 2 warps, 17 / 15 / 24 KB shared: 13 / 11 / 9 programs an SM); -bn16
+# twice the programs; -k256w4 4 warps a 256-K step (11 programs an SM by registers: 1.36 waves on
+# cp.async, v25); -k512 the down's tiles.
+_GU_W = {
+    "v3-dd-gu-w": _GU,
+    "v3-dd-gu-w-s8": DecTiles(16, 32, 128, 2, 2, 8),
+    "v3-dd-gu-w-k256": DecTiles(16, 32, 256, 2, 2, 4),
+    "v3-dd-gu-w-k256s6": DecTiles(16, 32, 256, 2, 2, 6),
+    "v3-dd-gu-w-bn16": DecTiles(16, 16, 128, 2, 2, 4),
+    "v3-dd-gu-w-k256w4": DecTiles(16, 32, 256, 4, 4, 4),
+    "v3-dd-gu-w-k512": DecTiles(16, 32, 512, 4, 4, 3),
+}
+for _name, _t in _GU_W.items():
+    V3_DEC_VARIANTS[_name] = Variant("v3", max_m=16, v3_dec_down=_DD, v3_dec_gate_up=_t, wtma=True)
