@@ -4,7 +4,9 @@
 
 Each part lives in bench/kernels/<part>_gpu.py with a run(rows) that appends one dict per case
 (kernel, case, ours_us, vllm_us, ratio, hbm_frac); a part whose peer cannot be imported still
-times ours. One table at the end: ratio = vLLM's time / ours (> 1: ours is faster).
+times ours. One table at the end: ratio = vLLM's time / ours (> 1: ours is faster); HBM = the bytes
+read over ours_us as a share of a copy's bandwidth; GEMMs = the MoE's expert bytes over its two
+GEMMs' time alone (its router and combine read none).
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "kernels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # The ratio is recomputed here, one convention for every part: peer time / ours (> 1: ours faster).
-    print(f"\n{'kernel':14} {'case':30} {'ours us':>9} {'peer us':>9} {'peer':>6} {'ratio':>6} {'HBM':>5}")
+    print(
+        f"\n{'kernel':14} {'case':30} {'ours us':>9} {'peer us':>9} {'peer':>6} {'ratio':>6} {'HBM':>5}"
+        f" {'GEMMs':>6}"
+    )
     for r in rows:
         # CUDA-graph replay times where a part measured them: eager times of small launches are
         # mostly Python launch overhead, for both engines.
@@ -58,7 +63,7 @@ def main() -> None:
         print(
             f"{r['kernel']:14} {r['case']:30} {fmt(ours, '9.1f')} {fmt(peer, '9.1f')}"
             f" {name if peer else '-':>6} "
-            f"{fmt(ratio, '6.2f')} {fmt(r.get('hbm_frac'), '5.0%')}"
+            f"{fmt(ratio, '6.2f')} {fmt(r.get('hbm_frac'), '5.0%')} {fmt(r.get('hbm_gemms_frac'), '6.0%')}"
         )
 
     if timing.EAGER:

@@ -175,6 +175,20 @@ REFUSED: list[str] = []  # (variant, M) pairs the kernels refused (RacyTilesErro
 ERR_LIMIT = 2e-2
 
 
+def hbm_fracs(
+    experts: int, graph_us: float | None, gate_up_us: float | None, down_us: float | None, copy: float
+) -> dict[str, float | None]:
+    """The distinct experts' weight and scale bytes over a time, as a share of a copy's bandwidth
+    (bytes / s): "hbm" over the whole MoE's graph, "hbm_gemms" over its two GEMMs each alone (what
+    issue 10's 80 % at M <= 16 reads: the router and the combine read no expert bytes)."""
+
+    def frac(us: float | None) -> float | None:
+        return experts * EXPERT_BYTES / (us * 1e-6) / copy if us else None
+
+    gemms = gate_up_us + down_us if gate_up_us and down_us else None
+    return {"hbm": frac(graph_us), "hbm_gemms": frac(gemms)}
+
+
 def _reference(ck: dict, w: moe.MoEWeights, x: torch.Tensor) -> torch.Tensor:
     with switches(Variant("v2")):
         return moe_forward(x, ck["router_w"], ck["router_b"], TOP_K, w, ALPHA, LIMIT).float()
@@ -222,7 +236,7 @@ def table(ms: tuple[int, ...], names: list[str], with_vllm: bool, rounds: int = 
                     "down_us": times.get("down"),
                     "eager_us": eager,
                     "router_us": times.get("router"),
-                    "hbm": None if not g else hit * EXPERT_BYTES / (g * 1e-6) / copy_bytes_per_s(),
+                    **hbm_fracs(hit, g, times.get("gate_up"), times.get("down"), copy_bytes_per_s()),
                     "spread": (max(moe_t) - min(moe_t)) / g if g and rounds > 1 else None,
                     "err": _err(out, ref),
                 }
@@ -254,7 +268,8 @@ def run(rows: list) -> None:
     """For bench/kernels_gpu.py: one dict per M (kernel, case, ours_us = the engine's path as a CUDA
     graph replay (variant "engine": every switch at its default, decode batches as the engine's step
     runs them, moe_parts.engine_decode), vllm_us its graph replay (eager
-    where it cannot be captured), ratio = ours / vllm, hbm_frac of ours, and both eager times)."""
+    where it cannot be captured), ratio = ours / vllm, hbm_frac of ours (and hbm_gemms_frac: its two
+    GEMMs alone), and both eager times)."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench/kernels/moe_gpu.py needs a CUDA GPU")
     subnormal_checks()
@@ -271,6 +286,7 @@ def run(rows: list) -> None:
                 "vllm_us": vllm_us,
                 "ratio": None if not vllm_us else round(ours_us / vllm_us, 3),
                 "hbm_frac": None if ours["hbm"] is None else round(ours["hbm"], 3),
+                "hbm_gemms_frac": None if ours["hbm_gemms"] is None else round(ours["hbm_gemms"], 3),
                 "eager_us": ours["eager_us"],
                 "vllm_eager_us": None if peer is None else peer["eager_us"],
             }

@@ -69,3 +69,15 @@ def test_the_engine_variant_leaves_every_switch_as_the_engine_runs():
         assert state() != before
         assert (moe_v3.TMA_W, moe_v3_dec.MAX_T) == ("0", 0)
     assert state() == before
+
+
+def test_hbm_shares_read_the_expert_bytes_over_the_moe_and_over_its_gemms():
+    """4 experts' bytes (52.8 MB at 20b) at 4.3 TB/s: over a 38.1 us MoE graph ~32 %; over its GEMMs
+    alone (14.9 + 8.9 us) ~52 %; a part not timed gives no share."""
+    from moe_gpu import EXPERT_BYTES, hbm_fracs
+
+    assert EXPERT_BYTES == 13_219_200  # w13 8.29 MB + w2 4.15 MB + their scales
+    got = hbm_fracs(4, 38.1, 14.9, 8.9, 4.3e12)
+    assert got["hbm"] == pytest.approx(4 * EXPERT_BYTES / 38.1e-6 / 4.3e12)
+    assert round(got["hbm"], 3) == 0.323 and round(got["hbm_gemms"], 3) == 0.517
+    assert hbm_fracs(4, None, None, 8.9, 4.3e12) == {"hbm": None, "hbm_gemms": None}
