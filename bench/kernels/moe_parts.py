@@ -4,9 +4,10 @@ precomputed (variant_parts, dec_parts, engine_decode: the engine's decode step).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from functools import partial
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -20,25 +21,26 @@ from gptoss.kernels.moe import moe_forward
 from gptoss.kernels.moe_routing import route_and_group
 
 
-@contextmanager
-def dec_switches(v: DecVariant) -> Iterator[None]:
+def _patched(attrs: list[tuple[object, str, object]], dicts: list[tuple[dict, dict]]) -> ExitStack:
+    """Each (module, name, value) set and each dict's items replaced while the block runs, all restored
+    after it."""
+    stack = ExitStack()
+    for owner, name, value in attrs:
+        stack.enter_context(mock.patch.object(owner, name, value))
+    for d, items in dicts:
+        stack.enter_context(mock.patch.dict(d, items, clear=True))
+    return stack
+
+
+def dec_switches(v: DecVariant) -> AbstractContextManager:
     """The decode path's switches a DecVariant needs (its tiles, probe and reach), restored afterwards."""
-    saved = moe_decode.ENABLED, dict(moe_tiles.DEC_TILE_OVERRIDE), moe_decode.PROBE, moe_decode.MAX_T
-    moe_decode.ENABLED = True
-    moe_decode.PROBE = v.probe
-    moe_decode.MAX_T = max(moe_decode.MAX_T, v.max_m)  # the rows variants (120b) run past T 16
-    moe_tiles.DEC_TILE_OVERRIDE.clear()
-    moe_tiles.DEC_TILE_OVERRIDE.update(
-        {k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None}
-    )
-    try:
-        yield
-    finally:
-        moe_decode.ENABLED = saved[0]
-        moe_tiles.DEC_TILE_OVERRIDE.clear()
-        moe_tiles.DEC_TILE_OVERRIDE.update(saved[1])
-        moe_decode.PROBE = saved[2]
-        moe_decode.MAX_T = saved[3]
+    tiles = {k: t for k, t in ((True, v.gate_up), (False, v.down)) if t is not None}
+    attrs = [
+        (moe_decode, "ENABLED", True),
+        (moe_decode, "PROBE", v.probe),
+        (moe_decode, "MAX_T", max(moe_decode.MAX_T, v.max_m)),  # the rows variants (120b) run past T 16
+    ]
+    return _patched(attrs, [(moe_tiles.DEC_TILE_OVERRIDE, tiles)])
 
 
 def dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -> dict[str, Callable]:
@@ -56,40 +58,29 @@ def dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -
     }
 
 
-@contextmanager
-def switches(v: Variant) -> Iterator[None]:
+def switches(v: Variant) -> AbstractContextManager:
     """The module switches a variant needs, restored afterwards (none for the engine's)."""
     if v.engine:
-        yield
-        return
-    saved = moe_common.USE_ASM, dict(moe.TILE_OVERRIDE), moe_decode.ENABLED, (moe_v3.TMA_DOWN, moe_v3.TMA_X)
-    saved_w = moe_v3.TMA_W, moe_v3_dec.WTMA, moe_v3_dec_gu.WTMA
-    saved_dd = moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC
-    saved_gu = moe_v3_dec_gu.MAX_T, moe_v3_dec_gu.V3_GATE_UP_DEC
-    # "v3" the table's tiles at every M; the v3-dd variants the split-K down (-gu: and gate_up) at
-    # every decode M
-    moe_v3_dec.MAX_T = moe_tiles.DECODE_MAX_T if v.v3_dec_down is not None else 0
-    moe_v3_dec.V3_DOWN_DEC = v.v3_dec_down or saved_dd[1]
-    moe_v3_dec_gu.MAX_T = moe_tiles.DECODE_MAX_T if v.v3_dec_gate_up is not None else 0
-    moe_v3_dec_gu.V3_GATE_UP_DEC = v.v3_dec_gate_up or saved_gu[1]
-    moe_common.USE_ASM = v.asm
-    moe_decode.ENABLED = v.decode  # else the M-tile kernels at every M (the decode path: DEC_VARIANTS)
-    moe_v3.TMA_DOWN, moe_v3.TMA_X = moe_v3._tma_mode(v.tma)
-    moe_v3.TMA_W = "1" if v.wtma else "0"  # "v3": the cp.async path, whatever the default
-    moe_v3_dec.WTMA = moe_v3_dec_gu.WTMA = v.wtma
-    moe.TILE_OVERRIDE.clear()
-    moe.TILE_OVERRIDE.update(v.tiles or {})
-    try:
-        yield
-    finally:
-        moe_common.USE_ASM = saved[0]
-        moe.TILE_OVERRIDE.clear()
-        moe.TILE_OVERRIDE.update(saved[1])
-        moe_decode.ENABLED = saved[2]
-        moe_v3.TMA_DOWN, moe_v3.TMA_X = saved[3]
-        moe_v3.TMA_W, moe_v3_dec.WTMA, moe_v3_dec_gu.WTMA = saved_w
-        moe_v3_dec.MAX_T, moe_v3_dec.V3_DOWN_DEC = saved_dd
-        moe_v3_dec_gu.MAX_T, moe_v3_dec_gu.V3_GATE_UP_DEC = saved_gu
+        return nullcontext()
+    tma_down, tma_x = moe_v3._tma_mode(v.tma)
+    dec_max = moe_tiles.DECODE_MAX_T
+    attrs = [
+        # "v3": the table's tiles at every M; the v3-dd variants the split-K down (-gu: and gate_up)
+        # at every decode M
+        (moe_v3_dec, "MAX_T", dec_max if v.v3_dec_down is not None else 0),
+        (moe_v3_dec, "V3_DOWN_DEC", v.v3_dec_down or moe_v3_dec.V3_DOWN_DEC),
+        (moe_v3_dec_gu, "MAX_T", dec_max if v.v3_dec_gate_up is not None else 0),
+        (moe_v3_dec_gu, "V3_GATE_UP_DEC", v.v3_dec_gate_up or moe_v3_dec_gu.V3_GATE_UP_DEC),
+        (moe_common, "USE_ASM", v.asm),
+        # off: the M-tile kernels at every M (the decode path's variants: DEC_VARIANTS)
+        (moe_decode, "ENABLED", v.decode),
+        (moe_v3, "TMA_DOWN", tma_down),
+        (moe_v3, "TMA_X", tma_x),
+        (moe_v3, "TMA_W", "1" if v.wtma else "0"),  # "v3": the cp.async path, whatever the default
+        (moe_v3_dec, "WTMA", v.wtma),
+        (moe_v3_dec_gu, "WTMA", v.wtma),
+    ]
+    return _patched(attrs, [(moe.TILE_OVERRIDE, v.tiles or {})])
 
 
 def variant_parts(

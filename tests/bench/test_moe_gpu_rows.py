@@ -81,3 +81,21 @@ def test_hbm_shares_read_the_expert_bytes_over_the_moe_and_over_its_gemms():
     assert got["hbm"] == pytest.approx(4 * EXPERT_BYTES / 38.1e-6 / 4.3e12)
     assert round(got["hbm"], 3) == 0.323 and round(got["hbm_gemms"], 3) == 0.517
     assert hbm_fracs(4, None, None, 8.9, 4.3e12) == {"hbm": None, "hbm_gemms": None}
+
+
+def test_a_decode_variant_sets_its_tiles_and_probe_and_restores_them():
+    from moe_dec_variants import DEC_VARIANTS
+    from moe_parts import dec_switches
+
+    from gptoss.kernels import moe_decode, moe_tiles
+
+    v = next(d for d in DEC_VARIANTS.values() if d.gate_up is not None)
+
+    def state() -> tuple:
+        return moe_decode.ENABLED, moe_decode.PROBE, moe_decode.MAX_T, dict(moe_tiles.DEC_TILE_OVERRIDE)
+
+    before = state()
+    with dec_switches(v):
+        assert moe_tiles.DEC_TILE_OVERRIDE[True] == v.gate_up and moe_decode.ENABLED
+        assert (moe_decode.PROBE, moe_decode.MAX_T) == (v.probe, max(before[2], v.max_m))
+    assert state() == before
