@@ -66,8 +66,7 @@ def main() -> None:
             f"{fmt(ratio, '6.2f')} {fmt(r.get('hbm_frac'), '5.0%')} {fmt(r.get('hbm_gemms_frac'), '6.0%')}"
         )
 
-    if timing.EAGER:
-        print(f"\n{len(timing.EAGER)} case(s) timed eagerly, host time included: {', '.join(timing.EAGER)}")
+    timing.report()
     if failed:
         print(f"\n{len(failed)} part(s) failed: {', '.join(failed)}")
         sys.exit(1)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hbm import copy_bytes_per_s  # noqa: E402
-from timing import timed_us  # noqa: E402
+from timing import peer_failed, timed_us  # noqa: E402
 
 from gptoss.kernels.attention import paged_attention  # noqa: E402
 from gptoss.kernels.kv_write import write_kv  # noqa: E402
@@ -47,11 +47,11 @@ def _fa3() -> Callable | None:
     try:
         from vllm.vllm_flash_attn import fa_version_unsupported_reason, flash_attn_varlen_func
     except ImportError as e:  # the peer is optional: our numbers still print
-        print(f"FA3 peer unavailable: {e}", file=sys.stderr)
+        peer_failed("FA3 peer unavailable", e)
         return None
     reason = fa_version_unsupported_reason(3)
     if reason:
-        print(f"FA3 peer unavailable: {reason}", file=sys.stderr)
+        peer_failed("FA3 peer unavailable", reason)
         return None
     return flash_attn_varlen_func
 
@@ -61,8 +61,8 @@ def _peer_us(fn: Callable[[], object] | None, what: str) -> float | None:
         return None
     try:
         return timed_us(fn, f"{what} FA3")
-    except Exception as e:  # noqa: BLE001 - whatever the peer raises is reported, ours still timed
-        print(f"{what}: FA3 failed: {type(e).__name__}: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - whatever the peer raises is counted, ours still timed
+        peer_failed(f"{what} FA3", e)
         return None
 
 
@@ -143,8 +143,9 @@ def _fa3_sink_probe(fa: Callable) -> Callable | None:
                 torch.empty_like(q),
             )()
             return fa
-        except Exception as e:  # noqa: BLE001 - reported; the next dtype or no peer
+        except Exception as e:  # noqa: BLE001 - reported; the next dtype, or no peer (counted below)
             print(f"FA3 with {dtype} sinks failed: {type(e).__name__}: {e}", file=sys.stderr)
+    peer_failed("FA3 peer unavailable", "no sink dtype it takes")
     return None
 
 
@@ -155,8 +156,8 @@ def _check(
         return
     try:
         peer()
-    except Exception as e:  # noqa: BLE001 - reported in the timing row as well
-        print(f"check {what}: FA3 failed: {type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - counted: this case has no check against the peer
+        peer_failed(f"check {what} FA3", e)
         return
     a, b = ours().double(), peer_out.double()
     rows = (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-30)  # [T, Hq]

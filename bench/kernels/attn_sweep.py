@@ -175,8 +175,7 @@ def main() -> None:
     else:
         default = SMALL_CONFIGS if args.small else CONFIGS
         failed = sweep_decode(args.configs or default, args.kv_cache_dtype == "fp8", args.small)
-    if timing.EAGER:
-        print(f"{len(timing.EAGER)} cell(s) timed eagerly, host time included: {', '.join(timing.EAGER)}")
+    timing.report()
     if failed:
         sys.exit(f"{failed} cells failed (errors above)")
 

@@ -62,6 +62,7 @@ from moe_parts import dec_parts, dec_switches, switches, variant_parts  # noqa: 
 from moe_peer import ALPHA, LIMIT, TOP_K, H, I, check, vllm_moe  # noqa: E402
 from moe_subnormal import subnormal_checks  # noqa: E402
 from moe_variants import VARIANTS, Variant  # noqa: E402
+from timing import peer_failed, report  # noqa: E402
 
 E = 32  # 20b; --experts 128: 120b
 MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096, 16384)
@@ -98,7 +99,7 @@ def _capture(fn: Callable[[], object], peer: bool = False) -> Callable[[], objec
     except Exception as e:  # noqa: BLE001 - only the peer's, of any type: reported, its row eager only
         if not peer:
             raise
-        print(f"  vLLM graph capture failed: {type(e).__name__}: {e}", file=sys.stderr)
+        peer_failed("vLLM MoE graph capture (eager time only)", e)
         return None
 
 
@@ -316,6 +317,7 @@ def main() -> None:
     table(ms, names, with_vllm=not args.no_vllm and "vllm" in names, rounds=max(1, args.rounds))
     if REFUSED:
         print(f"{len(REFUSED)} refused by the kernels (their tiles race on this path): {', '.join(REFUSED)}")
+    report()
 
 
 if __name__ == "__main__":

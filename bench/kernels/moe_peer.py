@@ -3,11 +3,11 @@ weights converted by its own TRITON-backend loader), and the check of ours again
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from timing import peer_failed
 
 ALPHA, LIMIT, H, I, TOP_K = 1.702, 7.0, 2880, 2880, 4
 CHECK_MS = (8, 64, 2048)  # the decode path (M 8), v2 (M 64) and, with a v3 copy, v3 (M 2048)
@@ -58,8 +58,8 @@ def vllm_moe(ck: dict[str, torch.Tensor], e: int) -> Callable[[torch.Tensor], to
             w1_bias=b13,
             w2_bias=b2,
         )
-    except Exception as e:  # noqa: BLE001 - the peer is optional: report why, ours still runs
-        print(f"vLLM peer unavailable: {type(e).__name__}: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - the peer is optional: counted with why, ours still runs
+        peer_failed("vLLM MoE peer unavailable", e)
         return None
 
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -80,8 +80,8 @@ def check(ours: Callable, peer: Callable | None) -> None:
         a = ours(x).float()  # a failure of ours is the bench's failure: it raises
         try:
             b = peer(x).float()
-        except Exception as e:  # noqa: BLE001 - vLLM's own error, of any type: reported, its check skipped
-            print(f"check M={m}: vLLM failed, no check: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - vLLM's own error, of any type: counted, its check skipped
+            peer_failed(f"check M={m} vLLM", e)
             return
         print(
             f"check M={m}: ours vs vLLM rel error {float((a - b).norm() / b.norm()):.2e} "

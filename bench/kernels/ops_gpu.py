@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hbm import copy_bytes_per_s  # noqa: E402
-from timing import timed_us  # noqa: E402
+from timing import peer_failed, timed_us  # noqa: E402
 
 from gptoss.config import PRESETS
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
@@ -39,8 +39,8 @@ V = CFG.vocab_size
 def _vllm_ops():
     try:
         from vllm import _custom_ops
-    except ImportError as e:  # vLLM is an optional peer: the table says when it is missing
-        print(f"vllm peer unavailable: {e}", file=sys.stderr)
+    except ImportError as e:  # vLLM is an optional peer: counted, the table lists it
+        peer_failed("vllm peer unavailable", e)
         return None
     return _custom_ops
 
@@ -50,8 +50,8 @@ def _peer_us(fn: Callable[[], object] | None, what: str) -> float | None:
         return None
     try:
         return timed_us(fn, f"{what} peer")
-    except (AttributeError, RuntimeError, TypeError) as e:  # a peer whose API moved is reported
-        print(f"{what}: peer failed: {type(e).__name__}: {e}", file=sys.stderr)
+    except (AttributeError, RuntimeError, TypeError) as e:  # a peer whose API moved is counted
+        peer_failed(f"{what} peer", e)
         return None
 
 

@@ -15,6 +15,24 @@ import triton
 
 # The cases timed eagerly (their capture failed): their figures carry host time, so a table lists them.
 EAGER: list[str] = []
+# The peer calls that failed or could not be made: their rows have no peer time (or no check), so a
+# table counts and lists them after it (report).
+PEER_FAILED: list[str] = []
+
+
+def peer_failed(what: str, why: BaseException | str) -> None:
+    """A peer's failure (an exception, or why it cannot run): said on stderr, counted in PEER_FAILED."""
+    reason = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
+    print(f"{what}: {reason}", file=sys.stderr)
+    PEER_FAILED.append(what)
+
+
+def report() -> None:
+    """After a table: the cases timed eagerly and the peer failures, each counted and named."""
+    if EAGER:
+        print(f"\n{len(EAGER)} case(s) timed eagerly, host time included: {', '.join(EAGER)}")
+    if PEER_FAILED:
+        print(f"\n{len(PEER_FAILED)} peer failure(s), no peer figure there: {', '.join(PEER_FAILED)}")
 
 
 def graph_us(fn: Callable[[], object], calls: int = 20) -> float:

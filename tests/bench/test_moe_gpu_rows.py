@@ -37,11 +37,25 @@ def _broken() -> None:
     raise ValueError("boom")
 
 
-def test_our_capture_failure_fails_the_bench_and_the_peers_is_reported(capsys):
+def test_our_capture_failure_fails_the_bench_and_the_peers_is_reported(capsys, monkeypatch):
+    import timing
+
+    monkeypatch.setattr(timing, "PEER_FAILED", [])
+    monkeypatch.setattr(timing, "EAGER", [])
     with pytest.raises(ValueError, match="boom"):
         _capture(_broken)
+    assert timing.PEER_FAILED == []  # ours raised: not a peer failure
     assert _capture(_broken, peer=True) is None
-    assert capsys.readouterr().err == "  vLLM graph capture failed: ValueError: boom\n"
+    assert capsys.readouterr().err == "vLLM MoE graph capture (eager time only): ValueError: boom\n"
+    assert timing.PEER_FAILED == ["vLLM MoE graph capture (eager time only)"]
+    timing.peer_failed("FA3 peer unavailable", "no sink dtype it takes")
+    timing.EAGER.append("decode B=1 ours")
+    timing.report()
+    assert capsys.readouterr().out == (
+        "\n1 case(s) timed eagerly, host time included: decode B=1 ours\n"
+        "\n2 peer failure(s), no peer figure there: vLLM MoE graph capture (eager time only), "
+        "FA3 peer unavailable\n"
+    )
 
 
 def test_the_engine_variant_leaves_every_switch_as_the_engine_runs():
