@@ -110,11 +110,15 @@ def weight_descriptors(blocks: Tensor, scales: Tensor, rows: int, bk: int) -> di
     }
 
 
+def _wtma_on(x: Tensor, swz: bool, bm: int) -> bool:
+    """Whether a GEMM of BM-row tiles takes its weight words by TMA: TMA_W takes the tiles ("1": all;
+    "auto": BM <= 128), the layout is "v3" (swz) and TMA runs for x; else the cp.async path."""
+    return (TMA_W == "1" or (TMA_W == "auto" and bm <= 128)) and swz and _tma_runs(x)
+
+
 def _wtma_args(x: Tensor, blocks: Tensor, scales: Tensor, swz: bool, rows: int, tiles: Tiles) -> dict:
-    """A GEMM's weight-TMA arguments where TMA_W takes these tiles ("1": all; "auto": BM <= 128),
-    the layout is "v3" and TMA runs; else none (the cp.async path)."""
-    on = TMA_W == "1" or (TMA_W == "auto" and tiles.bm <= 128)
-    if not (on and swz and _tma_runs(x)):
+    """A GEMM's weight-TMA arguments where _wtma_on; else none (the cp.async path)."""
+    if not _wtma_on(x, swz, tiles.bm):
         return {}
     return weight_descriptors(blocks, scales, rows, tiles.bk)
 
@@ -122,7 +126,7 @@ def _wtma_args(x: Tensor, blocks: Tensor, scales: Tensor, swz: bool, rows: int, 
 def pointer_down(act: Tensor, w: MoEWeights) -> bool:
     """Whether down_v3 loads w's "v3" words by cp.async for act at tiles of BM <= 128 (TMA_W "0", or
     no TMA on act's device): where racy_pointer_down's tiles race (choose_tiles_v3's cp_async)."""
-    return w.layout == "v3" and not (TMA_W != "0" and _tma_runs(act))
+    return w.layout == "v3" and not _wtma_on(act, True, 128)
 
 
 def tma_plan(x: Tensor, lora: object | None = None) -> tuple[bool, bool]:
