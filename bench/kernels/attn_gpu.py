@@ -30,7 +30,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hbm import copy_bytes_per_s  # noqa: E402
+from hbm import share  # noqa: E402
 from timing import peer_failed, timed_us  # noqa: E402
 
 from gptoss.kernels.attention import paged_attention  # noqa: E402
@@ -79,7 +79,7 @@ def _row(
         "ours_us": round(ours, 2),
         "vllm_us": None if peer is None else round(peer, 2),
         "ratio": None if not peer else round(ours / peer, 3),
-        "hbm_frac": None if nbytes is None else round(nbytes / (ours * 1e-6) / copy_bytes_per_s(), 3),
+        "hbm_frac": None if nbytes is None else round(share(nbytes, ours), 3),
         "tflops": None if flops is None else round(flops / (ours * 1e-6) / 1e12, 1),
     }
 

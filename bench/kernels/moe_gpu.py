@@ -56,7 +56,7 @@ from gptoss.kernels import moe, moe_v3  # noqa: E402
 from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hbm import copy_bytes_per_s  # noqa: E402
+from hbm import copy_bytes_per_s, share  # noqa: E402
 from moe_dec_variants import DEC_VARIANTS  # noqa: E402
 from moe_parts import dec_parts, dec_switches, switches, variant_parts  # noqa: E402
 from moe_peer import ALPHA, LIMIT, TOP_K, H, I, check, vllm_moe  # noqa: E402
@@ -184,7 +184,7 @@ def hbm_fracs(
     issue 10's 80 % at M <= 16 reads: the router and the combine read no expert bytes)."""
 
     def frac(us: float | None) -> float | None:
-        return experts * EXPERT_BYTES / (us * 1e-6) / copy if us else None
+        return share(experts * EXPERT_BYTES, us, copy) if us else None
 
     gemms = gate_up_us + down_us if gate_up_us and down_us else None
     return {"hbm": frac(graph_us), "hbm_gemms": frac(gemms)}

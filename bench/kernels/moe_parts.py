@@ -4,8 +4,8 @@ precomputed (variant_parts, dec_parts, engine_decode: the engine's decode step).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from functools import partial
 from unittest import mock
 
@@ -21,15 +21,16 @@ from gptoss.kernels.moe import moe_forward
 from gptoss.kernels.moe_routing import route_and_group
 
 
-def _patched(attrs: list[tuple[object, str, object]], dicts: list[tuple[dict, dict]]) -> ExitStack:
+@contextmanager
+def _patched(attrs: list[tuple[object, str, object]], dicts: list[tuple[dict, dict]]) -> Iterator[None]:
     """Each (module, name, value) set and each dict's items replaced while the block runs, all restored
     after it."""
-    stack = ExitStack()
-    for owner, name, value in attrs:
-        stack.enter_context(mock.patch.object(owner, name, value))
-    for d, items in dicts:
-        stack.enter_context(mock.patch.dict(d, items, clear=True))
-    return stack
+    with ExitStack() as stack:
+        for owner, name, value in attrs:
+            stack.enter_context(mock.patch.object(owner, name, value))
+        for d, items in dicts:
+            stack.enter_context(mock.patch.dict(d, items, clear=True))
+        yield
 
 
 def dec_switches(v: DecVariant) -> AbstractContextManager:

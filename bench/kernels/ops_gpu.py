@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hbm import copy_bytes_per_s  # noqa: E402
+from hbm import share  # noqa: E402
 from timing import peer_failed, timed_us  # noqa: E402
 
 from gptoss.config import PRESETS
@@ -67,7 +67,7 @@ def _row(
         "torch_us": None if torch_us is None else round(torch_us, 2),
         "peer": peer,
         "ratio": None if not peer_us else round(ours / peer_us, 3),
-        "hbm_frac": round(nbytes / (ours * 1e-6) / copy_bytes_per_s(), 3),
+        "hbm_frac": round(share(nbytes, ours), 3),
     }
 
 
