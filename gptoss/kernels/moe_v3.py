@@ -368,8 +368,9 @@ def racy_pointer_down(tiles: Tiles) -> bool:
     """Whether down_v3's cp.async path races on these tiles: compiled on an H200 (v30), half tiles of
     BM 64 and 128 at BK 64 gave 6-20 distinct outputs in 20 runs of one input (values in 8-column
     groups of some rows), at 8 and 4 warps, 3 and 4 stages; BM 32 and 256 half tiles, BM 64 whole
-    ones and BK 128 gave one, and so did every tile with its weights by TMA. Not found yet; no
-    default tile is one of these (the few-rows downs take BK 128, BM 256 the wide ones)."""
+    ones and BK 128 gave one, and so did every tile with its weights by TMA. Not found yet. One default
+    tile is one of these, bucket 64's down since v44, which loads its weights by TMA; on the cp.async
+    path (pointer_down) choose_tiles_v3 gives that bucket BK-128 tiles instead."""
     return tiles.half and tiles.bk == 64 and 64 <= tiles.bm <= 128
 
 
