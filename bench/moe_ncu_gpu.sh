@@ -3,7 +3,8 @@
 # Compute's counters of the MoE kernels at MS (default 1024,16384), ours (the engine's kernels) beside
 # vLLM's matmul_ogs once vLLM is installed (bench/vllm_peer_install.sh; NO_VLLM=1: ours alone), then
 # one table (bench/kernels/moe_ncu.py --digest): duration, SM / memory / L2 / DRAM throughput, issue
-# slots, L2 hit rate, occupancy, registers and each launch's three largest stall reasons.
+# slots, L2 hit rate, occupancy, registers and each launch's three largest stall reasons. EXPERTS=128:
+# 120b's shapes (default 32, 20b's).
 #   bash bench/moe_ncu_gpu.sh        (results in $RES, default $HOME/ncu: ncu.csv, ncu.log, table.txt)
 # TARGET=step: the engine's own decode step instead, every kernel of it as it runs in the step (the
 # CUDA graph's nodes one by one; bench/profile_gpu.py --ncu at batch BATCH, default 1, on CKPT, e.g.
@@ -32,8 +33,8 @@ else
   nvidia-smi -L
   VLLM=(--vllm)
   if [ -n "${NO_VLLM:-}" ] || ! wait_vllm; then VLLM=(); fi
-  PROG=(python3 bench/kernels/moe_ncu.py --ms "${MS:-1024,16384}" --variant "${VARIANT:-engine}" "${VLLM[@]}")
-  SRC_PROG=(python3 bench/kernels/moe_ncu.py --ms "${SRC_M:-1024}" --variant "${VARIANT:-engine}" "${VLLM[@]}")
+  PROG=(python3 bench/kernels/moe_ncu.py --ms "${MS:-1024,16384}" --variant "${VARIANT:-engine}" --experts "${EXPERTS:-32}" "${VLLM[@]}")
+  SRC_PROG=(python3 bench/kernels/moe_ncu.py --ms "${SRC_M:-1024}" --variant "${VARIANT:-engine}" --experts "${EXPERTS:-32}" "${VLLM[@]}")
   BY=()
   WHAT="M ${MS:-1024,16384}"
 fi

@@ -1,4 +1,5 @@
-"""Hardware counters of the MoE kernels (Nsight Compute), ours beside vLLM's matmul_ogs, 20b shapes.
+"""Hardware counters of the MoE kernels (Nsight Compute), ours beside vLLM's matmul_ogs, 20b shapes
+(--experts 128: 120b's).
 
     ncu --profile-from-start off --clock-control none --csv --page details \
         --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
@@ -178,8 +179,9 @@ def sass_digest(text: str, top: int = 25) -> list[str]:
     return out
 
 
-def profile(ms: list[int], variant: str, with_vllm: bool) -> None:
-    """The GPU side, under ncu: one eager forward per M of our variant (and vLLM's), profiled alone."""
+def profile(ms: list[int], variant: str, with_vllm: bool, experts: int) -> None:
+    """The GPU side, under ncu: one eager forward per M of our variant (and vLLM's), profiled alone;
+    experts 128 for 120b's shapes (its Offline decode steps: ~20 rows an expert at M 664)."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -190,6 +192,7 @@ def profile(ms: list[int], variant: str, with_vllm: bool) -> None:
     from moe_variants import VARIANTS
 
     v = VARIANTS[variant]
+    moe_gpu.E = experts  # the shapes moe_gpu's helpers read
     ck = moe_gpu._checkpoint()
     w = moe_gpu._weights(ck, v.kernels)
     peer = vllm_moe(ck, moe_gpu.E) if with_vllm else None
@@ -218,13 +221,14 @@ def main() -> None:
     ap.add_argument("--ms", default="1024,16384")
     ap.add_argument("--variant", default="engine", help="a moe_variants.VARIANTS name")
     ap.add_argument("--vllm", action="store_true", help="vLLM's MoE after ours, at each M")
+    ap.add_argument("--experts", type=int, default=32, help="128: gpt-oss-120b's experts")
     args = ap.parse_args()
     if args.digest:
         print("\n".join(digest(args.digest.read_text(), args.by_kernel)))
     elif args.sass_digest:
         print("\n".join(sass_digest(args.sass_digest.read_text())))
     else:
-        profile([int(m) for m in args.ms.split(",")], args.variant, args.vllm)
+        profile([int(m) for m in args.ms.split(",")], args.variant, args.vllm, args.experts)
 
 
 if __name__ == "__main__":
