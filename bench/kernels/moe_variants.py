@@ -312,12 +312,12 @@ VARIANTS["S-b64k64"] = Variant(
 
 # S-h128's one warpgroup over 128 / 256 weight rows at BK 64, buckets 16 and 32 (120b's Offline decode
 # steps, M ~500-1000: ~16-31 rows an expert), by TMA (their downs race on cp.async, racy_pointer_down).
-# Why (bench/results v45): at 120b's M 664 the table's bucket-32 tiles (BK 128, 4 stages: 194 and 200
-# registers, 92 KB of shared memory in sm_90a compiled on CPU) fit 2 programs an SM; Nsight Compute
-# had gate_up and down at 41 / 40 % of DRAM, issuing 50 / 47 % of cycles, 12.4 % occupancy, their
-# warps stalled on fixed-latency dependencies (wait, 21-22 % of samples) with 2 warps a scheduler.
-# At BK 64: 130 / 153 registers, 71 KB at 6 stages (3 programs an SM), 46 KB at 4; 3.48 instructions
-# a weight value in the K loop against 3.32.
+# Why (bench/results v45): at 120b's M 664 the table's bucket-32 tiles (BK 128, 4 stages: 190 and 192
+# registers, 92 KB of shared memory: sm_90a with the weights by TMA, `moe_v3_sass.py --wtma` on CPU)
+# fit 2 programs an SM; Nsight Compute had gate_up and down at 41 / 40 % of DRAM, issuing 50 / 47 %
+# of cycles, 12.4 % occupancy, their warps stalled on fixed-latency dependencies (wait, 21-22 % of
+# samples) with 2 warps a scheduler. At BK 64: 126 / 148 registers, 71 KB at 6 stages (3 programs an
+# SM), 46 KB at 4; but 3.98 instructions a weight value in the K loop against 3.38.
 for _name, _stages in [("S-h128k64", 6), ("S-h128k64s4", 4)]:
     VARIANTS[_name] = Variant(
         "v3",
