@@ -1,6 +1,7 @@
 """SASS and TTGIR statistics of the v3 MoE GEMMs (moe_v3), compiled for sm_90a on CPU.
 
-    python bench/kernels/moe_v3_sass.py [--gate-up BM,BN,BK,WARPS,STAGES[,half] ...] [--down ...] [--wtma]
+    python bench/kernels/moe_v3_sass.py [--gate-up BM,BN,BK,WARPS,STAGES[,half][,rNREG] ...]
+        [--down ...] [--wtma]
 
 No GPU needed (as moe_decode_sass.py): the "v3" layout at the 20b shapes (bf16, E 32, H = I = 2880,
 top-4). Per kernel and tiles: registers, shared memory, spills (and those in the K loop), the K
@@ -46,7 +47,7 @@ def gate_up(t: Tiles, wtma: bool = False):
         w_sig, w_consts = _wtma(2 * t.bn, t)
         sig.update(w_sig)
         consts.update(w_consts)
-    return _compile(moe_v3_kernels._gate_up_v3_kernel, sig, consts, t.warps, t.stages)
+    return _compile(moe_v3_kernels._gate_up_v3_kernel, sig, consts, t.warps, t.stages, t.maxnreg)
 
 
 def down(t: Tiles, wtma: bool = False):
@@ -56,7 +57,7 @@ def down(t: Tiles, wtma: bool = False):
         w_sig, w_consts = _wtma(t.bn, t)
         sig.update(w_sig)
         consts.update(w_consts)
-    return _compile(moe_v3_down._down_v3_kernel, sig, consts, t.warps, t.stages)
+    return _compile(moe_v3_down._down_v3_kernel, sig, consts, t.warps, t.stages, t.maxnreg)
 
 
 def ttgir(k) -> str:
@@ -66,14 +67,16 @@ def ttgir(k) -> str:
 
 
 def parse(spec: str) -> Tiles:
+    """BM,BN,BK,WARPS,STAGES[,half][,rNREG], as GPTOSS_MOE_V3_TILES spells tiles."""
     bm, bn, bk, warps, stages, *rest = spec.split(",")
-    return Tiles(int(bm), int(bn), int(bk), int(warps), int(stages), half=rest == ["half"])
+    nreg = next((int(p[1:]) for p in rest if p.startswith("r")), None)
+    return Tiles(int(bm), int(bn), int(bk), int(warps), int(stages), half="half" in rest, maxnreg=nreg)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--gate-up", nargs="*", default=[], help="extra gate_up tiles BM,BN,BK,WARPS,STAGES[,half]"
+        "--gate-up", nargs="*", default=[], help="extra gate_up tiles BM,BN,BK,WARPS,STAGES[,half][,rNREG]"
     )
     ap.add_argument("--down", nargs="*", default=[], help="extra down tiles")
     ap.add_argument("--wtma", action="store_true", help="weights and scales by TMA, as the engine's")

@@ -329,6 +329,20 @@ for _name, _stages in [("S-h128k64", 6), ("S-h128k64s4", 4)]:
         max_m=1024,
         wtma=True,
     )
+# The table's BK-128 tiles at 3 stages under a register cap (Tiles.maxnreg), for the same occupancy
+# without the BK-64 loop's extra instructions: bucket 32 at 168 registers (66.6 KB, 3 programs an SM;
+# 190 / 192 uncapped, 2), bucket 16 at 128 (42 KB, 4 an SM; 131 / 143, 3). sm_90a with TMA weights:
+# no spill in the K loop, 3.25-3.38 instructions a weight value as uncapped; 2-20 spills outside it.
+VARIANTS["S-h128s3r"] = Variant(
+    "v3",
+    tiles={
+        (b, g): Tiles(2 * b, 64 if g else 128, 128, 4, 3, half=True, maxnreg=r)
+        for b, r in ((16, 128), (32, 168))
+        for g in (True, False)
+    },
+    max_m=1024,
+    wtma=True,
+)
 
 # The same question on v2, which has no half body: each bucket on the next bucket's BM (so an expert
 # above the mean rows, ~45 % of them at a bucket's mean, still takes one tile, at the cost of a

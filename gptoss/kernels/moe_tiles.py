@@ -5,6 +5,7 @@ dec_tiles for the decode path (moe_decode)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, replace
 
 import triton
@@ -20,6 +21,10 @@ class Tiles:
     split: int = 1  # v2 only: warps splitting each BK step along K (a batched MMA, summed at the end)
     xa: bool = False  # v2, split 1: x is the MMA's A operand, the dequantized weights B (through smem)
     half: bool = False  # v3: a tile with <= BM/2 rows runs a BM/2-wide body (one weight pass, less MMA)
+    # v3: a register cap (ptxas .maxnreg) so that more programs fit an SM; None: the compiler's choice.
+    # Bucket 32's BM-64 tiles at 3 stages hold 190 registers, 2 programs an SM; at 168 (sm_90a, weights by
+    # TMA) 3 fit, with no spill in the K loop (bench/kernels/moe_variants.py "S-h128s3r168").
+    maxnreg: int | None = None
 
 
 # By BM, the token rows an expert gets if routing is even (16..128). Each warp owns distinct weight
@@ -182,9 +187,10 @@ NARROW_V3 = {
 
 
 def _v3_env_tiles(v: str | None) -> dict[tuple[int, bool], Tiles]:
-    """GPTOSS_MOE_V3_TILES="gate_up=BM,BN,BK,W,S[,half];down@512=..." -> (bucket, gate_up) -> tiles.
-    "@dec" names DECODE_BUCKET (T <= DECODE_MAX_T). A GEMM without @bucket sets buckets 128 and 512
-    (the large-batch tiles); for A/B runs of the engine against the tables above without editing them."""
+    """GPTOSS_MOE_V3_TILES="gate_up=BM,BN,BK,W,S[,half][,rNREG];down@512=..." -> (bucket, gate_up) ->
+    tiles. "@dec" names DECODE_BUCKET (T <= DECODE_MAX_T); rNREG caps the registers (Tiles.maxnreg). A
+    GEMM without @bucket sets buckets 128 and 512 (the large-batch tiles); for A/B runs of the engine
+    against the tables above without editing them."""
     out: dict[tuple[int, bool], Tiles] = {}
     names = {str(b): b for b in _GATE_UP_TILES_V3 if b != DECODE_BUCKET} | {"dec": DECODE_BUCKET}
     for item in filter(None, (v or "").split(";")):
@@ -194,23 +200,35 @@ def _v3_env_tiles(v: str | None) -> dict[tuple[int, bool], Tiles]:
         if (
             gemm not in ("gate_up", "down")
             or bucket not in ("", *names)
-            or len(parts) not in (5, 6)
+            or len(parts) not in (5, 6, 7)
             or not all(p.isdigit() for p in parts[:5])
-            or parts[5:] not in ([], ["half"])
+            or not _tile_extras_ok(parts[5:])
         ):
             raise ValueError(
-                f"GPTOSS_MOE_V3_TILES: {item!r} is not gate_up|down[@BUCKET]=BM,BN,BK,WARPS,STAGES[,half] "
-                f"(buckets {', '.join(names)})"
+                f"GPTOSS_MOE_V3_TILES: {item!r} is not gate_up|down[@BUCKET]=BM,BN,BK,WARPS,STAGES[,half]"
+                f"[,rNREG] (buckets {', '.join(names)})"
             )
         bm, bn, bk, warps, stages = map(int, parts[:5])
+        nreg = next((int(p[1:]) for p in parts[5:] if p.startswith("r")), None)
         if bk % 64 or bn % 16 or bm & (bm - 1) or bm < 16 or warps not in (4, 8) or stages < 1:
             raise ValueError(
                 f"GPTOSS_MOE_V3_TILES: {item!r}: BK a multiple of 64, BN of 16, BM a power of 2 >= 16, "
                 "4 or 8 warps, >= 1 stage"
             )
         for b in [names[bucket]] if bucket else [128, 512]:
-            out[(b, gemm == "gate_up")] = Tiles(bm, bn, bk, warps, stages, half=parts[5:] == ["half"])
+            out[(b, gemm == "gate_up")] = Tiles(
+                bm, bn, bk, warps, stages, half="half" in parts[5:], maxnreg=nreg
+            )
     return out
+
+
+def _tile_extras_ok(extras: list[str]) -> bool:
+    """The optional fields after STAGES: "half" and a register cap "rN" (N from 64 to 255), in that order."""
+    if extras[:1] == ["half"]:
+        extras = extras[1:]
+    return extras == [] or (
+        len(extras) == 1 and re.fullmatch(r"r\d+", extras[0]) is not None and 64 <= int(extras[0][1:]) <= 255
+    )
 
 
 V3_ENV_TILES = _v3_env_tiles(os.environ.get("GPTOSS_MOE_V3_TILES"))
@@ -240,7 +258,9 @@ def choose_tiles_v3(
     bn = min(cfg.bn, max(64, triton.next_power_of_2(n)))
     bk = min(cfg.bk, max(64, triton.next_power_of_2(k)))  # a multiple of 32; past K the masked tail
     rows = 2 * bn if gate_up else bn  # gate_up's dot covers a gate and an up row per act column
-    return Tiles(cfg.bm, bn, bk, min(cfg.warps, max(4, rows // 16)), cfg.stages, half=cfg.half)
+    return Tiles(
+        cfg.bm, bn, bk, min(cfg.warps, max(4, rows // 16)), cfg.stages, half=cfg.half, maxnreg=cfg.maxnreg
+    )
 
 
 def _grid(t: int, top_k: int, e: int, n: int, tiles: Tiles) -> tuple[int, int]:

@@ -260,6 +260,7 @@ def gate_up_v3(
         **pdl.args(x, ROUTE_PDL and logits is not None),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
+        maxnreg=tiles.maxnreg,
     )
     return act
 
@@ -356,6 +357,7 @@ def down_v3(
         **wtma,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
+        maxnreg=tiles.maxnreg,
     )
     return y
 

@@ -76,6 +76,10 @@ def test_v3_tiles_from_the_environment(monkeypatch):
         ("down=8,128,64,8,4", "BM a power of 2 >= 16"),
         ("down=128,128,64,8,0", ">= 1 stage"),
         ("down=128,128,64,2,3", "4 or 8 warps"),
+        ("down=128,128,64,8,3,r168,half", "is not gate_up"),  # half before the register cap
+        ("down=128,128,64,8,3,half,r300", "is not gate_up"),  # above sm_90's 255 a thread
+        ("down=128,128,64,8,3,half,r", "is not gate_up"),
+        ("down=128,128,64,8,3,half,r168,r128", "is not gate_up"),
     ],
 )
 def test_v3_env_tiles_refuse_bad_values(value, match):
@@ -103,3 +107,17 @@ def test_bucket_64_takes_the_bk64_tiles_unless_its_down_comes_by_cp_async(monkey
     )
     monkeypatch.setitem(TILE_OVERRIDE, (64, False), dn)
     assert choose_tiles_v3(512, 4, 32, 2880, 2880, gate_up=False, cp_async=True) == dn
+
+
+def test_a_register_cap_from_the_environment_reaches_the_tiles(monkeypatch):
+    """GPTOSS_MOE_V3_TILES's rNREG is Tiles.maxnreg, with or without half, and choose_tiles_v3 keeps it
+    (it rebuilds the tiles to fit N and K): bench/kernels/moe_variants.py's "S-h128s3r" in the engine."""
+    env = _v3_env_tiles("gate_up@32=64,64,128,4,3,half,r168; down@32=64,128,128,4,3,r160")
+    assert env == {
+        (32, True): Tiles(64, 64, 128, 4, 3, half=True, maxnreg=168),
+        (32, False): Tiles(64, 128, 128, 4, 3, maxnreg=160),
+    }
+    monkeypatch.setattr(moe_tiles, "V3_ENV_TILES", env)
+    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=True).maxnreg == 168
+    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=False).maxnreg == 160
+    assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True).maxnreg is None  # bucket 128: the table's

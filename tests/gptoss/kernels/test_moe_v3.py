@@ -203,6 +203,7 @@ def test_v3_an_expert_with_every_token_and_one_with_none(kernels):
         Tiles(16, 32, 256, 4, 2),  # one step past both Ks; v3: BN 32 = 2 row blocks
         Tiles(32, 64, 64, 4, 2, half=True),  # ~6 rows an expert: every tile takes the BM/2 body
         Tiles(16, 32, 128, 4, 6),  # 64 weight rows (the decode bucket's gate_up), more stages than steps
+        Tiles(32, 64, 128, 4, 3, half=True, maxnreg=128),  # a register cap (ptxas'; the interpreter's none)
     ],
 )
 def test_every_v3_tile_shape_with_k_and_n_tails(tiles, kernels):

@@ -109,11 +109,18 @@ _S_H256K64_B32 = [(Tiles(64, 128, 64, 8, 6, half=True), Tiles(64, 256, 64, 8, 6,
 _S_H128K64 = [
     (Tiles(2 * b, 64, 64, 4, 6, half=True), Tiles(2 * b, 128, 64, 4, 6, half=True)) for b in (16, 32)
 ]
+# ... and "S-h128s3r": the table's BK-128 tiles at 3 stages under a register cap (Tiles.maxnreg).
+_S_H128S3R = [
+    (Tiles(2 * b, 64, 128, 4, 3, half=True, maxnreg=r), Tiles(2 * b, 128, 128, 4, 3, half=True, maxnreg=r))
+    for b, r in ((16, 128), (32, 168))
+]
 
 
 @gpu
 @pytest.mark.parametrize("tokens", [128, 256, 512])
-@pytest.mark.parametrize(("gu", "dn"), [*_FEW, *_S_H256K64, *_S_H256K64_B32, *_S_H128K64], ids=str)
+@pytest.mark.parametrize(
+    ("gu", "dn"), [*_FEW, *_S_H256K64, *_S_H256K64_B32, *_S_H128K64, *_S_H128S3R], ids=str
+)
 def test_v3_few_rows_tiles_on_gpu(gu, dn, tokens, request):
     if (gu, dn) in _S_H256K64_B32:
         request.applymarker(pytest.mark.xfail(strict=False, reason="v21: other bits at 120b's M 1024"))
