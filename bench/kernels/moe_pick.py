@@ -30,7 +30,8 @@ ROW = re.compile(r"^\s*(\d+) (\S+)\s+(\S+)\s+(\S+)\s+(\S+)")
 
 
 def _spec(t: Tiles) -> str:
-    return f"{t.bm},{t.bn},{t.bk},{t.warps},{t.stages}" + (",half" if t.half else "")
+    spec = f"{t.bm},{t.bn},{t.bk},{t.warps},{t.stages}" + (",half" if t.half else "")
+    return spec + (f",r{t.maxnreg}" if t.maxnreg else "")  # GPTOSS_MOE_V3_TILES's register cap
 
 
 def _tiles(name: str, bucket: int, gate_up: bool) -> Tiles:

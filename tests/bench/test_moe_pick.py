@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"
 
 from moe_pick import _spec, pick  # noqa: E402
 
-from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3  # noqa: E402
+from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3, Tiles, _v3_env_tiles  # noqa: E402
 
 TABLE = """\
      M variant       graph us   gate_up      down  eager us    HBM
@@ -108,3 +108,17 @@ def test_decode_batches_are_their_own_bucket_named_dec():
     assert value == "gate_up@dec=16,32,256,4,4;down@dec=16,64,256,4,4"
     assert notes[0] == "gate_up@dec: D-64k256s4 16,32,256,4,4 (136.0 us over M [1, 16])"
     assert notes[2] == f"gate_up@16: v3 {_spec(_GATE_UP_TILES_V3[16])} (the table's) (250.0 us over M [64])"
+
+
+def test_a_register_capped_winner_keeps_its_cap_in_the_value():
+    """S-h128s3r's tiles carry Tiles.maxnreg: the picked value spells it as GPTOSS_MOE_V3_TILES reads it."""
+    table = """\
+  1024 v3              2400.0    1500.0     900.0    2410.0  25.0%
+  1024 S-h128s3r       2000.0    1200.0     800.0    2010.0  30.0%
+"""
+    value, _ = pick(table, experts=128)
+    assert value == "gate_up@32=64,64,128,4,3,half,r168;down@32=64,128,128,4,3,half,r168"
+    assert _v3_env_tiles(value) == {
+        (32, True): Tiles(64, 64, 128, 4, 3, half=True, maxnreg=168),
+        (32, False): Tiles(64, 128, 128, 4, 3, half=True, maxnreg=168),
+    }
