@@ -23,7 +23,7 @@ class Tiles:
     half: bool = False  # v3: a tile with <= BM/2 rows runs a BM/2-wide body (one weight pass, less MMA)
     # v3: a register cap (ptxas .maxnreg) so that more programs fit an SM; None: the compiler's choice.
     # Bucket 32's BM-64 tiles at 3 stages hold 190 registers, 2 programs an SM; at 168 (sm_90a, weights by
-    # TMA) 3 fit, with no spill in the K loop (bench/kernels/moe_variants.py "S-h128s3r168").
+    # TMA) 3 fit, with no spill in the K loop (bench/kernels/moe_variants.py "S-h128s3r").
     maxnreg: int | None = None
 
 
