@@ -148,6 +148,7 @@ class ServerProcess:
         start = time.monotonic()
         next_progress = start + PROGRESS_S
         probe = aiohttp.ClientTimeout(total=5.0)
+        failed, last = 0, "none answered"  # the probes that got no 200, and the last one's outcome
         async with aiohttp.ClientSession() as session:
             while True:
                 code = self.returncode
@@ -158,13 +159,15 @@ class ServerProcess:
                     async with session.get(url, timeout=probe) as resp:
                         if resp.status == 200:
                             return time.monotonic() - start
-                except (TimeoutError, aiohttp.ClientError):
-                    pass  # not listening yet, or busy loading
+                        failed, last = failed + 1, f"HTTP {resp.status}"
+                except (TimeoutError, aiohttp.ClientError) as e:  # not listening yet, or busy loading
+                    failed, last = failed + 1, f"{type(e).__name__}: {e}"
                 now = time.monotonic()
                 if now - start >= timeout_s:
                     await self.stop()
                     raise self._failure(
-                        f"did not answer GET {url} within {timeout_s:g} s ({hint}); stopped it"
+                        f"did not answer GET {url} within {timeout_s:g} s ({hint}); stopped it "
+                        f"after {failed} failed probes, the last: {last}"
                     )
                 if now >= next_progress:
                     print(

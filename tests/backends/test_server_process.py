@@ -97,8 +97,10 @@ def test_a_server_not_ready_in_time_is_stopped_with_everything_it_started(tmp_pa
     assert time.monotonic() - t0 < 15
     message = str(e.value)
     assert message.startswith(
-        f"the test server did not answer GET {url} within 1.5 s (--start-timeout); stopped it"
+        f"the test server did not answer GET {url} within 1.5 s (--start-timeout); stopped it after "
     )
+    # every probe of the unused port was refused, and the message says so (counted, not swallowed)
+    assert re.search(r"stopped it after [1-9]\d* failed probes, the last: ClientConnectorError: ", message)
     assert "loading weights ... grandchild" in message
     assert server.returncode == -15  # SIGTERM was enough
     assert group_members(server.pid) == [] and not _alive(grandchild)
