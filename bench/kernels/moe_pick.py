@@ -23,15 +23,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moe_variants import VARIANTS  # noqa: E402
 
-from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3, DECODE_BUCKET, Tiles, bucket_v3  # noqa: E402
+from gptoss.kernels.moe_tiles import (  # noqa: E402
+    _DOWN_TILES_V3,
+    _GATE_UP_TILES_V3,
+    DECODE_BUCKET,
+    Tiles,
+    bucket_v3,
+    tiles_spec,
+)
 
 TOP_K = 4
 ROW = re.compile(r"^\s*(\d+) (\S+)\s+(\S+)\s+(\S+)\s+(\S+)")
 
 
-def _spec(t: Tiles) -> str:
-    spec = f"{t.bm},{t.bn},{t.bk},{t.warps},{t.stages}" + (",half" if t.half else "")
-    return spec + (f",r{t.maxnreg}" if t.maxnreg else "")  # GPTOSS_MOE_V3_TILES's register cap
+_spec = tiles_spec  # the spelling GPTOSS_MOE_V3_TILES reads back
 
 
 def _tiles(name: str, bucket: int, gate_up: bool) -> Tiles:

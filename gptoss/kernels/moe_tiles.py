@@ -202,33 +202,40 @@ def _v3_env_tiles(v: str | None) -> dict[tuple[int, bool], Tiles]:
             or bucket not in ("", *names)
             or len(parts) not in (5, 6, 7)
             or not all(p.isdigit() for p in parts[:5])
-            or not _tile_extras_ok(parts[5:])
+            or (extras := tile_extras(parts[5:])) is None
         ):
             raise ValueError(
                 f"GPTOSS_MOE_V3_TILES: {item!r} is not gate_up|down[@BUCKET]=BM,BN,BK,WARPS,STAGES[,half]"
                 f"[,rNREG] (buckets {', '.join(names)})"
             )
         bm, bn, bk, warps, stages = map(int, parts[:5])
-        nreg = next((int(p[1:]) for p in parts[5:] if p.startswith("r")), None)
+        half, nreg = extras
         if bk % 64 or bn % 16 or bm & (bm - 1) or bm < 16 or warps not in (4, 8) or stages < 1:
             raise ValueError(
                 f"GPTOSS_MOE_V3_TILES: {item!r}: BK a multiple of 64, BN of 16, BM a power of 2 >= 16, "
                 "4 or 8 warps, >= 1 stage"
             )
         for b in [names[bucket]] if bucket else [128, 512]:
-            out[(b, gemm == "gate_up")] = Tiles(
-                bm, bn, bk, warps, stages, half="half" in parts[5:], maxnreg=nreg
-            )
+            out[(b, gemm == "gate_up")] = Tiles(bm, bn, bk, warps, stages, half=half, maxnreg=nreg)
     return out
 
 
-def _tile_extras_ok(extras: list[str]) -> bool:
-    """The optional fields after STAGES: "half" and a register cap "rN" (N from 64 to 255), in that order."""
-    if extras[:1] == ["half"]:
-        extras = extras[1:]
-    return extras == [] or (
-        len(extras) == 1 and re.fullmatch(r"r\d+", extras[0]) is not None and 64 <= int(extras[0][1:]) <= 255
-    )
+def tile_extras(extras: list[str]) -> tuple[bool, int | None] | None:
+    """The optional fields after STAGES in a tiles spec, "half" then a register cap "rN" (N from 64 to
+    255) -> (half, maxnreg); None if they are not that."""
+    half = extras[:1] == ["half"]
+    rest = extras[1:] if half else extras
+    if not rest:
+        return half, None
+    if len(rest) == 1 and re.fullmatch(r"r\d+", rest[0]) and 64 <= int(rest[0][1:]) <= 255:
+        return half, int(rest[0][1:])
+    return None
+
+
+def tiles_spec(t: Tiles) -> str:
+    """t as GPTOSS_MOE_V3_TILES spells a GEMM's tiles: BM,BN,BK,WARPS,STAGES[,half][,rNREG]."""
+    spec = f"{t.bm},{t.bn},{t.bk},{t.warps},{t.stages}" + (",half" if t.half else "")
+    return spec + (f",r{t.maxnreg}" if t.maxnreg else "")
 
 
 V3_ENV_TILES = _v3_env_tiles(os.environ.get("GPTOSS_MOE_V3_TILES"))

@@ -121,3 +121,13 @@ def test_a_register_cap_from_the_environment_reaches_the_tiles(monkeypatch):
     assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=True).maxnreg == 168
     assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=False).maxnreg == 160
     assert choose_tiles_v3(1024, 4, 32, 2880, 2880, gate_up=True).maxnreg is None  # bucket 128: the table's
+
+
+def test_every_table_tile_reads_back_from_its_spec():
+    """tiles_spec writes what GPTOSS_MOE_V3_TILES reads (moe_pick.py's values), caps included."""
+    from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3, tiles_spec
+
+    capped = Tiles(64, 64, 128, 4, 3, half=True, maxnreg=168)
+    for t in [*_GATE_UP_TILES_V3.values(), *_DOWN_TILES_V3.values(), capped]:
+        assert _v3_env_tiles(f"down@64={tiles_spec(t)}") == {(64, False): t}
+    assert tiles_spec(capped) == "64,64,128,4,3,half,r168"
