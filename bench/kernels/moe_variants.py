@@ -294,7 +294,7 @@ for _name, _gu, _dn, _buckets in [
 # By TMA they give one output a input.
 VARIANTS["S-h256k64"] = replace(VARIANTS["S-h256k64"], wtma=True)
 # The few-rows tiles with their weights by TMA, as the engine loads them (GPTOSS_MOE_V3_WTMA=auto:
-# tiles of <= 128 rows); S-h128-w is the engine's own tiles at buckets 16-64.
+# tiles of <= 128 rows); S-h128-w is the engine's tiles at buckets 16-32 until v46 (4 stages, uncapped).
 VARIANTS["S-h128-w"] = replace(VARIANTS["S-h128"], wtma=True)
 VARIANTS["S-h256-w"] = replace(VARIANTS["S-h256"], wtma=True)
 # S-h256k64's tiles at bucket 64 only (20b's M 257-512, 120b's 1025-2048), by TMA: its bucket-32
@@ -333,6 +333,7 @@ for _name, _stages in [("S-h128k64", 6), ("S-h128k64s4", 4)]:
 # without the BK-64 loop's extra instructions: bucket 32 at 168 registers (66.6 KB, 3 programs an SM;
 # 190 / 192 uncapped, 2), bucket 16 at 128 (42 KB, 4 an SM; 131 / 143, 3). sm_90a with TMA weights:
 # no spill in the K loop, 3.25-3.38 instructions a weight value as uncapped; 2-20 spills outside it.
+# The table's at buckets 16 and 32 since v46 (M 664 at 120b's shapes: 861.8 -> 782.9 us).
 VARIANTS["S-h128s3r"] = Variant(
     "v3",
     tiles={

@@ -155,8 +155,16 @@ _WIDE_GU4, _WIDE_DN4 = replace(_WIDE_GU, stages=4), replace(_WIDE_DN, stages=4)
 # rows, 6 stages) timed faster still (120b M 2048 1575, 20b M 512 424); its bucket-32 tiles (BM 64,
 # BK 64, half) gave other bits (err 3.2e-3 against 1e-4 for the rest, as the odd BK-64 half tile of
 # test_v3_prefill_tiles_on_gpu), so bucket 64 alone takes them (below).
-_FEW_GU = {b: Tiles(2 * b, 64, 128, 4, 4, half=True) for b in (16, 32)}
-_FEW_DN = {b: Tiles(2 * b, 128, 128, 4, 4, half=True) for b in (16, 32)}
+# Since 2026-12-02 they run 3 stages deep under a register cap ("S-h128s3r"), bucket 16 at 128
+# registers (4 programs an SM), bucket 32 at 168 (3; uncapped 190-192 registers and 92 KB of shared
+# memory at 4 stages fit 2, and Nsight Compute had their warps waiting on fixed-latency dependencies
+# with 2 a scheduler, bench/results v45). sm_90a, TMA or cp.async weights: no spill in the K loop,
+# 3.2-3.4 instructions a weight value as uncapped. H200, 120b shapes, whole MoE in a CUDA graph,
+# weights by TMA, median of 3 interleaved rounds (bench/results v46), µs, 4 stages uncapped -> these:
+# M 512 727.1 -> 699.0, M 664 (Offline's mean decode batch) 861.8 -> 782.9, M 1024 1045.5 -> 973.0
+# (BK 64 at 4 stages: 956.6; at 6: 999.0); the same bits (test_v3_few_rows_tiles_on_gpu).
+_FEW_GU = {b: Tiles(2 * b, 64, 128, 4, 3, half=True, maxnreg=r) for b, r in ((16, 128), (32, 168))}
+_FEW_DN = {b: Tiles(2 * b, 128, 128, 4, 3, half=True, maxnreg=r) for b, r in ((16, 128), (32, 168))}
 # Bucket 64 takes S-h256k64's tiles (BM 128 on a half body, 128 / 256 weight rows, BK 64, 6 stages)
 # since 2026-12-02: H200, whole MoE in a CUDA graph, weights by TMA as the engine loads them, median of
 # 3 interleaved rounds (bench/results v44, `moe_gpu.py --no-vllm --variants engine,S-b64k64`), µs:

@@ -110,8 +110,11 @@ def test_decode_batches_are_their_own_bucket_named_dec():
     assert notes[2] == f"gate_up@16: v3 {_spec(_GATE_UP_TILES_V3[16])} (the table's) (250.0 us over M [64])"
 
 
-def test_a_register_capped_winner_keeps_its_cap_in_the_value():
-    """S-h128s3r's tiles carry Tiles.maxnreg: the picked value spells it as GPTOSS_MOE_V3_TILES reads it."""
+def test_a_register_capped_winner_keeps_its_cap_in_the_value(monkeypatch):
+    """S-h128s3r's tiles carry Tiles.maxnreg: the picked value spells it as GPTOSS_MOE_V3_TILES reads it
+    (against bucket 32's tiles before v46, 4 stages uncapped: S-h128s3r's are the table's since)."""
+    monkeypatch.setitem(_GATE_UP_TILES_V3, 32, Tiles(64, 64, 128, 4, 4, half=True))
+    monkeypatch.setitem(_DOWN_TILES_V3, 32, Tiles(64, 128, 128, 4, 4, half=True))
     table = """\
   1024 v3              2400.0    1500.0     900.0    2410.0  25.0%
   1024 S-h128s3r       2000.0    1200.0     800.0    2010.0  30.0%

@@ -18,16 +18,25 @@ def test_choose_tiles_v3_buckets_and_override():
     assert choose_tiles_v3(4096, 4, 32, 2880, 2880, gate_up=False) == wide_dn
     assert choose_tiles_v3(4088, 4, 32, 2880, 2880, gate_up=False) == wide_dn4
     assert choose_tiles_v3(16384, 4, 32, 2880, 2880, gate_up=True) == wide_gu
-    # Few rows (buckets 16-64, since v21): BM twice the bucket on a half body; 32 rows an expert at M 256
-    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=True) == Tiles(64, 64, 128, 4, 4, half=True)
-    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=False) == Tiles(64, 128, 128, 4, 4, half=True)
-    assert choose_tiles_v3(512, 4, 128, 2880, 2880, gate_up=True).bm == 32  # 120b: 16 rows an expert
-    assert choose_tiles_v3(17, 4, 8, 64, 64, gate_up=True) == Tiles(32, 64, 64, 4, 4, half=True)  # BK <= K's
+    # Few rows (buckets 16-64, since v21): BM twice the bucket on a half body; 32 rows an expert at M 256;
+    # buckets 16 and 32 at 3 stages under a register cap (since v46: 4 / 3 programs an SM)
+    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=True) == Tiles(
+        64, 64, 128, 4, 3, half=True, maxnreg=168
+    )
+    assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=False) == Tiles(
+        64, 128, 128, 4, 3, half=True, maxnreg=168
+    )
+    assert choose_tiles_v3(512, 4, 128, 2880, 2880, gate_up=True) == Tiles(
+        32, 64, 128, 4, 3, half=True, maxnreg=128
+    )
+    assert choose_tiles_v3(17, 4, 8, 64, 64, gate_up=True) == Tiles(32, 64, 64, 4, 3, half=True, maxnreg=128)
     # Decode batches (T <= 16, any expert count): one BM-16 tile an expert, 64 weight rows a program
     for t, e in ((1, 128), (16, 128), (16, 32)):
         assert choose_tiles_v3(t, 4, e, 2880, 2880, gate_up=True) == Tiles(16, 32, 128, 4, 4)
         assert choose_tiles_v3(t, 4, e, 2880, 2880, gate_up=False) == Tiles(16, 64, 128, 4, 4)
-    assert choose_tiles_v3(17, 4, 128, 2880, 2880, gate_up=True) == Tiles(32, 64, 128, 4, 4, half=True)
+    assert choose_tiles_v3(17, 4, 128, 2880, 2880, gate_up=True) == Tiles(
+        32, 64, 128, 4, 3, half=True, maxnreg=128
+    )
     assert choose_tiles_v3(1, 4, 8, 64, 64, gate_up=True) == Tiles(16, 32, 64, 4, 4)
     assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=True) == wide_gu4
     assert choose_tiles_v3(1024, 4, 32, 96, 64, gate_up=False).warps == 8  # BN 128 (N 96's power of 2)
@@ -103,7 +112,7 @@ def test_bucket_64_takes_the_bk64_tiles_unless_its_down_comes_by_cp_async(monkey
         assert racy_pointer_down(dn) and not racy_pointer_down(safe)
     # Bucket 32 keeps its tiles either way
     assert choose_tiles_v3(256, 4, 32, 2880, 2880, gate_up=False, cp_async=True) == Tiles(
-        64, 128, 128, 4, 4, half=True
+        64, 128, 128, 4, 3, half=True, maxnreg=168
     )
     monkeypatch.setitem(TILE_OVERRIDE, (64, False), dn)
     assert choose_tiles_v3(512, 4, 32, 2880, 2880, gate_up=False, cp_async=True) == dn

@@ -193,6 +193,13 @@ def test_which_tiles_take_the_weights_by_tma(monkeypatch, mode, bm, takes):
         (128, 256, Tiles(32, 64, 128, 4, 3), Tiles(32, 64, 128, 4, 3)),  # ~8 rows an expert
         # BK 128: the pointer path of half tiles of BM 64 at BK 64 races (moe_v3.racy_pointer_down)
         (128, 1024, Tiles(64, 64, 128, 4, 3, half=True), Tiles(64, 128, 128, 4, 4, half=True)),
+        # 120b's few-rows defaults since v46 (3 stages, 168 registers)
+        (
+            128,
+            1024,
+            Tiles(64, 64, 128, 4, 3, half=True, maxnreg=168),
+            Tiles(64, 128, 128, 4, 3, half=True, maxnreg=168),
+        ),
         (
             32,
             1024,
