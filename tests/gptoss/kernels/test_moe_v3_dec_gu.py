@@ -106,6 +106,7 @@ def test_gate_up_v3_dec_matches_gate_up_v3_and_the_reference(tokens, e, h, i, k,
         None,  # V3_GATE_UP_DEC fitted: BM 8, BK 256 (a last step of 1 chunk and 3 masked)
         DecTiles(16, 32, 128, 2, 2, 4),  # the default before v36: a last step of 1 chunk and 1 masked
         DecTiles(16, 32, 512, 4, 4, 3),  # the down's: BK 512, a last step of 5 chunks and 3 masked
+        DecTiles(16, 32, 512, 2, 2, 3),  # "v3-dd-gu-w-k512w2": 4 chunks a warp, the last step 5 and 3 masked
         DecTiles(16, 16, 256, 2, 2, 2),  # BN 16: 8 act columns a program; BK 256: 1 chunk, 3 masked
         DecTiles(16, 64, 256, 2, 2, 4),  # BN 64 on 2 warps: 32 act columns a program
         DecTiles(16, 128, 256, 4, 4, 2),  # BN 128: half the block past 2I = 192; 1 chunk a warp
