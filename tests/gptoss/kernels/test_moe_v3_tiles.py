@@ -109,17 +109,23 @@ _S_H256K64_B32 = [(Tiles(64, 128, 64, 8, 6, half=True), Tiles(64, 256, 64, 8, 6,
 _S_H128K64 = [
     (Tiles(2 * b, 64, 64, 4, 6, half=True), Tiles(2 * b, 128, 64, 4, 6, half=True)) for b in (16, 32)
 ]
-# ... and "S-h128s3r": the table's BK-128 tiles at 3 stages under a register cap (Tiles.maxnreg).
+# ... and "S-h128s3r": BK-128 tiles at 3 stages under a register cap (Tiles.maxnreg), the table's
+# since v46; "S-h128occ": tighter caps, one program more an SM (bucket 16 at 96 registers, bucket 32
+# at 128 and 2 stages).
 _S_H128S3R = [
     (Tiles(2 * b, 64, 128, 4, 3, half=True, maxnreg=r), Tiles(2 * b, 128, 128, 4, 3, half=True, maxnreg=r))
     for b, r in ((16, 128), (32, 168))
+]
+_S_H128OCC = [
+    (Tiles(2 * b, 64, 128, 4, st, half=True, maxnreg=r), Tiles(2 * b, 128, 128, 4, st, half=True, maxnreg=r))
+    for b, r, st in ((16, 96, 3), (32, 128, 2))
 ]
 
 
 @gpu
 @pytest.mark.parametrize("tokens", [128, 256, 512])
 @pytest.mark.parametrize(
-    ("gu", "dn"), [*_FEW, *_S_H256K64, *_S_H256K64_B32, *_S_H128K64, *_S_H128S3R], ids=str
+    ("gu", "dn"), [*_FEW, *_S_H256K64, *_S_H256K64_B32, *_S_H128K64, *_S_H128S3R, *_S_H128OCC], ids=str
 )
 def test_v3_few_rows_tiles_on_gpu(gu, dn, tokens, request):
     if (gu, dn) in _S_H256K64_B32:
