@@ -85,11 +85,10 @@ _GU_W = {
     "v3-dd-gu-w-k512": DecTiles(16, 32, 512, 4, 4, 3),
     # 2 warps of 256 K a step (4 chunks each): the step's fixed cost (barrier, TMA issue, x's load
     # and layout) over twice the weights. sm_90a, 120b's T 1 routing the logits, weights by TMA
-    # (CPU-compiled, 2026-12-02): K loop 2.68 instructions a weight value against the table's 3.05
-    # (the dequant's floor ~2.5: 9 integer ops, 4 HMUL2 and ~5 register moves a word), 113 registers
-    # (9 programs an SM by registers, for 5.5 at T 1), 19 / 29 KB shared at 3 / 4 stages; BK 1024
-    # 2.54 but 168 registers. Why: at T 1 the gate_up reaches 48 % of what a pure read of its 35 MB
-    # does (bench/results v46), issue-bound at ~11 warps an SM.
+    # (CPU-compiled, 2026-12-02): K loop 2.68 instructions a weight value against the table's 3.05,
+    # 113 registers (9 programs an SM by registers, for 5.5 at T 1), 19 / 29 KB shared at 3 / 4
+    # stages; BK 1024 2.54 but 168 registers. Why: at T 1 the gate_up reaches 48 % of what a pure
+    # read of its 35 MB does (bench/results v46), issue-bound at ~11 warps an SM.
     "v3-dd-gu-w-k512w2": DecTiles(16, 32, 512, 2, 2, 3),
     "v3-dd-gu-w-k512w2s4": DecTiles(16, 32, 512, 2, 2, 4),
 }
