@@ -127,6 +127,8 @@ def _gu_dec_both(monkeypatch, e, h, i, tokens, tiles, route=False, dtype=torch.f
         (4, 2880, 96, 1, None, True),
         # the tiles before v36 (BK 128, one chunk a warp): the last step's 2nd chunk is zero fill
         (4, 2880, 96, 1, DecTiles(16, 32, 128, 2, 2, 4), True),
+        # "v3-dd-gu-w-k512w2" (BK 512, 2 warps of 4 chunks): the last step's last 3 chunks are zero fill
+        (4, 2880, 96, 1, DecTiles(16, 32, 512, 2, 2, 3), True),
         (
             4,
             256,
