@@ -67,8 +67,9 @@ fi
 ours() {  # ours MODE KERNELS V3_TILES SHAPES...: one engine process, rows into $RES/MODE
   local mode=$1 kernels=$2 tiles=$3
   shift 3
-  say "ours $mode (GPTOSS_MOE_KERNELS=$kernels GPTOSS_MOE_V3_TILES=$tiles)"
-  GPTOSS_MOE_KERNELS=$kernels GPTOSS_MOE_V3_TILES=$tiles timeout 900 python3 bench/gptoss_gpu.py \
+  say "ours $mode (GPTOSS_MOE_KERNELS=$kernels GPTOSS_MOE_V3_TILES=${tiles:-${GPTOSS_MOE_V3_TILES:-}})"
+  # tiles unset: the environment's (a NAME=GPTOSS_MOE_V3_TILES=... mode's), not the table forced
+  GPTOSS_MOE_KERNELS=$kernels GPTOSS_MOE_V3_TILES=${tiles:-${GPTOSS_MOE_V3_TILES:-}} timeout 900 python3 bench/gptoss_gpu.py \
     --model-path "$CKPT" --engine gptoss "$@" --out "$RES/$mode" > "$RES/ours_$mode.txt" 2>&1
   row "ours $mode" "$(sed -n '/^workload/,$p' "$RES/ours_$mode.txt" | tr '\n' ' ')"
 }

@@ -41,7 +41,8 @@ case "$*" in
     prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done; echo lora ;;
   *profile_gpu.py*) echo "profile pdl=${GPTOSS_PDL:-unset} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
   *gptoss_gpu.py*"--engine gptoss --decode"*)
-    echo "batch-1 decode 128->512  400.0  -  tok/s wtma=${GPTOSS_MOE_V3_WTMA:-unset}" \
+    echo "batch-1 decode 128->512  400.0  -  tok/s gu=${GPTOSS_V3_DEC_GATE_UP_TILES:-dflt}" \
+      "v3tiles=${GPTOSS_MOE_V3_TILES:-dflt} wtma=${GPTOSS_MOE_V3_WTMA:-unset}" \
       "rope=${GPTOSS_ROPE_IN_ATTN:-dflt} k=${GPTOSS_MOE_KERNELS:-auto}" \
       "tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
   *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"; echo "offline 1000x(1024->1024)  -  15000.0 tok/s" ;;

@@ -115,3 +115,24 @@ def test_120b_ab_sweep_without_its_peer_waits_for_vllm_once_after_the_batch_1_mo
     sweep_at = next(i for i, x in enumerate(log) if "decode-batch MoE sweep" in x)
     assert len(waits) == 1 and sweep_at < next(i for i, x in enumerate(log) if "ours gu" in x) < waits[0]
     assert len([c for c in calls if "--engine vllm" in c]) == 1
+
+
+def test_120b_ab_passes_tile_values_with_at_signs_and_semicolons_whole(stubs, tmp_path):
+    """bench/results v46's next run: a GPTOSS_MOE_V3_TILES value (its own '=', '@', ';' and ',') as a
+    MODES entry, and a decode tiles variable as a batch-1 mode, reach the engine's process unsplit."""
+    tiles = "gate_up@16=32,64,128,4,3,half,r96;down@32=64,128,128,4,2,half,r128"
+    _, res, calls = _ab(
+        stubs,
+        tmp_path,
+        VLLM="0",
+        SWEEP="0",
+        TESTS="none",
+        N="20",
+        MODES=f"v3 occ=GPTOSS_MOE_V3_TILES={tiles}",
+        B1_MODES="default= k512=GPTOSS_V3_DEC_GATE_UP_TILES=16,32,512,2,2,3",
+    )
+    assert f"v3tiles={tiles} " in (res / "ours_occ.txt").read_text() + " "
+    assert "v3tiles=dflt" in (res / "ours_v3.txt").read_text()
+    assert "gu=16,32,512,2,2,3 " in (res / "ours_k512.txt").read_text()
+    assert "gu=dflt " in (res / "ours_default.txt").read_text()
+    assert len([c for c in calls if "--engine gptoss" in c]) == 4
