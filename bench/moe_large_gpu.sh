@@ -8,8 +8,9 @@
 # then bench/kernels/moe_pick.py turns the fastest tiles of each GEMM and bucket into a
 # GPTOSS_MOE_V3_TILES value; ogs (vLLM's matmul_ogs MoE at the same M, once $HOME/vllm_ready exists:
 # bench/vllm_peer_install.sh in the payload's third call); offline (1000 x (1024 -> 1024), ROUNDS
-# rounds of the modes in ORDER, interleaved: default, picked (the picked tiles), tma, tma-all
-# (GPTOSS_MOE_V3_TMA=down / all), wtma (GPTOSS_MOE_V3_WTMA=1: weights by TMA), wtma-all (both));
+# rounds of the modes in ORDER, interleaved: default (the engine's: GPTOSS_MOE_V3_WTMA=auto, weights
+# by TMA on tiles of <= 128 rows), picked (the picked tiles), tma, tma-all (GPTOSS_MOE_V3_TMA=down /
+# all), wtma (GPTOSS_MOE_V3_WTMA=1: every tile's weights by TMA), wtma-all (both), ptr (=0: none));
 # vllm (vLLM's batch-1 and Offline rows). Without offline or vllm no 20b checkpoint is made (the
 # kernel parts make their own random weights).
 # One table last: $HOME/large/table.txt.
@@ -43,7 +44,8 @@ if has ogs && wait_vllm; then
   sed -n '/^ *M variant/,$p' "$RES/ogs.txt" | tee -a "$RES/table.txt"
 fi
 offline() {  # offline NAME [TILES [TMA [WTMA]]]
-  GPTOSS_MOE_V3_TILES=${2:-} GPTOSS_MOE_V3_TMA=${3:-0} GPTOSS_MOE_V3_WTMA=${4:-0} timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
+  # unset switches at the engine's defaults (until 2026-12-02 WTMA was 0 here, the default before v29)
+  GPTOSS_MOE_V3_TILES=${2:-} GPTOSS_MOE_V3_TMA=${3:-0} GPTOSS_MOE_V3_WTMA=${4:-auto} timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
     --throughput 1000x1024x1024 > "$RES/offline_$1_$round.txt" 2>&1
   row "gptoss offline 1000x1024x1024 $1 r$round" "$(grep '^offline 1000x' "$RES/offline_$1_$round.txt" | tail -1)"
 }
@@ -58,7 +60,8 @@ if has offline; then
         tma-all) offline tma-all "" all ;;
         wtma) offline wtma "" 0 1 ;;  # GPTOSS_MOE_V3_WTMA=1
         wtma-all) offline wtma-all "" all 1 ;;
-        *) say "unknown ORDER mode $mode (default, picked, tma, tma-all, wtma, wtma-all)" ;;
+        ptr) offline ptr "" 0 0 ;;  # every weight by cp.async
+        *) say "unknown ORDER mode $mode (default, picked, tma, tma-all, wtma, wtma-all, ptr)" ;;
       esac
     done
   done
