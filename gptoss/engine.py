@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gptoss.engine_config import DTYPES, EngineConfig  # noqa: F401 - the config, importable from here
 from gptoss.sampling import SamplingParams
+from gptoss.switches import check_environment
 
 if TYPE_CHECKING:  # torch-free at import (see LLMEngine.__init__)
     from gptoss.burst import Burst
@@ -51,6 +52,7 @@ class LLMEngine:
         from gptoss.model_runner import ModelRunner
         from gptoss.scheduler import Scheduler
 
+        check_environment()  # a misspelt GPTOSS_* switch would time the defaults under its name
         if config.model_path is None:
             raise ValueError("EngineConfig.model_path is not set: give the checkpoint directory")
         if config.devices is not None:  # one listed device (gptoss.dp_engine runs several)

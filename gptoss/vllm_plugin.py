@@ -74,6 +74,9 @@ def register() -> None:
     global _registered
     if mode() == "vllm":
         return
+    from gptoss.switches import check_environment  # here: off, nothing but vllm_env of ours loads
+
+    check_environment()  # our MoE reads GPTOSS_* switches: a misspelt one would be ignored
     max_tokens()  # a bad value fails here, in every process, not at the first large batch
     import vllm
 
