@@ -121,13 +121,11 @@ def test_120b_ab_passes_tile_values_with_at_signs_and_semicolons_whole(stubs, tm
     """bench/results v46's next run: a GPTOSS_MOE_V3_TILES value (its own '=', '@', ';' and ',') as a
     MODES entry, and a decode tiles variable as a batch-1 mode, reach the engine's process unsplit."""
     tiles = "gate_up@16=32,64,128,4,3,half,r96;down@32=64,128,128,4,2,half,r128"
+    ours_only = {"VLLM": "0", "SWEEP": "0", "TESTS": "none", "N": "20"}
     _, res, calls = _ab(
         stubs,
         tmp_path,
-        VLLM="0",
-        SWEEP="0",
-        TESTS="none",
-        N="20",
+        **ours_only,
         MODES=f"v3 occ=GPTOSS_MOE_V3_TILES={tiles}",
         B1_MODES="default= k512=GPTOSS_V3_DEC_GATE_UP_TILES=16,32,512,2,2,3",
     )
