@@ -46,6 +46,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
     sys.path.insert(0, str(REPO))
     import torch
 
+    from bench.compile_watch import CompileWatch
     from gptoss.engine import EngineConfig, LLMEngine
     from gptoss.sampling import SamplingParams
 
@@ -97,14 +98,15 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
         prompts = rand_prompts(1, lin, seed=99)
         eng.generate(prompts, greedy(8))
         best = None
-        for _ in range(3):
-            if runner is not None:
-                runner.host_times.clear()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            outs = eng.generate(prompts, greedy(lout))
-            dt = time.perf_counter() - t
-            best = dt if best is None else min(best, dt)
+        with CompileWatch() as jit:
+            for _ in range(3):
+                if runner is not None:
+                    runner.host_times.clear()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                outs = eng.generate(prompts, greedy(lout))
+                dt = time.perf_counter() - t
+                best = dt if best is None else min(best, dt)
         emit(
             rows,
             out,
@@ -117,6 +119,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
                 "tok_s_incl_prefill": round(len(outs[0]) / best, 1),
                 # the first launch holds the prefill
                 "host_ms_per_step": round(runner.host_ms_per_step(skip=1), 3) if runner is not None else 0.0,
+                **jit_fields(jit),
             },
         )
     for spec in args.throughput:
@@ -126,9 +129,10 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
             runner.host_times.clear()
         phases = trace_steps(eng) if args.trace else None
         torch.cuda.synchronize()
-        t = time.perf_counter()
-        outs = eng.generate(prompts, greedy(lout))
-        dt = time.perf_counter() - t
+        with CompileWatch() as jit:
+            t = time.perf_counter()
+            outs = eng.generate(prompts, greedy(lout))
+            dt = time.perf_counter() - t
         if phases is not None:
             del eng.step, eng.scheduler.schedule  # back to the classes'
             print_phases(spec, phases)
@@ -146,6 +150,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
                 "output_tok_s": round(n_out / dt, 1),
                 "steps": sum(n for _, n in runner.host_times) if runner is not None else 0,
                 "host_ms_per_step": round(runner.host_ms_per_step(), 3) if runner is not None else 0.0,
+                **jit_fields(jit),
             },
         )
     return rows
@@ -284,6 +289,13 @@ def run_vllm(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], in
     return rows, proc.returncode
 
 
+def jit_fields(jit) -> dict:
+    """A timed row's Triton specializations (bench/compile_watch.py), said on stderr when there were any."""
+    if jit.count:
+        print(f"warning: {jit.note()}; a warm process times without them", file=sys.stderr, flush=True)
+    return {"jit_specializations": jit.count, "jit_s": round(jit.seconds, 2)}
+
+
 def table(rows: list[dict]) -> None:
     def key(r: dict) -> str:
         if r["what"] == "batch1_decode":
@@ -317,6 +329,8 @@ def table(rows: list[dict]) -> None:
         if a and b:  # start-up: lower is better, so the ratio is theirs / ours
             ratio = f"{(b / a if k == 'startup' else a / b):.2f}x"
         note = f"host {ours['host_ms_per_step']} ms/step" if ours and "host_ms_per_step" in ours else ""
+        if ours and ours.get("jit_specializations"):  # a cold Triton cache: compile time inside the figure
+            note += f", {ours['jit_specializations']} JIT in timing ({ours['jit_s']} s)"
         unit = "s" if k == "startup" else "tok/s"
         print(
             f"{k:34} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {ratio:>7}"

@@ -1,0 +1,74 @@
+"""bench/compile_watch.py counts the Triton specializations made inside a timed block, chains and restores
+the hooks it borrows, and bench/gptoss_gpu.py's table flags a row timed with them inside."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("triton")
+from triton import knobs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import gptoss_gpu  # noqa: E402
+from compile_watch import CompileWatch  # noqa: E402
+
+
+def _specialize(name: str, compile_s: float = 0.0) -> bool | None:
+    """What Triton's JIT does on a cache miss: the pre-hook, the compile, the post-hook."""
+    kw = dict(key="k", repr=name, fn=SimpleNamespace(name=name), compile={}, is_manual_warmup=False)
+    skip = (
+        knobs.runtime.jit_cache_hook(**kw, already_compiled=False) if knobs.runtime.jit_cache_hook else None
+    )
+    if skip:
+        return skip
+    time.sleep(compile_s)
+    if knobs.runtime.jit_post_compile_hook:
+        knobs.runtime.jit_post_compile_hook(**kw, already_compiled=False)
+    return skip
+
+
+def test_it_counts_and_times_what_is_specialized_inside_the_block(monkeypatch):
+    seen: list[str] = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: seen.append(kw["fn"].name))
+    before = knobs.runtime.jit_post_compile_hook
+    _specialize("outside")
+    with CompileWatch() as w:
+        assert w.note() == ""
+        _specialize("gate_up", 0.02)
+        _specialize("down", 0.01)
+    _specialize("after")
+    assert (w.count, w.names) == (2, ["gate_up", "down"])
+    assert 0.03 <= w.seconds < 1.0
+    assert w.note() == f"2 Triton specializations inside the timing ({w.seconds:.1f} s: a cold cache)"
+    assert seen == ["outside", "gate_up", "down", "after"]  # the hook that was there still ran, inside too
+    assert knobs.runtime.jit_post_compile_hook is before and knobs.runtime.jit_cache_hook is None
+
+
+def test_a_hook_that_skips_the_compile_is_obeyed(monkeypatch):
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: True)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    with CompileWatch() as w:
+        assert _specialize("k") is True
+    assert (w.count, w.seconds) == (0, 0.0)
+
+
+def test_the_table_flags_a_row_timed_with_specializations_inside(capsys):
+    rows = [
+        {"engine": "gptoss", "what": "offline_throughput", "num_prompts": 8, "input_len": 16, "output_len": 4}
+        | {"output_tok_s": 100.0, "host_ms_per_step": 1.5, "jit_specializations": 37, "jit_s": 9.21},
+        {"engine": "gptoss", "what": "batch1_decode", "input_len": 16, "output_len": 4}
+        | {"tok_s_incl_prefill": 50.0, "host_ms_per_step": 0.2, "jit_specializations": 0, "jit_s": 0.0},
+    ]
+    gptoss_gpu.table(rows)
+    out = capsys.readouterr().out.splitlines()
+    offline = next(x for x in out if x.startswith("offline 8x(16->4)"))
+    b1 = next(x for x in out if x.startswith("batch-1 decode 16->4"))
+    assert offline.endswith("tok/s host 1.5 ms/step, 37 JIT in timing (9.21 s)")
+    assert b1.endswith("tok/s host 0.2 ms/step")
