@@ -329,38 +329,36 @@ for _name, _stages in [("S-h128k64", 6), ("S-h128k64s4", 4)]:
         max_m=1024,
         wtma=True,
     )
+
+
 # The BK-128 tiles (the table's until v46) at 3 stages under a register cap (Tiles.maxnreg), for the
 # same occupancy without the BK-64 loop's extra instructions: bucket 32 at 168 registers (66.6 KB,
 # 3 programs an SM; 190 / 192 uncapped, 2), bucket 16 at 128 (42 KB, 4 an SM; 131 / 143, 3). sm_90a
 # with TMA weights: no spill in the K loop, 3.25-3.38 instructions a weight value as uncapped; 2-20
 # spills outside it.
 # The table's at buckets 16 and 32 since v46 (M 664 at 120b's shapes: 861.8 -> 782.9 us).
-VARIANTS["S-h128s3r"] = Variant(
-    "v3",
-    tiles={
-        (b, g): Tiles(2 * b, 64 if g else 128, 128, 4, 3, half=True, maxnreg=r)
-        for b, r in ((16, 128), (32, 168))
-        for g in (True, False)
-    },
-    max_m=1024,
-    wtma=True,
-)
+def _capped(caps: dict[int, tuple[int, int]]) -> Variant:
+    """S-h128's BK-128 tiles by TMA at each bucket b of caps -> (register cap, stages)."""
+    return Variant(
+        "v3",
+        tiles=_few(
+            lambda b: Tiles(2 * b, 64, 128, 4, caps[b][1], half=True, maxnreg=caps[b][0]),
+            lambda b: Tiles(2 * b, 128, 128, 4, caps[b][1], half=True, maxnreg=caps[b][0]),
+            tuple(caps),
+        ),
+        max_m=1024,
+        wtma=True,
+    )
+
+
+VARIANTS["S-h128s3r"] = _capped({16: (128, 3), 32: (168, 3)})
 
 # One program more an SM than S-h128s3r (the table's since v46, whose 3 programs an SM ran bucket 32
 # 9 % faster than 2): bucket 16 at 96 registers (42 KB at 3 stages: 5 an SM), bucket 32 at 128 and 2
 # stages (41.5 KB: 4 an SM). sm_90a with TMA weights (`moe_v3_sass.py --wtma`, CPU, 2026-12-02): no
 # spill in the K loop (bucket 32: 14-16 outside it), 3.34-3.44 / 3.52-3.55 instructions a weight value
 # against 3.25-3.38; the bits in test_v3_few_rows_tiles_on_gpu.
-VARIANTS["S-h128occ"] = Variant(
-    "v3",
-    tiles={
-        (b, g): Tiles(2 * b, 64 if g else 128, 128, 4, st, half=True, maxnreg=r)
-        for b, r, st in ((16, 96, 3), (32, 128, 2))
-        for g in (True, False)
-    },
-    max_m=1024,
-    wtma=True,
-)
+VARIANTS["S-h128occ"] = _capped({16: (96, 3), 32: (128, 2)})
 
 # The same question on v2, which has no half body: each bucket on the next bucket's BM (so an expert
 # above the mean rows, ~45 % of them at a bucket's mean, still takes one tile, at the cost of a
