@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from moe_decode_sass import _compile, stats  # noqa: E402
 
 from gptoss.kernels import moe_v3_down, moe_v3_kernels  # noqa: E402
-from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3, Tiles, tile_extras  # noqa: E402
+from gptoss.kernels.moe_tiles import _DOWN_TILES_V3, _GATE_UP_TILES_V3, Tiles, parse_tiles_spec  # noqa: E402
 
 SHAPE = dict(N=2880, K=2880, E=32, BE=32, SCALED=True, SWZ=True, PREC="tf32", LORA=False, LW=16)
 SIG = dict(w_ptr="*i32", s_ptr="*i32", b_ptr="*fp32", counts_ptr="*i32", rows_ptr="*i32", T="i32")
@@ -68,11 +68,10 @@ def ttgir(k) -> str:
 
 def parse(spec: str) -> Tiles:
     """BM,BN,BK,WARPS,STAGES[,half][,rNREG], as GPTOSS_MOE_V3_TILES spells tiles."""
-    bm, bn, bk, warps, stages, *rest = spec.split(",")
-    extras = tile_extras(rest)
-    if extras is None:
-        raise ValueError(f"{spec!r}: after STAGES only half, then a register cap rNREG (64-255)")
-    return Tiles(int(bm), int(bn), int(bk), int(warps), int(stages), half=extras[0], maxnreg=extras[1])
+    t = parse_tiles_spec(spec)
+    if t is None:
+        raise ValueError(f"{spec!r}: not BM,BN,BK,WARPS,STAGES[,half][,rNREG] (a register cap 64-255)")
+    return t
 
 
 def main() -> None:

@@ -204,40 +204,38 @@ def _v3_env_tiles(v: str | None) -> dict[tuple[int, bool], Tiles]:
     for item in filter(None, (v or "").split(";")):
         key, _, spec = item.partition("=")
         gemm, _, bucket = key.strip().partition("@")
-        parts = spec.split(",")
-        if (
-            gemm not in ("gate_up", "down")
-            or bucket not in ("", *names)
-            or len(parts) not in (5, 6, 7)
-            or not all(p.isdigit() for p in parts[:5])
-            or (extras := tile_extras(parts[5:])) is None
-        ):
+        t = parse_tiles_spec(spec)
+        if gemm not in ("gate_up", "down") or bucket not in ("", *names) or t is None:
             raise ValueError(
                 f"GPTOSS_MOE_V3_TILES: {item!r} is not gate_up|down[@BUCKET]=BM,BN,BK,WARPS,STAGES[,half]"
                 f"[,rNREG] (buckets {', '.join(names)})"
             )
-        bm, bn, bk, warps, stages = map(int, parts[:5])
-        half, nreg = extras
-        if bk % 64 or bn % 16 or bm & (bm - 1) or bm < 16 or warps not in (4, 8) or stages < 1:
+        if t.bk % 64 or t.bn % 16 or t.bm & (t.bm - 1) or t.bm < 16 or t.warps not in (4, 8) or t.stages < 1:
             raise ValueError(
                 f"GPTOSS_MOE_V3_TILES: {item!r}: BK a multiple of 64, BN of 16, BM a power of 2 >= 16, "
                 "4 or 8 warps, >= 1 stage"
             )
         for b in [names[bucket]] if bucket else [128, 512]:
-            out[(b, gemm == "gate_up")] = Tiles(bm, bn, bk, warps, stages, half=half, maxnreg=nreg)
+            out[(b, gemm == "gate_up")] = t
     return out
 
 
-def tile_extras(extras: list[str]) -> tuple[bool, int | None] | None:
-    """The optional fields after STAGES in a tiles spec, "half" then a register cap "rN" (N from 64 to
-    255) -> (half, maxnreg); None if they are not that."""
+def parse_tiles_spec(spec: str) -> Tiles | None:
+    """A GEMM's tiles as tiles_spec writes them, BM,BN,BK,WARPS,STAGES[,half][,rNREG] (a register cap N
+    from 64 to 255) -> Tiles; None if spec is not that."""
+    parts = spec.split(",")
+    if len(parts) not in (5, 6, 7) or not all(p.isdigit() for p in parts[:5]):
+        return None
+    extras = parts[5:]
     half = extras[:1] == ["half"]
     rest = extras[1:] if half else extras
-    if not rest:
-        return half, None
-    if len(rest) == 1 and re.fullmatch(r"r\d+", rest[0]) and 64 <= int(rest[0][1:]) <= 255:
-        return half, int(rest[0][1:])
-    return None
+    nreg = None
+    if rest:
+        if not (len(rest) == 1 and re.fullmatch(r"r\d+", rest[0]) and 64 <= int(rest[0][1:]) <= 255):
+            return None
+        nreg = int(rest[0][1:])
+    bm, bn, bk, warps, stages = map(int, parts[:5])
+    return Tiles(bm, bn, bk, warps, stages, half=half, maxnreg=nreg)
 
 
 def tiles_spec(t: Tiles) -> str:
