@@ -1,8 +1,8 @@
 """Decode (batch 1, or --batch N prompts together) under several kernel switches in one process: one
 engine, its CUDA graphs captured again for each variant, the variants interleaved round by round.
 
-    python bench/decode_ab_gpu.py --model-path CKPT --variant default= \
-        --variant rp=moe_v3.ROUTE_PDL=True --variant gu=moe_v3_dec_gu.MAX_T=0+moe_v3_dec.WTMA=False \
+    python bench/decode_ab_gpu.py --model-path CKPT --variant default= --variant rp=moe_v3.ROUTE_PDL=True \
+        --variant gu=moe_v3_dec_gu.TOKENS=frozenset()+moe_v3_dec.WTMA=False \
         [--rounds 2] [--decode 128x512] [--batch 1] [--profile-tokens 64]
 
 Why: a 120b engine takes ~40 s to start, so one process a variant (bench/gptoss_gpu.py) spends most of
@@ -65,14 +65,19 @@ def parse_variant(spec: str) -> tuple[str, list[tuple[str, str, object, object]]
 
 
 def parse_value(value: str, spec: str) -> object:
-    """A Python literal, or a tile shape: Tiles(...) / DecTiles(...) of literal arguments."""
-    call = re.fullmatch(r"(Tiles|DecTiles)\((.*)\)", value)
+    """A Python literal, a tile shape (Tiles(...) / DecTiles(...) of literal arguments) or a set of
+    decode batch sizes (frozenset({1, 2}), frozenset(): moe_v3_dec.TOKENS and its kin)."""
+    call = re.fullmatch(r"(Tiles|DecTiles|frozenset)\((.*)\)", value)
     try:
+        if call and call[1] == "frozenset":
+            return frozenset(ast.literal_eval(call[2]) if call[2] else ())
         if call:
             return getattr(moe_tiles, call[1])(*ast.literal_eval(f"({call[2]},)"))
         return ast.literal_eval(value)
     except (ValueError, SyntaxError, TypeError) as e:
-        raise ValueError(f"--variant {spec!r}: {value!r} is neither a Python literal nor a tile shape") from e
+        raise ValueError(
+            f"--variant {spec!r}: {value!r} is neither a Python literal, a tile shape nor a frozenset"
+        ) from e
 
 
 class Switches:

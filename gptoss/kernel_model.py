@@ -39,7 +39,7 @@ from gptoss.kernels.moe import expert_rows_v3, expert_rows_v3_logits, moe_forwar
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_lora import experts_dec_lora, moe_forward_lora
 from gptoss.kernels.moe_routing import Routing
-from gptoss.kernels.moe_v3_dec import env_max_t
+from gptoss.kernels.moe_v3_dec import env_tokens
 from gptoss.kernels.norm_route import norm_logits, norm_route
 from gptoss.kernels.qkv_rope import qkv_rope
 from gptoss.kernels.qkv_rope import suits as qkv_rope_suits
@@ -82,17 +82,18 @@ QKV_FUSED = os.environ.get("GPTOSS_QKV", "split") == "fused"
 # On since its tests passed compiled on an H200 (v28: test_attention_rope.py, 14 of 14, the engine's
 # greedy tokens with it equal to without).
 ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0"
-# GPTOSS_DECODE_ON_LARGE=N: where the experts have two copies (20b: v2 for the decode kernels, v3 for
-# large batches, moe_layout.large_copy), decode batches of up to N tokens take the v3 copy's decode
-# GEMMs (120b's: the split-K gate_up that routes the logits and the split-K down) instead of the
-# decode kernels on v2. Why: at batch 1 (H200, v38) 20b's v2 gate_up added 21.2 us a layer and its
-# down 10.7, where 120b's split-K kernels stream the same bytes in 15.3 and 9.0. Timed (H200, v40,
-# 20b batch-1 128 -> 512, one process): 1 gave 606.2 / 619.4 tok/s against 559.7 / 556.1 at 0; the
-# gate_up 511.3 -> 357.1 us a token, the down 258.9 -> 213.7. Default 1.
+# GPTOSS_DECODE_ON_LARGE (N for 1..N, or sizes and ranges such as 1,2,5-8): where the experts have two
+# copies (20b: v2 for the decode kernels, v3 for large batches, moe_layout.large_copy), decode batches
+# of these sizes take the v3 copy's decode GEMMs (120b's: the split-K gate_up that routes the logits
+# and the split-K down) instead of the decode kernels on v2. Why: at batch 1 (H200, v38) 20b's v2
+# gate_up added 21.2 us a layer and its down 10.7, where 120b's split-K kernels stream the same bytes
+# in 15.3 and 9.0. Timed (H200, v40, 20b batch-1 128 -> 512, one process): on the v3 copy 606.2 /
+# 619.4 tok/s against 559.7 / 556.1 on v2. Batches of 2 and 5-8 since v47: the default is
+# moe_v3_dec.SPLIT_K_TOKENS, where that comment has the figures (20b batch 2 +12.5 %, 8 +6.4 %).
 
 
-def _decode_on_large(v: str | None) -> int:
-    return env_max_t(v, "GPTOSS_DECODE_ON_LARGE", "MoE on the large v3 copy", default=1)
+def _decode_on_large(v: str | None) -> frozenset[int]:
+    return env_tokens(v, "GPTOSS_DECODE_ON_LARGE", "MoE on the large v3 copy")
 
 
 DECODE_ON_LARGE = _decode_on_large(os.environ.get("GPTOSS_DECODE_ON_LARGE"))
@@ -104,9 +105,9 @@ EMBED_IN_NORM = os.environ.get("GPTOSS_EMBED_IN_NORM", "1") != "0"
 
 def decode_copy(x: Tensor, w: MoEWeights, expert_lora: bool = False) -> MoEWeights | None:
     """The experts' copy a decode-sized x [T, H] runs the fused decode MoE on, or None (not a decode
-    size: moe_forward). The large v3 copy up to DECODE_ON_LARGE tokens, where there is one and no
+    size: moe_forward). The large v3 copy at DECODE_ON_LARGE's sizes, where there is one and no
     expert adapter (expert_lora); else the primary copy's decode kernels (bits) or v3's."""
-    if not expert_lora and w.large is not None and x.shape[0] <= DECODE_ON_LARGE and v3_decode(x, w.large):
+    if not expert_lora and w.large is not None and x.shape[0] in DECODE_ON_LARGE and v3_decode(x, w.large):
         return w.large
     if moe_decode.use_decode(x, w) or (not expert_lora and v3_decode(x, w)):
         return w

@@ -64,13 +64,13 @@ def switches(v: Variant) -> AbstractContextManager:
     if v.engine:
         return nullcontext()
     tma_down, tma_x = moe_v3._tma_mode(v.tma)
-    dec_max = moe_tiles.DECODE_MAX_T
+    every = frozenset(range(1, moe_tiles.DECODE_MAX_T + 1))
     attrs = [
         # "v3": the table's tiles at every M; the v3-dd variants the split-K down (-gu: and gate_up)
         # at every decode M
-        (moe_v3_dec, "MAX_T", dec_max if v.v3_dec_down is not None else 0),
+        (moe_v3_dec, "TOKENS", every if v.v3_dec_down is not None else frozenset()),
         (moe_v3_dec, "V3_DOWN_DEC", v.v3_dec_down or moe_v3_dec.V3_DOWN_DEC),
-        (moe_v3_dec_gu, "MAX_T", dec_max if v.v3_dec_gate_up is not None else 0),
+        (moe_v3_dec_gu, "TOKENS", every if v.v3_dec_gate_up is not None else frozenset()),
         (moe_v3_dec_gu, "V3_GATE_UP_DEC", v.v3_dec_gate_up or moe_v3_dec_gu.V3_GATE_UP_DEC),
         (moe_common, "USE_ASM", v.asm),
         # off: the M-tile kernels at every M (the decode path's variants: DEC_VARIANTS)
@@ -105,9 +105,9 @@ def variant_parts(
         srt, tx = moe_v3.tma_plan(x)  # the TMA variants (the gather pass inside gate_up)
         gate_up = partial(moe.gate_up_v3, sorted_rows=srt, tma_x=tx)
         down = partial(moe.down_v3, sorted_rows=srt)
-        if t <= moe_v3_dec.MAX_T and w.layout == "v3" and not srt:
+        if t in moe_v3_dec.TOKENS and w.layout == "v3" and not srt:
             down = lambda act, r, w, _tiles: moe_v3_dec.down_v3_dec(act, r, w)  # noqa: E731
-        if t <= moe_v3_dec_gu.MAX_T and w.layout == "v3" and not srt:
+        if t in moe_v3_dec_gu.TOKENS and w.layout == "v3" and not srt:
             gate_up = lambda x, r, w, a, lim, _tiles: moe_v3_dec_gu.gate_up_v3_dec(x, r, w, a, lim)  # noqa: E731
     else:
         gu_tiles = moe.choose_tiles(t, TOP_K, e, I, H, gate_up=True)

@@ -25,16 +25,18 @@ Measured (H100, random 120b, bench/results v24): at batch 1 the down takes 12.6 
 v3's decode tiles) and the engine 298.2 / 298.1 tok/s against 285.2 / 283.6 (+4.6-5.1 %); the whole
 decode MoE in a CUDA graph at M 1 56.5 against 59.4 us. From M 2 it is slower (M 2 / 4 / 8 / 16:
 87.0 / 123.6 / 179.4 / 294.3 against 83.7 / 115.3 / 169.3 / 245.1 us: its 32-row programs at BM 2-16
-stream less than the warpgroup tiles), so moe.expert_rows_v3 takes it for decode batches of up to
-MAX_T tokens (default 1; GPTOSS_V3_DEC_DOWN=N, 0: never) on "v3" weights whose act rows are in
-assignment order. Its sums run in another order than v3's tiles, so a batch of one token and a
-larger one differ in the last bits, as the decode kernels on the bits layout already do (the
-batch-invariant mode runs neither).
+stream less than the warpgroup tiles). That was on cp.async; with its weights by TMA (WTMA) on an
+H200 the engine gains at 2 and 5-8 tokens (SPLIT_K_TOKENS says by how much), so moe.expert_rows_v3
+takes it for decode batches of TOKENS tokens (default SPLIT_K_TOKENS; GPTOSS_V3_DEC_DOWN) on "v3"
+weights whose act rows are in assignment order. Its sums run in another order than v3's tiles, so a
+batch of one token and a larger one differ in the last bits, as the decode kernels on the bits
+layout already do (the batch-invariant mode runs neither).
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 import triton
 import triton.language as tl
@@ -49,22 +51,45 @@ from gptoss.kernels.moe_tiles import DECODE_MAX_T, DecTiles
 from gptoss.kernels.moe_v3 import _check, _scaled, _tma_runs, _weight_args, weight_descriptors
 from gptoss.kernels.moe_v3_step import _dequant_v3
 
+# The decode batch sizes whose MoE takes the split-K kernels (this down, moe_v3_dec_gu's gate_up; on
+# 20b's two copies, kernel_model.DECODE_ON_LARGE: the v3 copy's). H200, one engine process a model,
+# CUDA graphs, the variants interleaved, 128 -> 512 tokens, tok/s (bench/results v47): 20b batch 2
+# 834.1 -> 938.3, 3 976.5 -> 952.5, 4 1,303.7 -> 1,272.8, 5 1,345.7 -> 1,432.4, 6 1,521.0 ->
+# 1,623.4, 7 1,700.0 -> 1,808.4, 8 1,939.5 -> 2,063.8 (v2's decode kernels -> these); 120b batch 2
+# 579.3 -> 621.0, 4 806.1 -> 788.2, 6 850.2 -> 868.0, 8 1,051.1 -> 1,071.0 (v3's decode tiles ->
+# these). Batches of 3, 5-7 replay the graphs of 4 and 8 (kernel_runner.GRAPH_SIZES, rows padded), so
+# the graphs decide at T 2, 4 (BM 4: loses on both models) and 8; eager steps of 3 and 5-7 tokens
+# follow their BM (4, 8). From 9 tokens they lose alone in a graph (moe_gpu.py, M 16: 188.9 against
+# 167.3 us at 20b, 310.1 against 279.5 at 120b). Batch 1 since v24 / v36.
+SPLIT_K_TOKENS = frozenset({1, 2, 5, 6, 7, 8})
 
-def env_max_t(v: str | None, name: str, gemm: str, default: int = 1) -> int:
-    """The most tokens a decode batch may have to take a split-K kernel (variable `name`, value v):
-    unset `default`, 0 never, up to DECODE_MAX_T."""
+
+def env_tokens(
+    v: str | None, name: str, gemm: str, default: frozenset[int] = SPLIT_K_TOKENS
+) -> frozenset[int]:
+    """The decode batch sizes that take a split-K kernel (variable `name`, value v): unset `default`;
+    N: 1..N (0: none); or a comma list of sizes and ranges (1,2,5-8), each in 1..DECODE_MAX_T."""
     if v in (None, ""):
         return default
-    if not v.isdigit() or int(v) > DECODE_MAX_T:
-        raise ValueError(
-            f"{name} must be the most tokens a decode batch has to take the split-K {gemm} "
-            f"(0: never, up to {DECODE_MAX_T}), got {v!r}"
-        )
-    return int(v)
+    bad = ValueError(
+        f"{name} must say which decode batch sizes take the split-K {gemm}: N for 1..N (0: none, up "
+        f"to {DECODE_MAX_T}) or sizes and ranges such as 1,2,5-8 within 1..{DECODE_MAX_T}, got {v!r}"
+    )
+    if v.isdigit():
+        if int(v) > DECODE_MAX_T:
+            raise bad
+        return frozenset(range(1, int(v) + 1))
+    sizes: set[int] = set()
+    for item in v.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        if m is None or not 1 <= int(m[1]) <= int(m[2] or m[1]) <= DECODE_MAX_T:
+            raise bad
+        sizes.update(range(int(m[1]), int(m[2] or m[1]) + 1))
+    return frozenset(sizes)
 
 
-def _max_t(v: str | None) -> int:
-    return env_max_t(v, "GPTOSS_V3_DEC_DOWN", "down")
+def _tokens(v: str | None) -> frozenset[int]:
+    return env_tokens(v, "GPTOSS_V3_DEC_DOWN", "down")
 
 
 def _tiles_fit(t: DecTiles) -> bool:
@@ -89,7 +114,7 @@ def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
     return t
 
 
-MAX_T = _max_t(os.environ.get("GPTOSS_V3_DEC_DOWN"))
+TOKENS = _tokens(os.environ.get("GPTOSS_V3_DEC_DOWN"))
 # GPTOSS_V3_DEC_WTMA (default on; 0 turns it off): this kernel's weight and scale words by TMA too
 # (one copy a K step, the same bits), as moe_v3's GEMMs take them (GPTOSS_MOE_V3_WTMA), and those of
 # moe_v3_dec_gu's split-K gate_up where GPTOSS_V3_DEC_GATE_UP takes it (untimed there). H200, random

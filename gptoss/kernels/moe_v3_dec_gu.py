@@ -27,18 +27,20 @@ Measured (H100, 120b, bf16; 48 calls in a CUDA graph on random routings, so most
 us a call, two runs on two machines): T 1 17.0-17.3 against 20.6 on v3's decode tiles, 18.0-18.3
 against 22.1 routing the logits; T 2 / 4 / 8 34.4 / 59.5 / 102.6 against 36.7 / 62.1 / 111.1; T 16
 217.9 against 191.8. In the engine (H100, 20b on one v3 copy, batch-1 128 -> 512, 2026-11-28, v25):
-403.5 against 401.9 tok/s on v3's decode tiles, +0.4 %, within the run-to-run spread. 120b
-(H100, batch-1 128 -> 512, one process each, 2026-11-28, v26): 280.0 against 298.6 / 300.7 / 298.7
-on v3's decode tiles, -6 %: alone in a graph of 48 copies it is faster, but between the step's other
-kernels it was not, because it launched with PDL (v36: this kernel 793-1,127 us a token with PDL,
-and the down after it slower too; LAUNCH_PDL below says what fits that). Launched plainly
-(LAUNCH_PDL off, as v3's gate_up), on a 256-K step (V3_GATE_UP_DEC), 120b batch-1 128 -> 512 on an
-H200, one process, interleaved rounds (v36): 396.9 / 406.1 tok/s against 383.4 / 385.5 on v3's
-decode tiles (+3.5 / +5.3 %); gate_up 588 against 723 us a token. So MAX_T (GPTOSS_V3_DEC_GATE_UP=N:
-up to N tokens take it) defaults to 1. Its weight and scale words come by TMA (WTMA,
-GPTOSS_V3_DEC_GATE_UP_WTMA; the same bits, interpreter-tested): sm_90a at 120b's T 1 with the
-routing inside, 128-K steps: 72 registers against 80, the K loop 238 instructions against 212 (two
-UTMALDG a step, words and scales, instead of 4 cp.async a thread; x stays on cp.async).
+403.5 against 401.9 tok/s on v3's decode tiles, +0.4 %, within the run-to-run spread. 120b (H100,
+batch-1 128 -> 512, one process each, 2026-11-28, v26): 280.0 against 298.6 / 300.7 / 298.7 on v3's
+decode tiles, -6 %: alone in a graph of 48 copies it is faster, but between the step's other kernels
+it was not, because it launched with PDL (v36: this kernel 793-1,127 us a token with PDL, and the
+down after it slower too; LAUNCH_PDL below says what fits that). Launched plainly (LAUNCH_PDL off,
+as v3's gate_up), on a 256-K step (V3_GATE_UP_DEC), 120b batch-1 128 -> 512 on an H200, one process,
+interleaved rounds (v36): 396.9 / 406.1 tok/s against 383.4 / 385.5 on v3's decode tiles (+3.5 /
++5.3 %); gate_up 588 against 723 us a token. TOKENS (GPTOSS_V3_DEC_GATE_UP: N for 1..N, or sizes and
+ranges such as 1,2,5-8) are the decode batch sizes that take it, by default
+moe_v3_dec.SPLIT_K_TOKENS (1, 2 and 5-8 tokens: the engine measured there, with the split-K down).
+Its weight and scale words come by TMA (WTMA, GPTOSS_V3_DEC_GATE_UP_WTMA; the same bits,
+interpreter-tested): sm_90a at 120b's T 1 with the routing inside, 128-K steps: 72 registers against
+80, the K loop 238 instructions against 212 (two UTMALDG a step, words and scales, instead of 4
+cp.async a thread; x stays on cp.async).
 
 Numerics: the same float32 products as v3's tiles (exact dequant, bf16 or IEEE float32 dots), summed
 in another order (a partial sum a warp, added after the loop), so act may differ from gate_up_v3's
@@ -60,19 +62,19 @@ from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing, _topk_one, expert_counts, slot_rows, store_one
 from gptoss.kernels.moe_tiles import DecTiles
 from gptoss.kernels.moe_v3 import _check, _route_args, _scaled, _tma_runs, _weight_args, weight_descriptors
-from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step, dec_tiles_v3, env_dec_tiles, env_max_t
+from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step, dec_tiles_v3, env_dec_tiles, env_tokens
 
 _ENV = "GPTOSS_V3_DEC_GATE_UP"
 
 
-def _max_t(v: str | None) -> int:
-    # Batch 1 by default: launched without PDL (LAUNCH_PDL) it beats v3's decode tiles in the engine,
-    # 588 against 723 us a token at 120b on an H200 (bench/results v36; it lost with PDL, v26, v33).
-    # Batches of 2-16 tokens are untimed in the engine: GPTOSS_V3_DEC_GATE_UP=N takes it up to N.
-    return env_max_t(v, _ENV, "gate_up", default=1)
+def _tokens(v: str | None) -> frozenset[int]:
+    # Batch 1 first: launched without PDL (LAUNCH_PDL) it beats v3's decode tiles in the engine, 588
+    # against 723 us a token at 120b on an H200 (bench/results v36; it lost with PDL, v26, v33).
+    # Batches of 2 and 5-8 since v47 (moe_v3_dec.SPLIT_K_TOKENS).
+    return env_tokens(v, _ENV, "gate_up")
 
 
-MAX_T = _max_t(os.environ.get(_ENV))
+TOKENS = _tokens(os.environ.get(_ENV))
 
 
 # Whether the kernel launches with PDL (GPTOSS_V3_DEC_GATE_UP_PDL=1). Off: at 120b batch 1 on an H200

@@ -18,13 +18,13 @@ from gptoss.kernels.moe_tiles import DecTiles, Tiles  # noqa: E402
 
 def test_a_variant_names_attributes_dict_items_and_tile_shapes():
     name, sets = parse_variant(
-        "gu=moe_v3_dec_gu.MAX_T=0+moe_v3_dec_gu.V3_GATE_UP_DEC=DecTiles(16,32,128,2,2,4)"
+        "gu=moe_v3_dec_gu.TOKENS=frozenset({1,2})+moe_v3_dec_gu.V3_GATE_UP_DEC=DecTiles(16,32,128,2,2,4)"
         "+moe_tiles.TILE_OVERRIDE[(0,True)]=Tiles(16,32,128,4,8)+attention.DECODE_CFG=(16,2,3)"
         "+gptoss.kernel_model.ROUTER='split'"
     )
     assert name == "gu"
     assert sets == [
-        ("gptoss.kernels.moe_v3_dec_gu", "MAX_T", None, 0),
+        ("gptoss.kernels.moe_v3_dec_gu", "TOKENS", None, frozenset({1, 2})),
         ("gptoss.kernels.moe_v3_dec_gu", "V3_GATE_UP_DEC", None, DecTiles(16, 32, 128, 2, 2, 4)),
         ("gptoss.kernels.moe_tiles", "TILE_OVERRIDE", (0, True), Tiles(16, 32, 128, 4, 8)),
         ("gptoss.kernels.attention", "DECODE_CFG", None, (16, 2, 3)),
@@ -38,7 +38,8 @@ def test_a_variant_names_attributes_dict_items_and_tile_shapes():
     [
         ("nameonly", "expected NAME=\\[MOD.ATTR=VALUE"),
         ("x=MAX_T=1", "'MAX_T=1' is not MOD.ATTR\\[\\[KEY\\]\\]=VALUE"),
-        ("x=attention.DECODE_CFG=fast", "'fast' is neither a Python literal nor a tile shape"),
+        ("x=attention.DECODE_CFG=fast", "'fast' is neither a Python literal, a tile shape nor a frozenset"),
+        ("x=moe_v3_dec.TOKENS=frozenset(1)", "'frozenset\\(1\\)' is neither"),
         ("x=moe_v3_dec_gu.V3_GATE_UP_DEC=DecTiles(16,32)", "'DecTiles\\(16,32\\)' is neither"),
     ],
 )
@@ -52,30 +53,30 @@ def test_switches_set_a_variant_and_restore_the_defaults_in_place():
         parse_variant(v)
         for v in (
             "default=",
-            "a=moe_v3_dec_gu.MAX_T=0+moe_tiles.TILE_OVERRIDE[(0,True)]=Tiles(16,32,128,4,8)",
+            "a=moe_v3_dec_gu.TOKENS=frozenset()+moe_tiles.TILE_OVERRIDE[(0,True)]=Tiles(16,32,128,4,8)",
             "b=attention.MIN_SPLIT_KEYS=128",
         )
     )
-    before = (moe_v3_dec_gu.MAX_T, attention.MIN_SPLIT_KEYS, dict(moe_tiles.TILE_OVERRIDE))
+    before = (moe_v3_dec_gu.TOKENS, attention.MIN_SPLIT_KEYS, dict(moe_tiles.TILE_OVERRIDE))
     override = moe_tiles.TILE_OVERRIDE  # other modules hold this dict: it must change in place
     sw = Switches(variants)
     try:
         sw.apply(variants["a"])
-        assert moe_v3_dec_gu.MAX_T == 0 and attention.MIN_SPLIT_KEYS == before[1]
+        assert moe_v3_dec_gu.TOKENS == frozenset() and attention.MIN_SPLIT_KEYS == before[1]
         assert moe_tiles.choose_tiles_v3(1, 4, 128, 2880, 2880, gate_up=True).stages == 8
         sw.apply(variants["b"])  # a's switches are undone before b's are set
-        assert moe_v3_dec_gu.MAX_T == before[0] and attention.MIN_SPLIT_KEYS == 128
+        assert moe_v3_dec_gu.TOKENS == before[0] and attention.MIN_SPLIT_KEYS == 128
         assert moe_tiles.TILE_OVERRIDE == before[2] and moe_tiles.TILE_OVERRIDE is override
     finally:
         sw.apply([])
-    assert (moe_v3_dec_gu.MAX_T, attention.MIN_SPLIT_KEYS, dict(moe_tiles.TILE_OVERRIDE)) == before
+    assert (moe_v3_dec_gu.TOKENS, attention.MIN_SPLIT_KEYS, dict(moe_tiles.TILE_OVERRIDE)) == before
 
 
 def test_switches_refuse_what_does_not_exist():
-    with pytest.raises(AttributeError, match="gptoss.kernels.moe_v3_dec_gu has no attribute 'MAX_TT'"):
-        Switches(dict([parse_variant("x=moe_v3_dec_gu.MAX_TT=1")]))
-    with pytest.raises(TypeError, match="gptoss.kernels.moe_v3_dec_gu.MAX_T is not a dict"):
-        Switches(dict([parse_variant("x=moe_v3_dec_gu.MAX_T[0]=1")]))
+    with pytest.raises(AttributeError, match="gptoss.kernels.moe_v3_dec_gu has no attribute 'MAX_T'"):
+        Switches(dict([parse_variant("x=moe_v3_dec_gu.MAX_T=1")]))
+    with pytest.raises(TypeError, match="gptoss.kernels.moe_v3_dec_gu.TOKENS is not a dict"):
+        Switches(dict([parse_variant("x=moe_v3_dec_gu.TOKENS[0]=1")]))
 
 
 def test_the_timed_and_profiled_steps_cover_the_whole_batch(tiny_checkpoint, monkeypatch):
@@ -113,15 +114,15 @@ def test_the_table_sums_a_shown_kernel_by_name_prefix():
 
 
 def test_the_planned_and_timed_variants_name_switches_that_exist_with_their_types():
-    """bench/results' planned calls (v41's next batch-4 runs), v41's and v42's timed ones: each switch is a
+    """bench/results' planned calls (v41's next batch-4 runs), v41's, v42's and v47's timed ones (v47's
+    in today's names: MAX_T became TOKENS, a set of batch sizes): each switch is a
     module attribute of the value's type, so a rename fails here, not after a device call has loaded a
     120b."""
     import importlib
 
     plan = (
-        "lg16=gptoss.kernel_model.DECODE_ON_LARGE=16",
-        "sk4=gptoss.kernel_model.DECODE_ON_LARGE=16+moe_v3_dec_gu.MAX_T=4+moe_v3_dec.MAX_T=4",
-        "sk4=moe_v3_dec_gu.MAX_T=4+moe_v3_dec.MAX_T=4",
+        "t8=gptoss.kernel_model.DECODE_ON_LARGE=frozenset({1,2,3,4,5,6,7,8})"
+        "+moe_v3_dec_gu.TOKENS=frozenset({1,2,3,4,5,6,7,8})+moe_v3_dec.TOKENS=frozenset({1,2,3,4,5,6,7,8})",
         "old=decode_advance.ARGMAX='torch'+gptoss.kernel_model.EMBED_IN_NORM=False",
         "gu16=moe_v3_dec_gu.V3_GATE_UP_DEC=DecTiles(16,16,256,2,2,4)",
         "dn16=moe_v3_dec.V3_DOWN_DEC=DecTiles(16,16,256,2,2,3)",

@@ -73,7 +73,7 @@ def test_the_engine_variant_leaves_every_switch_as_the_engine_runs():
             dict(moe.TILE_OVERRIDE),
             moe_decode.ENABLED,
             (moe_v3.TMA_DOWN, moe_v3.TMA_X, moe_v3.TMA_W),
-            (moe_v3_dec.WTMA, moe_v3_dec_gu.WTMA, moe_v3_dec.MAX_T, moe_v3_dec_gu.MAX_T),
+            (moe_v3_dec.WTMA, moe_v3_dec_gu.WTMA, moe_v3_dec.TOKENS, moe_v3_dec_gu.TOKENS),
         )
 
     before = state()
@@ -81,7 +81,7 @@ def test_the_engine_variant_leaves_every_switch_as_the_engine_runs():
         assert state() == before
     with _switches(VARIANTS["v3"]):
         assert state() != before
-        assert (moe_v3.TMA_W, moe_v3_dec.MAX_T) == ("0", 0)
+        assert (moe_v3.TMA_W, moe_v3_dec.TOKENS) == ("0", frozenset())
     assert state() == before
 
 

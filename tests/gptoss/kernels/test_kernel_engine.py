@@ -171,9 +171,10 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
     GPTOSS_ROUTER) and leave the combine to the next add + RMSNorm (moe.v3_decode), so moe.combine
     runs in the prefill step alone."""
     from gptoss import kernel_model
-    from gptoss.kernels import moe, moe_decode, moe_layout, moe_v3_dec_gu
+    from gptoss.kernels import moe, moe_decode, moe_layout, moe_v3_dec, moe_v3_dec_gu
 
     monkeypatch.setattr(moe_layout, "KERNELS", "v3")
+    monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", frozenset({1}))  # 2-token steps on v3's gate_up first
     ran = count_calls(
         monkeypatch,
         [
@@ -200,11 +201,16 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
     # (multi-step decode keeps both rows to the end), all on v3's gate_up
     assert ran["v3"] == 5 * layers and ran["split-K"] == 0
     assert ran["combine"] == layers and ran["norm_logits"] == ran["rows"] == 4 * layers
-    # one prompt: its decode steps of 1 token take the split-K gate_up (moe_v3_dec_gu.MAX_T, 1)
+    # one prompt: its decode steps of 1 token take the split-K gate_up (1 in moe_v3_dec_gu.TOKENS)
     ran.update(dict.fromkeys(ran, 0))
     one = [SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True)]
     assert triton_eng.generate(prompts[1:], one) == torch_eng.generate(prompts[1:], one)
     assert ran["v3"] == layers and ran["split-K"] == 2 * layers and ran["rows"] == 2 * layers
+    # the default sizes (1, 2, 5-8): the two prompts' 2-token decode steps take the split-K gate_up too
+    monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", moe_v3_dec.SPLIT_K_TOKENS)
+    ran.update(dict.fromkeys(ran, 0))
+    assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
+    assert ran["v3"] == layers and ran["split-K"] == ran["rows"] == 4 * layers
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="linear() takes the decode GEMVs on CUDA tensors only")
@@ -226,15 +232,15 @@ def test_stream_gemv_gives_the_reference_tokens(kernel_checkpoint, engines, monk
 def test_decode_on_the_large_copy_gives_the_reference_tokens(
     kernel_checkpoint, engines, monkeypatch, on_large
 ):
-    """Two copies of the experts (20b's: v2 and a v3 copy for large batches): with
-    GPTOSS_DECODE_ON_LARGE=1 one-token decode steps run the v3 copy's split-K gate_up and down
-    (120b's decode path; 1 is the default) and no decode kernel on v2; with 0 the decode kernels on v2.
-    The greedy tokens equal the reference's either way."""
+    """Two copies of the experts (20b's: v2 and a v3 copy for large batches): with one token in
+    GPTOSS_DECODE_ON_LARGE (the default's sizes include it) one-token decode steps run the v3 copy's
+    split-K gate_up and down (120b's decode path) and no decode kernel on v2; with 0 the decode
+    kernels on v2. The greedy tokens equal the reference's either way."""
     from gptoss import kernel_model
     from gptoss.kernels import moe_decode, moe_v3_dec, moe_v3_dec_gu
 
     monkeypatch.setattr(kernel_model, "moe_layouts", lambda ref: ("v2", "v3"))
-    monkeypatch.setattr(kernel_model, "DECODE_ON_LARGE", on_large)
+    monkeypatch.setattr(kernel_model, "DECODE_ON_LARGE", frozenset({1, 2}) if on_large else frozenset())
     layouts: list[tuple[str, str]] = []
     for owner, name in ((moe_v3_dec_gu, "gate_up_v3_dec"), (moe_v3_dec, "down_v3_dec")):
         real = getattr(owner, name)
@@ -254,8 +260,8 @@ def test_decode_on_the_large_copy_gives_the_reference_tokens(
     params = [SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)]
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
     layers = len(triton_eng.runner.kernel_runner.model.layers)
-    # The 13-token prefill is a decode size for v2's decode kernels (moe_decode.MAX_T) but has more
-    # than DECODE_ON_LARGE tokens: it takes v2 either way; the 3 one-token steps follow the switch.
+    # The 13-token prefill is a decode size for v2's decode kernels (moe_decode.MAX_T) but not one of
+    # DECODE_ON_LARGE's: it takes v2 either way; the 3 one-token steps follow the switch.
     if on_large:
         assert layouts == [("gate_up_v3_dec", "v3"), ("down_v3_dec", "v3")] * (3 * layers)
         assert ran["v2 decode"] == layers
@@ -265,10 +271,12 @@ def test_decode_on_the_large_copy_gives_the_reference_tokens(
 
 def test_decode_on_large_refuses_a_bad_value_by_name():
     from gptoss import kernel_model
+    from gptoss.kernels.moe_v3_dec import SPLIT_K_TOKENS
 
-    assert [kernel_model._decode_on_large(v) for v in (None, "", "0", "4")] == [1, 1, 0, 4]
-    for bad in ("x", "-1", "99"):
-        with pytest.raises(ValueError, match=r"^GPTOSS_DECODE_ON_LARGE must be the most tokens .* got "):
+    parsed = [kernel_model._decode_on_large(v) for v in (None, "", "0", "4", "1-2,8")]
+    assert parsed == [SPLIT_K_TOKENS, SPLIT_K_TOKENS, frozenset(), {1, 2, 3, 4}, {1, 2, 8}]
+    for bad in ("x", "-1", "99", "1,99"):
+        with pytest.raises(ValueError, match=r"^GPTOSS_DECODE_ON_LARGE must say which decode batch .* got "):
             kernel_model._decode_on_large(bad)
 
 

@@ -228,19 +228,20 @@ def test_warm_moe_runs_every_power_of_two_up_to_the_step_size(monkeypatch):
 
 def test_decode_copy_picks_the_copy_the_engine_decodes_on(monkeypatch):
     """kernel_model.decode_copy (the engine's decode step and bench/kernels/moe_gpu.py's "engine" rows):
-    20b's two copies give one token the v3 copy (DECODE_ON_LARGE 1), 2..moe_decode.MAX_T tokens the
-    v2 decode kernels, more tokens no decode path; an expert adapter keeps every decode batch on v2;
-    one v3 copy (120b) decodes on itself."""
+    20b's two copies give DECODE_ON_LARGE's batch sizes the v3 copy, the other sizes up to
+    moe_decode.MAX_T the v2 decode kernels, more tokens no decode path; an expert adapter keeps
+    every decode batch on v2; one v3 copy (120b) decodes on itself."""
     from gptoss import kernel_model
 
     _, w = make_moe(E, H, H, TOP_K, torch.bfloat16, seed=1, large="v3")
     _, w3 = make_moe(E, H, H, TOP_K, torch.bfloat16, seed=1, kernels="v3")
     x = lambda t: torch.zeros(t, H, device=DEV)  # noqa: E731
     monkeypatch.setattr(moe_decode, "MAX_T", 16)
-    monkeypatch.setattr(kernel_model, "DECODE_ON_LARGE", 1)
+    monkeypatch.setattr(kernel_model, "DECODE_ON_LARGE", frozenset({1, 2, 8}))
     pick = kernel_model.decode_copy
-    assert pick(x(1), w) is w.large and pick(x(2), w) is w and pick(x(16), w) is w
+    assert pick(x(1), w) is w.large and pick(x(2), w) is w.large and pick(x(8), w) is w.large
+    assert pick(x(4), w) is w and pick(x(16), w) is w
     assert pick(x(17), w) is None and pick(x(1), w, expert_lora=True) is w
     assert pick(x(1), w3) is w3 and pick(x(16), w3) is w3 and pick(x(1), w3, expert_lora=True) is None
-    monkeypatch.setattr(kernel_model, "DECODE_ON_LARGE", 0)
+    monkeypatch.setattr(kernel_model, "DECODE_ON_LARGE", frozenset())
     assert pick(x(1), w) is w

@@ -315,10 +315,10 @@ def test_v3_gate_up_routing_the_logits_itself_matches_the_routing_kernel(tokens,
 def test_v3_gate_up_routing_the_logits_gives_the_same_bits_with_pdl(tokens, monkeypatch):
     """moe_v3.ROUTE_PDL launches the routing gate_up with PDL (compiled on Hopper; elsewhere the
     constexpr branch is off): the same act, routing and rows as without it. (One token takes the
-    split-K gate_up by default: moe_v3_dec_gu.MAX_T 0 keeps it on v3's.)"""
+    split-K gate_up by default: an empty moe_v3_dec_gu.TOKENS keeps it on v3's.)"""
     from gptoss.kernels import moe_v3, moe_v3_dec_gu, pdl
 
-    monkeypatch.setattr(moe_v3_dec_gu, "MAX_T", 0)
+    monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", frozenset())
     ran = count_calls(monkeypatch, [(moe, "gate_up_v3", "v3")])
 
     ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels="v3")

@@ -150,28 +150,33 @@ def test_down_v3_dec_refuses_other_layouts(kernels, layout):
         moe_v3_dec.down_v3_dec(x.new_zeros(6, 64), r, w)
 
 
-@pytest.mark.parametrize("max_t, tokens, calls", [(1, 1, 1), (1, 2, 0), (16, 16, 1), (16, 17, 0), (0, 1, 0)])
-def test_expert_rows_v3_takes_the_decode_down_up_to_max_t_tokens(max_t, tokens, calls, monkeypatch):
-    """moe_v3_dec.MAX_T (default 1: batch 1, where it was measured faster): the kernel runs for
-    T <= MAX_T only, with the same rows as v3's down tiles (MAX_T 0)."""
+@pytest.mark.parametrize(
+    "sizes, tokens, calls",
+    [({1}, 1, 1), ({1}, 2, 0), ({16}, 16, 1), (set(range(1, 17)), 17, 0), (set(), 1, 0), ({2, 8}, 4, 0)],
+)
+def test_expert_rows_v3_takes_the_decode_down_at_its_batch_sizes(sizes, tokens, calls, monkeypatch):
+    """moe_v3_dec.TOKENS (default SPLIT_K_TOKENS: the sizes where the engine measured it faster): the
+    kernel runs for T in TOKENS only, with the same rows as v3's down tiles (none)."""
     ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels="v3")
     x = (torch.randn(tokens, 160, generator=torch.Generator().manual_seed(4)) * 3).to(DEV, torch.bfloat16)
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
-    monkeypatch.setattr(moe_v3_dec, "MAX_T", 0)
+    monkeypatch.setattr(moe_v3_dec, "TOKENS", frozenset())
     off = moe.expert_rows_v3(x, r, w, ALPHA, LIMIT)
     counted = count_calls(monkeypatch, [(moe_v3_dec, "down_v3_dec", "dec")])
-    monkeypatch.setattr(moe_v3_dec, "MAX_T", max_t)
+    monkeypatch.setattr(moe_v3_dec, "TOKENS", frozenset(sizes))
     on = moe.expert_rows_v3(x, r, w, ALPHA, LIMIT)
     assert counted["dec"] == calls
     assert _rel(on, off) <= TOL_V3[torch.bfloat16]
 
 
-def test_max_t_comes_from_the_environment():
-    assert [moe_v3_dec._max_t(v) for v in (None, "", "0", "1", "16")] == [1, 1, 0, 1, 16]
-    assert moe_v3_dec.MAX_T == moe_v3_dec._max_t(os.environ.get("GPTOSS_V3_DEC_DOWN"))
-    for bad in ("17", "yes", "-1"):
-        with pytest.raises(ValueError, match=f"GPTOSS_V3_DEC_DOWN must be .* up to 16\\), got '{bad}'"):
-            moe_v3_dec._max_t(bad)
+def test_the_batch_sizes_come_from_the_environment():
+    assert moe_v3_dec.SPLIT_K_TOKENS == frozenset({1, 2, 5, 6, 7, 8})
+    parsed = [moe_v3_dec._tokens(v) for v in (None, "", "0", "1", "2,8", "16")]
+    assert parsed == [moe_v3_dec.SPLIT_K_TOKENS] * 2 + [frozenset(), {1}, {2, 8}, set(range(1, 17))]
+    assert moe_v3_dec.TOKENS == moe_v3_dec._tokens(os.environ.get("GPTOSS_V3_DEC_DOWN"))
+    for bad in ("17", "yes", "-1", "4-3"):
+        with pytest.raises(ValueError, match=f"^GPTOSS_V3_DEC_DOWN must say .* split-K down: .* '{bad}'$"):
+            moe_v3_dec._tokens(bad)
 
 
 def test_expert_rows_v3_switch_with_routed_logits_and_sorted_rows(monkeypatch):
@@ -180,10 +185,10 @@ def test_expert_rows_v3_switch_with_routed_logits_and_sorted_rows(monkeypatch):
     ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=5, kernels="v3")
     x = (torch.randn(4, 160, generator=torch.Generator().manual_seed(6)) * 3).to(DEV, torch.bfloat16)
     logits = F.linear(x, ref.router_weight, ref.router_bias)
-    monkeypatch.setattr(moe_v3_dec, "MAX_T", 0)
+    monkeypatch.setattr(moe_v3_dec, "TOKENS", frozenset())
     off, _ = moe.expert_rows_v3_logits(x, logits, 4, w, ALPHA, LIMIT)
     calls = count_calls(monkeypatch, [(moe_v3_dec, "down_v3_dec", "dec")])
-    monkeypatch.setattr(moe_v3_dec, "MAX_T", 16)
+    monkeypatch.setattr(moe_v3_dec, "TOKENS", frozenset(range(1, 17)))
     on, _ = moe.expert_rows_v3_logits(x, logits, 4, w, ALPHA, LIMIT)
     assert calls["dec"] == 1 and _rel(on, off) <= TOL_V3[torch.bfloat16]
     monkeypatch.setattr(moe_v3, "tma_plan", lambda x, lora=None: (True, False))

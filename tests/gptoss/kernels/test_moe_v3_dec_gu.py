@@ -1,7 +1,7 @@
 """The v3 layout's split-K decode gate_up (gptoss.kernels.moe_v3_dec_gu) against moe_v3.gate_up_v3 on
 the decode tiles and a torch reference (act[a] = swiglu(x[a // k] @ W13_e^T + b13_e), the checkpoint's
 weights decoded by gptoss.mxfp4.dequantize, in float64, gptoss.model.swiglu), its routing of the
-logits in registers against route_and_group, and its switch MAX_T.
+logits in registers against route_and_group, and its switch TOKENS (the batch sizes that take it).
 
 Without CUDA the kernels run in Triton's interpreter (the portable dequant; the PTX runs in the @gpu
 test). Tolerances, relative Frobenius error over act: against the reference as test_moe_v3.py
@@ -25,7 +25,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe, moe_v3, moe_v3_dec_gu  # noqa: E402
+from gptoss.kernels import moe, moe_v3, moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_routing import Routing, route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles, choose_tiles_v3  # noqa: E402
 from gptoss.model import swiglu  # noqa: E402
@@ -184,15 +184,18 @@ def test_gate_up_v3_dec_refuses_other_layouts(kernels, layout):
         moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT)
 
 
-@pytest.mark.parametrize("max_t, tokens, calls", [(1, 1, 1), (1, 2, 0), (16, 16, 1), (0, 1, 0)])
-def test_expert_rows_v3_takes_the_split_k_gate_up_up_to_max_t_tokens(max_t, tokens, calls, monkeypatch):
-    """moe_v3_dec_gu.MAX_T (default 1): expert_rows_v3 runs the kernel for T <= MAX_T only, routing
-    the logits in it when given, and its rows equal v3's tiles' (MAX_T 0)."""
+@pytest.mark.parametrize(
+    "sizes, tokens, calls",
+    [({1}, 1, 1), ({1}, 2, 0), ({16}, 16, 1), (set(), 1, 0), ({1, 2, 5, 8}, 4, 0), ({1, 2, 5, 8}, 5, 1)],
+)
+def test_expert_rows_v3_takes_the_split_k_gate_up_at_its_batch_sizes(sizes, tokens, calls, monkeypatch):
+    """moe_v3_dec_gu.TOKENS (default moe_v3_dec.SPLIT_K_TOKENS): expert_rows_v3 runs the kernel for
+    T in TOKENS only, routing the logits in it when given, and its rows equal v3's tiles' (none)."""
     ref, w, x, logits, r = _case(8, 160, 96, 4, tokens, torch.bfloat16, seed=5)
-    monkeypatch.setattr(moe_v3_dec_gu, "MAX_T", 0)
+    monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", frozenset())
     off = moe.expert_rows_v3(x, r, w, ALPHA, LIMIT)
     counted = count_calls(monkeypatch, [(moe_v3_dec_gu, "gate_up_v3_dec", "gu")])
-    monkeypatch.setattr(moe_v3_dec_gu, "MAX_T", max_t)
+    monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", frozenset(sizes))
     on = moe.expert_rows_v3(x, r, w, ALPHA, LIMIT)
     routed, r2 = moe.expert_rows_v3_logits(x, logits, 4, w, ALPHA, LIMIT)
     assert counted["gu"] == 2 * calls
@@ -200,12 +203,19 @@ def test_expert_rows_v3_takes_the_split_k_gate_up_up_to_max_t_tokens(max_t, toke
     assert torch.equal(routed, on) and torch.equal(r2.counts, r.counts)
 
 
-def test_max_t_comes_from_the_environment():
-    assert [moe_v3_dec_gu._max_t(v) for v in (None, "", "0", "5", "16")] == [1, 1, 0, 5, 16]
-    assert moe_v3_dec_gu.MAX_T == moe_v3_dec_gu._max_t(os.environ.get("GPTOSS_V3_DEC_GATE_UP"))
-    for bad in ("17", "x", "-1"):
-        with pytest.raises(ValueError, match=f"GPTOSS_V3_DEC_GATE_UP must be .* up to 16\\), got '{bad}'"):
-            moe_v3_dec_gu._max_t(bad)
+def test_the_batch_sizes_come_from_the_environment():
+    parse = moe_v3_dec_gu._tokens
+    assert parse(None) == parse("") == frozenset({1, 2, 5, 6, 7, 8}) == moe_v3_dec.SPLIT_K_TOKENS
+    assert (parse("0"), parse("5"), parse("16")) == (frozenset(), {1, 2, 3, 4, 5}, frozenset(range(1, 17)))
+    assert parse("1,2,5-8") == frozenset({1, 2, 5, 6, 7, 8}) and parse("3,3-4,16") == frozenset({3, 4, 16})
+    assert moe_v3_dec_gu.TOKENS == parse(os.environ.get("GPTOSS_V3_DEC_GATE_UP"))
+    for bad in ("17", "x", "-1", "0,1", "1,17", "5-2", "1,,2", "2-"):
+        with pytest.raises(
+            ValueError,
+            match=f"^GPTOSS_V3_DEC_GATE_UP must say which decode batch sizes take the split-K gate_up: "
+            f".* got '{bad}'$",
+        ):
+            parse(bad)
 
 
 @gpu
