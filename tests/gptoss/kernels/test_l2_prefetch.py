@@ -132,10 +132,13 @@ def test_the_engine_with_every_prefetch_gives_the_reference_tokens(kernel_checkp
     for its K/V prefetch (every layer), and one-token steps ask gate_up for the MoE's; prefill steps
     none. Tokens equal the torch reference's."""
     from gptoss import kernel_model
-    from gptoss.kernels import attention, moe_layout
+    from gptoss.kernels import attention, moe_layout, moe_v3_dec_gu
 
     monkeypatch.setattr(moe_layout, "KERNELS", "v3")
     monkeypatch.setattr(l2_prefetch, "ON", frozenset(l2_prefetch.PARTS))
+    # 2-token steps on v3's gate_up (by default they take the split-K one, which never prefetches),
+    # so that its prefetch_down is seen off there and on at one token
+    monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", frozenset({1}))
     pf_down = record_flag(monkeypatch, moe, "gate_up_v3", "prefetch_down")
     pf_kv = record_flag(monkeypatch, kernel_model, "paged_attention", "prefetch_kv")
     calls = count_calls(
