@@ -3,7 +3,7 @@ engine, its CUDA graphs captured again for each variant, the variants interleave
 
     python bench/decode_ab_gpu.py --model-path CKPT --variant default= --variant rp=moe_v3.ROUTE_PDL=True \
         --variant gu=moe_v3_dec_gu.TOKENS=frozenset()+moe_v3_dec.WTMA=False \
-        [--rounds 2] [--decode 128x512] [--batch 1] [--profile-tokens 64]
+        [--rounds 2] [--decode 128x512] [--batch 1 | --batch 2,3,5] [--profile-tokens 64]
 
 Why: a 120b engine takes ~40 s to start, so one process a variant (bench/gptoss_gpu.py) spends most of
 a device call loading weights. The switches here are module attributes that the kernels' Python
@@ -167,7 +167,12 @@ def main() -> None:
     ap.add_argument("--variant", action="append", required=True, help="NAME=[MOD.ATTR=VALUE[+...]]")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--decode", default="128x512", help="IN x OUT tokens of each timed prompt")
-    ap.add_argument("--batch", type=int, default=1, help="prompts decoding together (a decode batch)")
+    ap.add_argument(
+        "--batch",
+        type=parse_batches,
+        default=[1],
+        help="prompts decoding together (a decode batch); a list (2,3,5) times each size in turn",
+    )
     ap.add_argument("--profile-tokens", type=int, default=64, help="0: no profile")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--max-num-seqs", type=int, default=8)
@@ -178,6 +183,11 @@ def main() -> None:
         help="a kernel (name prefix) whose µs added a step the table shows",
     )
     args = ap.parse_args()
+    if max(args.batch) > args.max_num_seqs:
+        ap.error(
+            f"--batch {max(args.batch)} is more than --max-num-seqs {args.max_num_seqs}: "
+            "it would not decode as one batch"
+        )
     variants = dict(parse_variant(v) for v in args.variant)
     switches = Switches(variants)
     lin, lout = (int(x) for x in args.decode.split("x"))
@@ -194,16 +204,22 @@ def main() -> None:
     runner = eng.runner.kernel_runner
     if runner is None or runner.device.type != "cuda":
         raise SystemExit("decode_ab_gpu.py re-captures the kernel runner's CUDA graphs: it needs a GPU")
-    prompts = rand_prompts(args.batch, lin, seed=99)
     eng.generate(rand_prompts(4, 64, 123), greedy(16))
+    tables = [time_batch(eng, runner, switches, variants, args, b, lin, lout) for b in args.batch]
+    print("\n" + "\n\n".join(tables))
+
+
+def time_batch(eng, runner, switches, variants, args, batch: int, lin: int, lout: int) -> str:
+    """The variants' rounds at one decode batch size; returns its table."""
+    prompts = rand_prompts(batch, lin, seed=99)
     tok_s: dict[str, list[float]] = {n: [] for n in variants}
     added: dict[str, dict[str, float]] = {}
     for rnd in range(args.rounds):
         for name, sets in variants.items():
             switches.apply(sets)
-            runner._capture()
+            runner.build_graphs()
             tok_s[name].append(decode_tok_s(eng, prompts, lout))
-            print(f"round {rnd + 1} {name}: {tok_s[name][-1]:.1f} tok/s", flush=True)
+            print(f"batch {batch} round {rnd + 1} {name}: {tok_s[name][-1]:.1f} tok/s", flush=True)
             if rnd == 0 and args.profile_tokens:
                 per, idle = profile_steps(eng, prompts, args.profile_tokens)
                 added[name] = per
@@ -211,16 +227,27 @@ def main() -> None:
                 for k, us in sorted(per.items(), key=lambda kv: -kv[1])[:12]:
                     print(f"    {k:60} {us:8.1f}")
     switches.apply([])
-    print(
-        f"\nbatch {args.batch}, {lin} -> {lout} tokens, tok/s (best of 3 a round); "
-        "top kernels, µs added a step"
-    )
+    lines = [
+        f"batch {batch}, {lin} -> {lout} tokens, tok/s (best of 3 a round); top kernels, µs added a step"
+    ]
     for name in variants:
         runs = " / ".join(f"{x:.1f}" for x in tok_s[name])
         top = sorted(added.get(name, {}).items(), key=lambda kv: -kv[1])[:5]
         tops = ", ".join(f"{k[:24]} {us:.1f}" for k, us in top)
         shown = "".join(f" | {k} {shown_us(added.get(name, {}), k):.1f}" for k in args.show)
-        print(f"{name:10} {runs:24} best {max(tok_s[name]):7.1f}{shown} | {tops}")
+        lines.append(f"{name:10} {runs:24} best {max(tok_s[name]):7.1f}{shown} | {tops}")
+    return "\n".join(lines)
+
+
+def parse_batches(text: str) -> list[int]:
+    """--batch: one size (8) or a list (2,3,5), each at least 1."""
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected decode batch sizes such as 8 or 2,3,5")
+    return sizes
 
 
 def shown_us(per: dict[str, float], prefix: str) -> float:

@@ -26,14 +26,23 @@ from gptoss.model import GptOss
 from gptoss.scheduler import Batch
 from gptoss.sequence import Sequence, Status
 
-# the decode graphs' batch sizes: steps grow with the size, so padding stays a small share of a batch
+# the decode graphs' batch sizes: steps grow with the size, so padding stays a small share of a batch.
+# Every size up to 8: a zero padding row routes by the router's bias alone, so at 20b's or 120b's
+# few-token steps it reads up to 4 experts a layer that no sequence chose.
+# Read at each capture (graph_ladder), so a bench can time another ladder in the same engine.
 GRAPH_SIZES = (
-    (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128)
+    (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128)
     + tuple(range(160, 257, 32))
     + tuple(range(320, 513, 64))
     + tuple(range(640, 1025, 128))
 )
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads engine-seeded requests over the 64-bit seed space
+
+
+def graph_ladder(max_num_seqs: int) -> list[int]:
+    """The decode graphs' sizes for an engine of max_num_seqs: GRAPH_SIZES up to it, and it."""
+    sizes = [b for b in GRAPH_SIZES if b <= max_num_seqs]
+    return sizes if sizes and sizes[-1] == max_num_seqs else [*sizes, max_num_seqs]
 
 
 @dataclass(slots=True)
@@ -102,13 +111,12 @@ class KernelRunner:
         self.ring_tab = torch.zeros(rows, self.ring_len, **i32)
         self.rows: dict[int, _Row] = {}
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
-        self.graph_sizes = [b for b in GRAPH_SIZES if b <= max_num_seqs]
-        if self.graph_sizes and self.graph_sizes[-1] < max_num_seqs:
-            self.graph_sizes.append(max_num_seqs)
+        self.max_num_seqs = max_num_seqs
+        self.graph_sizes = graph_ladder(max_num_seqs)
         # (seconds of host work, model steps it launched: a burst's k, any other launch's 1) a launch,
         # for the bench: a mean per launch would overstate a burst step's host time k-fold
         self.host_times: list[tuple[float, int]] = []
-        bmax = self.graph_sizes[-1]
+        bmax = max_num_seqs
         # Static decode inputs: rows 0 ids, 1 positions, 2 full slots, 3 ring slots, 4 table rows,
         # 5 LoRA adapter index.
         self.g_in = torch.zeros(6, bmax, dtype=torch.int64, device=self.device)
@@ -118,10 +126,8 @@ class KernelRunner:
             self.g_host = self.g_host.pin_memory()
         if self.device.type == "cuda" and max_step_tokens > 0:
             self.model.warm_moe(max_step_tokens)
-        if cuda_graphs and self.device.type == "cuda":
-            self._capture()
-        else:
-            self.graphs = {b: _Graph(b, None, None, self._graph_forward) for b in self.graph_sizes}
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.build_graphs()
 
     # ---- metadata --------------------------------------------------------------------------
 
@@ -336,6 +342,15 @@ class KernelRunner:
             if b >= n:
                 return self.graphs.get(b)
         return None
+
+    def build_graphs(self) -> None:
+        """The decode forward at every size of the ladder (read now, with the kernels' switches):
+        captured graphs on CUDA, else eager forwards over the same static inputs."""
+        self.graph_sizes = graph_ladder(self.max_num_seqs)
+        if self.cuda_graphs:
+            self._capture()
+        else:
+            self.graphs = {b: _Graph(b, None, None, self._graph_forward) for b in self.graph_sizes}
 
     def _capture(self) -> None:
         """Capture the decode forward at every ladder size, largest first, in one memory pool."""

@@ -4,13 +4,14 @@ table compare the wrong things, so the parsing and the restore are tested here o
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from decode_ab_gpu import Switches, parse_variant  # noqa: E402
+from decode_ab_gpu import Switches, parse_batches, parse_variant  # noqa: E402
 
 from gptoss.kernels import attention, moe_tiles, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles, Tiles  # noqa: E402
@@ -70,6 +71,13 @@ def test_switches_set_a_variant_and_restore_the_defaults_in_place():
     finally:
         sw.apply([])
     assert (moe_v3_dec_gu.TOKENS, attention.MIN_SPLIT_KEYS, dict(moe_tiles.TILE_OVERRIDE)) == before
+
+
+def test_batch_sizes_are_one_or_a_list_each_at_least_one():
+    assert parse_batches("8") == [8] and parse_batches("2,3,5") == [2, 3, 5]
+    for bad in ("0", "2,x", "", "3,-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"{bad!r}: expected decode batch sizes"):
+            parse_batches(bad)
 
 
 def test_switches_refuse_what_does_not_exist():
