@@ -122,7 +122,7 @@ def test_the_table_sums_a_shown_kernel_by_name_prefix():
 
 
 def test_the_planned_and_timed_variants_name_switches_that_exist_with_their_types():
-    """bench/results' planned calls (v41's next batch-4 runs), v41's, v42's and v47's timed ones (v47's
+    """bench/results' planned calls (v41's next batch-4 runs), v41's, v42's, v47's and v48's timed ones (v47's
     in today's names: MAX_T became TOKENS, a set of batch sizes): each switch is a
     module attribute of the value's type, so a rename fails here, not after a device call has loaded a
     120b."""
@@ -136,6 +136,7 @@ def test_the_planned_and_timed_variants_name_switches_that_exist_with_their_type
         "dn16=moe_v3_dec.V3_DOWN_DEC=DecTiles(16,16,256,2,2,3)",
         "old=attention.NEW_KEYS_N=0",
         "dn4=moe_v3_dec.V3_DOWN_DEC=DecTiles(16,32,512,4,4,4)",
+        "l4=gptoss.kernel_runner.GRAPH_SIZES=(1,2,4,8,12,16)",  # v48: the ladder before every size to 8
     )
     for spec in plan:
         for mod, attr, _, value in parse_variant(spec)[1]:
