@@ -56,16 +56,17 @@ def test_triton_greedy_equals_torch_reference(engines):
 @pytest.mark.parametrize("router", ["split", "norm", "fused"])
 def test_decode_routers_give_the_reference_tokens(kernel_checkpoint, engines, monkeypatch, router):
     """GPTOSS_ROUTER's decode routers: F.linear + the routing kernel, norm_route (add+RMSNorm + router
-    GEMV, then the routing kernel) and norm_logits with the routing inside the gate_up GEMM (default)."""
+    GEMV, then the routing kernel) and norm_logits with the routing inside the gate_up GEMM (default:
+    kernel_model.decode_rows, on the decode kernels' copy or, at DECODE_ON_LARGE's sizes on a GPU,
+    the v3 copy's split-K gate_up)."""
     from gptoss import kernel_model
-    from gptoss.kernels import moe_decode
 
     monkeypatch.setattr(kernel_model, "ROUTER", router)
     calls = count_calls(
         monkeypatch,
         [
             (kernel_model, "norm_route", "norm_route"),
-            (moe_decode, "experts_dec_logits", "experts_dec_logits"),
+            (kernel_model, "decode_rows", "decode_rows"),
         ],
     )
     # A fresh engine without CUDA graphs: a graph captured before the patch would replay its router.
@@ -74,9 +75,9 @@ def test_decode_routers_give_the_reference_tokens(kernel_checkpoint, engines, mo
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 4)]
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
     if router == "split":
-        assert calls == {"norm_route": 0, "experts_dec_logits": 0}
+        assert calls == {"norm_route": 0, "decode_rows": 0}
     else:
-        took = "norm_route" if router == "norm" else "experts_dec_logits"
+        took = "norm_route" if router == "norm" else "decode_rows"
         assert calls[took] > 0 and sum(calls.values()) == calls[took]  # the decode steps took that router
 
 
