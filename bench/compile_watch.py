@@ -6,7 +6,7 @@ that carries the count and the seconds says which kind of figure it is:
 
     with CompileWatch() as w:
         ...timed work...
-    w.count, w.seconds, w.note()
+    w.count, w.seconds, w.note(), w.kernels()
 
 It chains Triton's jit_cache_hook (called before each specialization's compile) and
 jit_post_compile_hook (after it), restoring whatever hooks were there on exit.
@@ -15,6 +15,7 @@ jit_post_compile_hook (after it), restoring whatever hooks were there on exit.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from triton import knobs
@@ -25,6 +26,9 @@ class CompileWatch:
     count: int = 0  # specializations made inside the block
     seconds: float = 0.0  # their compile (or disk-cache load) time
     names: list[str] = field(default_factory=list)  # the kernels, one entry a specialization
+    # Triton's repr of each: warps, stages and every argument's type or constexpr value, so a
+    # figure's cold compiles say what start-up would have to warm
+    specs: list[str] = field(default_factory=list)
     _prev: tuple = (None, None)
     _start: float | None = None
 
@@ -50,8 +54,13 @@ class CompileWatch:
             self._start = None
         self.count += 1
         self.names.append(kw["fn"].name)
+        self.specs.append(kw.get("repr", kw["fn"].name))
         if self._prev[1]:
             self._prev[1](**kw)
+
+    def kernels(self) -> dict[str, int]:
+        """Kernel name -> specializations inside the block, most first."""
+        return dict(Counter(self.names).most_common())
 
     def note(self) -> str:
         """'' when nothing was specialized; else how many and how long, for a table's notes."""

@@ -290,10 +290,21 @@ def run_vllm(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], in
 
 
 def jit_fields(jit) -> dict:
-    """A timed row's Triton specializations (bench/compile_watch.py), said on stderr when there were any."""
+    """A timed row's Triton specializations (bench/compile_watch.py), said on stderr when there were any,
+    with the kernels; the row keeps each one's repr (its constexprs), for start-up's warm-up to cover."""
     if jit.count:
-        print(f"warning: {jit.note()}; a warm process times without them", file=sys.stderr, flush=True)
-    return {"jit_specializations": jit.count, "jit_s": round(jit.seconds, 2)}
+        kernels = ", ".join(f"{k} x{n}" for k, n in jit.kernels().items())
+        print(
+            f"warning: {jit.note()}; a warm process times without them: {kernels}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {
+        "jit_specializations": jit.count,
+        "jit_s": round(jit.seconds, 2),
+        "jit_kernels": jit.kernels(),
+        "jit_specs": jit.specs,
+    }
 
 
 def table(rows: list[dict]) -> None:

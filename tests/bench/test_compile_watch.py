@@ -44,7 +44,7 @@ def test_it_counts_and_times_what_is_specialized_inside_the_block(monkeypatch):
         _specialize("gate_up", 0.02)
         _specialize("down", 0.01)
     _specialize("after")
-    assert (w.count, w.names) == (2, ["gate_up", "down"])
+    assert (w.count, w.names, w.specs) == (2, ["gate_up", "down"], ["gate_up", "down"])
     assert 0.03 <= w.seconds < 1.0
     assert w.note() == f"2 Triton specializations inside the timing ({w.seconds:.1f} s: a cold cache)"
     assert seen == ["outside", "gate_up", "down", "after"]  # the hook that was there still ran, inside too
@@ -72,3 +72,29 @@ def test_the_table_flags_a_row_timed_with_specializations_inside(capsys):
     b1 = next(x for x in out if x.startswith("batch-1 decode 16->4"))
     assert offline.endswith("tok/s host 1.5 ms/step, 37 JIT in timing (9.21 s)")
     assert b1.endswith("tok/s host 0.2 ms/step")
+
+
+def test_a_row_names_the_kernels_specialized_in_its_timing(capsys):
+    """The warning and the row say which kernels compiled inside a timed block, and the row keeps each
+    specialization's repr: what start-up would have to warm for the figure to be a warm one."""
+    with CompileWatch() as w:
+        for name in ("attn", "gate_up", "attn"):
+            kw = dict(key="k", repr=f"{name}[num_warps=4](BM: constexpr=64)", fn=SimpleNamespace(name=name))
+            knobs.runtime.jit_post_compile_hook(
+                **kw, compile={}, is_manual_warmup=False, already_compiled=False
+            )
+    fields = gptoss_gpu.jit_fields(w)
+    assert fields["jit_specializations"] == 3 and fields["jit_kernels"] == {"attn": 2, "gate_up": 1}
+    assert fields["jit_specs"][1] == "gate_up[num_warps=4](BM: constexpr=64)"
+    err = capsys.readouterr().err
+    assert err.startswith("warning: 3 Triton specializations inside the timing")
+    assert err.rstrip().endswith("a warm process times without them: attn x2, gate_up x1")
+    with CompileWatch() as quiet:
+        pass
+    assert gptoss_gpu.jit_fields(quiet) == {
+        "jit_specializations": 0,
+        "jit_s": 0.0,
+        "jit_kernels": {},
+        "jit_specs": [],
+    }
+    assert capsys.readouterr().err == ""
