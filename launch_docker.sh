@@ -23,6 +23,10 @@ script does not know, go to run_mlperf.py unchanged.
   --output-dir DIR   results dir, mounted at /output     [\$MLPERF_OUTPUT_DIR, else ./output]
   --hf-cache DIR     Hugging Face cache, mounted at /cache/huggingface (HF_HOME)
                                   [\$MLPERF_HF_CACHE, else \$HF_HOME, else ~/.cache/huggingface]
+  --compile-cache DIR  kernel caches (Triton, TorchInductor, vLLM, FlashInfer, CUDA), mounted at
+                     /cache/compile, so a container starts warm and times no compiles; 'none':
+                     each container compiles afresh
+                                  [\$MLPERF_COMPILE_CACHE, else ~/.cache/gptoss-mlperf/compile]
   --gpus SPEC        docker run --gpus value, 'none' to omit it     [\$MLPERF_GPUS, else all]
   --network MODE     docker run --network, e.g. host   [\$MLPERF_DOCKER_NETWORK, else default]
   -e, --env K=V      extra environment variable for the container (repeatable)
@@ -45,6 +49,7 @@ model_dir="${MLPERF_MODEL_DIR:-}"
 data_dir="${MLPERF_DATA_DIR:-}"
 output_dir="${MLPERF_OUTPUT_DIR:-$repo/output}"
 hf_cache="${MLPERF_HF_CACHE:-${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}}"
+compile_cache="${MLPERF_COMPILE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gptoss-mlperf/compile}"
 gpus="${MLPERF_GPUS:-all}"
 network="${MLPERF_DOCKER_NETWORK:-}"
 image="${MLPERF_IMAGE:-}"
@@ -62,6 +67,7 @@ set_option() {
     --data-dir) data_dir="$2" ;;
     --output-dir) output_dir="$2" ;;
     --hf-cache) hf_cache="$2" ;;
+    --compile-cache) compile_cache="$2" ;;
     --gpus) gpus="$2" ;;
     --network) network="$2" ;;
     -e|--env) [[ "$2" == ?*=* ]] || die "$1 takes KEY=VALUE, got '$2'"; envs+=("$2") ;;
@@ -72,10 +78,10 @@ set_option() {
 
 while [ $# -gt 0 ]; do
   case "$1" in
-    --backend|--model-dir|--data-dir|--output-dir|--hf-cache|--gpus|--network|-e|--env|--image|--base-image)
+    --backend|--model-dir|--data-dir|--output-dir|--hf-cache|--compile-cache|--gpus|--network|-e|--env|--image|--base-image)
       [ $# -ge 2 ] || die "$1 needs a value"
       set_option "$1" "$2"; shift 2 ;;
-    --backend=*|--model-dir=*|--data-dir=*|--output-dir=*|--hf-cache=*|--gpus=*|--network=*|--env=*|--image=*|--base-image=*)
+    --backend=*|--model-dir=*|--data-dir=*|--output-dir=*|--hf-cache=*|--compile-cache=*|--gpus=*|--network=*|--env=*|--image=*|--base-image=*)
       set_option "${1%%=*}" "${1#*=}"; shift ;;
     --rebuild) rebuild=1; shift ;;
     --mount-source) mount_source=1; shift ;;
@@ -128,6 +134,7 @@ done
 [ -z "$data_dir" ] || data_dir="$(host_path "$data_dir" --data-dir)"
 output_dir="$(host_path "$output_dir" --output-dir)"
 hf_cache="$(host_path "$hf_cache" --hf-cache)"
+[ "$compile_cache" = none ] || compile_cache="$(host_path "$compile_cache" --compile-cache)"
 
 version="$(awk -F'"' '/^\[/ { in_project = ($0 == "[project]") } in_project && /^version *=/ { print $2; exit }' "$repo/pyproject.toml")"
 [ -n "$version" ] || die "no version in $repo/pyproject.toml"
@@ -150,10 +157,18 @@ run_cmd+=(--ipc=host --ulimit memlock=-1 --ulimit stack=67108864 --ulimit nofile
   --user "$(id -u):$(id -g)")
 [ -z "$network" ] || run_cmd+=(--network "$network")
 run_cmd+=(-v "$output_dir:/output" -v "$hf_cache:/cache/huggingface")
+[ "$compile_cache" = none ] || run_cmd+=(-v "$compile_cache:/cache/compile")
 [ -z "$model_dir" ] || run_cmd+=(-v "$model_dir:/models:ro")
 [ -z "$data_dir" ] || run_cmd+=(-v "$data_dir:/data:ro")
 [ "$mount_source" = 0 ] || run_cmd+=(-v "$repo:/opt/gptoss-mlperf")
 run_cmd+=(-e "MLPERF_BACKEND=$backend" -e HF_HOME=/cache/huggingface)
+# Each compiler's cache under the mount. Without it every --rm container compiles every kernel again:
+# gpt-oss-120b on our engine started in 97 s cold against 42 s warm, and a cold Offline run timed
+# 9 Triton compiles (14.8 s) inside its measurement (bench/results v45, v48). vLLM's torch.compile
+# cache follows XDG_CACHE_HOME; FlashInfer appends .cache/flashinfer to its base.
+[ "$compile_cache" = none ] || run_cmd+=(-e XDG_CACHE_HOME=/cache/compile -e TRITON_CACHE_DIR=/cache/compile/triton
+  -e TORCHINDUCTOR_CACHE_DIR=/cache/compile/torchinductor -e FLASHINFER_WORKSPACE_BASE=/cache/compile
+  -e CUDA_CACHE_PATH=/cache/compile/nv)
 [ -z "${HF_TOKEN:-}" ] || run_cmd+=(-e HF_TOKEN)  # by name: the value stays out of argv and logs
 for kv in ${envs[@]+"${envs[@]}"}; do run_cmd+=(-e "$kv"); done
 if [ ${#passthrough[@]} -eq 0 ]; then
@@ -210,6 +225,7 @@ fi
 
 # Made here, owned by the caller: a missing bind-mount source would be created by root.
 mkdir -p "$output_dir" "$hf_cache"
+[ "$compile_cache" = none ] || mkdir -p "$compile_cache"
 if [ "$present" = 0 ]; then
   echo "$me: building $image (docker/Dockerfile.$backend)" >&2
   echo "+ $(show "${build_cmd[@]}")" >&2

@@ -17,6 +17,16 @@ VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["versi
 UID_GID = f"{os.getuid()}:{os.getgid()}"
 INFO = ["info", "--format", "{{.ServerVersion}}"]
 ULIMITS = ["--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "--ulimit", "nofile=1048576:1048576"]
+# The compilers' caches under the --compile-cache mount (a --rm container keeps nothing of its own)
+COMPILE_ENV = [
+    "-e", "XDG_CACHE_HOME=/cache/compile", "-e", "TRITON_CACHE_DIR=/cache/compile/triton",
+    "-e", "TORCHINDUCTOR_CACHE_DIR=/cache/compile/torchinductor",
+    "-e", "FLASHINFER_WORKSPACE_BASE=/cache/compile", "-e", "CUDA_CACHE_PATH=/cache/compile/nv",
+]  # fmt: skip
+
+
+def compile_mount(path: Path) -> list[str]:
+    return ["-v", f"{path}:/cache/compile"]
 
 
 def vcs_ref() -> str:
@@ -63,7 +73,7 @@ def build(backend: str, tag: str | None = None, *extra: str) -> list[str]:
 @pytest.fixture
 def dirs(tmp_path: Path) -> dict[str, Path]:
     root = tmp_path.resolve()
-    return {name: root / name for name in ("out", "hf", "models", "data")}
+    return {name: root / name for name in ("out", "hf", "models", "data", "cc")}
 
 
 @pytest.mark.parametrize("backend", ["gptoss", "vllm", "sglang"])
@@ -80,10 +90,11 @@ def test_first_launch_builds_and_runs_the_second_only_runs(fake_docker: FakeDock
         "--scenario",
         "offline",
     ]
+    cc = fake_docker.home / ".cache" / "gptoss-mlperf" / "compile"  # the default
     run = [
         "run", "--rm", "--init", "-i", "--gpus", "all", "--ipc=host", *ULIMITS, "--user", UID_GID,
-        "-v", f"{out}:/output", "-v", f"{hf}:/cache/huggingface",
-        "-e", f"MLPERF_BACKEND={backend}", "-e", "HF_HOME=/cache/huggingface",
+        "-v", f"{out}:/output", "-v", f"{hf}:/cache/huggingface", *compile_mount(cc),
+        "-e", f"MLPERF_BACKEND={backend}", "-e", "HF_HOME=/cache/huggingface", *COMPILE_ENV,
         image(backend), "python3", "run_mlperf.py", "--backend", backend, "--output-dir", "/output",
         "--scenario", "offline",
     ]  # fmt: skip
@@ -93,7 +104,7 @@ def test_first_launch_builds_and_runs_the_second_only_runs(fake_docker: FakeDock
     assert first.calls == [INFO, inspect(image(backend)), build(backend), run]
     assert f"launch_docker.sh: building {image(backend)} (docker/Dockerfile.{backend})" in first.stderr
     assert fake_docker.images == {image(backend): vcs_ref()}
-    assert out.is_dir() and hf.is_dir()  # made by the caller, not by the root-owned daemon
+    assert out.is_dir() and hf.is_dir() and cc.is_dir()  # made by the caller, not by the root-owned daemon
 
     second = fake_docker.launch(*args)
     assert second.returncode == 0, second.stderr
@@ -108,7 +119,8 @@ def test_mounts_gpus_env_and_passthrough_arguments(fake_docker: FakeDocker, dirs
     r = fake_docker.launch(
         "--backend", "vllm", "--model-dir", str(dirs["models"]), "--data-dir", str(dirs["data"]),
         "--output-dir", str(dirs["out"]), "--hf-cache", str(dirs["hf"]), "--gpus", '"device=0,1"',
-        "--network=host", "-e", "VLLM_USE_FLASHINFER_SAMPLER=0", "--env=NOTE=a b",
+        "--compile-cache", str(dirs["cc"]), "--network=host",
+        "-e", "VLLM_USE_FLASHINFER_SAMPLER=0", "--env=NOTE=a b",
         "--scenario", "server",  # not ours: passes through
         "--", "--input-file", "/data/perf.parquet", "--rebuild",  # after --: passes through
         HF_TOKEN="hf_secret_value",
@@ -121,8 +133,9 @@ def test_mounts_gpus_env_and_passthrough_arguments(fake_docker: FakeDocker, dirs
             "run", "--rm", "--init", "-i", "--gpus", '"device=0,1"', "--ipc=host", *ULIMITS,
             "--user", UID_GID, "--network", "host",
             "-v", f"{dirs['out']}:/output", "-v", f"{dirs['hf']}:/cache/huggingface",
+            *compile_mount(dirs["cc"]),
             "-v", f"{dirs['models']}:/models:ro", "-v", f"{dirs['data']}:/data:ro",
-            "-e", "MLPERF_BACKEND=vllm", "-e", "HF_HOME=/cache/huggingface", "-e", "HF_TOKEN",
+            "-e", "MLPERF_BACKEND=vllm", "-e", "HF_HOME=/cache/huggingface", *COMPILE_ENV, "-e", "HF_TOKEN",
             "-e", "VLLM_USE_FLASHINFER_SAMPLER=0", "-e", "NOTE=a b",
             image("vllm"), "python3", "run_mlperf.py", "--backend", "vllm", "--output-dir", "/output",
             "--model-path", "/models", "--scenario", "server",
@@ -141,6 +154,7 @@ def test_environment_variables_configure_it_and_flags_win(fake_docker: FakeDocke
         "MLPERF_DATA_DIR": str(dirs["data"]),
         "MLPERF_OUTPUT_DIR": str(dirs["out"]),
         "MLPERF_HF_CACHE": str(dirs["hf"]),
+        "MLPERF_COMPILE_CACHE": "none",  # no mount, no cache variables
         "MLPERF_GPUS": "none",
         "MLPERF_DOCKER_NETWORK": "host",
         "MLPERF_IMAGE": "registry.example/mlperf:sg",
@@ -163,14 +177,17 @@ def test_environment_variables_configure_it_and_flags_win(fake_docker: FakeDocke
         ],
     ]  # fmt: skip
 
-    flags = fake_docker.launch("--backend", "gptoss", "--gpus", "all", "--image", "mine:1", "--", "-h", **env)
+    flags = fake_docker.launch(
+        "--backend", "gptoss", "--gpus", "all", "--image", "mine:1", "--compile-cache=" + str(dirs["cc"]),
+        "--", "-h", **env,
+    )  # fmt: skip
     assert flags.returncode == 0, flags.stderr
     assert flags.calls[-1] == [
         "run", "--rm", "--init", "-i", "--gpus", "all", "--ipc=host", *ULIMITS, "--user", UID_GID,
         "--network", "host",
-        "-v", f"{dirs['out']}:/output", "-v", f"{dirs['hf']}:/cache/huggingface",
+        "-v", f"{dirs['out']}:/output", "-v", f"{dirs['hf']}:/cache/huggingface", *compile_mount(dirs["cc"]),
         "-v", f"{dirs['models']}:/models:ro", "-v", f"{dirs['data']}:/data:ro",
-        "-e", "MLPERF_BACKEND=gptoss", "-e", "HF_HOME=/cache/huggingface",
+        "-e", "MLPERF_BACKEND=gptoss", "-e", "HF_HOME=/cache/huggingface", *COMPILE_ENV,
         "mine:1", "python3", "run_mlperf.py", "--backend", "gptoss", "--output-dir", "/output",
         "--model-path", "/models", "-h",
     ]  # fmt: skip
@@ -179,12 +196,16 @@ def test_environment_variables_configure_it_and_flags_win(fake_docker: FakeDocke
 
 def test_defaults_hf_home_and_a_shell_without_arguments(fake_docker: FakeDocker, dirs):
     fake_docker.set(images={image("gptoss"): vcs_ref()})
-    r = fake_docker.launch("--output-dir", str(dirs["out"]), HF_HOME=str(dirs["hf"]))
+    r = fake_docker.launch(
+        "--output-dir", str(dirs["out"]), HF_HOME=str(dirs["hf"]), XDG_CACHE_HOME=str(dirs["cc"])
+    )
     assert r.returncode == 0, r.stderr
     assert r.calls[-1] == [
         "run", "--rm", "--init", "-i", "--gpus", "all", "--ipc=host", *ULIMITS, "--user", UID_GID,
         "-v", f"{dirs['out']}:/output", "-v", f"{dirs['hf']}:/cache/huggingface",
-        "-e", "MLPERF_BACKEND=gptoss", "-e", "HF_HOME=/cache/huggingface", image("gptoss"), "bash",
+        *compile_mount(dirs["cc"] / "gptoss-mlperf" / "compile"),  # under XDG_CACHE_HOME
+        "-e", "MLPERF_BACKEND=gptoss", "-e", "HF_HOME=/cache/huggingface", *COMPILE_ENV,
+        image("gptoss"), "bash",
     ]  # fmt: skip
 
     # Neither MLPERF_HF_CACHE nor HF_HOME: huggingface_hub's own default under $HOME.
@@ -223,7 +244,8 @@ def test_dry_run_prints_the_exact_commands_and_runs_nothing(fake_docker: FakeDoc
     run = [
         "docker", "run", "--rm", "--init", "-i", "--gpus", "all", "--ipc=host", *ULIMITS, "--user", UID_GID,
         "-v", f"{dirs['out']}:/output", "-v", f"{fake_docker.home}/.cache/huggingface:/cache/huggingface",
-        "-e", "MLPERF_BACKEND=vllm", "-e", "HF_HOME=/cache/huggingface",
+        *compile_mount(fake_docker.home / ".cache" / "gptoss-mlperf" / "compile"),
+        "-e", "MLPERF_BACKEND=vllm", "-e", "HF_HOME=/cache/huggingface", *COMPILE_ENV,
         image("vllm"), "python3", "run_mlperf.py", "--backend", "vllm", "--output-dir", "/output",
         "--scenario", "offline",
     ]  # fmt: skip
@@ -232,7 +254,7 @@ def test_dry_run_prints_the_exact_commands_and_runs_nothing(fake_docker: FakeDoc
     assert missing.returncode == 0, missing.stderr
     assert [shlex.split(line) for line in missing.stdout.splitlines()] == [["docker", *build("vllm")], run]
     assert missing.calls == [INFO, inspect(image("vllm"))]  # queries only: no build, no run
-    assert not dirs["out"].exists()
+    assert not dirs["out"].exists() and not (fake_docker.home / ".cache").exists()
 
     fake_docker.set(images={image("vllm"): vcs_ref()})
     present = fake_docker.launch("--dry-run", *args)
@@ -333,6 +355,8 @@ OPENAI = (
         (["--model-dir", "/nonexistent/model"], "--model-dir '/nonexistent/model' is not a directory"),
         (["--data-dir", "/nonexistent/data"], "--data-dir '/nonexistent/data' is not a directory"),
         (["--output-dir", "/tmp/a:b"], "--output-dir '/tmp/a:b' contains ':', which docker -v cannot mount"),
+        (["--compile-cache", "/tmp/c:d"],
+         "--compile-cache '/tmp/c:d' contains ':', which docker -v cannot mount"),
         (["--gpus"], "--gpus needs a value"),
         (["-e", "NOVALUE"], "-e takes KEY=VALUE, got 'NOVALUE'"),
         (["--backend", "vllm", "--", "--backend", "sglang"], MISMATCH),
@@ -358,7 +382,8 @@ def test_run_mlperf_flags_that_agree_with_the_mounts_pass(fake_docker: FakeDocke
 def test_help_lists_every_option(fake_docker: FakeDocker):
     r = fake_docker.launch("--help")
     assert r.returncode == 0 and r.calls == []
-    options = ["--backend", "--model-dir", "--data-dir", "--output-dir", "--hf-cache", "--gpus", "--network"]
+    options = ["--backend", "--model-dir", "--data-dir", "--output-dir", "--hf-cache", "--compile-cache"]
+    options += ["--gpus", "--network"]
     options += ["--env", "--image", "--base-image", "--rebuild", "--mount-source", "--dry-run"]
     for option in options:
         assert f"  {option}" in r.stdout or f", {option}" in r.stdout, option
