@@ -24,8 +24,8 @@ script does not know, go to run_mlperf.py unchanged.
   --hf-cache DIR     Hugging Face cache, mounted at /cache/huggingface (HF_HOME)
                                   [\$MLPERF_HF_CACHE, else \$HF_HOME, else ~/.cache/huggingface]
   --compile-cache DIR  kernel caches (Triton, TorchInductor, vLLM, FlashInfer, CUDA), mounted at
-                     /cache/compile, so a container starts warm and times no compiles; 'none':
-                     each container compiles afresh
+                     /cache/compile: after the first run, containers start warm and time no
+                     compiles; 'none': each container compiles afresh
                                   [\$MLPERF_COMPILE_CACHE, else ~/.cache/gptoss-mlperf/compile]
   --gpus SPEC        docker run --gpus value, 'none' to omit it     [\$MLPERF_GPUS, else all]
   --network MODE     docker run --network, e.g. host   [\$MLPERF_DOCKER_NETWORK, else default]
