@@ -141,3 +141,38 @@ def test_the_planned_and_timed_variants_name_switches_that_exist_with_their_type
     for spec in plan:
         for mod, attr, _, value in parse_variant(spec)[1]:
             assert type(getattr(importlib.import_module(mod), attr)) is type(value), (spec, attr)
+
+
+def test_each_batch_times_every_variant_on_graphs_built_under_its_switches(monkeypatch):
+    """--batch 3,5: per batch size and round, each variant's switches are set, then the graphs are
+    built (the ladder read then), then timed; one table a size names every variant. A runner that only
+    records the ladder it would build stands in for the GPU's (on CPU there are no graphs to capture)."""
+    from types import SimpleNamespace
+
+    import decode_ab_gpu
+
+    from gptoss import kernel_runner
+
+    built: list[list[int]] = []
+    runner = SimpleNamespace(build_graphs=lambda: built.append(kernel_runner.graph_ladder(8)))
+    timed: list[tuple[int, list[int]]] = []
+
+    def fake_tok_s(eng, prompts, out_len):
+        timed.append((len(prompts), built[-1]))
+        return 100.0 * len(prompts)
+
+    monkeypatch.setattr(decode_ab_gpu, "decode_tok_s", fake_tok_s)
+    variants = dict(
+        parse_variant(v) for v in ("default=", "l4=gptoss.kernel_runner.GRAPH_SIZES=(1,2,4,8,12,16)")
+    )
+    args = SimpleNamespace(rounds=2, profile_tokens=0, show=[])
+    switches = Switches(variants)
+    tables = [decode_ab_gpu.time_batch(None, runner, switches, variants, args, b, 128, 16) for b in (3, 5)]
+    every, old = list(range(1, 9)), [1, 2, 4, 8]
+    assert timed == [(3, every), (3, old), (3, every), (3, old), (5, every), (5, old), (5, every), (5, old)]
+    assert kernel_runner.GRAPH_SIZES[:8] == (1, 2, 3, 4, 5, 6, 7, 8)  # restored after each size
+    assert tables[0].splitlines()[0].startswith("batch 3, 128 -> 16 tokens")
+    assert [line.split()[:4] for line in tables[1].splitlines()[1:]] == [
+        ["default", "500.0", "/", "500.0"],
+        ["l4", "500.0", "/", "500.0"],
+    ]
