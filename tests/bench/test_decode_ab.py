@@ -137,6 +137,12 @@ def test_the_planned_and_timed_variants_name_switches_that_exist_with_their_type
         "old=attention.NEW_KEYS_N=0",
         "dn4=moe_v3_dec.V3_DOWN_DEC=DecTiles(16,32,512,4,4,4)",
         "l4=gptoss.kernel_runner.GRAPH_SIZES=(1,2,4,8,12,16)",  # v48: the ladder before every size to 8
+        # v48's next runs: split-K at 12 and 16 tokens on a tile of their own, and at 3
+        "sk=moe_v3_dec_gu.TOKENS=frozenset({1,2,5,6,7,8,12,16})+moe_v3_dec.TOKENS=frozenset({1,2,5,6,7,8,12,16})"
+        "+gptoss.kernel_model.DECODE_ON_LARGE=frozenset({1,2,5,6,7,8,12,16})"
+        "+moe_v3_dec.V3_DOWN_DEC=DecTiles(16,16,256,2,2,2)",
+        "sk3=moe_v3_dec_gu.TOKENS=frozenset({1,2,3,5,6,7,8})+moe_v3_dec.TOKENS=frozenset({1,2,3,5,6,7,8})"
+        "+gptoss.kernel_model.DECODE_ON_LARGE=frozenset({1,2,3,5,6,7,8})",
     )
     for spec in plan:
         for mod, attr, _, value in parse_variant(spec)[1]:
