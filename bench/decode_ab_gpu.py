@@ -217,7 +217,7 @@ def time_batch(eng, runner, switches, variants, args, batch: int, lin: int, lout
     for rnd in range(args.rounds):
         for name, sets in variants.items():
             switches.apply(sets)
-            runner.build_graphs()
+            runner.graphs.build()
             tok_s[name].append(decode_tok_s(eng, prompts, lout))
             print(f"batch {batch} round {rnd + 1} {name}: {tok_s[name][-1]:.1f} tok/s", flush=True)
             if rnd == 0 and args.profile_tokens:

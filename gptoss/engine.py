@@ -96,7 +96,7 @@ class LLMEngine:
             "kv_cache_dtype": c.kv_cache_dtype,
             "dense_moe": r.dense_moe,
             "kernels": r.kernels,
-            "cuda_graphs": sorted(r.kernel_runner.graphs) if r.kernel_runner is not None else [],
+            "cuda_graphs": r.kernel_runner.graphs.sizes if r.kernel_runner is not None else [],
             "lora": {} if r.lora is None else {a.name: str(a.path) for a in r.lora.adapters},
         }
 

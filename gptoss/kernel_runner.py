@@ -2,8 +2,9 @@
 
 Block tables live on the device, one row per running sequence; a step sends only the blocks
 added since the last step (O(changed)), and the step's table is a gather of its rows. Pure
-decode steps replay a CUDA graph captured for the next batch size up the ladder (padding rows
-read a dummy table row, attend to nothing but their own key and write no cache slot). Prefill
+decode steps replay a CUDA graph captured for the next batch size up the ladder
+(gptoss.decode_graphs; padding rows read a dummy table row, attend to nothing but their own key and
+write no cache slot). Prefill
 and mixed steps run the same kernels eagerly. Sampling runs on the device from per-request
 seeds; the only synchronisation per step is reading the sampled ids back.
 """
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from gptoss.block_manager import cdiv
 from gptoss.burst import Burst
+from gptoss.decode_graphs import DecodeGraph, DecodeGraphs
 from gptoss.kernel_model import KernelModel, StepMeta
 from gptoss.kernels.decode_advance import greedy_advance, tail_argmax
 from gptoss.kernels.sampling import sample
@@ -26,23 +28,7 @@ from gptoss.model import GptOss
 from gptoss.scheduler import Batch
 from gptoss.sequence import Sequence, Status
 
-# the decode graphs' batch sizes: steps grow with the size, so padding stays a small share of a batch.
-# Every size up to 8: a zero padding row routes by the router's bias alone, so at 20b's or 120b's
-# few-token steps it reads up to 4 experts a layer that no sequence chose.
-# Read at each capture (graph_ladder), so a bench can time another ladder in the same engine.
-GRAPH_SIZES = (
-    (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128)
-    + tuple(range(160, 257, 32))
-    + tuple(range(320, 513, 64))
-    + tuple(range(640, 1025, 128))
-)
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads engine-seeded requests over the 64-bit seed space
-
-
-def graph_ladder(max_num_seqs: int) -> list[int]:
-    """The decode graphs' sizes for an engine of max_num_seqs: GRAPH_SIZES up to it, and it."""
-    sizes = [b for b in GRAPH_SIZES if b <= max_num_seqs]
-    return sizes if sizes and sizes[-1] == max_num_seqs else [*sizes, max_num_seqs]
 
 
 @dataclass(slots=True)
@@ -51,24 +37,6 @@ class _Row:
     index: int
     full_synced: int = 0
     ring_synced: int = 0
-
-
-@dataclass(slots=True)
-class _Graph:
-    """The decode forward at batch size B over the static inputs: a captured CUDA graph, or (no
-    graphs: CPU, --no-cuda-graphs) the same forward run eagerly, so both paths share every input."""
-
-    size: int
-    graph: torch.cuda.CUDAGraph | None
-    hidden: Tensor | None  # [B, H] output; a graph writes it in place, eager replaces it
-    forward: object = None  # eager: callable(B) -> hidden
-
-    def replay(self) -> Tensor:
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self.hidden = self.forward(self.size)
-        return self.hidden
 
 
 def _greedy(logits: Tensor) -> Tensor:
@@ -111,23 +79,26 @@ class KernelRunner:
         self.ring_tab = torch.zeros(rows, self.ring_len, **i32)
         self.rows: dict[int, _Row] = {}
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
-        self.max_num_seqs = max_num_seqs
-        self.graph_sizes = graph_ladder(max_num_seqs)
         # (seconds of host work, model steps it launched: a burst's k, any other launch's 1) a launch,
         # for the bench: a mean per launch would overstate a burst step's host time k-fold
         self.host_times: list[tuple[float, int]] = []
-        bmax = max_num_seqs
         # Static decode inputs: rows 0 ids, 1 positions, 2 full slots, 3 ring slots, 4 table rows,
         # 5 LoRA adapter index.
-        self.g_in = torch.zeros(6, bmax, dtype=torch.int64, device=self.device)
-        self.g_host = torch.zeros(6, bmax, dtype=torch.int64)
-        self.g_qs = torch.arange(bmax + 1, dtype=torch.int32, device=self.device)
+        self.g_in = torch.zeros(6, max_num_seqs, dtype=torch.int64, device=self.device)
+        self.g_host = torch.zeros(6, max_num_seqs, dtype=torch.int64)
+        self.g_qs = torch.arange(max_num_seqs + 1, dtype=torch.int32, device=self.device)
         if self.device.type == "cuda":
             self.g_host = self.g_host.pin_memory()
         if self.device.type == "cuda" and max_step_tokens > 0:
             self.model.warm_moe(max_step_tokens)
-        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
-        self.build_graphs()
+        self.graphs = DecodeGraphs(
+            max_num_seqs,
+            self._graph_forward,
+            self._capture_inputs,
+            self.device,
+            cuda_graphs and self.device.type == "cuda",
+        )
+        self.graphs.build()
 
     # ---- metadata --------------------------------------------------------------------------
 
@@ -190,7 +161,7 @@ class KernelRunner:
         rows = self._sync_tables(seqs)
         starts = [s.num_computed for s in seqs]
         decode_only = all(n == 1 for n in lens)
-        graph = self._graph_for(len(seqs)) if decode_only else None
+        graph = self.graphs.for_batch(len(seqs)) if decode_only else None
         if graph is not None:
             hidden = self._replay(graph, seqs, starts, rows)
             sample_rows = None
@@ -237,7 +208,7 @@ class KernelRunner:
         """A pure decode batch that a captured graph covers and whose sampling needs no filtering."""
         return (
             all(n == 1 for n in batch.num_new)
-            and self._graph_for(len(batch.seqs)) is not None
+            and self.graphs.for_batch(len(batch.seqs)) is not None
             and not any(
                 not s.params.greedy and (s.params.top_k > 0 or s.params.top_p < 1.0) for s in batch.seqs
             )
@@ -254,7 +225,7 @@ class KernelRunner:
         t0 = time.perf_counter()
         seqs = batch.seqs
         n = len(seqs)
-        g = self._graph_for(n)
+        g = self.graphs.for_batch(n)
         assert g is not None
         rows = self._sync_tables(seqs)
         ids_in, pos, full, ring, row_idx, _ = self.g_in[:, :n]
@@ -337,41 +308,10 @@ class KernelRunner:
 
     # ---- CUDA graphs ------------------------------------------------------------------------
 
-    def _graph_for(self, n: int) -> _Graph | None:
-        for b in self.graph_sizes:
-            if b >= n:
-                return self.graphs.get(b)
-        return None
-
-    def build_graphs(self) -> None:
-        """The decode forward at every size of the ladder (read now, with the kernels' switches):
-        captured graphs on CUDA, else eager forwards over the same static inputs."""
-        self.graph_sizes = graph_ladder(self.max_num_seqs)
-        if self.cuda_graphs:
-            self._capture()
-        else:
-            self.graphs = {b: _Graph(b, None, None, self._graph_forward) for b in self.graph_sizes}
-
-    def _capture(self) -> None:
-        """Capture the decode forward at every ladder size, largest first, in one memory pool."""
-        dev = self.device
-        self.graphs = {}
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(dev)
-        stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(stream):
-            for b in reversed(self.graph_sizes):
-                self._fill_padding(0, b)
-                self.g_in.copy_(self.g_host)
-                for _ in range(2):  # compile and warm the kernels at this size
-                    self._graph_forward(b)
-                torch.cuda.synchronize(dev)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=stream):
-                    hidden = self._graph_forward(b)
-                self.graphs[b] = _Graph(b, g, hidden)
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        torch.cuda.synchronize(dev)
+    def _capture_inputs(self, b: int) -> None:
+        """The static inputs of a b-row capture: every row padding."""
+        self._fill_padding(0, b)
+        self.g_in.copy_(self.g_host)
 
     def _fill_padding(self, n: int, b: int) -> None:
         """Rows [n, b) of the static inputs: token 0 at position 0, no slot, the dummy table row, no
@@ -396,7 +336,7 @@ class KernelRunner:
         )
         return self.model.forward(ids, pos, meta, adapter if self.lora else None)
 
-    def _replay(self, g: _Graph, seqs: list[Sequence], starts: list[int], rows: list[int]) -> Tensor:
+    def _replay(self, g: DecodeGraph, seqs: list[Sequence], starts: list[int], rows: list[int]) -> Tensor:
         n, b = len(seqs), g.size
         h = self.g_host.numpy()
         bs, rl = self.bs, self.ring_len

@@ -59,7 +59,7 @@ from gptoss.kernels.moe_v3_step import _dequant_v3
 # 579.3 -> 621.0, 4 806.1 -> 788.2, 6 850.2 -> 868.0, 8 1,051.1 -> 1,071.0 (v3's decode tiles ->
 # these). Batches of 3 and 5-7 then replayed the graphs of 4 and 8, so the graphs decided at T 2, 4
 # (BM 4: loses on both models) and 8; 5-7 follow their BM 8. Since v48 every size up to 8 has its
-# graph (kernel_runner.GRAPH_SIZES), and the committed sizes against batch 1 only gave 20b batch 2
+# graph (decode_graphs.GRAPH_SIZES), and the committed sizes against batch 1 only gave 20b batch 2
 # 829.8 -> 936.9, 5 1,464.4 -> 1,566.7, 7 1,778.4 -> 1,902.1, 8 1,940.0 -> 2,057.4; 3 is untimed on
 # these kernels at its own size. From 9 tokens they lose alone in a graph (moe_gpu.py, M 16: 188.9
 # against 167.3 us at 20b, 310.1 against 279.5 at 120b). Batch 1 since v24 / v36.

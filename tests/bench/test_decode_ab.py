@@ -136,7 +136,8 @@ def test_the_planned_and_timed_variants_name_switches_that_exist_with_their_type
         "dn16=moe_v3_dec.V3_DOWN_DEC=DecTiles(16,16,256,2,2,3)",
         "old=attention.NEW_KEYS_N=0",
         "dn4=moe_v3_dec.V3_DOWN_DEC=DecTiles(16,32,512,4,4,4)",
-        "l4=gptoss.kernel_runner.GRAPH_SIZES=(1,2,4,8,12,16)",  # v48: the ladder before every size to 8
+        # v48's ladder before every size to 8 (it ran as gptoss.kernel_runner's, before the move)
+        "l4=gptoss.decode_graphs.GRAPH_SIZES=(1,2,4,8,12,16)",
         # v48's next runs: split-K at 12 and 16 tokens on a tile of their own, and at 3
         "sk=moe_v3_dec_gu.TOKENS=frozenset({1,2,5,6,7,8,12,16})+moe_v3_dec.TOKENS=frozenset({1,2,5,6,7,8,12,16})"
         "+gptoss.kernel_model.DECODE_ON_LARGE=frozenset({1,2,5,6,7,8,12,16})"
@@ -157,10 +158,12 @@ def test_each_batch_times_every_variant_on_graphs_built_under_its_switches(monke
 
     import decode_ab_gpu
 
-    from gptoss import kernel_runner
+    from gptoss import decode_graphs
 
     built: list[list[int]] = []
-    runner = SimpleNamespace(build_graphs=lambda: built.append(kernel_runner.graph_ladder(8)))
+    runner = SimpleNamespace(
+        graphs=SimpleNamespace(build=lambda: built.append(decode_graphs.graph_ladder(8)))
+    )
     timed: list[tuple[int, list[int]]] = []
 
     def fake_tok_s(eng, prompts, out_len):
@@ -169,14 +172,14 @@ def test_each_batch_times_every_variant_on_graphs_built_under_its_switches(monke
 
     monkeypatch.setattr(decode_ab_gpu, "decode_tok_s", fake_tok_s)
     variants = dict(
-        parse_variant(v) for v in ("default=", "l4=gptoss.kernel_runner.GRAPH_SIZES=(1,2,4,8,12,16)")
+        parse_variant(v) for v in ("default=", "l4=gptoss.decode_graphs.GRAPH_SIZES=(1,2,4,8,12,16)")
     )
     args = SimpleNamespace(rounds=2, profile_tokens=0, show=[])
     switches = Switches(variants)
     tables = [decode_ab_gpu.time_batch(None, runner, switches, variants, args, b, 128, 16) for b in (3, 5)]
     every, old = list(range(1, 9)), [1, 2, 4, 8]
     assert timed == [(3, every), (3, old), (3, every), (3, old), (5, every), (5, old), (5, every), (5, old)]
-    assert kernel_runner.GRAPH_SIZES[:8] == (1, 2, 3, 4, 5, 6, 7, 8)  # restored after each size
+    assert decode_graphs.GRAPH_SIZES[:8] == (1, 2, 3, 4, 5, 6, 7, 8)  # restored after each size
     assert tables[0].splitlines()[0].startswith("batch 3, 128 -> 16 tokens")
     assert [line.split()[:4] for line in tables[1].splitlines()[1:]] == [
         ["default", "500.0", "/", "500.0"],

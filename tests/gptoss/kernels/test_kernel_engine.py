@@ -150,34 +150,34 @@ def test_three_sequences_decode_in_the_graph_of_three(engines, kernel_checkpoint
     """Every decode size up to 8 has its own graph: three sequences replay size 3's, with no padding
     row (a zero row routes by the router's bias alone and reads experts no sequence chose). Under the
     old ladder (1, 2, 4, ...) they replay 4's, and both give the reference tokens."""
-    from gptoss import kernel_runner
+    from gptoss import decode_graphs
 
     triton_eng, torch_eng = engines
-    runner = triton_eng.runner.kernel_runner
-    assert runner.graph_sizes == [1, 2, 3, 4]  # max_num_seqs 4
+    graphs = triton_eng.runner.kernel_runner.graphs
+    assert graphs.sizes == [1, 2, 3, 4]  # max_num_seqs 4
     replayed = []
-    replay = kernel_runner._Graph.replay
-    monkeypatch.setattr(kernel_runner._Graph, "replay", lambda g: replayed.append(g.size) or replay(g))
+    replay = decode_graphs.DecodeGraph.replay
+    monkeypatch.setattr(decode_graphs.DecodeGraph, "replay", lambda g: replayed.append(g.size) or replay(g))
     prompts = prompts_of([7, 11, 5], seed=9)
     sp = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
     want = torch_eng.generate(prompts, sp)
     assert triton_eng.generate(prompts, sp) == want
     assert replayed and set(replayed) == {3}
     replayed.clear()
-    monkeypatch.setattr(kernel_runner, "GRAPH_SIZES", (1, 2, 4, 8))
+    monkeypatch.setattr(decode_graphs, "GRAPH_SIZES", (1, 2, 4, 8))
     try:
-        runner.build_graphs()
-        assert runner.graph_sizes == [1, 2, 4]
+        graphs.build()
+        assert graphs.sizes == [1, 2, 4]
         assert triton_eng.generate(prompts, sp) == want
         assert replayed and set(replayed) == {4}
     finally:
         monkeypatch.undo()
-        runner.build_graphs()
-    assert runner.graph_sizes == [1, 2, 3, 4]
+        graphs.build()
+    assert graphs.sizes == [1, 2, 3, 4]
 
 
 def test_the_graph_ladder_is_every_size_to_8_then_steps_and_ends_at_max_num_seqs():
-    from gptoss.kernel_runner import graph_ladder
+    from gptoss.decode_graphs import graph_ladder
 
     assert graph_ladder(1) == [1]
     assert graph_ladder(8) == [1, 2, 3, 4, 5, 6, 7, 8]
