@@ -6,7 +6,7 @@ that carries the count and the seconds says which kind of figure it is:
 
     with CompileWatch() as w:
         ...timed work...
-    w.count, w.seconds, w.note(), w.kernels()
+    w.count, w.seconds, w.note(), w.kernels(), w.fields()
 
 It chains Triton's jit_cache_hook (called before each specialization's compile) and
 jit_post_compile_hook (after it), restoring whatever hooks were there on exit.
@@ -14,6 +14,7 @@ jit_post_compile_hook (after it), restoring whatever hooks were there on exit.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -61,6 +62,23 @@ class CompileWatch:
     def kernels(self) -> dict[str, int]:
         """Kernel name -> specializations inside the block, most first."""
         return dict(Counter(self.names).most_common())
+
+    def fields(self) -> dict:
+        """A timed row's fields: the count, the seconds, the kernels and each one's repr (its
+        constexprs, for start-up's warm-up to cover); said on stderr when there were any."""
+        if self.count:
+            kernels = ", ".join(f"{k} x{n}" for k, n in self.kernels().items())
+            print(
+                f"warning: {self.note()}; a warm process times without them: {kernels}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return {
+            "jit_specializations": self.count,
+            "jit_s": round(self.seconds, 2),
+            "jit_kernels": self.kernels(),
+            "jit_specs": self.specs,
+        }
 
     def note(self) -> str:
         """'' when nothing was specialized; else how many and how long, for a table's notes."""

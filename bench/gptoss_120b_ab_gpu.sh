@@ -152,7 +152,7 @@ for mode in $MODES $B1_MODES; do
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "bench")
-from gptoss_gpu import table
+from gpu_table import table
 table([json.loads(line) for f in sys.argv[1:] if Path(f).exists() for line in open(f)])
 PY
 done

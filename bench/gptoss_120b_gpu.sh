@@ -50,7 +50,7 @@ wait)
   python3 - "$WORK/results.jsonl" <<'PY'
 import json, sys
 sys.path.insert(0, "bench")
-from gptoss_gpu import table
+from gpu_table import table
 table([json.loads(line) for line in open(sys.argv[1])])
 PY
   ;;

@@ -49,7 +49,7 @@ dp "${DP2_RUNS:-dp2}" > "$RES/dp2.log" 2>&1
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "bench")
-from gptoss_gpu import table
+from gpu_table import table
 print(f"== {sys.argv[1]} (GPU 0) beside vLLM (GPU 1)")
 table([json.loads(line) for f in sys.argv[2:] if Path(f).exists() for line in open(f)])
 PY

@@ -119,7 +119,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
                 "tok_s_incl_prefill": round(len(outs[0]) / best, 1),
                 # the first launch holds the prefill
                 "host_ms_per_step": round(runner.host_ms_per_step(skip=1), 3) if runner is not None else 0.0,
-                **jit_fields(jit),
+                **jit.fields(),
             },
         )
     for spec in args.throughput:
@@ -150,7 +150,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
                 "output_tok_s": round(n_out / dt, 1),
                 "steps": sum(n for _, n in runner.host_times) if runner is not None else 0,
                 "host_ms_per_step": round(runner.host_ms_per_step(), 3) if runner is not None else 0.0,
-                **jit_fields(jit),
+                **jit.fields(),
             },
         )
     return rows
@@ -289,67 +289,9 @@ def run_vllm(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], in
     return rows, proc.returncode
 
 
-def jit_fields(jit) -> dict:
-    """A timed row's Triton specializations (bench/compile_watch.py), said on stderr when there were any,
-    with the kernels; the row keeps each one's repr (its constexprs), for start-up's warm-up to cover."""
-    if jit.count:
-        kernels = ", ".join(f"{k} x{n}" for k, n in jit.kernels().items())
-        print(
-            f"warning: {jit.note()}; a warm process times without them: {kernels}",
-            file=sys.stderr,
-            flush=True,
-        )
-    return {
-        "jit_specializations": jit.count,
-        "jit_s": round(jit.seconds, 2),
-        "jit_kernels": jit.kernels(),
-        "jit_specs": jit.specs,
-    }
-
-
-def table(rows: list[dict]) -> None:
-    def key(r: dict) -> str:
-        if r["what"] == "batch1_decode":
-            return f"batch-1 decode {r['input_len']}->{r['output_len']}"
-        if r["what"] == "offline_throughput":
-            return f"offline {r['num_prompts']}x({r['input_len']}->{r['output_len']})"
-        return r["what"]
-
-    def value(r: dict) -> float | None:
-        return {
-            "startup": r.get("first_token_s"),
-            "batch1_decode": r.get("tok_s_incl_prefill"),
-            "offline_throughput": r.get("output_tok_s"),
-        }.get(r["what"])
-
-    by: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        by.setdefault(key(r), {})[r["engine"]] = r
-    print(f"\n{'workload':34} {'gptoss':>10} {'vllm':>10} {'ratio':>7}  notes")
-    for k, e in by.items():
-        ours, theirs = e.get("gptoss"), e.get("vllm")
-        if k == "greedy_agreement" and ours:
-            print(
-                f"{k:34} triton=torch {ours['triton_vs_torch']:.1%}, alone=batched"
-                f" {ours['batch_invariance']:.1%}, --batch-invariant {ours['batch_invariance_bi_mode']:.1%}"
-            )
-            continue
-        a = value(ours) if ours else None
-        b = value(theirs) if theirs else None
-        ratio = ""
-        if a and b:  # start-up: lower is better, so the ratio is theirs / ours
-            ratio = f"{(b / a if k == 'startup' else a / b):.2f}x"
-        note = f"host {ours['host_ms_per_step']} ms/step" if ours and "host_ms_per_step" in ours else ""
-        if ours and ours.get("jit_specializations"):  # a cold Triton cache: compile time inside the figure
-            note += f", {ours['jit_specializations']} JIT in timing ({ours['jit_s']} s)"
-        unit = "s" if k == "startup" else "tok/s"
-        print(
-            f"{k:34} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {ratio:>7}"
-            f"  {unit} {note}"
-        )
-
-
 def main() -> None:
+    from gpu_table import table  # beside this file: run as a script, bench/ is on the path
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--engine", default="gptoss,vllm", help="comma list of gptoss, vllm, agreement")

@@ -1,5 +1,5 @@
 """bench/compile_watch.py counts the Triton specializations made inside a timed block, chains and restores
-the hooks it borrows, and bench/gptoss_gpu.py's table flags a row timed with them inside."""
+the hooks it borrows, and bench/gpu_table.py's table flags a row timed with them inside."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from triton import knobs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import gptoss_gpu  # noqa: E402
+import gpu_table  # noqa: E402
 from compile_watch import CompileWatch  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def test_the_table_flags_a_row_timed_with_specializations_inside(capsys):
         {"engine": "gptoss", "what": "batch1_decode", "input_len": 16, "output_len": 4}
         | {"tok_s_incl_prefill": 50.0, "host_ms_per_step": 0.2, "jit_specializations": 0, "jit_s": 0.0},
     ]
-    gptoss_gpu.table(rows)
+    gpu_table.table(rows)
     out = capsys.readouterr().out.splitlines()
     offline = next(x for x in out if x.startswith("offline 8x(16->4)"))
     b1 = next(x for x in out if x.startswith("batch-1 decode 16->4"))
@@ -83,7 +83,7 @@ def test_a_row_names_the_kernels_specialized_in_its_timing(capsys):
             knobs.runtime.jit_post_compile_hook(
                 **kw, compile={}, is_manual_warmup=False, already_compiled=False
             )
-    fields = gptoss_gpu.jit_fields(w)
+    fields = w.fields()
     assert fields["jit_specializations"] == 3 and fields["jit_kernels"] == {"attn": 2, "gate_up": 1}
     assert fields["jit_specs"][1] == "gate_up[num_warps=4](BM: constexpr=64)"
     err = capsys.readouterr().err
@@ -91,7 +91,7 @@ def test_a_row_names_the_kernels_specialized_in_its_timing(capsys):
     assert err.rstrip().endswith("a warm process times without them: attn x2, gate_up x1")
     with CompileWatch() as quiet:
         pass
-    assert gptoss_gpu.jit_fields(quiet) == {
+    assert quiet.fields() == {
         "jit_specializations": 0,
         "jit_s": 0.0,
         "jit_kernels": {},
