@@ -241,11 +241,7 @@ def time_batch(eng, runner, switches, variants, args, batch: int, lin: int, lout
 
 def parse_batches(text: str) -> list[int]:
     """--batch: one size (8) or a list (2,3,5), each at least 1."""
-    try:
-        sizes = [int(x) for x in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
+    if not re.fullmatch(r"\d+(,\d+)*", text) or min(sizes := [int(x) for x in text.split(",")]) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected decode batch sizes such as 8 or 2,3,5")
     return sizes
 
