@@ -62,6 +62,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
         kernels=args.kernels,
         cuda_graphs=not args.eager,
         batch_invariant=args.batch_invariant,
+        warmup=not args.no_warmup,
         # unset: the engine's own default, declared once in EngineConfig
         **({} if args.decode_steps is None else {"decode_steps": args.decode_steps}),
     )
@@ -81,6 +82,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
             "first_token_s": round(time.perf_counter() - T_PROCESS, 1),
             "kv_cache_tokens": eng.runner.kv_cache_tokens,
             "kv_cache_dtype": args.kv_cache_dtype,
+            "warmup": eng.info()["warmup"],  # seconds and steps inside engine_init_s; None: off
             # which expert layouts ran (an A/B row must say which side it is) and every switch set
             "moe_layouts": None
             if moe is None
@@ -305,6 +307,9 @@ def main() -> None:
     ap.add_argument("--kv-cache-tokens", type=int, default=None, help="our engine's KV cache size")
     ap.add_argument("--kv-cache-dtype", default="auto", help="our engine's KV cache elements: auto or fp8")
     ap.add_argument("--trace", action="store_true", help="our Offline runs' wall time by kind of step")
+    ap.add_argument(
+        "--no-warmup", action="store_true", help="our engine without its start-up warm-up (gptoss.warmup)"
+    )
     ap.add_argument("--batch-invariant", action="store_true", help="our engine with --batch-invariant")
     ap.add_argument(
         "--decode-steps",

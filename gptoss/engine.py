@@ -74,6 +74,11 @@ class LLMEngine:
         self.seqs: dict = {}  # request_id -> Sequence, until it finishes
         self._ids = itertools.count()
         self._burst: tuple[Batch, Burst] | None = None  # a multi-step burst in flight, and its batch
+        self.warmup = None  # gptoss.warmup.WarmupStats once it ran
+        if config.warmup and self.runner.kernel_runner is not None and self.runner.device.type == "cuda":
+            from gptoss.warmup import warm_up
+
+            self.warmup = warm_up(self)
 
     def check_prompt(self, prompt: list[int]) -> None:
         check_prompt(prompt, self.max_model_len, self.vocab_size)
@@ -98,6 +103,10 @@ class LLMEngine:
             "kernels": r.kernels,
             "cuda_graphs": r.kernel_runner.graphs.sizes if r.kernel_runner is not None else [],
             "lora": {} if r.lora is None else {a.name: str(a.path) for a in r.lora.adapters},
+            # seconds and steps of the start-up warm-up (gptoss.warmup); None: it did not run
+            "warmup": None
+            if self.warmup is None
+            else {"seconds": round(self.warmup.seconds, 2), "steps": len(self.warmup.step_tokens)},
         }
 
     def lora_index(self, name: str | None) -> int:

@@ -99,6 +99,14 @@ class EngineConfig:
             "(CUDA graphs only; 1: a host round trip every step)"
         ),
     )
+    warmup: bool = field(
+        default=True,
+        metadata=_flag(
+            "before the first request, run a short synthetic workload (gptoss.warmup: odd and full-budget "
+            "steps, prefill chunks beside decodes, decode bursts, a sampled request) so Triton compiles "
+            "every kernel specialization at start-up, not inside a timed run; triton kernels on CUDA only"
+        ),
+    )
     batch_invariant: bool = field(
         default=False,
         metadata=_flag(

@@ -141,6 +141,16 @@ class StepMeta:
         return self.num_decode == self.context_lens.shape[0]
 
 
+def warm_sizes(max_tokens: int) -> list[int]:
+    """warm_moe's token counts: 2^k - 1 and 2^k from 32 up, the last capped at max_tokens."""
+    sizes, t = [], 32
+    while True:
+        sizes += [n for n in (t - 1, t) if n <= max_tokens] or [max_tokens]
+        if t >= max_tokens:
+            return sizes
+        t *= 2
+
+
 class KernelModel:
     """forward(ids, positions, meta) -> hidden [T, H]; logits(hidden) -> [N, V] float32."""
 
@@ -362,16 +372,16 @@ class KernelModel:
 
     @torch.inference_mode()
     def warm_moe(self, max_tokens: int) -> None:
-        """Run the MoE once at each power of two from 32 tokens to max_tokens, so Triton compiles every
-        tile bucket a step can reach (decode sizes compile in graph capture) before the first request:
-        a prefill then never waits seconds for the compiler (its disk cache hides this only on a
-        machine that compiled them before)."""
+        """Run the MoE at each power of two from 32 tokens to max_tokens and one token short of it, so
+        Triton compiles every tile bucket a step can reach, each for token counts that are and are not
+        multiples of 16 (a specialization of their own), before the first request: a prefill then
+        never waits seconds for the compiler (its disk cache hides this only on a machine that
+        compiled them before). Decode sizes compile in graph capture."""
         lay = self.layers[0]
         g = torch.Generator(device=self.embed.device).manual_seed(0)
         forward = bi.moe_forward if self.batch_invariant else moe_forward
-        t = 32
-        while True:
-            x = torch.randn(min(t, max_tokens), self.embed.shape[1], generator=g, device=self.embed.device)
+        for t in warm_sizes(max_tokens):
+            x = torch.randn(t, self.embed.shape[1], generator=g, device=self.embed.device)
             forward(
                 x.to(self.embed.dtype),
                 lay.router_w,
@@ -381,9 +391,6 @@ class KernelModel:
                 self.alpha,
                 self.limit,
             )
-            if t >= max_tokens:
-                break
-            t *= 2
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, H] -> [N, V] float32."""

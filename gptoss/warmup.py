@@ -1,0 +1,113 @@
+"""A short synthetic workload run once at start-up, so Triton compiles every kernel specialization a
+real run reaches before the first request, not inside it.
+
+Why. Triton compiles a kernel again for each new specialization: its constexprs, and whether an
+integer argument is 1 or a multiple of 16. The start-up path (the MoE at powers of two, the decode
+graphs) sees only round token counts, so a first Offline run on a fresh machine compiled 9 more
+kernels inside its timing: 14.8 s of 215.7 s at 120b on an H200 (bench/results v48). Here real
+requests run through the real scheduler: a full budget's step, steps of odd token counts, prefill
+chunks beside decodes, decode bursts, a sampled request (and one on each LoRA adapter). Then the
+engine is as it was: no request left, every KV block free, request numbering from 0 again, the
+host-time and preemption counters cleared, so what follows is what a fresh engine would do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gptoss.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from gptoss.engine import LLMEngine
+
+# Short prompts, decoding beside the long prompts' last chunk (more than attention's SMALL_DECODE
+# of them: the mixed step takes the large-batch decode path, as Offline's do), long enough for a
+# decode burst once the long prompts are done.
+SHORT_LENS = (17, 33, 5) + (3,) * 61
+SHORT_OUT = 6
+GREEDY = SamplingParams(max_new_tokens=SHORT_OUT, temperature=0.0, ignore_eos=True)
+SAMPLED = SamplingParams(
+    max_new_tokens=SHORT_OUT, temperature=0.8, top_p=0.9, top_k=20, seed=1, ignore_eos=True
+)
+LONG = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupStats:
+    seconds: float
+    step_tokens: tuple[int, ...]  # each step's token count, in order
+    mixed_steps: int  # steps holding decodes and prefill chunks together
+    burst_steps: int  # steps run as multi-step decode bursts
+
+
+def warmup_prompts(
+    budget: int, max_model_len: int, max_num_seqs: int, vocab_size: int
+) -> list[tuple[list[int], SamplingParams]]:
+    """The requests: the short ones first (they decode while the long ones still prefill), then long
+    prompts (max_model_len - 9 or budget + 37 tokens, whichever is shorter) until more than a budget
+    and 37 tokens wait, so one step runs the whole budget and the next mixes decodes with the rest.
+    At most max_num_seqs requests."""
+    rng = random.Random(0)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(vocab_size) for _ in range(n)]
+
+    out: list[tuple[list[int], SamplingParams]] = []
+    for i, n in enumerate(SHORT_LENS[: max_num_seqs - 1]):
+        n = max(1, min(n, max_model_len - SHORT_OUT - 1))
+        out.append((ids(n), SAMPLED if i == 1 else GREEDY))
+    long_len = max(1, min(max_model_len - 9, budget + 37))
+    total = sum(len(p) for p, _ in out)
+    while total <= budget + 37 and len(out) < max_num_seqs:
+        out.append((ids(long_len), LONG))
+        total += long_len
+    return out
+
+
+def warm_up(engine: LLMEngine) -> WarmupStats:
+    """Run warmup_prompts through `engine`, then reset what a run would see of it (module docstring)."""
+    cfg = engine.config
+    prompts = warmup_prompts(
+        cfg.max_num_batched_tokens, engine.max_model_len, cfg.max_num_seqs, engine.vocab_size
+    )
+    adapters: list[str | None] = [None]
+    if engine.runner.lora is not None:
+        adapters += [a.name for a in engine.runner.lora.adapters]
+    sched = engine.scheduler
+    batches = []
+
+    def schedule():  # observed for the stats, on this instance only for the warm-up
+        batch = type(sched).schedule(sched)
+        batches.append(batch)
+        return batch
+
+    t0 = time.perf_counter()
+    for i, (prompt, params) in enumerate(prompts):
+        engine.add(f"warmup-{i}", prompt, params, adapters[i % len(adapters)])
+    sched.schedule = schedule
+    bursts = 0
+    try:
+        while engine.has_work():
+            bursts += max((len(d.token_ids) for _, d in engine.step()), default=1) > 1
+    finally:
+        del sched.schedule
+    runner = engine.runner
+    if runner.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(runner.device)
+    engine._ids = itertools.count()
+    sched.num_preemptions = 0
+    if runner.kernel_runner is not None:
+        runner.kernel_runner.host_times.clear()
+    steps = [b for b in batches if b]
+    return WarmupStats(
+        time.perf_counter() - t0,
+        tuple(b.num_tokens for b in steps),
+        sum(1 in b.num_new and any(n > 1 for n in b.num_new) for b in steps),
+        bursts,
+    )
