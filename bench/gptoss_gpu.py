@@ -62,7 +62,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
         kernels=args.kernels,
         cuda_graphs=not args.eager,
         batch_invariant=args.batch_invariant,
-        warmup=not args.no_warmup,
+        warm_kernels=not args.no_warm_kernels,
         # unset: the engine's own default, declared once in EngineConfig
         **({} if args.decode_steps is None else {"decode_steps": args.decode_steps}),
     )
@@ -308,7 +308,9 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", default="auto", help="our engine's KV cache elements: auto or fp8")
     ap.add_argument("--trace", action="store_true", help="our Offline runs' wall time by kind of step")
     ap.add_argument(
-        "--no-warmup", action="store_true", help="our engine without its start-up warm-up (gptoss.warmup)"
+        "--no-warm-kernels",
+        action="store_true",
+        help="our engine without its start-up warm-up (gptoss.warmup)",
     )
     ap.add_argument("--batch-invariant", action="store_true", help="our engine with --batch-invariant")
     ap.add_argument(

@@ -75,7 +75,11 @@ class LLMEngine:
         self._ids = itertools.count()
         self._burst: tuple[Batch, Burst] | None = None  # a multi-step burst in flight, and its batch
         self.warmup = None  # gptoss.warmup.WarmupStats once it ran
-        if config.warmup and self.runner.kernel_runner is not None and self.runner.device.type == "cuda":
+        if (
+            config.warm_kernels
+            and self.runner.kernel_runner is not None
+            and self.runner.device.type == "cuda"
+        ):
             from gptoss.warmup import warm_up
 
             self.warmup = warm_up(self)

@@ -99,7 +99,7 @@ class EngineConfig:
             "(CUDA graphs only; 1: a host round trip every step)"
         ),
     )
-    warmup: bool = field(
+    warm_kernels: bool = field(
         default=True,
         metadata=_flag(
             "before the first request, run a short synthetic workload (gptoss.warmup: odd and full-budget "

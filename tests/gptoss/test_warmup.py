@@ -32,7 +32,7 @@ def test_tiny_contexts_still_give_valid_prompts():
 
 
 def test_warm_up_reaches_full_odd_and_mixed_steps(tiny_checkpoint):
-    eng = make_engine(tiny_checkpoint, warmup=False)
+    eng = make_engine(tiny_checkpoint, warm_kernels=False)
     stats = warm_up(eng)
     assert stats.step_tokens[0] == 128  # the whole budget in the first step
     assert stats.step_tokens[1] == 7 + (67 + 165 - 128)  # 7 decodes beside the rest: an odd count
@@ -46,10 +46,10 @@ def test_engine_after_warm_up_is_a_fresh_engine(tiny_checkpoint):
     moved would change them. Every block must be free again and no request left."""
     prompts = prompts_of([9, 20, 14])
     params = [SamplingParams(max_new_tokens=6, temperature=1.0, ignore_eos=True), GREEDY, SAMPLED]
-    fresh = make_engine(tiny_checkpoint, warmup=False)
+    fresh = make_engine(tiny_checkpoint, warm_kernels=False)
     free = fresh.scheduler.bm.full.num_free
     want = fresh.generate(prompts, params)
-    eng = make_engine(tiny_checkpoint, warmup=False)
+    eng = make_engine(tiny_checkpoint, warm_kernels=False)
     warm_up(eng)
     assert eng.seqs == {} and len(eng.scheduler) == 0
     assert eng.scheduler.bm.full.num_free == free
@@ -66,4 +66,4 @@ def test_moe_warm_sizes_cover_each_bucket_round_and_not():
 
 def test_engine_runs_it_only_with_the_triton_kernels_on_cuda(tiny_checkpoint):
     eng = LLMEngine(EngineConfig(tiny_checkpoint, device="cpu", dtype="float32", kv_cache_tokens=2048))
-    assert eng.config.warmup and eng.warmup is None and eng.info()["warmup"] is None
+    assert eng.config.warm_kernels and eng.warmup is None and eng.info()["warmup"] is None
