@@ -22,6 +22,25 @@ from dataclasses import dataclass, field
 from triton import knobs
 
 
+def describe(kw: dict) -> str:
+    """One specialization in words: warps, stages, each constexpr (and argument fixed at 1 or None)
+    by name, and the arguments specialized as multiples of 16. Triton 3.6's own repr pairs the
+    parameters with its key's parts, which no longer line up (it stops at the first argument); it is
+    the fallback when the compile arguments are missing."""
+    c, fn = kw.get("compile") or {}, kw["fn"]
+    names = getattr(getattr(fn, "jit_function", None), "arg_names", None)
+    if not names or "constants" not in c:
+        return kw.get("repr", fn.name)
+
+    def arg(path: tuple) -> str:
+        return ".".join(names[path[0]] if i == 0 else str(p) for i, p in enumerate(path))
+
+    consts = ", ".join(f"{arg(k)}={v}" for k, v in sorted(c["constants"].items()))
+    attrs = (c.get("configs") or [{}])[0]
+    div16 = ", ".join(arg(k) for k, a in sorted(attrs.items()) if ["tt.divisibility", 16] in map(list, a))
+    return f"{fn.name}[warps={c.get('num_warps')}, stages={c.get('num_stages')}]({consts}; div16: {div16})"
+
+
 @dataclass
 class CompileWatch:
     count: int = 0  # specializations made inside the block
@@ -55,7 +74,7 @@ class CompileWatch:
             self._start = None
         self.count += 1
         self.names.append(kw["fn"].name)
-        self.specs.append(kw.get("repr", kw["fn"].name))
+        self.specs.append(describe(kw))
         if self._prev[1]:
             self._prev[1](**kw)
 

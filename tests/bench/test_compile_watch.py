@@ -98,3 +98,39 @@ def test_a_row_names_the_kernels_specialized_in_its_timing(capsys):
         "jit_specs": [],
     }
     assert capsys.readouterr().err == ""
+
+
+def test_a_specialization_is_described_by_its_constexprs_and_divisibility():
+    """Triton 3.6's repr stops at the first argument; the row names every constexpr and which
+    arguments were specialized as multiples of 16 (what a warm-up must reproduce)."""
+    fn = SimpleNamespace(
+        name="attn", jit_function=SimpleNamespace(arg_names=["q_ptr", "n", "BLOCK", "SPLIT"])
+    )
+    compile = {
+        "constants": {(2,): 64, (3,): False},
+        "configs": [{(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}],
+        "num_warps": 2,
+        "num_stages": 3,
+    }
+    with CompileWatch() as w:
+        knobs.runtime.jit_post_compile_hook(
+            key="k",
+            repr="attn[num_warps=2](q_ptr: ()",
+            fn=fn,
+            compile=compile,
+            is_manual_warmup=False,
+            already_compiled=False,
+        )
+        compile["configs"] = [{(0,): [["tt.divisibility", 16]]}]
+        knobs.runtime.jit_post_compile_hook(
+            key="k",
+            repr="attn[num_warps=2](q_ptr: ()",
+            fn=fn,
+            compile=compile,
+            is_manual_warmup=False,
+            already_compiled=False,
+        )
+    assert w.specs == [
+        "attn[warps=2, stages=3](BLOCK=64, SPLIT=False; div16: q_ptr, n)",
+        "attn[warps=2, stages=3](BLOCK=64, SPLIT=False; div16: q_ptr)",
+    ]
