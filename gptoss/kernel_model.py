@@ -31,7 +31,8 @@ from torch import Tensor
 from gptoss.kernel_layers import Layer, build_layers, moe_layouts
 from gptoss.kernels import batch_invariant as bi
 from gptoss.kernels import l2_prefetch, moe_decode
-from gptoss.kernels.attention import paged_attention, reserve_tickets
+from gptoss.kernels.attention import decode_group_sizes, paged_attention, reserve_tickets
+from gptoss.kernels.device_info import sm_count
 from gptoss.kernels.kv_write import write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.lora_attn import lora_add
@@ -391,6 +392,14 @@ class KernelModel:
                 self.alpha,
                 self.limit,
             )
+
+    def decode_group_sizes(self, max_seqs: int) -> list[int]:
+        """Eager decode launches of these sizes (up to max_seqs sequences) reach every attention
+        specialization a decode group can select (kernels.attention.decode_group_sizes)."""
+        hint = self.max_positions
+        keys = {hint if lay.window is None else min(hint, lay.window) for lay in self.layers}
+        sms = sm_count(self.embed) if self.embed.is_cuda else 132
+        return decode_group_sizes(max_seqs, self.hkv, tuple(sorted(keys)), sms)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, H] -> [N, V] float32."""

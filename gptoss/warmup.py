@@ -5,10 +5,18 @@ Why. Triton compiles a kernel again for each new specialization: its constexprs,
 integer argument is 1 or a multiple of 16. The start-up path (the MoE at powers of two, the decode
 graphs) sees only round token counts, so a first Offline run on a fresh machine compiled 9 more
 kernels inside its timing: 14.8 s of 215.7 s at 120b on an H200 (bench/results v48). Here real
-requests run through the real scheduler: a full budget's step, steps of odd token counts, prefill
-chunks beside decodes, decode bursts, a sampled request (and one on each LoRA adapter). Then the
-engine is as it was: no request left, every KV block free, request numbering from 0 again, the
-host-time and preemption counters cleared, so what follows is what a fresh engine would do.
+requests run through the real scheduler, in two phases:
+1. a full budget's step, steps of odd token counts, prefill chunks beside decodes, a sampled request
+   (and one on each LoRA adapter);
+2. rounds of S decodes beside a prefill chunk, then a decode burst of S + 1 rows. A mixed step's
+   decodes attend in one eager launch whose split count (a constexpr, and an int Triton specializes
+   at 1 and at multiples of 16) follows S: round_sizes takes the first S of each. A burst of an odd
+   row count leaves every other step's output row off 16-byte alignment, which the greedy tail
+   specializes on: rounds of S = 2 and 16 (past its fused argmax's 16 rows) make those.
+On an H200 (20b, 1000 x (1024 -> 1024), a cold Triton cache) the first phase alone took the
+specializations inside the timing from 9 to 5: 3 of those eager decode launches and 2 of that tail.
+Then the engine is as it was: no request left, every KV block free, request numbering from 0 again,
+the host-time and preemption counters cleared, so what follows is what a fresh engine would do.
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ if TYPE_CHECKING:
 SHORT_LENS = (17, 33, 5) + (3,) * 61
 SHORT_OUT = 6
 GREEDY = SamplingParams(max_new_tokens=SHORT_OUT, temperature=0.0, ignore_eos=True)
-SAMPLED = SamplingParams(
-    max_new_tokens=SHORT_OUT, temperature=0.8, top_p=0.9, top_k=20, seed=1, ignore_eos=True
-)
+# One token: it samples at its prefill's end. A filtered request in a batch stops decode bursts.
+SAMPLED = SamplingParams(max_new_tokens=1, temperature=0.8, top_p=0.9, top_k=20, seed=1, ignore_eos=True)
+ROUND_PROMPT = 3  # the second phase's short prompts
+ROUND_LONG = 37  # and the prefill beside their decodes
 LONG = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
 
 
@@ -40,8 +49,8 @@ LONG = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
 class WarmupStats:
     seconds: float
     step_tokens: tuple[int, ...]  # each step's token count, in order
-    mixed_steps: int  # steps holding decodes and prefill chunks together
-    burst_steps: int  # steps run as multi-step decode bursts
+    mixed_decodes: tuple[int, ...]  # the decodes of each step that also held prefill chunks
+    burst_rows: tuple[int, ...]  # the rows of each multi-step decode burst
 
 
 def warmup_prompts(
@@ -68,31 +77,58 @@ def warmup_prompts(
     return out
 
 
-def warm_up(engine: LLMEngine) -> WarmupStats:
-    """Run warmup_prompts through `engine`, then reset what a run would see of it (module docstring)."""
+def round_sizes(engine: LLMEngine) -> list[int]:
+    """The second phase's S (module docstring), each with S + 1 <= max_num_seqs; none without the
+    triton kernels (nothing compiles)."""
+    kr, top = engine.runner.kernel_runner, engine.config.max_num_seqs - 1
+    if kr is None:
+        return []
+    return sorted({*kr.model.decode_group_sizes(top), *(s for s in (2, 16) if s <= top)})
+
+
+def warm_up(engine: LLMEngine, sizes: list[int] | None = None) -> WarmupStats:
+    """Run the two phases (module docstring) through `engine`, the second at `sizes` (default
+    round_sizes), then reset what a run would see of it."""
     cfg = engine.config
-    prompts = warmup_prompts(
-        cfg.max_num_batched_tokens, engine.max_model_len, cfg.max_num_seqs, engine.vocab_size
-    )
-    adapters: list[str | None] = [None]
-    if engine.runner.lora is not None:
-        adapters += [a.name for a in engine.runner.lora.adapters]
     sched = engine.scheduler
     batches = []
+    bursts: list[int] = []
 
     def schedule():  # observed for the stats, on this instance only for the warm-up
         batch = type(sched).schedule(sched)
         batches.append(batch)
         return batch
 
+    def step() -> None:
+        rows = [len(d.token_ids) for _, d in engine.step()]
+        if max(rows, default=1) > 1:
+            bursts.append(len(rows))
+
+    adapters: list[str | None] = [None]
+    if engine.runner.lora is not None:
+        adapters += [a.name for a in engine.runner.lora.adapters]
+    rng = random.Random(1)
     t0 = time.perf_counter()
-    for i, (prompt, params) in enumerate(prompts):
-        engine.add(f"warmup-{i}", prompt, params, adapters[i % len(adapters)])
     sched.schedule = schedule
-    bursts = 0
     try:
+        prompts = warmup_prompts(
+            cfg.max_num_batched_tokens, engine.max_model_len, cfg.max_num_seqs, engine.vocab_size
+        )
+        for i, (prompt, params) in enumerate(prompts):
+            engine.add(f"warmup-{i}", prompt, params, adapters[i % len(adapters)])
         while engine.has_work():
-            bursts += max((len(d.token_ids) for _, d in engine.step()), default=1) > 1
+            step()
+        short = max(1, min(ROUND_PROMPT, engine.max_model_len - SHORT_OUT - 1))
+        long = max(1, min(ROUND_LONG, engine.max_model_len - 3))
+        for n in round_sizes(engine) if sizes is None else sizes:
+            ids = [f"warmup-{n}-{i}" for i in range(n)]
+            for rid in ids:
+                engine.add(rid, [rng.randrange(engine.vocab_size) for _ in range(short)], GREEDY)
+            while any(r in engine.seqs and len(engine.seqs[r].token_ids) == short for r in ids):  # prefills
+                step()
+            engine.add(f"warmup-{n}-long", [rng.randrange(engine.vocab_size) for _ in range(long)], LONG)
+            while engine.has_work():
+                step()
     finally:
         del sched.schedule
     runner = engine.runner
@@ -108,6 +144,6 @@ def warm_up(engine: LLMEngine) -> WarmupStats:
     return WarmupStats(
         time.perf_counter() - t0,
         tuple(b.num_tokens for b in steps),
-        sum(1 in b.num_new and any(n > 1 for n in b.num_new) for b in steps),
-        bursts,
+        tuple(b.num_new.count(1) for b in steps if 1 in b.num_new and any(n > 1 for n in b.num_new)),
+        tuple(bursts),
     )

@@ -67,6 +67,25 @@ def decode_splits(
     return max(1, min(want, triton.cdiv(max_keys, keys), MAX_SPLITS))
 
 
+def decode_group_sizes(
+    max_seqs: int, num_kv_heads: int, max_keys: tuple[int, ...], num_sms: int
+) -> list[int]:
+    """The first decode launch size S in 1..max_seqs of each distinct kernel specialization that S
+    selects, over layers whose key bounds are `max_keys` (full: the context hint; sliding: the
+    window): split count padded (NS_PAD), the small-launch settings, and the split count as Triton
+    specializes an int (1, a multiple of 16, else). For a warm-up to compile them all (gptoss.warmup)."""
+    seen: set[tuple] = set()
+    sizes = []
+    for s in range(1, max_seqs + 1):
+        small = s <= SMALL_DECODE
+        splits = [decode_splits(s, num_kv_heads, k, num_sms, small) for k in max_keys]
+        key = (small, *((triton.next_power_of_2(n), n == 1, n % 16 == 0) for n in splits))
+        if key not in seen:
+            seen.add(key)
+            sizes.append(s)
+    return sizes
+
+
 def paged_attention(
     q: Tensor,
     k_new: Tensor,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from gptoss.engine import EngineConfig, LLMEngine
 from gptoss.kernel_model import warm_sizes
+from gptoss.kernels.attention import decode_group_sizes
 from gptoss.sampling import SamplingParams
-from gptoss.warmup import GREEDY, LONG, SAMPLED, warm_up, warmup_prompts
+from gptoss.warmup import GREEDY, LONG, SAMPLED, round_sizes, warm_up, warmup_prompts
 from tests.gptoss.test_engine import make_engine, prompts_of
 
 
@@ -33,12 +34,28 @@ def test_tiny_contexts_still_give_valid_prompts():
 
 def test_warm_up_reaches_full_odd_and_mixed_steps(tiny_checkpoint):
     eng = make_engine(tiny_checkpoint, warm_kernels=False)
-    stats = warm_up(eng)
+    assert round_sizes(eng) == []  # the torch kernels compile nothing
+    stats = warm_up(eng, sizes=[1, 2, 4])
     assert stats.step_tokens[0] == 128  # the whole budget in the first step
-    assert stats.step_tokens[1] == 7 + (67 + 165 - 128)  # 7 decodes beside the rest: an odd count
-    assert stats.mixed_steps >= 1
-    assert stats.burst_steps == 0  # bursts need CUDA graphs
+    # the sampled request ends at its prefill; the 6 others decode beside the long prompt's rest
+    assert stats.step_tokens[1] == 6 + (67 + 165 - 128)
+    # then S = 1, 2 and 4 decodes beside a 37-token prefill
+    assert stats.mixed_decodes == (6, 1, 2, 4)
+    assert [n for n in stats.step_tokens if n in (1 + 37, 2 + 37, 4 + 37)] == [38, 39, 41]
+    assert stats.burst_rows == ()  # bursts need CUDA graphs
     assert stats.seconds > 0
+
+
+def test_decode_group_sizes_reach_each_split_specialization_once():
+    # 20b / 120b on 132 SMs: 8 KV heads, full layers bounded by 8192 keys, sliding ones by 128 (one
+    # split at every S). Full layers: min(cdiv(528, 8 S), cdiv(8192, 128 if S <= 8 else 256), 64)
+    # splits: 64 at S 1 (a multiple of 16), 33 at 2 (padded to 64), 22 at 3 (32), 14 at 5 (16),
+    # 8 at 9 (the large launch), 4 at 17, 2 at 33, 1 at 66; sizes between repeat one of these.
+    sizes = decode_group_sizes(1023, 8, (128, 8192), 132)
+    assert sizes == [1, 2, 3, 5, 9, 17, 33, 66]
+    assert decode_group_sizes(1023, 8, (128, 8192), 132) == sizes  # the same every time
+    assert decode_group_sizes(4, 8, (128, 8192), 132) == [1, 2, 3]
+    assert decode_group_sizes(1023, 8, (128,), 132) == [1, 9]  # sliding only: small or not
 
 
 def test_engine_after_warm_up_is_a_fresh_engine(tiny_checkpoint):
