@@ -196,8 +196,8 @@ def test_inside_vllm_the_experts_take_one_v3_copy_unless_told(mode, kernels, wan
 
 
 def test_warm_moe_runs_every_power_of_two_up_to_the_step_size(monkeypatch):
-    """KernelModel.warm_moe: the MoE at 32, 64, ... tokens and at the step's own size, so every tile
-    bucket a step can reach is compiled before the first request."""
+    """KernelModel.warm_moe: the MoE at 2^k - 1 and 2^k tokens from 32 up and at the step's own size, so
+    every tile bucket and alignment a step can reach is compiled before the first request."""
     from types import SimpleNamespace
 
     from gptoss import kernel_model
@@ -214,13 +214,8 @@ def test_warm_moe_runs_every_power_of_two_up_to_the_step_size(monkeypatch):
         batch_invariant=False,
     )
     kernel_model.KernelModel.warm_moe(fake, 300)
-    assert seen == [
-        (32, torch.bfloat16),
-        (64, torch.bfloat16),
-        (128, torch.bfloat16),
-        (256, torch.bfloat16),
-        (300, torch.bfloat16),
-    ]
+    assert [n for n, _ in seen] == [31, 32, 63, 64, 127, 128, 255, 256, 300]
+    assert {d for _, d in seen} == {torch.bfloat16}
     seen.clear()
     kernel_model.KernelModel.warm_moe(fake, 16)
     assert seen == [(16, torch.bfloat16)]
