@@ -108,28 +108,22 @@ def test_a_specialization_is_described_by_its_constexprs_and_divisibility():
     )
     compile = {
         "constants": {(2,): 64, (3,): False},
-        "configs": [{(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}],
         "num_warps": 2,
         "num_stages": 3,
     }
     with CompileWatch() as w:
-        knobs.runtime.jit_post_compile_hook(
-            key="k",
-            repr="attn[num_warps=2](q_ptr: ()",
-            fn=fn,
-            compile=compile,
-            is_manual_warmup=False,
-            already_compiled=False,
-        )
-        compile["configs"] = [{(0,): [["tt.divisibility", 16]]}]
-        knobs.runtime.jit_post_compile_hook(
-            key="k",
-            repr="attn[num_warps=2](q_ptr: ()",
-            fn=fn,
-            compile=compile,
-            is_manual_warmup=False,
-            already_compiled=False,
-        )
+        for div16 in (
+            {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]},
+            {(0,): [["tt.divisibility", 16]]},
+        ):
+            knobs.runtime.jit_post_compile_hook(
+                key="k",
+                repr="attn[num_warps=2](q_ptr: ()",
+                fn=fn,
+                compile=compile | {"configs": [div16]},
+                is_manual_warmup=False,
+                already_compiled=False,
+            )
     assert w.specs == [
         "attn[warps=2, stages=3](BLOCK=64, SPLIT=False; div16: q_ptr, n)",
         "attn[warps=2, stages=3](BLOCK=64, SPLIT=False; div16: q_ptr)",
