@@ -14,8 +14,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-import torch
+# Before numpy loads (torch imports it): the interpreted kernel tests that assert the same bits for two
+# tile widths compute tl.dot with numpy's matmul, and OpenBLAS's AVX-512 float32 kernels sum a
+# product in an order that follows the matrix width (16 keys against 256 gave other bits on an AMD
+# EPYC with AVX-512); its Haswell kernels sum the same way at every width.
+os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Without a GPU the kernel tests run in Triton's interpreter, and TRITON_INTERPRET must be set before
 # anything imports triton: triton.language decorates its own functions (tl.zeros ...) at import, and
