@@ -31,8 +31,7 @@ from torch import Tensor
 from gptoss.kernel_layers import Layer, build_layers, moe_layouts
 from gptoss.kernels import batch_invariant as bi
 from gptoss.kernels import l2_prefetch, moe_decode
-from gptoss.kernels.attention import decode_group_sizes, paged_attention, reserve_tickets
-from gptoss.kernels.device_info import sm_count
+from gptoss.kernels.attention import paged_attention, reserve_tickets
 from gptoss.kernels.kv_write import write_kv
 from gptoss.kernels.linear import linear
 from gptoss.kernels.lora_attn import lora_add
@@ -140,16 +139,6 @@ class StepMeta:
     @property
     def decode_only(self) -> bool:
         return self.num_decode == self.context_lens.shape[0]
-
-
-def warm_sizes(max_tokens: int) -> list[int]:
-    """warm_moe's token counts: 2^k - 1 and 2^k from 32 up, the last capped at max_tokens."""
-    sizes, t = [], 32
-    while True:
-        sizes += [n for n in (t - 1, t) if n <= max_tokens] or [max_tokens]
-        if t >= max_tokens:
-            return sizes
-        t *= 2
 
 
 class KernelModel:
@@ -370,36 +359,6 @@ class KernelModel:
                 prefetch_kv=prefetch_kv,
             )
         return out
-
-    @torch.inference_mode()
-    def warm_moe(self, max_tokens: int) -> None:
-        """Run the MoE at each power of two from 32 tokens to max_tokens and one token short of it, so
-        Triton compiles every tile bucket a step can reach, each for token counts that are and are not
-        multiples of 16 (a specialization of their own), before the first request: a prefill then
-        never waits seconds for the compiler (its disk cache hides this only on a machine that
-        compiled them before). Decode sizes compile in graph capture."""
-        lay = self.layers[0]
-        g = torch.Generator(device=self.embed.device).manual_seed(0)
-        forward = bi.moe_forward if self.batch_invariant else moe_forward
-        for t in warm_sizes(max_tokens):
-            x = torch.randn(t, self.embed.shape[1], generator=g, device=self.embed.device)
-            forward(
-                x.to(self.embed.dtype),
-                lay.router_w,
-                lay.router_b,
-                self.top_k,
-                lay.moe,
-                self.alpha,
-                self.limit,
-            )
-
-    def decode_group_sizes(self, max_seqs: int) -> list[int]:
-        """Eager decode launches of these sizes (up to max_seqs sequences) reach every attention
-        specialization a decode group can select (kernels.attention.decode_group_sizes)."""
-        hint = self.max_positions
-        keys = {hint if lay.window is None else min(hint, lay.window) for lay in self.layers}
-        sms = sm_count(self.embed) if self.embed.is_cuda else 132
-        return decode_group_sizes(max_seqs, self.hkv, tuple(sorted(keys)), sms)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, H] -> [N, V] float32."""

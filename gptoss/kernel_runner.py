@@ -22,6 +22,7 @@ from gptoss.block_manager import cdiv
 from gptoss.burst import Burst
 from gptoss.decode_graphs import DecodeGraph, DecodeGraphs
 from gptoss.kernel_model import KernelModel, StepMeta
+from gptoss.kernel_warm import warm_moe
 from gptoss.kernels.decode_advance import greedy_advance, tail_argmax
 from gptoss.kernels.sampling import sample
 from gptoss.model import GptOss
@@ -90,7 +91,7 @@ class KernelRunner:
         if self.device.type == "cuda":
             self.g_host = self.g_host.pin_memory()
         if self.device.type == "cuda" and max_step_tokens > 0:
-            self.model.warm_moe(max_step_tokens)
+            warm_moe(self.model, max_step_tokens)
         self.graphs = DecodeGraphs(
             max_num_seqs,
             self._graph_forward,

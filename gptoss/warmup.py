@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gptoss.kernel_warm import attention_warm_sizes
 from gptoss.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def round_sizes(engine: LLMEngine) -> list[int]:
     kr, top = engine.runner.kernel_runner, engine.config.max_num_seqs - 1
     if kr is None:
         return []
-    return sorted({*kr.model.decode_group_sizes(top), *(s for s in (2, 16) if s <= top)})
+    return sorted({*attention_warm_sizes(kr.model, top), *(s for s in (2, 16) if s <= top)})
 
 
 def warm_up(engine: LLMEngine, sizes: list[int] | None = None) -> WarmupStats:

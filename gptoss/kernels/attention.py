@@ -67,6 +67,17 @@ def decode_splits(
     return max(1, min(want, triton.cdiv(max_keys, keys), MAX_SPLITS))
 
 
+def decode_key_bound(hint: int, window: int | None) -> int:
+    """The static bound on a decode's keys that its split count follows: the context hint, or the
+    window on a sliding layer."""
+    return hint if window is None else min(hint, window)
+
+
+def decode_sms(t: Tensor) -> int:
+    """The SMs a decode launch fills: the device's, or an H100 / H200's 132 off CUDA (interpreter)."""
+    return sm_count(t) if t.is_cuda else 132
+
+
 def decode_group_sizes(
     max_seqs: int, num_kv_heads: int, max_keys: tuple[int, ...], num_sms: int
 ) -> list[int]:
@@ -206,11 +217,8 @@ def paged_attention(
         # 262 KB of shared memory against the H200's 227 KB (sm_90a, compiled on CPU; bf16: 106 KB)
         block_n = min(block_n, 512 // q.element_size())
         block_q = max(1, 16 // g_pad)
-        max_keys = max_context_hint or block_table.shape[1] * bs
-        if window is not None:
-            max_keys = min(max_keys, window)
-        sms = sm_count(q) if q.is_cuda else 132
-        splits = decode_splits(1 if batch_invariant else num_seqs, hkv, max_keys, sms, small)
+        max_keys = decode_key_bound(max_context_hint or block_table.shape[1] * bs, window)
+        splits = decode_splits(1 if batch_invariant else num_seqs, hkv, max_keys, decode_sms(q), small)
     else:
         block_n, warps, stages, rows = PREFILL_CFG if window is None else PREFILL_SLIDING_CFG
         block_q = max(1, rows // g_pad)

@@ -4,7 +4,7 @@ that the engine afterwards behaves exactly as a fresh one."""
 from __future__ import annotations
 
 from gptoss.engine import EngineConfig, LLMEngine
-from gptoss.kernel_model import warm_sizes
+from gptoss.kernel_warm import warm_sizes
 from gptoss.kernels.attention import decode_group_sizes
 from gptoss.sampling import SamplingParams
 from gptoss.warmup import GREEDY, LONG, SAMPLED, round_sizes, warm_up, warmup_prompts

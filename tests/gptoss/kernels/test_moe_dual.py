@@ -196,14 +196,14 @@ def test_inside_vllm_the_experts_take_one_v3_copy_unless_told(mode, kernels, wan
 
 
 def test_warm_moe_runs_every_power_of_two_up_to_the_step_size(monkeypatch):
-    """KernelModel.warm_moe: the MoE at 2^k - 1 and 2^k tokens from 32 up and at the step's own size, so
+    """kernel_warm.warm_moe: the MoE at 2^k - 1 and 2^k tokens from 32 up and at the step's own size, so
     every tile bucket and alignment a step can reach is compiled before the first request."""
     from types import SimpleNamespace
 
-    from gptoss import kernel_model
+    from gptoss import kernel_warm
 
     seen: list[tuple[int, torch.dtype]] = []
-    monkeypatch.setattr(kernel_model, "moe_forward", lambda x, *rest: seen.append((x.shape[0], x.dtype)))
+    monkeypatch.setattr(kernel_warm, "moe_forward", lambda x, *rest: seen.append((x.shape[0], x.dtype)))
     lay = SimpleNamespace(router_w=None, router_b=None, moe=None)
     fake = SimpleNamespace(
         layers=[lay],
@@ -213,11 +213,11 @@ def test_warm_moe_runs_every_power_of_two_up_to_the_step_size(monkeypatch):
         limit=7.0,
         batch_invariant=False,
     )
-    kernel_model.KernelModel.warm_moe(fake, 300)
+    kernel_warm.warm_moe(fake, 300)
     assert [n for n, _ in seen] == [31, 32, 63, 64, 127, 128, 255, 256, 300]
     assert {d for _, d in seen} == {torch.bfloat16}
     seen.clear()
-    kernel_model.KernelModel.warm_moe(fake, 16)
+    kernel_warm.warm_moe(fake, 16)
     assert seen == [(16, torch.bfloat16)]
 
 
