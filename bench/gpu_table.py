@@ -39,6 +39,8 @@ def table(rows: list[dict]) -> None:
         note = f"host {ours['host_ms_per_step']} ms/step" if ours and "host_ms_per_step" in ours else ""
         if ours and ours.get("jit_specializations"):  # a cold Triton cache: compile time inside the figure
             note += f", {ours['jit_specializations']} JIT in timing ({ours['jit_s']} s)"
+        if ours and ours.get("warmup"):  # start-up includes the kernel warm-up (gptoss.warmup): its share
+            note = f"warm-up {ours['warmup']['seconds']} s, {ours['warmup']['steps']} steps"
         unit = "s" if k == "startup" else "tok/s"
         print(
             f"{k:34} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {ratio:>7}"

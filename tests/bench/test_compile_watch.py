@@ -74,6 +74,24 @@ def test_the_table_flags_a_row_timed_with_specializations_inside(capsys):
     assert b1.endswith("tok/s host 0.2 ms/step")
 
 
+def test_the_start_up_row_says_how_long_the_kernel_warm_up_took(capsys):
+    rows = [
+        {
+            "engine": "gptoss",
+            "what": "startup",
+            "first_token_s": 66.0,
+            "warmup": {"seconds": 16.72, "steps": 30},
+        },
+        {"engine": "vllm", "what": "startup", "first_token_s": 198.0},
+    ]
+    gpu_table.table(rows)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("startup"))
+    assert line.split() == ["startup", "66.0", "198.0", "3.00x", "s", "warm-up", "16.72", "s,", "30", "steps"]
+    gpu_table.table([{"engine": "gptoss", "what": "startup", "first_token_s": 60.0, "warmup": None}])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("startup"))
+    assert line.split() == ["startup", "60.0", "-", "s"]
+
+
 def test_a_row_names_the_kernels_specialized_in_its_timing(capsys):
     """The warning and the row say which kernels compiled inside a timed block, and the row keeps each
     specialization's repr: what start-up would have to warm for the figure to be a warm one."""
