@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # GPU side, one H200, detached over several device calls: what a fresh machine's first runs compile
-# inside their timing, now that the engine warms its kernels at start-up (gptoss.warmup). Each engine
+# inside their timing, and how long it starts, now that the engine warms its kernels at start-up
+# (gptoss.warmup) and compiles the recorded ones while it loads (gptoss.precompile). Each engine
 # process starts on an empty Triton cache (TRITON_CACHE_DIR), as on a new machine or container.
-#   1. tests/gptoss/kernels/test_warmup_gpu.py (compiled; beside the 20b checkpoint's writing);
-#   2. random 20b, bench/gptoss_gpu.py batch 1 + Offline 1000 x (1024 -> 1024), with the warm-up and
-#      then with --no-warm-kernels (WARM20="warm nowarm"; the rows name what compiled in each timing);
-#   3. random 120b (tmpfs), batch 1 + Offline 2000 x (1024 -> 1278), with the warm-up (RUN120=1);
+#   1. tests/gptoss/kernels/test_warmup_gpu.py and test_precompile_gpu.py (compiled; beside the 20b
+#      checkpoint's writing);
+#   2. RECORD=1: gptoss.tools.record_specs on the 20b (and the 120b before its run) into this tree's
+#      manifest (gptoss/kernels/specs/cuda-90.json), copied to $RES to be committed;
+#   3. random 20b, bench/gptoss_gpu.py batch 1 + Offline 1000 x (1024 -> 1024), once a mode of WARM20
+#      (default "pre nopre"): pre the defaults (precompile and warm-up), nopre --no-precompile, nowarm
+#      --no-warm-kernels --no-precompile (the rows name what compiled in each timing);
+#   4. random 120b (tmpfs), batch 1 + Offline 2000 x (1024 -> 1278), once a mode of WARM120 (default
+#      "pre"; RUN120=0 skips it);
 #   4. AB: decode_ab_gpu.py argument lists, one process each, on the 20b (its cache warm by now),
 #      separated by ';' (e.g. AB='--batch 3 --variant default= --variant sk3=...').
 #   (setsid nohup bash bench/cold_start_gpu.sh > $HOME/cold.log 2>&1 &)   then poll $HOME/cold/done
@@ -33,21 +39,43 @@ python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
 if [ "${TESTS:-1}" = 1 ]; then
   say "compiled warm-up test (beside the 20b checkpoint)"
   (rm -rf "$HOME/tc_test"; TRITON_CACHE_DIR=$HOME/tc_test timeout 420 python3 -m pytest -q -n 0 \
-    -p no:cacheprovider -rf tests/gptoss/kernels/test_warmup_gpu.py > "$RES/tests.txt" 2>&1) &
+    -p no:cacheprovider -rf tests/gptoss/kernels/test_warmup_gpu.py tests/gptoss/kernels/test_precompile_gpu.py \
+    > "$RES/tests.txt" 2>&1) &
 fi
 gpu_prereqs
 wait
 if [ "${TESTS:-1}" = 1 ]; then
   tail -25 "$RES/tests.txt"
-  row "warm-up test" "$(grep -E "passed|failed|error" "$RES/tests.txt" | tail -1)"
+  row "warm-up and precompile tests" "$(grep -E "passed|failed|error" "$RES/tests.txt" | tail -1)"
 fi
-for w in ${WARM20-warm nowarm}; do
-  flag=(); [ "$w" = nowarm ] && flag=(--no-warm-kernels)
-  cold "20b-$w" --model-path "$CK20" --decode 128x512 --throughput 1000x1024x1024 "${flag[@]}"
+record() {  # record CKPT: the specializations its start-up and a short run meet, into the manifest
+  say "record_specs $1"
+  TRITON_CACHE_DIR=$HOME/tc_rec timeout 600 python3 -m gptoss.tools.record_specs --model-path "$1" \
+    --max-num-seqs 1024 > "$RES/record.txt" 2>&1
+  tail -3 "$RES/record.txt"
+  row "record $(basename "$1")" "$(tail -1 "$RES/record.txt")"
+  cp gptoss/kernels/specs/*.json "$RES/" 2>/dev/null
+}
+flags() {  # flags MODE: the bench's flags for a mode of WARM20 / WARM120
+  case $1 in
+    pre) mode=() ;;
+    nopre) mode=(--no-precompile) ;;
+    nowarm) mode=(--no-warm-kernels --no-precompile) ;;
+    *) say "unknown mode $1"; exit 1 ;;
+  esac
+}
+[ "${RECORD:-1}" = 1 ] && record "$CK20"
+for w in ${WARM20-pre nopre}; do
+  flags "$w"
+  cold "20b-$w" --model-path "$CK20" --decode 128x512 --throughput 1000x1024x1024 "${mode[@]}"
 done
 if [ "${RUN120:-1}" = 1 ]; then
   CKPT=$CK120 checkpoint_120b
-  cold 120b-warm --model-path "$CK120" --decode 128x512 --throughput 2000x1024x1278 --max-model-len 4096
+  [ "${RECORD:-1}" = 1 ] && record "$CK120"
+  for w in ${WARM120-pre}; do
+    flags "$w"
+    cold "120b-$w" --model-path "$CK120" --decode 128x512 --throughput 2000x1024x1278 --max-model-len 4096 "${mode[@]}"
+  done
 fi
 IFS=';' read -ra abs <<< "${AB:-}"
 i=0

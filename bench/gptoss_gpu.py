@@ -63,6 +63,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
         cuda_graphs=not args.eager,
         batch_invariant=args.batch_invariant,
         warm_kernels=not args.no_warm_kernels,
+        precompile=not args.no_precompile,
         # unset: the engine's own default, declared once in EngineConfig
         **({} if args.decode_steps is None else {"decode_steps": args.decode_steps}),
     )
@@ -83,6 +84,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
             "kv_cache_tokens": eng.runner.kv_cache_tokens,
             "kv_cache_dtype": args.kv_cache_dtype,
             "warmup": eng.info()["warmup"],  # seconds and steps inside engine_init_s; None: off
+            "precompile": eng.info()["precompile"],  # gptoss.precompile's counts and seconds; None: off
             # which expert layouts ran (an A/B row must say which side it is) and every switch set
             "moe_layouts": None
             if moe is None
@@ -311,6 +313,11 @@ def main() -> None:
         "--no-warm-kernels",
         action="store_true",
         help="our engine without its start-up warm-up (gptoss.warmup)",
+    )
+    ap.add_argument(
+        "--no-precompile",
+        action="store_true",
+        help="our engine without compiling its recorded specializations as it loads (gptoss.precompile)",
     )
     ap.add_argument("--batch-invariant", action="store_true", help="our engine with --batch-invariant")
     ap.add_argument(

@@ -41,6 +41,13 @@ def table(rows: list[dict]) -> None:
             note += f", {ours['jit_specializations']} JIT in timing ({ours['jit_s']} s)"
         if ours and ours.get("warmup"):  # start-up includes the kernel warm-up (gptoss.warmup): its share
             note = f"warm-up {ours['warmup']['seconds']} s, {ours['warmup']['steps']} steps"
+        if ours and ours.get("precompile"):  # and the wait for the kernels compiling while it loaded
+            pre = ours["precompile"]
+            note += (
+                f"{', ' if note else ''}precompile {pre['compiled']}/{pre['specs']} "
+                f"({pre['failed']} failed) in {pre['seconds']} s, waited {pre['waited']} s"
+                + (f" ({pre['reason']})" if pre["reason"] else "")
+            )
         unit = "s" if k == "startup" else "tok/s"
         print(
             f"{k:34} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {ratio:>7}"

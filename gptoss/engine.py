@@ -107,6 +107,8 @@ class LLMEngine:
             "kernels": r.kernels,
             "cuda_graphs": r.kernel_runner.graphs.sizes if r.kernel_runner is not None else [],
             "lora": {} if r.lora is None else {a.name: str(a.path) for a in r.lora.adapters},
+            # the kernels compiled while the weights loaded (gptoss.precompile); None: it did not run
+            "precompile": None if r.precompile is None else r.precompile.info(),
             # seconds and steps of the start-up warm-up (gptoss.warmup); None: it did not run
             "warmup": None
             if self.warmup is None

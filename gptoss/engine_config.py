@@ -107,6 +107,14 @@ class EngineConfig:
             "every kernel specialization at start-up, not inside a timed run; triton kernels on CUDA only"
         ),
     )
+    precompile: bool = field(
+        default=True,
+        metadata=_flag(
+            "while the checkpoint loads, compile on background threads the Triton kernel specializations "
+            "recorded for this GPU and model (gptoss/kernels/specs, gptoss.tools.record_specs), so a "
+            "fresh machine's start-up does not compile them one at a time; triton kernels on CUDA only"
+        ),
+    )
     batch_invariant: bool = field(
         default=False,
         metadata=_flag(

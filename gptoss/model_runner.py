@@ -96,6 +96,11 @@ class ModelRunner:
         self.kernels = config.kernels or ("triton" if self.device.type == "cuda" else "torch")
         if self.kernels == "triton":
             _check_triton(self.device)
+        pre = None  # the recorded kernel specializations compiling while the weights load
+        if self.kernels == "triton" and self.device.type == "cuda" and config.precompile:
+            from gptoss.precompile import Precompile
+
+            pre = Precompile.for_model(load_config(config.model_path))
         elif config.batch_invariant:
             raise ValueError(f"batch_invariant needs the triton kernels; {self.device.type} runs torch here")
         self.batch_invariant = config.batch_invariant
@@ -173,6 +178,8 @@ class ModelRunner:
             shared=self.kv_shared,
         )
         self.kernel_runner = None
+        # gptoss.precompile.PrecompileStats; waited for before the first kernel launch (the MoE's warm-up)
+        self.precompile = pre.wait() if pre is not None else None
         if self.kernels == "triton":
             from gptoss.kernel_runner import KernelRunner
 

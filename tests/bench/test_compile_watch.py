@@ -87,6 +87,16 @@ def test_the_start_up_row_says_how_long_the_kernel_warm_up_took(capsys):
     gpu_table.table(rows)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("startup"))
     assert line.split() == ["startup", "66.0", "198.0", "3.00x", "s", "warm-up", "16.72", "s,", "30", "steps"]
+    pre = {"specs": 140, "compiled": 139, "failed": 1, "seconds": 21.4, "waited": 3.05, "reason": None}
+    gpu_table.table([{"engine": "gptoss", "what": "startup", "first_token_s": 41.0, "precompile": pre}])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("startup"))
+    assert line.endswith("s precompile 139/140 (1 failed) in 21.4 s, waited 3.05 s")
+    none = pre | {"specs": 0, "compiled": 0, "failed": 0, "reason": "no manifest cuda-80.json for this GPU"}
+    gpu_table.table([{"engine": "gptoss", "what": "startup", "first_token_s": 41.0, "precompile": none}])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("startup"))
+    assert line.endswith(
+        "precompile 0/0 (0 failed) in 21.4 s, waited 3.05 s (no manifest cuda-80.json for this GPU)"
+    )
     gpu_table.table([{"engine": "gptoss", "what": "startup", "first_token_s": 60.0, "warmup": None}])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("startup"))
     assert line.split() == ["startup", "60.0", "-", "s"]

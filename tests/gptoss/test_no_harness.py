@@ -58,5 +58,6 @@ def test_serve_parses_its_flags_and_data_checks_files_without_the_harness(tmp_pa
     )
     assert "EngineConfig(model_path=None, device=None, dtype='bfloat16', max_num_seqs=2" in out
     assert "seed=3, kernels=None, cuda_graphs=True, decode_steps=8, warm_kernels=True, " in out
+    assert "warm_kernels=True, precompile=True, batch_invariant=False" in out
     assert "batch_invariant=False, lora=('a=/x', '/y'))" in out
     assert out.rstrip().endswith("no such file\n1")

@@ -1,0 +1,75 @@
+"""Record the Triton kernel specializations that an engine's start-up and a short mixed run meet on
+this GPU, into the manifest gptoss.precompile compiles from at start-up (gptoss/kernels/specs/
+<backend>-<arch>.json), tagged with the model's shapes.
+
+    python -m gptoss.tools.record_specs --model-path CKPT [--max-num-seqs 1024] [--prompts 256]
+
+Run it on a GPU once a model (the random 20b and 120b checkpoints have the released shapes) after a
+change to the kernels, and commit the manifest: entries are added to what is there, each with the
+union of its tags; a manifest of another Triton version is replaced. Recording works on a warm disk
+cache as on a cold one (in a new process every specialization passes Triton's post-compile hook).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+from gptoss.checkpoint import load_config
+from gptoss.engine import EngineConfig, LLMEngine
+from gptoss.precompile import SpecRecorder, manifest_path, model_tag, save_specs
+from gptoss.sampling import SamplingParams
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-path", required=True, type=Path)
+    ap.add_argument("--out", type=Path, help="the manifest (default: this GPU's, in gptoss/kernels/specs)")
+    ap.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument(
+        "--prompts", type=int, default=256, help="random prompts of 1 to 2048 tokens after start-up"
+    )
+    ap.add_argument("--max-tokens", type=int, default=32)
+    args = ap.parse_args(argv)
+
+    import torch
+    from triton.runtime import driver
+
+    if not torch.cuda.is_available():
+        print("record_specs: no CUDA device; the manifest lists what a GPU compiles", file=sys.stderr)
+        return 2
+    cfg = load_config(args.model_path)
+    out = args.out or manifest_path(driver.active.get_current_target())
+    t0 = time.perf_counter()
+    with SpecRecorder() as rec:
+        eng = LLMEngine(
+            EngineConfig(
+                args.model_path,
+                device="cuda",
+                max_num_seqs=args.max_num_seqs,
+                max_model_len=args.max_model_len,
+                precompile=False,  # the disk cache is irrelevant: every specialization passes the hook
+            )
+        )
+        rng = random.Random(0)
+        prompts = [
+            [rng.randrange(cfg.vocab_size) for _ in range(rng.randrange(1, 2049))]
+            for _ in range(args.prompts)
+        ]
+        eng.generate(
+            prompts, SamplingParams(max_new_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+        )
+    new = save_specs(out, model_tag(cfg), rec.specs)
+    print(
+        f"{len(rec.specs)} specializations of our kernels met at {model_tag(cfg)} in "
+        f"{time.perf_counter() - t0:.1f} s; {new} new in {out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

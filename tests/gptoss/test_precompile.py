@@ -1,0 +1,166 @@
+"""The start-up precompile (gptoss.precompile): the manifest's reading and writing, the recorder's hook,
+and, compiled for sm_90a on this CPU (no GPU needed), that a recorded specialization lands in Triton's
+disk cache under the key its launch computes, while stale entries fail alone and are counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import triton
+from triton import knobs
+
+from gptoss.precompile import SpecRecorder, load_specs, model_tag, save_specs
+from tests.gptoss.test_engine import make_engine
+
+REPO = Path(__file__).resolve().parents[2]
+KERNEL = "gptoss.kernels.l2_prefetch._prefetch_kernel"
+
+
+def spec(name: str = KERNEL, nt: int = 128) -> dict:
+    return {"name": name, "signature": {"ptr": "*u8"}, "constant_keys": [[2]], "constant_vals": [nt]}
+
+
+def test_the_manifest_keeps_one_entry_a_specialization_with_the_union_of_its_tags(tmp_path):
+    path = tmp_path / "specs" / "cuda-90.json"
+    assert save_specs(path, "h2880-e32-l24", [spec(nt=128), spec(nt=256), spec(nt=128)]) == 2
+    # the same specialization met by another model, with its fields in another order: one entry
+    again = dict(reversed(list(spec(nt=256).items())))
+    assert save_specs(path, "h2880-e128-l36", [again, spec(nt=512)]) == 1
+    doc = json.loads(path.read_text())
+    assert doc["triton"] == triton.__version__ == "3.6.0"
+    assert [(e["tags"], e["spec"]["constant_vals"]) for e in doc["specs"]] == [
+        (["h2880-e32-l24"], [128]),
+        (["h2880-e128-l36", "h2880-e32-l24"], [256]),
+        (["h2880-e128-l36"], [512]),
+    ]
+    assert len(path.read_text().splitlines()) == 5  # one entry a line: a manifest diffs well
+    specs, why = load_specs(path, "h2880-e32-l24")
+    assert ([s["constant_vals"] for s in specs], why) == ([[128], [256]], None)
+    assert load_specs(path, "h64-e4-l2") == ([], "cuda-90.json has no entry for h64-e4-l2")
+    assert load_specs(tmp_path / "cuda-80.json", "x") == ([], "no manifest cuda-80.json for this GPU")
+
+
+def test_a_manifest_of_another_triton_is_not_compiled_and_is_replaced_on_record(tmp_path):
+    path = tmp_path / "cuda-90.json"
+    path.write_text(json.dumps({"triton": "3.5.1", "specs": [{"tags": ["t"], "spec": spec(nt=64)}]}))
+    assert load_specs(path, "t") == ([], "cuda-90.json was recorded with Triton 3.5.1, this is 3.6.0")
+    assert save_specs(path, "t", [spec(nt=128)]) == 1
+    assert [e["spec"]["constant_vals"] for e in json.loads(path.read_text())["specs"]] == [[128]]
+
+
+def test_the_recorder_keeps_our_kernels_only_and_chains_the_hook_before_it():
+    seen = []
+    before = knobs.runtime.jit_post_compile_hook
+
+    def prev(**kw):
+        seen.append(kw["fn"].name)
+
+    def fire(name: str) -> None:
+        data = {**spec(name), "options": {"num_warps": 4, "extern_libs": [["libdevice", "/x/libdevice.bc"]]}}
+        knobs.runtime.jit_post_compile_hook(
+            key="k",
+            repr=name,
+            fn=SimpleNamespace(name=name.rpartition(".")[2]),
+            compile={"specialization_data": json.dumps({**data, "key": "long binder key"})},
+            is_manual_warmup=False,
+            already_compiled=False,
+        )
+
+    knobs.runtime.jit_post_compile_hook = prev
+    try:
+        with SpecRecorder() as rec:
+            fire(KERNEL)
+            fire("triton_kernels.matmul_ogs._matmul")  # vLLM's, say: not ours to record
+        assert knobs.runtime.jit_post_compile_hook is prev
+    finally:
+        knobs.runtime.jit_post_compile_hook = before
+    assert seen == ["_prefetch_kernel", "_matmul"]
+    # no binder key, and no path of the recording machine's libdevice (the launch uses its own)
+    assert rec.specs == [{**spec(), "options": {"num_warps": 4}}]
+
+
+def test_model_tags_name_the_shapes(tiny_checkpoint):
+    from gptoss.checkpoint import load_config
+
+    cfg = load_config(tiny_checkpoint)
+    assert model_tag(cfg) == f"h{cfg.hidden_size}-e{cfg.num_local_experts}-l{cfg.num_hidden_layers}"
+
+
+def test_a_cpu_engine_precompiles_nothing(tiny_checkpoint):
+    eng = make_engine(tiny_checkpoint)
+    assert eng.config.precompile and eng.runner.precompile is None and eng.info()["precompile"] is None
+
+
+# Compiled, not interpreted: a process without TRITON_INTERPRET (this session's is set by conftest)
+COMPILE = textwrap.dedent(
+    """
+    import json, os, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import get_full_name, serialize_specialization_data
+    from gptoss.kernels.l2_prefetch import _prefetch_kernel as k
+    from gptoss.precompile import Precompile, compile_spec
+
+    target = GPUTarget("cuda", 90, 32)
+    sig = {"ptr": "*u8", "nbytes": "i32", "NT": "constexpr", "PDL": "constexpr"}
+    consts, attrs = {(2,): 128, (3,): True}, {(0,): [["tt.divisibility", 16]]}
+    opts = make_backend(target).parse_options({"num_warps": 4})
+    good = json.loads(serialize_specialization_data(get_full_name(k), sig, consts, attrs, opts, "key"))
+    del good["key"], good["options"]["extern_libs"]  # as SpecRecorder keeps it
+    cache = os.environ["TRITON_CACHE_DIR"]
+    out = {"hash": compile_spec(good, target).hash, "entries": len(os.listdir(cache))}
+    # what the kernel's launch compiles: the same source, target and options
+    launch = triton.compile(ASTSource(k, sig, consts, attrs), target=target, options=opts.__dict__)
+    out["launch_hash"] = launch.hash
+    out["entries_after_launch"] = len(os.listdir(cache))
+    stale = json.loads(json.dumps(good))
+    stale["signature"] = {"base": "*u8", **{a: t for a, t in sig.items() if a != "ptr"}}
+    gone = {**good, "name": "gptoss.kernels.l2_prefetch._gone_kernel"}
+    other = json.loads(json.dumps(good))
+    other["constant_vals"] = [256, False]
+    stats = Precompile([good, stale, gone, other], target, threads=2).wait()
+    out["stats"] = [stats.specs, stats.compiled, stats.failed, sorted(stats.errors)]
+    out["entries_at_end"] = len(os.listdir(cache))
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_recorded_specialization_compiles_into_the_cache_entry_its_launch_reads(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    run = subprocess.run(
+        [sys.executable, "-c", COMPILE], env=env, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert out["hash"] == out["launch_hash"]  # the launch finds the precompiled entry: no compile
+    assert out["entries"] == out["entries_after_launch"] == 1
+    assert out["stats"] == [
+        4,
+        2,
+        2,
+        [
+            "gptoss.kernels.l2_prefetch._gone_kernel: AttributeError: module "
+            "'gptoss.kernels.l2_prefetch' has no attribute '_gone_kernel'",
+            "gptoss.kernels.l2_prefetch._prefetch_kernel: ValueError: "
+            "gptoss.kernels.l2_prefetch._prefetch_kernel has no parameter base",
+        ],
+    ]
+    assert out["entries_at_end"] == 2  # the good one (already there) and the other constexprs
+
+
+def test_record_specs_without_a_gpu_says_so_and_writes_nothing(tiny_checkpoint, tmp_path, capsys):
+    from gptoss.tools import record_specs
+
+    out = tmp_path / "m.json"
+    assert record_specs.main(["--model-path", str(tiny_checkpoint), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "record_specs: no CUDA device; the manifest lists what a GPU compiles\n"
+    assert not out.exists()
