@@ -96,13 +96,13 @@ class ModelRunner:
         self.kernels = config.kernels or ("triton" if self.device.type == "cuda" else "torch")
         if self.kernels == "triton":
             _check_triton(self.device)
+        elif config.batch_invariant:
+            raise ValueError(f"batch_invariant needs the triton kernels; {self.device.type} runs torch here")
         pre = None  # the recorded kernel specializations compiling while the weights load
         if self.kernels == "triton" and self.device.type == "cuda" and config.precompile:
             from gptoss.precompile import Precompile
 
             pre = Precompile.for_model(load_config(config.model_path))
-        elif config.batch_invariant:
-            raise ValueError(f"batch_invariant needs the triton kernels; {self.device.type} runs torch here")
         self.batch_invariant = config.batch_invariant
         self.lora = None  # gptoss.lora_stack.LoraStack of the --lora adapters
         if config.lora:  # checked against config.json before the weights load: bad adapters fail fast
