@@ -8,8 +8,10 @@
 #   2. RECORD=1: gptoss.tools.record_specs on the 20b (and the 120b before its run) into this tree's
 #      manifest (gptoss/kernels/specs/cuda-90.json), copied to $RES to be committed;
 #   3. random 20b, bench/gptoss_gpu.py batch 1 + Offline 1000 x (1024 -> 1024), once a mode of WARM20
-#      (default "pre nopre"): pre the defaults (precompile and warm-up), nopre --no-precompile, nowarm
-#      --no-warm-kernels --no-precompile (the rows name what compiled in each timing);
+#      (default "pre nopre pre-warm nopre-warm"): pre the defaults (precompile and warm-up), nopre
+#      --no-precompile, nowarm --no-warm-kernels --no-precompile (the rows name what compiled in each
+#      timing); MODE-warm: MODE's start-up and batch 1 only, on the cache pre's run left (what a
+#      kept cache starts in, with the precompile's cache hits against none);
 #   4. random 120b (tmpfs), batch 1 + Offline 2000 x (1024 -> 1278), once a mode of WARM120 (default
 #      "pre"; RUN120=0 skips it);
 #   4. AB: decode_ab_gpu.py argument lists, one process each, on the 20b (its cache warm by now),
@@ -23,12 +25,12 @@ RES=${RES:-$HOME/cold}
 . bench/gpu_detached.sh
 CK20=$CKPT CK120=${CK120:-/mnt/ck120/gptoss-120b-random}
 
-cold() {  # cold NAME ARGS...: one engine process on an empty Triton cache, its rows into the table
-  local name=$1
-  shift
-  rm -rf "$HOME/tc_$name"
-  say "cold $name: $*"
-  TRITON_CACHE_DIR=$HOME/tc_$name timeout 900 python3 bench/gptoss_gpu.py --engine gptoss "$@" \
+cold() {  # cold NAME CACHE ARGS...: one engine process, its rows into the table; its Triton cache
+  local name=$1 cache=$2  # emptied first when CACHE is NAME, else another run's (warm) as it is
+  shift 2
+  [ "$cache" = "$name" ] && rm -rf "$HOME/tc_$cache"
+  say "$name (cache tc_$cache): $*"
+  TRITON_CACHE_DIR=$HOME/tc_$cache timeout 900 python3 bench/gptoss_gpu.py --engine gptoss "$@" \
     --out "$RES/$name" > "$RES/$name.txt" 2>&1
   tail -20 "$RES/$name.txt"
   row "$name" "$(sed -n '/^workload/,$p' "$RES/$name.txt" | tr '\n' ' ')"
@@ -65,16 +67,20 @@ flags() {  # flags MODE: the bench's flags for a mode of WARM20 / WARM120
   esac
 }
 [ "${RECORD:-1}" = 1 ] && record "$CK20"
-for w in ${WARM20-pre nopre}; do
-  flags "$w"
-  cold "20b-$w" --model-path "$CK20" --decode 128x512 --throughput 1000x1024x1024 "${mode[@]}"
+for w in ${WARM20-pre nopre pre-warm nopre-warm}; do
+  flags "${w%-warm}"
+  if [[ $w == *-warm ]]; then
+    cold "20b-$w" 20b-pre --model-path "$CK20" --decode 128x512 "${mode[@]}"
+  else
+    cold "20b-$w" "20b-$w" --model-path "$CK20" --decode 128x512 --throughput 1000x1024x1024 "${mode[@]}"
+  fi
 done
 if [ "${RUN120:-1}" = 1 ]; then
   CKPT=$CK120 checkpoint_120b
   [ "${RECORD:-1}" = 1 ] && record "$CK120"
   for w in ${WARM120-pre}; do
     flags "$w"
-    cold "120b-$w" --model-path "$CK120" --decode 128x512 --throughput 2000x1024x1278 --max-model-len 4096 "${mode[@]}"
+    cold "120b-$w" "120b-$w" --model-path "$CK120" --decode 128x512 --throughput 2000x1024x1278 --max-model-len 4096 "${mode[@]}"
   done
 fi
 IFS=';' read -ra abs <<< "${AB:-}"
