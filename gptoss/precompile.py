@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import queue
 import threading
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
     from gptoss.config import ModelConfig
 
+log = logging.getLogger("gptoss.precompile")
 SPECS_DIR = Path(__file__).parent / "kernels" / "specs"
 PACKAGE = "gptoss."  # only our kernels are recorded
 # Options that hold this machine's paths (libdevice's, under the recording's site-packages): left to
@@ -219,6 +221,15 @@ class Precompile:
             t.join()
         now = time.perf_counter()
         self.stats.waited, self.stats.seconds = now - w0, now - self._t0
+        if self.stats.failed:  # counted in engine.info() too; said here, where a run's log shows it
+            log.warning(
+                "precompile: %d of %d recorded kernel specializations failed and compile at first use "
+                "instead (a manifest older than the kernels: record it again with "
+                "python -m gptoss.tools.record_specs); first: %s",
+                self.stats.failed,
+                self.stats.specs,
+                self.stats.errors[0],
+            )
         return self.stats
 
 

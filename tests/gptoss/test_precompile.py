@@ -155,6 +155,11 @@ def test_a_recorded_specialization_compiles_into_the_cache_entry_its_launch_read
         ],
     ]
     assert out["entries_at_end"] == 2  # the good one (already there) and the other constexprs
+    # the failures are said on stderr, not only counted
+    warned = [x for x in run.stderr.splitlines() if x.startswith("precompile:")]
+    assert len(warned) == 1 and warned[0].startswith(
+        "precompile: 2 of 4 recorded kernel specializations failed and compile at first use instead"
+    )
 
 
 def test_record_specs_without_a_gpu_says_so_and_writes_nothing(tiny_checkpoint, tmp_path, capsys):
