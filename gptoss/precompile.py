@@ -31,7 +31,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,6 +107,7 @@ def compile_spec(spec: dict, target: GPUTarget):
     import triton
     import triton.language as tl
     from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import convert_to_tuple_if_list
 
     module, _, name = spec["name"].rpartition(".")
     fn = getattr(importlib.import_module(module), name)
@@ -119,7 +120,7 @@ def compile_spec(spec: dict, target: GPUTarget):
         for k, v in zip(spec["constant_keys"], spec["constant_vals"], strict=True)
     }
     attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"], strict=True)}
-    signature = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["signature"].items()}
+    signature = {k: convert_to_tuple_if_list(v) for k, v in spec["signature"].items()}
     unknown = set(signature) - set(fn.arg_names)
     if unknown:  # a manifest older than the kernel: Triton would compile it with the wrong arguments
         raise ValueError(f"{spec['name']} has no parameter {', '.join(sorted(unknown))}")
@@ -143,15 +144,7 @@ class PrecompileStats:
     errors: list[str] = field(default_factory=list)
 
     def info(self) -> dict[str, object]:
-        return {
-            "specs": self.specs,
-            "compiled": self.compiled,
-            "failed": self.failed,
-            "seconds": round(self.seconds, 2),
-            "waited": round(self.waited, 2),
-            "reason": self.reason,
-            "errors": self.errors,
-        }
+        return asdict(self) | {"seconds": round(self.seconds, 2), "waited": round(self.waited, 2)}
 
 
 class Precompile:
@@ -201,19 +194,15 @@ class Precompile:
                     from triton.runtime import driver
 
                     driver.active.launcher_cls(kernel.src, kernel.metadata)
-                ok, err = True, ""
-            except Exception as e:  # a stale or broken entry: its kernel compiles at launch instead
-                ok, err = (
-                    False,
-                    f"{spec.get('name')}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                )
-            with self._lock:
-                if ok:
-                    self.stats.compiled += 1
-                else:
+            except Exception as e:  # a stale or broken entry, counted and warned of in wait(): its
+                first = str(e).splitlines()[0] if str(e) else ""  # kernel compiles at launch instead
+                with self._lock:
                     self.stats.failed += 1
                     if len(self.stats.errors) < MAX_ERRORS:
-                        self.stats.errors.append(err)
+                        self.stats.errors.append(f"{spec.get('name')}: {type(e).__name__}: {first}")
+                continue
+            with self._lock:
+                self.stats.compiled += 1
 
     def wait(self) -> PrecompileStats:
         w0 = time.perf_counter()
