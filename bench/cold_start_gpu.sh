@@ -13,8 +13,8 @@
 #      timing); MODE-warm: MODE's start-up and batch 1 only, on the cache pre's run left (what a
 #      kept cache starts in, with the precompile's cache hits against none);
 #   4. random 120b (tmpfs), batch 1 + Offline 2000 x (1024 -> 1278), once a mode of WARM120 (default
-#      "pre"; RUN120=0 skips it);
-#   4. AB: decode_ab_gpu.py argument lists, one process each, on the 20b (its cache warm by now),
+#      "pre"; MODE-b1: a cold start-up and batch 1 only; RUN120=0 skips it);
+#   5. AB: decode_ab_gpu.py argument lists, one process each, on the 20b (its cache warm by now),
 #      separated by ';' (e.g. AB='--batch 3 --variant default= --variant sk3=...').
 #   (setsid nohup bash bench/cold_start_gpu.sh > $HOME/cold.log 2>&1 &)   then poll $HOME/cold/done
 # One table last: $HOME/cold/table.txt.
@@ -79,8 +79,13 @@ if [ "${RUN120:-1}" = 1 ]; then
   CKPT=$CK120 checkpoint_120b
   [ "${RECORD:-1}" = 1 ] && record "$CK120"
   for w in ${WARM120-pre}; do
-    flags "$w"
-    cold "120b-$w" "120b-$w" --model-path "$CK120" --decode 128x512 --throughput 2000x1024x1278 --max-model-len 4096 "${mode[@]}"
+    flags "${w%-b1}"
+    if [[ $w == *-b1 ]]; then  # a cold start-up and batch 1 only
+      cold "120b-$w" "120b-$w" --model-path "$CK120" --decode 128x512 --max-model-len 4096 "${mode[@]}"
+    else
+      cold "120b-$w" "120b-$w" --model-path "$CK120" --decode 128x512 --throughput 2000x1024x1278 \
+        --max-model-len 4096 "${mode[@]}"
+    fi
   done
 fi
 IFS=';' read -ra abs <<< "${AB:-}"
