@@ -120,10 +120,18 @@ def compile_spec(spec: dict, target: GPUTarget):
         for k, v in zip(spec["constant_keys"], spec["constant_vals"], strict=True)
     }
     attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"], strict=True)}
-    signature = {k: convert_to_tuple_if_list(v) for k, v in spec["signature"].items()}
-    unknown = set(signature) - set(fn.arg_names)
+    recorded = spec["signature"]
+    unknown = set(recorded) - set(fn.arg_names)
     if unknown:  # a manifest older than the kernel: Triton would compile it with the wrong arguments
         raise ValueError(f"{spec['name']} has no parameter {', '.join(sorted(unknown))}")
+    missing = [a for a in fn.arg_names if a not in recorded]
+    if missing:
+        raise ValueError(f"{spec['name']}'s entry lacks its parameter {', '.join(missing)}")
+    # In the parameters' order, not the manifest's (sorted) one: the cache key sorts the signature,
+    # but the launcher's C source takes the arguments in the signature's order, so a launcher built
+    # from sorted names would be another file, never the one the launch loads (2026-12-03, H200: 27
+    # launchers built again at the first launches of a precompiled tiny model)
+    signature = {a: convert_to_tuple_if_list(recorded[a]) for a in fn.arg_names}
     options = {
         k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items() if k not in LOCAL
     }

@@ -106,7 +106,9 @@ COMPILE = textwrap.dedent(
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import get_full_name, serialize_specialization_data
     from gptoss.kernels.l2_prefetch import _prefetch_kernel as k
-    from gptoss.precompile import Precompile, compile_spec
+    from pathlib import Path
+    from triton.backends.nvidia.driver import make_launcher
+    from gptoss.precompile import Precompile, compile_spec, load_specs, save_specs
 
     target = GPUTarget("cuda", 90, 32)
     sig = {"ptr": "*u8", "nbytes": "i32", "NT": "constexpr", "PDL": "constexpr"}
@@ -115,17 +117,26 @@ COMPILE = textwrap.dedent(
     good = json.loads(serialize_specialization_data(get_full_name(k), sig, consts, attrs, opts, "key"))
     del good["key"], good["options"]["extern_libs"]  # as SpecRecorder keeps it
     cache = os.environ["TRITON_CACHE_DIR"]
-    out = {"hash": compile_spec(good, target).hash, "entries": len(os.listdir(cache))}
+    manifest = Path(cache).parent / "m.json"
+    save_specs(manifest, "t", [good])  # through a manifest, which sorts each entry's fields
+    [good], _ = load_specs(manifest, "t")
+    pre = compile_spec(good, target)
+    out = {"hash": pre.hash, "entries": len(os.listdir(cache))}
     # what the kernel's launch compiles: the same source, target and options
     launch = triton.compile(ASTSource(k, sig, consts, attrs), target=target, options=opts.__dict__)
     out["launch_hash"] = launch.hash
+    # and the launcher (C source, one .so in the cache) each builds: the same file
+    src = [make_launcher(c.src.constants, c.src.signature, None) for c in (pre, launch)]
+    out["same_launcher"] = src[0] == src[1]
     out["entries_after_launch"] = len(os.listdir(cache))
     stale = json.loads(json.dumps(good))
     stale["signature"] = {"base": "*u8", **{a: t for a, t in sig.items() if a != "ptr"}}
     gone = {**good, "name": "gptoss.kernels.l2_prefetch._gone_kernel"}
+    short = json.loads(json.dumps(good))
+    del short["signature"]["nbytes"]
     other = json.loads(json.dumps(good))
     other["constant_vals"] = [256, False]
-    stats = Precompile([good, stale, gone, other], target, threads=2).wait()
+    stats = Precompile([good, stale, gone, short, other], target, threads=2).wait()
     out["stats"] = [stats.specs, stats.compiled, stats.failed, sorted(stats.errors)]
     out["entries_at_end"] = len(os.listdir(cache))
     print(json.dumps(out))
@@ -143,22 +154,25 @@ def test_a_recorded_specialization_compiles_into_the_cache_entry_its_launch_read
     out = json.loads(run.stdout.splitlines()[-1])
     assert out["hash"] == out["launch_hash"]  # the launch finds the precompiled entry: no compile
     assert out["entries"] == out["entries_after_launch"] == 1
+    assert out["same_launcher"]  # nor a launcher to build
     assert out["stats"] == [
-        4,
+        5,
         2,
-        2,
+        3,
         [
             "gptoss.kernels.l2_prefetch._gone_kernel: AttributeError: module "
             "'gptoss.kernels.l2_prefetch' has no attribute '_gone_kernel'",
             "gptoss.kernels.l2_prefetch._prefetch_kernel: ValueError: "
             "gptoss.kernels.l2_prefetch._prefetch_kernel has no parameter base",
+            "gptoss.kernels.l2_prefetch._prefetch_kernel: ValueError: "
+            "gptoss.kernels.l2_prefetch._prefetch_kernel's entry lacks its parameter nbytes",
         ],
     ]
     assert out["entries_at_end"] == 2  # the good one (already there) and the other constexprs
     # the failures are said on stderr, not only counted
     warned = [x for x in run.stderr.splitlines() if x.startswith("precompile:")]
     assert len(warned) == 1 and warned[0].startswith(
-        "precompile: 2 of 4 recorded kernel specializations failed and compile at first use instead"
+        "precompile: 3 of 5 recorded kernel specializations failed and compile at first use instead"
     )
 
 
