@@ -25,10 +25,16 @@ RES=${RES:-$HOME/cold}
 . bench/gpu_detached.sh
 CK20=$CKPT CK120=${CK120:-/mnt/ck120/gptoss-120b-random}
 
+specs_back() {  # the manifest recorded here, into the tree again: a later device call's copy of the
+  cp "$RES"/cuda-*.json gptoss/kernels/specs/ 2>/dev/null  # checkout puts back the committed one
+  return 0
+}
+
 cold() {  # cold NAME CACHE ARGS...: one engine process, its rows into the table; its Triton cache
   local name=$1 cache=$2  # emptied first when CACHE is NAME, else another run's (warm) as it is
   shift 2
   [ "$cache" = "$name" ] && rm -rf "$HOME/tc_$cache"
+  specs_back
   say "$name (cache tc_$cache): $*"
   TRITON_CACHE_DIR=$HOME/tc_$cache timeout 900 python3 bench/gptoss_gpu.py --engine gptoss "$@" \
     --out "$RES/$name" > "$RES/$name.txt" 2>&1
@@ -52,6 +58,7 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 record() {  # record CKPT: the specializations its start-up and a short run meet, into the manifest
   say "record_specs $1"
+  specs_back
   TRITON_CACHE_DIR=$HOME/tc_rec timeout 600 python3 -m gptoss.tools.record_specs --model-path "$1" \
     --max-num-seqs 1024 > "$RES/record.txt" 2>&1
   tail -3 "$RES/record.txt"
