@@ -14,6 +14,10 @@
 #      kept cache starts in, with the precompile's cache hits against none);
 #   4. random 120b (tmpfs), batch 1 + Offline 2000 x (1024 -> 1278), once a mode of WARM120 (default
 #      "pre"; MODE-b1: a cold start-up and batch 1 only; RUN120=0 skips it);
+#   VLLM=1, after the 20b modes: vLLM 0.26.0's batch 1 and Offline on the 20b, its start-up from an
+#      empty Triton cache too (its own compile cache is empty on a fresh machine), once
+#      $HOME/vllm_ready exists (`CKPT= bash bench/vllm_peer_install.sh && touch $HOME/vllm_ready` in
+#      a later call, after .wc1 and .wc2): the start-up ratio in one run;
 #   5. AB: decode_ab_gpu.py argument lists, one process each, on the 20b (its cache warm by now),
 #      separated by ';' (e.g. AB='--batch 3 --variant default= --variant sk3=...').
 #   (setsid nohup bash bench/cold_start_gpu.sh > $HOME/cold.log 2>&1 &)   then poll $HOME/cold/done
@@ -24,9 +28,11 @@ RES=${RES:-$HOME/cold}
 # shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
 CK20=$CKPT CK120=${CK120:-/mnt/ck120/gptoss-120b-random}
+SPECS=${SPECS:-gptoss/kernels/specs}  # where the engine reads its manifest (the tree's)
+[ "${VLLM:-0}" = 1 ] && vllm_script
 
 specs_back() {  # the manifest recorded here, into the tree again: a later device call's copy of the
-  cp "$RES"/cuda-*.json gptoss/kernels/specs/ 2>/dev/null  # checkout puts back the committed one
+  cp "$RES"/cuda-*.json "$SPECS"/ 2>/dev/null  # checkout puts back the committed one
   return 0
 }
 
@@ -63,7 +69,7 @@ record() {  # record CKPT: the specializations its start-up and a short run meet
     --max-num-seqs 1024 > "$RES/record.txt" 2>&1
   tail -3 "$RES/record.txt"
   row "record $(basename "$1")" "$(tail -1 "$RES/record.txt")"
-  cp gptoss/kernels/specs/*.json "$RES/" 2>/dev/null
+  cp "$SPECS"/*.json "$RES/" 2>/dev/null
 }
 flags() {  # flags MODE: the bench's flags for a mode of WARM20 / WARM120
   case $1 in
@@ -82,6 +88,10 @@ for w in ${WARM20-pre nopre pre-warm nopre-warm}; do
     cold "20b-$w" "20b-$w" --model-path "$CK20" --decode 128x512 --throughput 1000x1024x1024 "${mode[@]}"
   fi
 done
+if [ "${VLLM:-0}" = 1 ] && wait_vllm; then
+  rm -rf "$HOME/tc_vllm"
+  TRITON_CACHE_DIR=$HOME/tc_vllm vllm_engine
+fi
 if [ "${RUN120:-1}" = 1 ]; then
   CKPT=$CK120 checkpoint_120b
   [ "${RECORD:-1}" = 1 ] && record "$CK120"

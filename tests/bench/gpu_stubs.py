@@ -45,7 +45,14 @@ case "$*" in
       "v3tiles=${GPTOSS_MOE_V3_TILES:-dflt} wtma=${GPTOSS_MOE_V3_WTMA:-unset}" \
       "rope=${GPTOSS_ROPE_IN_ATTN:-dflt} k=${GPTOSS_MOE_KERNELS:-auto}" \
       "tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
-  *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"; echo "offline 1000x(1024->1024)  -  15000.0 tok/s" ;;
+  *"gptoss_gpu.py"*"--engine vllm"*) echo "workload x"
+    echo "offline 1000x(1024->1024)  -  15000.0 tok/s cache=$(basename "${TRITON_CACHE_DIR:-none}")" ;;
+  # cold_start_gpu.sh: its recordings add their model's tag to $SPECS' manifest; its engine runs say
+  # their cache and the manifest's tags
+  *record_specs*) tag=h2880-e32-l24; [[ $* == *ck120* ]] && tag=h2880-e128-l36
+    echo "$tag" >> "$SPECS/cuda-90.json"; echo "9 specializations of our kernels met at $tag" ;;
+  *"gptoss_gpu.py --engine gptoss --model-path"*)
+    echo "workload cache=$(basename "$TRITON_CACHE_DIR") manifest=$(paste -sd, "$SPECS/cuda-90.json")" ;;
   *attn_sweep.py*) echo "attention sweep: $*" ;;
   *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto}" \
     "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt} wtma=${GPTOSS_MOE_V3_WTMA:-unset}" ;;

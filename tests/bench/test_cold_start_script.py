@@ -1,0 +1,82 @@
+"""bench/cold_start_gpu.sh's control flow on CPU, under the stub binaries of gpu_stubs.py: which engine
+runs it starts on which Triton cache and flags, and that every engine process and recording finds the
+manifest recorded earlier in the run, even after a later device call's copy of the checkout has put
+the committed one back (2026-12-03: the 20b-pre-warm row ran with no manifest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.bench.gpu_stubs import run_script
+
+
+def cold(stubs: dict[str, str], tmp_path: Path, **env: str):
+    """The script with its results in tmp_path/cold and its manifest in tmp_path/specs, no tests."""
+    (tmp_path / "specs").mkdir(exist_ok=True)
+    p = run_script(
+        "cold_start_gpu.sh",
+        stubs,
+        RES=str(tmp_path / "cold"),
+        SPECS=str(tmp_path / "specs"),
+        TESTS="0",
+        **env,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (tmp_path / "cold" / "done").exists()
+    return (tmp_path / "cold" / "table.txt").read_text()
+
+
+def engine_calls(tmp_path: Path) -> list[str]:
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    return [c for c in calls if "gptoss_gpu.py --engine gptoss" in c or "record_specs" in c]
+
+
+def test_modes_caches_and_the_recorded_manifest(stubs, tmp_path):
+    table = cold(
+        stubs, tmp_path, CK120=str(tmp_path / "ck120"), WARM20="pre nopre pre-warm", WARM120="pre-b1"
+    )
+    calls = engine_calls(tmp_path)
+    assert [c.split(" --model-path ")[0].split()[-1] for c in calls] == [
+        "gptoss.tools.record_specs",
+        "gptoss",
+        "gptoss",
+        "gptoss",
+        "gptoss.tools.record_specs",
+        "gptoss",
+    ]
+    pre, nopre, pre_warm, b1 = calls[1], calls[2], calls[3], calls[5]
+    assert "--throughput 1000x1024x1024" in pre and "--no-precompile" not in pre
+    assert "--no-precompile" in nopre and "--throughput" in nopre
+    assert "--throughput" not in pre_warm and "--no-precompile" not in pre_warm
+    assert "ck120" in b1 and "--throughput" not in b1 and "--max-model-len 4096" in b1
+    # each engine process on its own emptied cache, but -warm on the one pre left; each saw the manifest
+    # the first recording wrote (the stub's lists its entries' tags)
+    assert "20b-pre | workload cache=tc_20b-pre manifest=h2880-e32-l24 " in table
+    assert "20b-nopre | workload cache=tc_20b-nopre manifest=h2880-e32-l24 " in table
+    assert "20b-pre-warm | workload cache=tc_20b-pre manifest=h2880-e32-l24 " in table
+    assert "120b-pre-b1 | workload cache=tc_120b-pre-b1 manifest=h2880-e32-l24,h2880-e128-l36 " in table
+    assert (tmp_path / "cold" / "cuda-90.json").read_text().split() == ["h2880-e32-l24", "h2880-e128-l36"]
+
+
+def test_a_checkout_copied_again_gets_the_recorded_manifest_back(stubs, tmp_path):
+    """The device's next call replaces the tree's manifest with the committed one; the script's own
+    recording (kept in RES) goes back in before the next engine process."""
+    res, specs = tmp_path / "cold", tmp_path / "specs"
+    specs.mkdir()
+    res.mkdir()
+    (res / "cuda-90.json").write_text("h2880-e32-l24\n")  # what an earlier call of this run recorded
+    (specs / "cuda-90.json").write_text("committed\n")
+    table = cold(stubs, tmp_path, RECORD="0", WARM20="pre", RUN120="0")
+    assert "20b-pre | workload cache=tc_20b-pre manifest=h2880-e32-l24 " in table
+
+
+def test_vllm_runs_after_the_20b_modes_on_an_empty_cache(stubs, tmp_path):
+    table = cold(stubs, tmp_path, RECORD="0", WARM20="pre", RUN120="0", VLLM="1")
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    ours = next(i for i, c in enumerate(calls) if "--engine gptoss" in c)
+    theirs = next(i for i, c in enumerate(calls) if "--engine vllm" in c)
+    assert ours < theirs and "--decode 128x512 --throughput 1000x1024x1024" in calls[theirs]
+    assert (
+        table.splitlines()[-1]
+        == "vllm b1 + offline | workload x offline 1000x(1024->1024)  -  15000.0 tok/s cache=tc_vllm "
+    )
