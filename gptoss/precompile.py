@@ -91,13 +91,49 @@ def save_specs(path: Path, tag: str, specs: list[dict]) -> int:
         tags = entries.setdefault(spec_id(s), set())
         new += not tags
         tags.add(tag)
-    lines = [
-        json.dumps({"tags": sorted(t), "spec": json.loads(k)}, sort_keys=True)
-        for k, t in sorted(entries.items())
-    ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f'{{"triton": "{triton.__version__}", "specs": [\n' + ",\n".join(lines) + "\n]}\n")
+    write_manifest(
+        path,
+        triton.__version__,
+        [{"tags": sorted(t), "spec": json.loads(k)} for k, t in sorted(entries.items())],
+    )
     return new
+
+
+def write_manifest(path: Path, version: str, entries: list[dict]) -> None:
+    lines = [json.dumps(e, sort_keys=True) for e in entries]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'{{"triton": "{version}", "specs": [\n' + ",\n".join(lines) + "\n]}\n")
+
+
+def spec_kernel(spec: dict):
+    """The kernel a recorded specialization is of; a ValueError (or the import's error) when the
+    entry no longer matches it: a manifest older than the kernels, which compiling would get wrong."""
+    module, _, name = spec["name"].rpartition(".")
+    fn = getattr(importlib.import_module(module), name)
+    recorded = spec["signature"]
+    unknown = set(recorded) - set(fn.arg_names)
+    if unknown:
+        raise ValueError(f"{spec['name']} has no parameter {', '.join(sorted(unknown))}")
+    missing = [a for a in fn.arg_names if a not in recorded]
+    if missing:
+        raise ValueError(f"{spec['name']}'s entry lacks its parameter {', '.join(missing)}")
+    return fn
+
+
+def prune_specs(path: Path) -> list[str]:
+    """Drops the entries of the manifest at path that no longer match their kernels (no GPU needed);
+    returns why each went. Those specializations then compile at first use until recorded again."""
+    doc = json.loads(path.read_text())
+    kept, gone = [], []
+    for e in doc["specs"]:
+        try:
+            spec_kernel(e["spec"])
+        except (ImportError, AttributeError, ValueError) as err:
+            gone.append(f"{e['spec']['name']}: {type(err).__name__}: {err}")
+            continue
+        kept.append(e)
+    write_manifest(path, doc["triton"], kept)
+    return gone
 
 
 def compile_spec(spec: dict, target: GPUTarget):
@@ -109,8 +145,7 @@ def compile_spec(spec: dict, target: GPUTarget):
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import convert_to_tuple_if_list
 
-    module, _, name = spec["name"].rpartition(".")
-    fn = getattr(importlib.import_module(module), name)
+    fn = spec_kernel(spec)
     constexprs = {
         tuple(k): tl.dtype(v)
         if tl.dtype.is_dtype(v)
@@ -120,18 +155,11 @@ def compile_spec(spec: dict, target: GPUTarget):
         for k, v in zip(spec["constant_keys"], spec["constant_vals"], strict=True)
     }
     attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"], strict=True)}
-    recorded = spec["signature"]
-    unknown = set(recorded) - set(fn.arg_names)
-    if unknown:  # a manifest older than the kernel: Triton would compile it with the wrong arguments
-        raise ValueError(f"{spec['name']} has no parameter {', '.join(sorted(unknown))}")
-    missing = [a for a in fn.arg_names if a not in recorded]
-    if missing:
-        raise ValueError(f"{spec['name']}'s entry lacks its parameter {', '.join(missing)}")
     # In the parameters' order, not the manifest's (sorted) one: the cache key sorts the signature,
     # but the launcher's C source takes the arguments in the signature's order, so a launcher built
     # from sorted names would be another file, never the one the launch loads (2026-12-03, H200: 27
     # launchers built again at the first launches of a precompiled tiny model)
-    signature = {a: convert_to_tuple_if_list(recorded[a]) for a in fn.arg_names}
+    signature = {a: convert_to_tuple_if_list(spec["signature"][a]) for a in fn.arg_names}
     options = {
         k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items() if k not in LOCAL
     }

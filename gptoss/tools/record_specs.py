@@ -3,6 +3,7 @@ this GPU, into the manifest gptoss.precompile compiles from at start-up (gptoss/
 <backend>-<arch>.json), tagged with the model's shapes.
 
     python -m gptoss.tools.record_specs --model-path CKPT [--max-num-seqs 1024] [--prompts 256]
+    python -m gptoss.tools.record_specs --prune   # after a kernel's parameters change, on any machine
 
 Run it on a GPU once a model (the random 20b and 120b checkpoints have the released shapes) after a
 change to the kernels, and commit the manifest: entries are added to what is there, each with the
@@ -20,13 +21,13 @@ from pathlib import Path
 
 from gptoss.checkpoint import load_config
 from gptoss.engine import EngineConfig, LLMEngine
-from gptoss.precompile import SpecRecorder, manifest_path, model_tag, save_specs
+from gptoss.precompile import SPECS_DIR, SpecRecorder, manifest_path, model_tag, prune_specs, save_specs
 from gptoss.sampling import SamplingParams
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model-path", required=True, type=Path)
+    ap.add_argument("--model-path", type=Path)
     ap.add_argument("--out", type=Path, help="the manifest (default: this GPU's, in gptoss/kernels/specs)")
     ap.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
     ap.add_argument("--max-model-len", type=int, default=4096)
@@ -34,7 +35,20 @@ def main(argv: list[str] | None = None) -> int:
         "--prompts", type=int, default=256, help="random prompts of 1 to 2048 tokens after start-up"
     )
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument(
+        "--prune",
+        action="store_true",
+        help="no recording: drop the entries of --out (default: every manifest in gptoss/kernels/specs) "
+        "that no longer match their kernels; needs no GPU",
+    )
     args = ap.parse_args(argv)
+    if args.prune:
+        for path in [args.out] if args.out else sorted(SPECS_DIR.glob("*.json")):
+            gone = prune_specs(path)
+            print(f"{path}: {len(gone)} entries dropped" + "".join(f"\n  {g}" for g in gone))
+        return 0
+    if args.model_path is None:
+        ap.error("--model-path is required to record (or --prune)")
 
     import torch
     from triton.runtime import driver

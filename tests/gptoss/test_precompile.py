@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import triton
 from triton import knobs
 
-from gptoss.precompile import SpecRecorder, load_specs, model_tag, save_specs
+from gptoss.precompile import SPECS_DIR, SpecRecorder, load_specs, model_tag, save_specs, spec_kernel
 from tests.gptoss.test_engine import make_engine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -183,3 +183,37 @@ def test_record_specs_without_a_gpu_says_so_and_writes_nothing(tiny_checkpoint, 
     assert record_specs.main(["--model-path", str(tiny_checkpoint), "--out", str(out)]) == 2
     assert capsys.readouterr().err == "record_specs: no CUDA device; the manifest lists what a GPU compiles\n"
     assert not out.exists()
+
+
+def test_the_committed_manifests_match_the_kernels_and_the_pinned_triton():
+    """A kernel whose parameters change, or a Triton bump, leaves the committed manifest stale: its
+    entries would fail (or be skipped) at every start-up. Caught here, on CPU."""
+    paths = sorted(SPECS_DIR.glob("*.json"))
+    assert [p.name for p in paths] == ["cuda-90.json"]
+    for path in paths:
+        doc = json.loads(path.read_text())
+        assert doc["triton"] == triton.__version__, f"{path.name}: record it again with this Triton"
+        tags = set()
+        for e in doc["specs"]:
+            spec_kernel(e["spec"])  # raises, naming the kernel: record again, or --prune
+            tags.update(e["tags"])
+        assert tags == {"h2880-e32-l24", "h2880-e128-l36"}  # gpt-oss-20b's and 120b's shapes
+
+
+def test_prune_drops_only_the_entries_that_no_longer_match_their_kernels(tmp_path, capsys):
+    from gptoss.tools import record_specs
+
+    good = spec() | {"signature": {"ptr": "*u8", "nbytes": "i32", "NT": "constexpr", "PDL": "constexpr"}}
+    renamed = good | {"signature": {"base": "*u8", "nbytes": "i32", "NT": "constexpr", "PDL": "constexpr"}}
+    path = tmp_path / "cuda-90.json"
+    save_specs(path, "t", [good, renamed, spec(name="gptoss.kernels.l2_prefetch._gone_kernel"), spec()])
+    assert record_specs.main(["--prune", "--out", str(path)]) == 0
+    assert load_specs(path, "t") == ([good], None)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{path}: 3 entries dropped"
+    assert sorted(out[1:]) == [
+        "  gptoss.kernels.l2_prefetch._gone_kernel: AttributeError: module 'gptoss.kernels.l2_prefetch' "
+        "has no attribute '_gone_kernel'",
+        f"  {KERNEL}: ValueError: {KERNEL} has no parameter base",
+        f"  {KERNEL}: ValueError: {KERNEL}'s entry lacks its parameter nbytes, NT, PDL",
+    ]
