@@ -12,7 +12,8 @@ compiler for each kernel signature, at the kernel's first launch), so the kernel
 loads both, in milliseconds. Threads suffice:
 Triton's MLIR passes, LLVM and ptxas run outside the GIL (two threads compiled four MoE tiles for
 sm_90a in 1.48 s against 3.13 s one after another, on a 2-core CPU), and the main thread meanwhile
-reads safetensors.
+reads safetensors. Measured (v52, H200, empty cache): 20b started in 42.7 s against 101.0 s without
+it, 120b in 55.8 s against 129.3 s, the engine waiting 0.5 s and 0 s for the threads.
 
 Best effort, never a change in what runs: an entry that no longer matches its kernel (renamed,
 removed, other parameters) fails alone and is counted; a specialization the manifest lacks compiles
