@@ -32,8 +32,9 @@ SPECS=${SPECS:-gptoss/kernels/specs}  # where the engine reads its manifest (the
 [ "${VLLM:-0}" = 1 ] && vllm_script
 
 specs_back() {  # the manifest recorded here, into the tree again: a later device call's copy of the
-  cp "$RES"/cuda-*.json "$SPECS"/ 2>/dev/null  # checkout puts back the committed one
-  return 0
+  local kept=("$RES"/cuda-*.json)  # checkout puts back the committed one
+  [ -e "${kept[0]}" ] || return 0  # nothing recorded in this run yet: the committed one is the one
+  cp "${kept[@]}" "$SPECS"/ || say "specs_back: could not copy ${kept[*]} into $SPECS"
 }
 
 cold() {  # cold NAME CACHE ARGS...: one engine process, its rows into the table; its Triton cache
@@ -69,7 +70,7 @@ record() {  # record CKPT: the specializations its start-up and a short run meet
     --max-num-seqs 1024 > "$RES/record.txt" 2>&1
   tail -3 "$RES/record.txt"
   row "record $(basename "$1")" "$(tail -1 "$RES/record.txt")"
-  cp "$SPECS"/*.json "$RES/" 2>/dev/null
+  cp "$SPECS"/*.json "$RES/" || row "record $(basename "$1")" "no manifest in $SPECS to keep"
 }
 flags() {  # flags MODE: the bench's flags for a mode of WARM20 / WARM120
   case $1 in

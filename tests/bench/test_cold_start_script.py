@@ -80,3 +80,24 @@ def test_vllm_runs_after_the_20b_modes_on_an_empty_cache(stubs, tmp_path):
         table.splitlines()[-1]
         == "vllm b1 + offline | workload x offline 1000x(1024->1024)  -  15000.0 tok/s cache=tc_vllm "
     )
+
+
+def test_a_manifest_that_cannot_go_back_is_said_not_swallowed(stubs, tmp_path):
+    res = tmp_path / "cold"
+    res.mkdir()
+    (res / "cuda-90.json").write_text("h2880-e32-l24\n")
+    p = run_script(
+        "cold_start_gpu.sh",
+        stubs,
+        RES=str(res),
+        SPECS=str(tmp_path / "no-such-folder"),
+        TESTS="0",
+        RECORD="0",
+        WARM20="pre",
+        RUN120="0",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    said = [x for x in p.stdout.splitlines() if "specs_back:" in x]
+    assert len(said) == 1 and said[0].endswith(
+        f"could not copy {res}/cuda-90.json into {tmp_path}/no-such-folder"
+    )
