@@ -17,7 +17,8 @@
 #   VLLM=1, after the 20b modes: vLLM 0.26.0's batch 1 and Offline on the 20b, its start-up from an
 #      empty Triton cache too (its own compile cache is empty on a fresh machine), once
 #      $HOME/vllm_ready exists (`CKPT= bash bench/vllm_peer_install.sh && touch $HOME/vllm_ready` in
-#      a later call, after .wc1 and .wc2): the start-up ratio in one run;
+#      a later call, after .wc1 and .wc2): the start-up ratio in one run; our timed rows wait for it
+#      too (VLLM_WAIT_S, 900), the tests and the checkpoint's writing do not;
 #   5. AB: decode_ab_gpu.py argument lists, one process each, on the 20b (its cache warm by now),
 #      separated by ';' (e.g. AB='--batch 3 --variant default= --variant sk3=...').
 #   (setsid nohup bash bench/cold_start_gpu.sh > $HOME/cold.log 2>&1 &)   then poll $HOME/cold/done
@@ -80,6 +81,11 @@ flags() {  # flags MODE: the bench's flags for a mode of WARM20 / WARM120
     *) say "unknown mode $1"; exit 1 ;;
   esac
 }
+# vLLM's install (a later device call) compiles and unpacks on the CPU, as our precompile does: with
+# VLLM=1 the timed rows wait for it, so that it never runs inside our start-ups
+if [ "${VLLM:-0}" = 1 ] && ! wait_vllm; then
+  VLLM=0; row "vllm" "not installed within ${VLLM_WAIT_S:-900} s: no vLLM rows"
+fi
 [ "${RECORD:-1}" = 1 ] && record "$CK20"
 for w in ${WARM20-pre nopre pre-warm nopre-warm}; do
   flags "${w%-warm}"
@@ -89,7 +95,7 @@ for w in ${WARM20-pre nopre pre-warm nopre-warm}; do
     cold "20b-$w" "20b-$w" --model-path "$CK20" --decode 128x512 --throughput 1000x1024x1024 "${mode[@]}"
   fi
 done
-if [ "${VLLM:-0}" = 1 ] && wait_vllm; then
+if [ "${VLLM:-0}" = 1 ]; then
   rm -rf "$HOME/tc_vllm"
   TRITON_CACHE_DIR=$HOME/tc_vllm vllm_engine
 fi

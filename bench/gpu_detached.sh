@@ -38,9 +38,10 @@ checkpoint_120b() {  # the random 120b at $CKPT (under /mnt/ck120: a tmpfs, as t
   tail -1 "$RES/checkpoint.log"
 }
 
-wait_vllm() {  # up to 15 min for bench/vllm_peer_install.sh (a later device call) to finish
+wait_vllm() {  # up to VLLM_WAIT_S (15 min) for bench/vllm_peer_install.sh (a later device call)
   say "waiting for vLLM (\$HOME/vllm_ready)"
-  for _ in $(seq 180); do [ -f "$HOME/vllm_ready" ] && return 0; sleep 5; done
+  for _ in $(seq $(( ${VLLM_WAIT_S:-900} / 5 ))); do [ -f "$HOME/vllm_ready" ] && return 0; sleep 5; done
+  [ -f "$HOME/vllm_ready" ] && return 0
   say "no vLLM"; return 1
 }
 

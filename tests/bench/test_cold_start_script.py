@@ -101,3 +101,32 @@ def test_a_manifest_that_cannot_go_back_is_said_not_swallowed(stubs, tmp_path):
     assert len(said) == 1 and said[0].endswith(
         f"could not copy {res}/cuda-90.json into {tmp_path}/no-such-folder"
     )
+
+
+def test_the_timed_rows_wait_for_vllms_install_and_run_without_it_when_it_never_comes(stubs, tmp_path):
+    """vLLM's install (a later device call) must not overlap our start-ups: the wait comes first."""
+    (Path(stubs["HOME"]) / "vllm_ready").unlink()
+    p = run_script(
+        "cold_start_gpu.sh",
+        stubs,
+        RES=str(tmp_path / "cold"),
+        SPECS=str(tmp_path / "specs"),
+        TESTS="0",
+        RECORD="0",
+        WARM20="pre",
+        RUN120="0",
+        VLLM="1",
+        VLLM_WAIT_S="0",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    said = [x.split("] ", 1)[-1] for x in p.stdout.splitlines() if x.startswith("[")]
+    assert said[:3] == [
+        "waiting for vLLM ($HOME/vllm_ready)",
+        "no vLLM",
+        f"20b-pre (cache tc_20b-pre): "
+        f"--model-path {stubs['CKPT']} --decode 128x512 --throughput 1000x1024x1024",
+    ]
+    calls = (tmp_path / "calls.log").read_text()
+    assert "--engine gptoss" in calls and "--engine vllm" not in calls
+    table = (tmp_path / "cold" / "table.txt").read_text()
+    assert table.startswith("vllm | not installed within 0 s: no vLLM rows\n20b-pre | workload ")
