@@ -3,18 +3,27 @@ this GPU, into the manifest gptoss.precompile compiles from at start-up (gptoss/
 <backend>-<arch>.json), tagged with the model's shapes.
 
     python -m gptoss.tools.record_specs --model-path CKPT [--max-num-seqs 1024] [--prompts 256]
+        [--max-model-len 4096 8192]
     python -m gptoss.tools.record_specs --prune   # after a kernel's parameters change, on any machine
 
 Run it on a GPU once a model (the random 20b and 120b checkpoints have the released shapes) after a
 change to the kernels, and commit the manifest: entries are added to what is there, each with the
 union of its tags; a manifest of another Triton version is replaced. Recording works on a warm disk
 cache as on a cold one (in a new process every specialization passes Triton's post-compile hook).
+
+The decode attention's split count, a constexpr, follows the static key bound: a power of two up to
+attention_settings.MAX_SPLITS, reached at 8,192 keys. So one length misses what another meets (2026-12-03,
+H200: a manifest recorded at 4,096 lacked four attention and two sampling specializations that the
+bench's 8,192 met, and the 20b warm-up compiled them: 8.5 s against 1.7 s). Each --max-model-len
+(default 4096 and 8192; 131,072 met nothing 8,192 had not) is recorded in a process of its own, so two
+engines never share the GPU's memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,13 +33,49 @@ from gptoss.engine import EngineConfig, LLMEngine
 from gptoss.precompile import SPECS_DIR, SpecRecorder, manifest_path, model_tag, prune_specs, save_specs
 from gptoss.sampling import SamplingParams
 
+# The key bounds recorded by default: the 120b bench's and the 20b bench's (and, past MAX_SPLITS'
+# reach, every longer one's, the engine's default included).
+LENGTHS = (4096, 8192)
+
+
+def child_argv(args: argparse.Namespace, length: int) -> list[str]:
+    """This tool's command line for one key bound of args."""
+    argv = [sys.executable, "-m", "gptoss.tools.record_specs", "--model-path", str(args.model_path)]
+    if args.out is not None:
+        argv += ["--out", str(args.out)]
+    return argv + [
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--prompts",
+        str(args.prompts),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--max-model-len",
+        str(length),
+    ]
+
+
+def record_each(args: argparse.Namespace, run=subprocess.run) -> int:
+    """One recording a key bound, one after another (each adds to the manifest); the first failure's
+    exit status, after saying which bounds failed."""
+    failed = [(n, rc) for n in args.max_model_len if (rc := run(child_argv(args, n)).returncode) != 0]
+    for n, rc in failed:
+        print(f"record_specs: the recording at --max-model-len {n} failed (exit {rc})", file=sys.stderr)
+    return failed[0][1] if failed else 0
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", type=Path)
     ap.add_argument("--out", type=Path, help="the manifest (default: this GPU's, in gptoss/kernels/specs)")
     ap.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
-    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument(
+        "--max-model-len",
+        type=int,
+        nargs="+",
+        default=list(LENGTHS),
+        help="key bounds to record at, each in its own process (default: 4096 8192)",
+    )
     ap.add_argument(
         "--prompts", type=int, default=256, help="random prompts of 1 to 2048 tokens after start-up"
     )
@@ -56,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("record_specs: no CUDA device; the manifest lists what a GPU compiles", file=sys.stderr)
         return 2
+    if len(args.max_model_len) > 1:
+        return record_each(args)
     cfg = load_config(args.model_path)
     out = args.out or manifest_path(driver.active.get_current_target())
     t0 = time.perf_counter()
@@ -65,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.model_path,
                 device="cuda",
                 max_num_seqs=args.max_num_seqs,
-                max_model_len=args.max_model_len,
+                max_model_len=args.max_model_len[0],
                 precompile=False,  # the disk cache is irrelevant: every specialization passes the hook
             )
         )

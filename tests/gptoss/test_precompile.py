@@ -185,6 +185,47 @@ def test_record_specs_without_a_gpu_says_so_and_writes_nothing(tiny_checkpoint, 
     assert not out.exists()
 
 
+def test_record_specs_records_each_key_bound_in_its_own_process_and_says_which_failed(tmp_path, capsys):
+    """The decode attention's split count follows --max-model-len, so the default records at two; a
+    recording that fails is named with its exit status, and the tool exits with it."""
+    import argparse
+    import subprocess
+
+    from gptoss.tools import record_specs
+
+    args = argparse.Namespace(
+        model_path=tmp_path / "ck", out=None, max_num_seqs=1024, prompts=256, max_tokens=32, max_model_len=[]
+    )
+    args.max_model_len = record_specs.LENGTHS
+    ran = []
+
+    def run(argv):  # the 8192 recording fails (its GPU went away, say)
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 3 if argv[-1] == "8192" else 0)
+
+    assert record_specs.record_each(args, run=run) == 3
+    assert [a[1:3] + a[4:] for a in ran] == [
+        [
+            "-m",
+            "gptoss.tools.record_specs",
+            str(tmp_path / "ck"),
+            "--max-num-seqs",
+            "1024",
+            "--prompts",
+            "256",
+            "--max-tokens",
+            "32",
+            "--max-model-len",
+            n,
+        ]
+        for n in ("4096", "8192")
+    ]
+    assert capsys.readouterr().err == "record_specs: the recording at --max-model-len 8192 failed (exit 3)\n"
+    args.out = tmp_path / "m.json"
+    assert record_specs.record_each(args, run=lambda a: subprocess.CompletedProcess(a, 0)) == 0
+    assert record_specs.child_argv(args, 4096)[5:7] == ["--out", str(tmp_path / "m.json")]
+
+
 def test_the_committed_manifests_match_the_kernels_and_the_pinned_triton():
     """A kernel whose parameters change, or a Triton bump, leaves the committed manifest stale: its
     entries would fail (or be skipped) at every start-up. Caught here, on CPU."""
