@@ -60,9 +60,10 @@ from gptoss.kernels.moe_v3_step import _dequant_v3
 # these). Batches of 3 and 5-7 then replayed the graphs of 4 and 8, so the graphs decided at T 2, 4
 # (BM 4: loses on both models) and 8; 5-7 follow their BM 8. Since v48 every size up to 8 has its
 # graph (decode_graphs.GRAPH_SIZES), and the committed sizes against batch 1 only gave 20b batch 2
-# 829.8 -> 936.9, 5 1,464.4 -> 1,566.7, 7 1,778.4 -> 1,902.1, 8 1,940.0 -> 2,057.4; 3 is untimed on
-# these kernels at its own size. From 9 tokens they lose alone in a graph (moe_gpu.py, M 16: 188.9
-# against 167.3 us at 20b, 310.1 against 279.5 at 120b). Batch 1 since v24 / v36.
+# 829.8 -> 936.9, 5 1,464.4 -> 1,566.7, 7 1,778.4 -> 1,902.1, 8 1,940.0 -> 2,057.4. At 3, 12 and 16
+# they lose in the engine (20b, v53: 1,079.2 against 1,093.1, 1,827.2 / 2,233.1, 2,252.1 / 2,773.0),
+# and from 9 tokens alone in a graph too (moe_gpu.py, M 16: 188.9 against 167.3 us at 20b, 310.1
+# against 279.5 at 120b). Batch 1 since v24 / v36.
 SPLIT_K_TOKENS = frozenset({1, 2, 5, 6, 7, 8})
 
 
