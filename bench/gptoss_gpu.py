@@ -85,6 +85,7 @@ def run_ours(args: argparse.Namespace, out: Path | None) -> list[dict]:
             "kv_cache_dtype": args.kv_cache_dtype,
             "warmup": eng.info()["warmup"],  # seconds and steps inside engine_init_s; None: off
             "precompile": eng.info()["precompile"],  # gptoss.precompile's counts and seconds; None: off
+            "startup_s": eng.info()["startup_s"],  # each phase of engine_init_s (gptoss.startup_clock)
             # which expert layouts ran (an A/B row must say which side it is) and every switch set
             "moe_layouts": None
             if moe is None

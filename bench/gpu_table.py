@@ -48,6 +48,9 @@ def table(rows: list[dict]) -> None:
                 f"({pre['failed']} failed) in {pre['seconds']} s, waited {pre['waited']} s"
                 + (f" ({pre['reason']})" if pre["reason"] else "")
             )
+        if ours and ours.get("startup_s"):  # where the start-up went, phase by phase
+            phases = ", ".join(f"{name} {s:.1f}" for name, s in ours["startup_s"].items())
+            note += f"{'; ' if note else ''}phases (s): {phases}"
         unit = "s" if k == "startup" else "tok/s"
         print(
             f"{k:34} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {ratio:>7}"

@@ -75,6 +75,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._burst: tuple[Batch, Burst] | None = None  # a multi-step burst in flight, and its batch
         self.warmup = None  # gptoss.warmup.WarmupStats once it ran
+        self.runner.clock.lap("scheduler")
         if (
             config.warm_kernels
             and self.runner.kernel_runner is not None
@@ -83,6 +84,7 @@ class LLMEngine:
             from gptoss.warmup import warm_up
 
             self.warmup = warm_up(self)
+            self.runner.clock.lap("warmup")
 
     def check_prompt(self, prompt: list[int]) -> None:
         check_prompt(prompt, self.max_model_len, self.vocab_size)
@@ -113,6 +115,8 @@ class LLMEngine:
             "warmup": None
             if self.warmup is None
             else {"seconds": round(self.warmup.seconds, 2), "steps": len(self.warmup.step_tokens)},
+            # seconds of each start-up phase, in order (gptoss.startup_clock)
+            "startup_s": dict(r.clock.seconds),
         }
 
     def lora_index(self, name: str | None) -> int:

@@ -28,6 +28,7 @@ from gptoss.kernels.sampling import sample
 from gptoss.model import GptOss
 from gptoss.scheduler import Batch
 from gptoss.sequence import Sequence, Status
+from gptoss.startup_clock import StartupClock
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads engine-seeded requests over the 64-bit seed space
 
@@ -62,13 +63,16 @@ class KernelRunner:
         lora=None,  # gptoss.lora_stack.LoraStack
         max_step_tokens: int = 0,  # > 0 on CUDA: compile the MoE kernels of steps up to this size at start
         batch_invariant: bool = False,  # gptoss.kernels.batch_invariant
+        clock: StartupClock | None = None,  # laps kernel_model, moe_warm (CUDA) and graphs
     ) -> None:
+        clock = clock or StartupClock(model.embed.device)
         cfg = model.cfg
         self.device = model.embed.device
         self.bs = block_size
         hkv, d = cfg.num_key_value_heads, cfg.head_dim
         views = {k: c.view(c.shape[0], 2, -1, block_size, hkv, d) for k, c in caches.items()}
         self.model = KernelModel(model, views, block_size, max_model_len, lora, batch_invariant)
+        clock.lap("kernel_model")
         self.lora = lora is not None
         self.ring_len = self.model.ring_len
         self.engine_seed = engine_seed
@@ -92,6 +96,7 @@ class KernelRunner:
             self.g_host = self.g_host.pin_memory()
         if self.device.type == "cuda" and max_step_tokens > 0:
             warm_moe(self.model, max_step_tokens)
+            clock.lap("moe_warm")
         self.graphs = DecodeGraphs(
             max_num_seqs,
             self._graph_forward,
@@ -100,6 +105,7 @@ class KernelRunner:
             cuda_graphs and self.device.type == "cuda",
         )
         self.graphs.build()
+        clock.lap("graphs")
 
     # ---- metadata --------------------------------------------------------------------------
 

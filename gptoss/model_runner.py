@@ -17,6 +17,7 @@ from gptoss.moe_dense import DenseMoE, dense_nbytes
 from gptoss.paged_attention import PagedAttention, StepContext
 from gptoss.sampler import sample
 from gptoss.scheduler import Batch
+from gptoss.startup_clock import StartupClock
 
 if TYPE_CHECKING:
     from gptoss.engine_config import EngineConfig
@@ -89,6 +90,7 @@ def kv_blocks(g: KvGeometry, budget: int, tokens: int | None, max_num_seqs: int,
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.device = torch.device(config.device)
+        self.clock = StartupClock(self.device)  # engine.info()["startup_s"]
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("--device cuda: torch sees no CUDA device")
         self.dtype = DTYPES[config.dtype]
@@ -110,6 +112,7 @@ class ModelRunner:
 
             self.lora = LoraStack.load(config.lora, load_config(config.model_path), self.device, self.dtype)
         self.model = GptOss.from_checkpoint(config.model_path, self.device, self.dtype)
+        self.clock.lap("weights")  # with the checks, the adapters and the precompile's start before it
         mc = self.model.cfg
         dense = sum(dense_nbytes(block.mlp, self.dtype) for block in self.model.layers)
         self.dense_moe = self.kernels == "torch" and dense <= DENSE_MOE_MAX_BYTES
@@ -178,8 +181,11 @@ class ModelRunner:
             shared=self.kv_shared,
         )
         self.kernel_runner = None
+        self.clock.lap("kv_cache")
         # gptoss.precompile.PrecompileStats; waited for before the first kernel launch (the MoE's warm-up)
         self.precompile = pre.wait() if pre is not None else None
+        if pre is not None:
+            self.clock.lap("precompile_wait")
         if self.kernels == "triton":
             from gptoss.kernel_runner import KernelRunner
 
@@ -194,6 +200,7 @@ class ModelRunner:
                 self.lora,
                 max_step_tokens=config.max_num_batched_tokens,
                 batch_invariant=config.batch_invariant,
+                clock=self.clock,
             )
 
     def _kv_budget(self, config: EngineConfig) -> int:

@@ -100,6 +100,14 @@ def test_the_start_up_row_says_how_long_the_kernel_warm_up_took(capsys):
     gpu_table.table([{"engine": "gptoss", "what": "startup", "first_token_s": 60.0, "warmup": None}])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("startup"))
     assert line.split() == ["startup", "60.0", "-", "s"]
+    phases = {"weights": 21.04, "kv_cache": 0.31, "precompile_wait": 0.46, "graphs": 3.2, "warmup": 1.7}
+    gpu_table.table(
+        [{"engine": "gptoss", "what": "startup", "first_token_s": 44.0, "warmup": None, "startup_s": phases}]
+    )
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("startup"))
+    assert line.endswith(
+        "s phases (s): weights 21.0, kv_cache 0.3, precompile_wait 0.5, graphs 3.2, warmup 1.7"
+    )
 
 
 def test_a_row_names_the_kernels_specialized_in_its_timing(capsys):

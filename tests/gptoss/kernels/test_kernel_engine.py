@@ -360,3 +360,14 @@ def test_moe_layout_switches_read_their_values():
 
     assert [moe_layout._env_kernels(v) for v in (None, "", "v2", "v3")] == ["auto", "auto", "v2", "v3"]
     assert [moe_layout._env_rows(v, 65) for v in (None, "", "33")] == [65, 65, 33]
+
+
+def test_info_times_each_start_up_phase_in_order(engines):
+    """engine.info()["startup_s"]: the phases a start-up went through, in order, each timed (the bench's
+    start-up row prints them); the torch engine has no kernel model or graphs to build."""
+    triton_eng, torch_eng = engines
+    phases = triton_eng.info()["startup_s"]
+    on_gpu = ["moe_warm", "graphs", "scheduler", "warmup"] if DEVICE == "cuda" else ["graphs", "scheduler"]
+    assert list(phases) == ["weights", "kv_cache", "kernel_model", *on_gpu]
+    assert all(isinstance(s, float) and s >= 0 for s in phases.values())
+    assert list(torch_eng.info()["startup_s"]) == ["weights", "kv_cache", "scheduler"]
