@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.bench.gpu_stubs import run_script
 
 
-def cold(stubs: dict[str, str], tmp_path: Path, **env: str):
+def run_cold(stubs: dict[str, str], tmp_path: Path, **env: str):
     """The script with its results in tmp_path/cold and its manifest in tmp_path/specs, no tests."""
     (tmp_path / "specs").mkdir(exist_ok=True)
     p = run_script(
@@ -22,6 +22,12 @@ def cold(stubs: dict[str, str], tmp_path: Path, **env: str):
         **env,
     )
     assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def cold(stubs: dict[str, str], tmp_path: Path, **env: str):
+    """run_cold's table."""
+    run_cold(stubs, tmp_path, **env)
     assert (tmp_path / "cold" / "done").exists()
     return (tmp_path / "cold" / "table.txt").read_text()
 
@@ -106,19 +112,7 @@ def test_a_manifest_that_cannot_go_back_is_said_not_swallowed(stubs, tmp_path):
 def test_the_timed_rows_wait_for_vllms_install_and_run_without_it_when_it_never_comes(stubs, tmp_path):
     """vLLM's install (a later device call) must not overlap our start-ups: the wait comes first."""
     (Path(stubs["HOME"]) / "vllm_ready").unlink()
-    p = run_script(
-        "cold_start_gpu.sh",
-        stubs,
-        RES=str(tmp_path / "cold"),
-        SPECS=str(tmp_path / "specs"),
-        TESTS="0",
-        RECORD="0",
-        WARM20="pre",
-        RUN120="0",
-        VLLM="1",
-        VLLM_WAIT_S="0",
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
+    p = run_cold(stubs, tmp_path, RECORD="0", WARM20="pre", RUN120="0", VLLM="1", VLLM_WAIT_S="0")
     said = [x.split("] ", 1)[-1] for x in p.stdout.splitlines() if x.startswith("[")]
     assert said[:3] == [
         "waiting for vLLM ($HOME/vllm_ready)",
