@@ -9,7 +9,8 @@
 #      manifest (gptoss/kernels/specs/cuda-90.json), copied to $RES to be committed;
 #   3. random 20b, bench/gptoss_gpu.py batch 1 + Offline 1000 x (1024 -> 1024), once a mode of WARM20
 #      (default "pre nopre pre-warm nopre-warm"): pre the defaults (precompile and warm-up), nopre
-#      --no-precompile, nowarm --no-warm-kernels --no-precompile (the rows name what compiled in each
+#      --no-precompile, procs the precompile in processes (GPTOSS_PRECOMPILE_WORKERS=processes),
+#      nowarm --no-warm-kernels --no-precompile (the rows name what compiled in each
 #      timing); MODE-warm: MODE's start-up and batch 1 only, on the cache pre's run left (what a
 #      kept cache starts in, with the precompile's cache hits against none);
 #   4. random 120b (tmpfs), batch 1 + Offline 2000 x (1024 -> 1278), once a mode of WARM120 (default
@@ -44,7 +45,7 @@ cold() {  # cold NAME CACHE ARGS...: one engine process, its rows into the table
   [ "$cache" = "$name" ] && rm -rf "$HOME/tc_$cache"
   specs_back
   say "$name (cache tc_$cache): $*"
-  TRITON_CACHE_DIR=$HOME/tc_$cache timeout 900 python3 bench/gptoss_gpu.py --engine gptoss "$@" \
+  env "${menv[@]}" TRITON_CACHE_DIR="$HOME/tc_$cache" timeout 900 python3 bench/gptoss_gpu.py --engine gptoss "$@" \
     --out "$RES/$name" > "$RES/$name.txt" 2>&1
   tail -20 "$RES/$name.txt"
   row "$name" "$(sed -n '/^workload/,$p' "$RES/$name.txt" | tr '\n' ' ')"
@@ -73,9 +74,11 @@ record() {  # record CKPT: the specializations its start-up and a short run meet
   row "record $(basename "$1")" "$(tail -1 "$RES/record.txt")"
   cp "$SPECS"/*.json "$RES/" || row "record $(basename "$1")" "no manifest in $SPECS to keep"
 }
-flags() {  # flags MODE: the bench's flags for a mode of WARM20 / WARM120
+flags() {  # flags MODE: the bench's flags (and environment) for a mode of WARM20 / WARM120
+  menv=()
   case $1 in
     pre) mode=() ;;
+    procs) mode=(); menv=(GPTOSS_PRECOMPILE_WORKERS=processes) ;;
     nopre) mode=(--no-precompile) ;;
     nowarm) mode=(--no-warm-kernels --no-precompile) ;;
     *) say "unknown mode $1"; exit 1 ;;

@@ -9,7 +9,7 @@ so gptoss/kernels/specs/<backend>-<arch>.json lists them: Triton's own serialize
 JITFunction.preload reads it), each tagged with the model shapes it was met at. Compiling one writes
 Triton's disk cache, and so does its launcher (a small C module Triton builds with the system's C
 compiler for each kernel signature, at the kernel's first launch), so the kernel's first launch only
-loads both, in milliseconds. Threads suffice:
+loads both, in milliseconds. Threads by default (GPTOSS_PRECOMPILE_WORKERS=processes: a spawned pool):
 Triton's MLIR passes, LLVM and ptxas run outside the GIL (two threads compiled four MoE tiles for
 sm_90a in 1.48 s against 3.13 s one after another, on a 2-core CPU), and the main thread meanwhile
 reads safetensors. Measured (v52, H200, empty cache): 20b started in 42.7 s against 101.0 s without
@@ -48,6 +48,24 @@ PACKAGE = "gptoss."  # only our kernels are recorded
 # this backend's defaults, which the launch uses too (and the cache key hashes the file, not its path)
 LOCAL = ("extern_libs",)
 MAX_ERRORS = 5  # kept in the stats, each the first line of its exception
+# GPTOSS_PRECOMPILE_WORKERS: "threads" (the default) or "processes". Triton's Python code generation
+# holds the GIL, so threads compiled 3.56x faster than one at 15 threads (v51), and they compete with
+# the checkpoint's loading on the main thread: a cold 20b start-up took 44-54 s against 18 s on a
+# kept cache (v53) with the precompile's own wait ~0.5 s. Processes (spawned, as the parent holds a
+# CUDA context) hold no GIL of the parent's; each imports Triton and the kernels' modules first.
+# Not yet timed on a GPU: engine.info()["startup_s"] says which phase it shortens.
+WORKER_KINDS = ("threads", "processes")
+
+
+def workers_from_env(v: str | None) -> str:
+    if v in (None, ""):
+        return "threads"
+    if v not in WORKER_KINDS:
+        raise ValueError(f"GPTOSS_PRECOMPILE_WORKERS must be threads or processes, got {v!r}")
+    return v
+
+
+WORKERS = workers_from_env(os.environ.get("GPTOSS_PRECOMPILE_WORKERS"))
 
 
 def model_tag(cfg: ModelConfig) -> str:
@@ -170,6 +188,21 @@ def compile_spec(spec: dict, target: GPUTarget):
     )
 
 
+def compile_one(spec: dict, target: GPUTarget, launcher: bool) -> str | None:
+    """Compiles one entry (and builds its launcher, which links against the CUDA driver) into the disk
+    cache: None, or why it failed, in one line. A stale or broken entry's kernel compiles at launch."""
+    try:
+        kernel = compile_spec(spec, target)
+        if launcher:
+            from triton.runtime import driver
+
+            driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception as e:  # counted and warned of in Precompile.wait()
+        first = str(e).splitlines()[0] if str(e) else ""
+        return f"{spec.get('name')}: {type(e).__name__}: {first}"
+    return None
+
+
 @dataclass
 class PrecompileStats:
     specs: int  # entries for this model
@@ -179,23 +212,26 @@ class PrecompileStats:
     waited: float = 0.0  # of those, seconds the engine's start-up waited for the threads
     reason: str | None = None  # why nothing was compiled
     errors: list[str] = field(default_factory=list)
+    workers: str = "threads"  # WORKER_KINDS
 
     def info(self) -> dict[str, object]:
         return asdict(self) | {"seconds": round(self.seconds, 2), "waited": round(self.waited, 2)}
 
 
 class Precompile:
-    """Compiles specs on daemon threads from construction; wait() returns the stats."""
+    """Compiles specs from construction, on daemon threads or (processes=True) a pool of spawned
+    processes; wait() returns the stats."""
 
     def __init__(
         self,
         specs: list[dict],
         target: GPUTarget,
-        threads: int | None = None,
+        threads: int | None = None,  # workers (threads or processes): default, one a core but one
         reason: str | None = None,
         launchers: bool = False,  # also build each kernel's launcher (links against the CUDA driver)
+        processes: bool = False,
     ):
-        self.stats = PrecompileStats(len(specs), reason=reason)
+        self.stats = PrecompileStats(len(specs), reason=reason, workers=WORKER_KINDS[processes])
         self._launchers = launchers
         self._t0 = time.perf_counter()
         self._todo: queue.SimpleQueue[dict] = queue.SimpleQueue()
@@ -203,6 +239,20 @@ class Precompile:
             self._todo.put(s)
         self._lock = threading.Lock()
         n = min(len(specs), threads or max(1, len(os.sched_getaffinity(0)) - 1))
+        self._futures = []
+        self._threads = []
+        if processes and n:
+            import multiprocessing
+            import weakref
+            from concurrent.futures import ProcessPoolExecutor
+
+            pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+            self._futures = [(s, pool.submit(compile_one, s, target, launchers)) for s in specs]
+            self._pool = pool
+            # a start-up that fails before wait() drops the entries not begun (each running compile
+            # ends in seconds; Triton writes each cache entry by rename, so none is left half written)
+            weakref.finalize(self, pool.shutdown, wait=False, cancel_futures=True)
+            return
         self._threads = [
             threading.Thread(target=self._work, args=(target,), name=f"precompile-{i}", daemon=True)
             for i in range(n)
@@ -217,7 +267,7 @@ class Precompile:
 
         target = driver.active.get_current_target()
         specs, reason = load_specs(manifest_path(target, folder), model_tag(cfg))
-        return cls(specs, target, threads, reason, launchers=True)
+        return cls(specs, target, threads, reason, launchers=True, processes=WORKERS == "processes")
 
     def _work(self, target: GPUTarget) -> None:
         while True:
@@ -225,26 +275,30 @@ class Precompile:
                 spec = self._todo.get_nowait()
             except queue.Empty:
                 return
-            try:
-                kernel = compile_spec(spec, target)
-                if self._launchers:
-                    from triton.runtime import driver
+            self._count(compile_one(spec, target, self._launchers))
 
-                    driver.active.launcher_cls(kernel.src, kernel.metadata)
-            except Exception as e:  # a stale or broken entry, counted and warned of in wait(): its
-                first = str(e).splitlines()[0] if str(e) else ""  # kernel compiles at launch instead
-                with self._lock:
-                    self.stats.failed += 1
-                    if len(self.stats.errors) < MAX_ERRORS:
-                        self.stats.errors.append(f"{spec.get('name')}: {type(e).__name__}: {first}")
-                continue
-            with self._lock:
+    def _count(self, error: str | None) -> None:
+        with self._lock:
+            if error is None:
                 self.stats.compiled += 1
+                return
+            self.stats.failed += 1
+            if len(self.stats.errors) < MAX_ERRORS:
+                self.stats.errors.append(error)
 
     def wait(self) -> PrecompileStats:
         w0 = time.perf_counter()
         for t in self._threads:
             t.join()
+        for spec, f in self._futures:
+            try:
+                self._count(f.result())
+            except Exception as e:  # the worker itself died (BrokenProcessPool): counted like a failure
+                self._count(
+                    f"{spec.get('name')}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                )
+        if self._futures:
+            self._pool.shutdown()
         now = time.perf_counter()
         self.stats.waited, self.stats.seconds = now - w0, now - self._t0
         if self.stats.failed:  # counted in engine.info() too; said here, where a run's log shows it

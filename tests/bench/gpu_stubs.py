@@ -52,7 +52,8 @@ case "$*" in
   *record_specs*) tag=h2880-e32-l24; [[ $* == *ck120* ]] && tag=h2880-e128-l36
     echo "$tag" >> "$SPECS/cuda-90.json"; echo "9 specializations of our kernels met at $tag" ;;
   *"gptoss_gpu.py --engine gptoss --model-path"*)
-    echo "workload cache=$(basename "$TRITON_CACHE_DIR") manifest=$(paste -sd, "$SPECS/cuda-90.json")" ;;
+    echo "workload cache=$(basename "$TRITON_CACHE_DIR") manifest=$(paste -sd, "$SPECS/cuda-90.json")" \
+      "workers=${GPTOSS_PRECOMPILE_WORKERS:-threads}" ;;
   *attn_sweep.py*) echo "attention sweep: $*" ;;
   *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto}" \
     "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt} wtma=${GPTOSS_MOE_V3_WTMA:-unset}" ;;

@@ -124,3 +124,13 @@ def test_the_timed_rows_wait_for_vllms_install_and_run_without_it_when_it_never_
     assert "--engine gptoss" in calls and "--engine vllm" not in calls
     table = (tmp_path / "cold" / "table.txt").read_text()
     assert table.startswith("vllm | not installed within 0 s: no vLLM rows\n20b-pre | workload ")
+
+
+def test_procs_runs_the_precompile_in_processes_and_the_next_mode_does_not(stubs, tmp_path):
+    table = cold(stubs, tmp_path, RECORD="0", WARM20="procs pre", RUN120="0")
+    rows = table.splitlines()
+    assert rows[0].startswith("20b-procs | workload cache=tc_20b-procs ")
+    assert rows[0].endswith(" workers=processes ")
+    assert rows[1].startswith("20b-pre | workload cache=tc_20b-pre ") and rows[1].endswith(
+        " workers=threads "
+    )

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import triton
 from triton import knobs
 
@@ -139,6 +140,12 @@ COMPILE = textwrap.dedent(
     stats = Precompile([good, stale, gone, short, other], target, threads=2).wait()
     out["stats"] = [stats.specs, stats.compiled, stats.failed, sorted(stats.errors)]
     out["entries_at_end"] = len(os.listdir(cache))
+    # the same entries compiled by spawned processes into another cache: the same files, one failure
+    cache2 = Path(cache).parent / "cache2"
+    os.environ["TRITON_CACHE_DIR"] = str(cache2)  # the workers' (spawned with this environment)
+    stats = Precompile([good, stale, other], target, threads=2, processes=True).wait()
+    out["procs"] = [stats.workers, stats.specs, stats.compiled, stats.failed, stats.errors]
+    out["procs_same_entries"] = sorted(os.listdir(cache2)) == sorted(os.listdir(cache))
     print(json.dumps(out))
     """
 )
@@ -169,11 +176,37 @@ def test_a_recorded_specialization_compiles_into_the_cache_entry_its_launch_read
         ],
     ]
     assert out["entries_at_end"] == 2  # the good one (already there) and the other constexprs
+    # GPTOSS_PRECOMPILE_WORKERS=processes: the same cache entries (so the launch finds them), and the
+    # stale entry counted with its reason as on threads
+    assert out["procs"] == [
+        "processes",
+        3,
+        2,
+        1,
+        [
+            "gptoss.kernels.l2_prefetch._prefetch_kernel: ValueError: "
+            "gptoss.kernels.l2_prefetch._prefetch_kernel has no parameter base"
+        ],
+    ]
+    assert out["procs_same_entries"]
     # the failures are said on stderr, not only counted
     warned = [x for x in run.stderr.splitlines() if x.startswith("precompile:")]
-    assert len(warned) == 1 and warned[0].startswith(
+    assert len(warned) == 2 and warned[0].startswith(
         "precompile: 3 of 5 recorded kernel specializations failed and compile at first use instead"
     )
+    assert warned[1].startswith("precompile: 1 of 3 recorded kernel specializations failed")
+
+
+def test_the_precompile_workers_switch_takes_threads_or_processes_only():
+    from gptoss.precompile import workers_from_env
+
+    assert [workers_from_env(v) for v in (None, "", "threads", "processes")] == ["threads"] * 3 + [
+        "processes"
+    ]
+    with pytest.raises(
+        ValueError, match="GPTOSS_PRECOMPILE_WORKERS must be threads or processes, got 'procs'"
+    ):
+        workers_from_env("procs")
 
 
 def test_record_specs_without_a_gpu_says_so_and_writes_nothing(tiny_checkpoint, tmp_path, capsys):
