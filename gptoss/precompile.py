@@ -231,6 +231,10 @@ class Precompile:
         launchers: bool = False,  # also build each kernel's launcher (links against the CUDA driver)
         processes: bool = False,
     ):
+        import multiprocessing
+
+        # a daemonic process (a gptoss.dp_engine replica) may not start children: threads there
+        processes = processes and not multiprocessing.current_process().daemon
         self.stats = PrecompileStats(len(specs), reason=reason, workers=WORKER_KINDS[processes])
         self._launchers = launchers
         self._t0 = time.perf_counter()
@@ -242,7 +246,6 @@ class Precompile:
         self._futures = []
         self._threads = []
         if processes and n:
-            import multiprocessing
             import weakref
             from concurrent.futures import ProcessPoolExecutor
 

@@ -16,7 +16,15 @@ import pytest
 import triton
 from triton import knobs
 
-from gptoss.precompile import SPECS_DIR, SpecRecorder, load_specs, model_tag, save_specs, spec_kernel
+from gptoss.precompile import (
+    SPECS_DIR,
+    Precompile,
+    SpecRecorder,
+    load_specs,
+    model_tag,
+    save_specs,
+    spec_kernel,
+)
 from tests.gptoss.test_engine import make_engine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,6 +203,27 @@ def test_a_recorded_specialization_compiles_into_the_cache_entry_its_launch_read
         "precompile: 3 of 5 recorded kernel specializations failed and compile at first use instead"
     )
     assert warned[1].startswith("precompile: 1 of 3 recorded kernel specializations failed")
+
+
+def test_a_daemonic_process_precompiles_on_threads_as_it_may_not_start_children():
+    """gptoss.dp_engine's replicas are daemonic processes: processes=True falls back to threads there
+    (a pool would fail at its first submit: daemonic processes are not allowed to have children)."""
+    import multiprocessing
+
+    from triton.backends.compiler import GPUTarget
+
+    gone = spec(name="gptoss.kernels.l2_prefetch._gone_kernel")  # fails at once, before any compile
+    ctx = multiprocessing.get_context("fork")
+    got = ctx.Queue()
+
+    def start() -> None:
+        st = Precompile([gone], GPUTarget("cuda", 90, 32), threads=1, processes=True).wait()
+        got.put([st.workers, st.specs, st.compiled, st.failed])
+
+    child = ctx.Process(target=start, daemon=True)
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0 and got.get(timeout=5) == ["threads", 1, 0, 1]
 
 
 def test_the_precompile_workers_switch_takes_threads_or_processes_only():
