@@ -63,9 +63,9 @@ class KernelRunner:
         lora=None,  # gptoss.lora_stack.LoraStack
         max_step_tokens: int = 0,  # > 0 on CUDA: compile the MoE kernels of steps up to this size at start
         batch_invariant: bool = False,  # gptoss.kernels.batch_invariant
-        clock: StartupClock | None = None,  # laps kernel_model, moe_warm (CUDA) and graphs
+        *,
+        clock: StartupClock,  # the model runner's: laps kernel_model, moe_warm (CUDA) and graphs
     ) -> None:
-        clock = clock or StartupClock(model.embed.device)
         cfg = model.cfg
         self.device = model.embed.device
         self.bs = block_size

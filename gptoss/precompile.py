@@ -197,10 +197,15 @@ def compile_one(spec: dict, target: GPUTarget, launcher: bool) -> str | None:
             from triton.runtime import driver
 
             driver.active.launcher_cls(kernel.src, kernel.metadata)
-    except Exception as e:  # counted and warned of in Precompile.wait()
-        first = str(e).splitlines()[0] if str(e) else ""
-        return f"{spec.get('name')}: {type(e).__name__}: {first}"
+    except Exception as e:  # any compile failure: counted, kept and warned of in Precompile.wait()
+        return _failure(spec, e)
     return None
+
+
+def _failure(spec: dict, e: BaseException) -> str:
+    """A failed entry in one line: its kernel, the exception's type and its first line."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"{spec.get('name')}: {type(e).__name__}: {first}"
 
 
 @dataclass
@@ -238,24 +243,24 @@ class Precompile:
         self.stats = PrecompileStats(len(specs), reason=reason, workers=WORKER_KINDS[processes])
         self._launchers = launchers
         self._t0 = time.perf_counter()
-        self._todo: queue.SimpleQueue[dict] = queue.SimpleQueue()
-        for s in specs:
-            self._todo.put(s)
         self._lock = threading.Lock()
         n = min(len(specs), threads or max(1, len(os.sched_getaffinity(0)) - 1))
+        self._pool = None
         self._futures = []
         self._threads = []
         if processes and n:
             import weakref
             from concurrent.futures import ProcessPoolExecutor
 
-            pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
-            self._futures = [(s, pool.submit(compile_one, s, target, launchers)) for s in specs]
-            self._pool = pool
+            self._pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+            self._futures = [(s, self._pool.submit(compile_one, s, target, launchers)) for s in specs]
             # a start-up that fails before wait() drops the entries not begun (each running compile
             # ends in seconds; Triton writes each cache entry by rename, so none is left half written)
-            weakref.finalize(self, pool.shutdown, wait=False, cancel_futures=True)
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
             return
+        self._todo: queue.SimpleQueue[dict] = queue.SimpleQueue()
+        for s in specs:
+            self._todo.put(s)
         self._threads = [
             threading.Thread(target=self._work, args=(target,), name=f"precompile-{i}", daemon=True)
             for i in range(n)
@@ -293,14 +298,14 @@ class Precompile:
         w0 = time.perf_counter()
         for t in self._threads:
             t.join()
-        for spec, f in self._futures:
-            try:
-                self._count(f.result())
-            except Exception as e:  # the worker itself died (BrokenProcessPool): counted like a failure
-                self._count(
-                    f"{spec.get('name')}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                )
-        if self._futures:
+        if self._pool is not None:
+            from concurrent.futures.process import BrokenProcessPool
+
+            for spec, f in self._futures:
+                try:
+                    self._count(f.result())  # compile_one returns each compile's failure itself
+                except BrokenProcessPool as e:  # a worker died (killed, out of memory): its entries
+                    self._count(_failure(spec, e))  # counted and warned of as failures
             self._pool.shutdown()
         now = time.perf_counter()
         self.stats.waited, self.stats.seconds = now - w0, now - self._t0
