@@ -203,7 +203,9 @@ def print_phases(spec: str, phases: dict[str, list[float]]) -> None:
 
 def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
     """Greedy tokens of --kernels triton vs --kernels torch: 16 prompts x 32 tokens, in one process
-    (two engines one after the other), and batch invariance of triton (alone vs in a batch)."""
+    (two engines one after the other), and batch invariance of triton (alone vs in a batch). Each
+    --fault checkpoint (bench/fault_checkpoint.py: a known-wrong model) runs triton too, scored
+    against torch on --model-path: the rate a wrong model gets, which says what the others detect."""
     sys.path.insert(0, str(REPO))
     import gc
 
@@ -217,11 +219,13 @@ def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
     prompts = rand_prompts(16, 64, seed=7)
     sp = SamplingParams(max_new_tokens=32, temperature=0, ignore_eos=True)
     got = {}
-    runs = (("triton", "triton", False), ("bi", "triton", True), ("torch", "torch", False))
-    for name, kernels, invariant in runs:
+    runs = [("triton", "triton", False, args.model_path), ("bi", "triton", True, args.model_path)]
+    runs += [(f"fault:{Path(f).name}", "triton", False, f) for f in args.fault]
+    runs.append(("torch", "torch", False, args.model_path))
+    for name, kernels, invariant, path in runs:
         eng = LLMEngine(
             EngineConfig(
-                model_path=Path(args.model_path),
+                model_path=Path(path),
                 device="cuda",
                 max_num_seqs=64,
                 max_model_len=4096,
@@ -231,7 +235,7 @@ def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
             )
         )
         got[name] = eng.generate(prompts, sp)
-        if kernels == "triton":
+        if name in ("triton", "bi"):
             got[name + "_alone"] = [eng.generate([p], sp)[0] for p in prompts]
         del eng
         gc.collect()
@@ -249,6 +253,11 @@ def run_agreement(args: argparse.Namespace, out: Path | None) -> list[dict]:
             "batch_invariance_bi_mode": round(rate(got["bi_alone"], got["bi"]), 4),
             "bi_vs_default": round(rate(got["bi"], got["triton"]), 4),
             "exact_sequences": sum(x == y for x, y in zip(got["triton"], got["torch"], strict=False)),
+        }
+        | {
+            f"{name}_vs_torch": round(rate(got[name], got["torch"]), 4)
+            for name in got
+            if name.startswith("fault:")
         },
     )
     return rows
@@ -321,6 +330,12 @@ def main() -> None:
         help="our engine without compiling its recorded specializations as it loads (gptoss.precompile)",
     )
     ap.add_argument("--batch-invariant", action="store_true", help="our engine with --batch-invariant")
+    ap.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        help="agreement: also score this known-wrong checkpoint (bench/fault_checkpoint.py) against torch",
+    )
     ap.add_argument(
         "--decode-steps",
         type=int,

@@ -33,7 +33,7 @@ from gptoss.attention_ref import DenseAttention  # noqa: E402
 from gptoss.checkpoint import tensor_specs  # noqa: E402
 from gptoss.config import PRESETS  # noqa: E402
 from gptoss.model import GptOss  # noqa: E402
-from gptoss.tools.make_checkpoint import random_tensor  # noqa: E402
+from gptoss.tools.make_checkpoint import INITS, calm_next_tokens, random_tensor  # noqa: E402
 
 RUNS = (("bf16", torch.bfloat16, 0.0), ("fp32+1e-4", torch.float32, 1e-4), ("fp32+1e-2", torch.float32, 1e-2))
 
@@ -79,13 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="20b")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--init", choices=INITS, default="default", help="make_checkpoint's --init")
     args = ap.parse_args(argv)
     cfg = PRESETS[args.preset].with_layers(args.layers)
-    raw = {name: random_tensor(name, spec, cfg, 0, "cpu") for name, spec in tensor_specs(cfg).items()}
+    raw = {
+        name: random_tensor(name, spec, cfg, 0, "cpu", args.init) for name, spec in tensor_specs(cfg).items()
+    }
     rng = random.Random(5)
     ids = torch.tensor([rng.randrange(200_000) for _ in range(args.tokens)])
     base_res, base_routes, base_logits = forward(cfg, raw, ids, torch.float32, 0.0)
-    print(f"{args.preset} shapes, {args.layers} layers, {args.tokens} tokens; against float32:")
+    print(f"{args.preset} shapes ({args.init}), {args.layers} layers, {args.tokens} tokens; against float32:")
     for name, dtype, noise in RUNS:
         res, routes, logits = forward(cfg, raw, ids, dtype, noise)
         print(f"{name}")
@@ -101,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     top2 = base_logits.topk(2, -1).values
     margin = (top2[:, 0] - top2[:, 1]) / base_logits.std(-1)
     print(f"float32 top-1 margin / logit std: median {float(margin.median()):.3f}")
+    nats = (top2[:, 0] - top2[:, 1]).float()
+    q = torch.quantile(nats, torch.tensor([0.01, 0.05, 0.1, 0.5]))
+    print("float32 top-1 margin, nats: p1 {:.3f}, p5 {:.3f}, p10 {:.3f}, p50 {:.3f}".format(*q.tolist()))
+    if args.init == "calm":
+        nxt = calm_next_tokens(cfg.vocab_size, 0, "cpu")
+        won = (base_logits.argmax(-1) == nxt[ids]).float().mean()
+        print(f"calm: the planted next token is the float32 argmax at {float(won):.1%} of positions")
     return 0
 
 

@@ -197,15 +197,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", default="/tmp/ck20")
     ap.add_argument("--engines", default="vllm,gptoss,gptoss:2")
-    ap.add_argument("--decode", action="append", default=None, help="INxOUT (default 128x512)")
-    ap.add_argument("--throughput", action="append", default=None, help="NxINxOUT (default 1000x1024x1024)")
+    ap.add_argument("--decode", action="append", default=None, help="INxOUT (default 128x512; '' none)")
+    ap.add_argument(
+        "--throughput", action="append", default=None, help="NxINxOUT (default 1000x1024x1024; '' none)"
+    )
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--table", type=Path, nargs="+", default=None, help="folders with results.jsonl")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.decode = args.decode if args.decode is not None else ["128x512"]
-    args.throughput = args.throughput if args.throughput is not None else ["1000x1024x1024"]
+    # An empty value ('--decode ""') runs none of that workload: an agreement-only run.
+    args.decode = [d for d in args.decode if d] if args.decode is not None else ["128x512"]
+    args.throughput = [d for d in args.throughput if d] if args.throughput is not None else ["1000x1024x1024"]
     if args.table:
         rows = [json.loads(x) for d in args.table for x in (d / "results.jsonl").read_text().splitlines()]
         table(rows)

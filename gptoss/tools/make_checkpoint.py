@@ -45,6 +45,24 @@ GENERATION_CONFIG = {
 _SCALE_LO_AT_2880 = 118
 _SCALE_SPAN = 5
 
+INITS = ("default", "calm")
+# --init calm: a random model conditioned like a trained one, for greedy-agreement runs. The default
+# draw is chaotic: every layer adds more than the embedding (residual RMS 1 -> 7 after layer 0), so a
+# rounding flips a top-4 expert choice, which changes the residual by O(1) and flips more; its own
+# bf16 and float32 references agree on a quarter of argmaxes. Calm keeps every shape and dtype and
+# spreads tokens over experts as evenly, but:
+# (1) the attention's and the experts' outputs are scaled by 2^-CALM_SHIFT: a layer adds a few
+#     percent to the residual;
+# (2) routing is clear-cut: each token gets a random set S(t) of top-k "expert keys" (random
+#     directions, one an expert) added to its embedding, CALM_ROUTE of the row's RMS each, and layer
+#     L's router rows are those keys in a permutation of its own, so a token's top-k experts at layer
+#     L are pi_L^-1(S(t)) by a margin of several router-logit stds that a rounding does not flip;
+# (3) token t's embedding carries the direction of lm_head's row for a fixed random next(t),
+#     CALM_PLANT of the row's RMS, so most logits have one clear winner; the layers decide the rest.
+CALM_SHIFT = 6
+CALM_PLANT = 0.14
+CALM_ROUTE = 0.1
+
 
 def tensor_seed(seed: int, name: str) -> int:
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
@@ -55,17 +73,88 @@ def _scale_lo(fan_in: int) -> int:
     return _SCALE_LO_AT_2880 + round(0.5 * math.log2(2880 / fan_in))
 
 
-def random_tensor(name: str, spec: TensorSpec, cfg: ModelConfig, seed: int, device: str) -> Tensor:
+def _is_branch_output(name: str) -> bool:
+    """The tensors whose values a layer adds to the residual: o_proj and the experts' down."""
+    return ".self_attn.o_proj." in name or ".mlp.experts.down_proj" in name
+
+
+def random_tensor(
+    name: str, spec: TensorSpec, cfg: ModelConfig, seed: int, device: str, init: str = "default"
+) -> Tensor:
     """One tensor of the random model: bf16, or uint8 for MXFP4 blocks/scales."""
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    calm = init == "calm"
+    if calm and name == "model.embed_tokens.weight":
+        return _planted_embedding(spec, cfg, seed, device)
+    if calm and name.endswith("mlp.router.weight"):
+        return _keyed_router(name, cfg, seed, device)
     g = torch.Generator(device=device)
     g.manual_seed(tensor_seed(seed, name))
     if name.endswith("_blocks"):  # every byte: two uniformly random e2m1 codes
         return torch.randint(0, 256, spec.shape, generator=g, device=device, dtype=torch.uint8)
     if name.endswith("_scales"):
         fan_in = cfg.hidden_size if "gate_up_proj" in name else cfg.intermediate_size
-        lo = _scale_lo(fan_in)
+        lo = _scale_lo(fan_in) - (CALM_SHIFT if calm and _is_branch_output(name) else 0)
         return torch.randint(lo, lo + _SCALE_SPAN, spec.shape, generator=g, device=device, dtype=torch.uint8)
+    t = _normal_tensor(name, spec, cfg, g, device)
+    return t * 2.0**-CALM_SHIFT if calm and _is_branch_output(name) else t
 
+
+def calm_next_tokens(vocab: int, seed: int, device: str) -> Tensor:
+    """next(t) for every token t of the calm draw: a fixed random permutation of the vocabulary."""
+    g = torch.Generator(device=device)
+    g.manual_seed(tensor_seed(seed, "calm.next_token"))
+    return torch.randperm(vocab, generator=g, device=device)
+
+
+def calm_expert_keys(cfg: ModelConfig, seed: int, device: str) -> Tensor:
+    """[E, H] float32: one random direction an expert, scaled to RMS 1."""
+    g = torch.Generator(device=device)
+    g.manual_seed(tensor_seed(seed, "calm.expert_keys"))
+    keys = torch.randn(cfg.num_local_experts, cfg.hidden_size, generator=g, device=device)
+    return keys * (math.sqrt(cfg.hidden_size) / keys.norm(dim=-1, keepdim=True))
+
+
+def calm_expert_sets(cfg: ModelConfig, seed: int, device: str) -> Tensor:
+    """[V, top_k]: S(t), the distinct expert keys token t's calm embedding carries."""
+    g = torch.Generator(device=device)
+    g.manual_seed(tensor_seed(seed, "calm.expert_sets"))
+    draw = torch.rand(cfg.vocab_size, cfg.num_local_experts, generator=g, device=device)
+    return draw.argsort(-1)[:, : cfg.num_experts_per_tok]
+
+
+def calm_router_order(name: str, cfg: ModelConfig, seed: int, device: str) -> Tensor:
+    """pi_L of the router `name`: its row e is expert key pi_L[e]."""
+    g = torch.Generator(device=device)
+    g.manual_seed(tensor_seed(seed, "calm.order:" + name))
+    return torch.randperm(cfg.num_local_experts, generator=g, device=device)
+
+
+def _keyed_router(name: str, cfg: ModelConfig, seed: int, device: str) -> Tensor:
+    # Row e . key_j / sqrt(H) is ~CALM_ROUTE * sqrt(H) (5.4 at H 2880) for j = pi_L[e] in S(t), N(0, 1)
+    # otherwise: the router logits' std of the default draw, with the chosen experts ~5 stds clear.
+    keys = calm_expert_keys(cfg, seed, device)[calm_router_order(name, cfg, seed, device)]
+    return (keys / math.sqrt(cfg.hidden_size)).to(torch.bfloat16)
+
+
+def _planted_embedding(spec: TensorSpec, cfg: ModelConfig, seed: int, device: str) -> Tensor:
+    """Row t: N(0, 1), plus CALM_PLANT x lm_head's row next(t) and CALM_ROUTE x each key of S(t),
+    each scaled to RMS 1."""
+    head = random_tensor("lm_head.weight", TensorSpec(spec.shape), cfg, seed, device).float()
+    row = head[calm_next_tokens(spec.shape[0], seed, device)]
+    del head
+    row *= CALM_PLANT * math.sqrt(spec.shape[1]) / row.norm(dim=-1, keepdim=True)
+    keys = calm_expert_keys(cfg, seed, device)
+    for j in calm_expert_sets(cfg, seed, device).t():  # one of each token's k keys at a time
+        row += CALM_ROUTE * keys[j]
+    g = torch.Generator(device=device)
+    g.manual_seed(tensor_seed(seed, "model.embed_tokens.weight"))
+    row += torch.randn(spec.shape, generator=g, device=device, dtype=torch.float32)
+    return row.to(torch.bfloat16)
+
+
+def _normal_tensor(name: str, spec: TensorSpec, cfg: ModelConfig, g: torch.Generator, device: str) -> Tensor:
     def normal(std: float, mean: float = 0.0) -> Tensor:
         x = torch.randn(spec.shape, generator=g, device=device, dtype=torch.float32)
         return (x * std + mean).to(torch.bfloat16)
@@ -79,18 +168,18 @@ def random_tensor(name: str, spec: TensorSpec, cfg: ModelConfig, seed: int, devi
     if name == "model.embed_tokens.weight":
         return normal(1.0)
     if name == "lm_head.weight":
-        # Logits of std ~4: peaked enough that greedy decoding is stable across engines.
+        # Logits of std ~4 (the default draw's greedy tokens are still near-ties: see INITS).
         return normal(4.0 / math.sqrt(cfg.hidden_size))
     return normal(1.0 / math.sqrt(spec.shape[-1]))  # a linear layer's [out, in] weight
 
 
-def _dense_experts(name: str, cfg: ModelConfig, seed: int, device: str) -> Tensor:
+def _dense_experts(name: str, cfg: ModelConfig, seed: int, device: str, init: str = "default") -> Tensor:
     """bf16 experts in transformers' orientation ([E, H, 2I] / [E, I, H]) decoded from the MXFP4 draw."""
     packed_cfg = replace(cfg, quant_method="mxfp4")
     layer = int(name.split(".")[2])
     specs = layer_specs(packed_cfg, layer)
-    blocks = random_tensor(name + "_blocks", specs[name + "_blocks"], packed_cfg, seed, device)
-    scales = random_tensor(name + "_scales", specs[name + "_scales"], packed_cfg, seed, device)
+    blocks = random_tensor(name + "_blocks", specs[name + "_blocks"], packed_cfg, seed, device, init)
+    scales = random_tensor(name + "_scales", specs[name + "_scales"], packed_cfg, seed, device, init)
     # One expert at a time: the 120b gate_up of a layer would be 8.5 GB in float32 at once.
     dense = [
         mxfp4.dequantize(blocks[e], scales[e], torch.bfloat16).t() for e in range(cfg.num_local_experts)
@@ -129,6 +218,7 @@ def write_checkpoint(
     seed: int = 0,
     device: str = "cpu",
     layers_per_shard: int | None = None,
+    init: str = "default",
     log=None,
 ) -> Path:
     """Generate and write the checkpoint of `cfg` into `out` (created; must not hold one already)."""
@@ -145,9 +235,9 @@ def write_checkpoint(
         tensors: dict[str, Tensor] = {}
         for name, spec in specs.items():
             if cfg.quant_method is None and name.endswith(("gate_up_proj", "down_proj")):
-                t = _dense_experts(name, cfg, seed, device)
+                t = _dense_experts(name, cfg, seed, device, init)
             else:
-                t = random_tensor(name, spec, cfg, seed, device)
+                t = random_tensor(name, spec, cfg, seed, device, init)
             tensors[name] = t.cpu().contiguous()
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -190,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
         "--bf16-experts", action="store_true", help="store experts as bf16 tensors (no quantization_config)"
     )
     ap.add_argument("--device", default="cpu", help="where tensors are generated: cpu or cuda")
+    ap.add_argument(
+        "--init",
+        choices=INITS,
+        default="default",
+        help="calm: outputs scaled down and next tokens planted, for greedy-agreement runs (see INITS)",
+    )
     ap.add_argument("--layers-per-shard", type=int, default=None)
     ap.add_argument("--dry-run", action="store_true", help="print the shard plan, write nothing")
     args = ap.parse_args(argv)
@@ -212,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         device=args.device,
         layers_per_shard=per_shard,
+        init=args.init,
         log=lambda msg: print(msg, flush=True),
     )
     return 0
