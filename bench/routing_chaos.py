@@ -1,7 +1,7 @@
 """Why greedy tokens of two bf16 engines agree so rarely on the random checkpoint: how a rounding-sized
 difference grows through its layers, and what makes it grow (CPU, the torch reference model).
 
-    python bench/routing_chaos.py [--preset 20b] [--layers 6] [--tokens 32]
+    python bench/routing_chaos.py [--preset 20b] [--layers 6] [--tokens 32] [--init calm]
 
 The random model of `--preset` (its first `--layers` layers, tensors drawn as make_checkpoint draws
 them, in memory) runs one prompt of `--tokens` random ids four ways: float32 (the baseline), bf16,
@@ -14,7 +14,9 @@ What it shows (20b shapes, 6 layers, 2026-12-02): bf16 differs by 7.5e-3 after l
 layer 5, with 3-25 % of tokens routed to another expert set; float32 with 1e-4 noise grows only to
 4.7e-4 with no routing change. So the growth comes from the top-4 choices flipping (a discontinuity),
 not from the smooth layers; with a top-1 margin of ~0.13 logit std over 201,088 tokens, a rounding
-then decides the greedy token.
+then decides the greedy token. With --init calm (make_checkpoint's INITS; 12 layers, 128 tokens,
+2026-12-03): no expert set changes, bf16 within 1.1e-2 of float32, top-1 agreement 100 %, and the
+planted next token is the argmax at 97.7 % of positions (top-1 margin p1 0.18 nats).
 """
 
 from __future__ import annotations

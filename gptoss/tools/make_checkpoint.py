@@ -2,10 +2,12 @@
 
     python -m gptoss.tools.make_checkpoint --preset tiny --out /tmp/gptoss-tiny
     python -m gptoss.tools.make_checkpoint --preset 20b --out ~/gptoss20b-random --device cuda
+    python -m gptoss.tools.make_checkpoint --preset 20b --out ~/gptoss20b-calm --device cuda --init calm
 
 Every tensor comes from its own generator, seeded by (seed, tensor name), so a tensor does not
 depend on sharding or on --layers (it does on --device: cpu and cuda generators differ); and
 --bf16-experts writes the same model with its experts dequantized (the same logits, bf16 layout).
+--init calm draws a model conditioned like a trained one for greedy-agreement runs (see INITS).
 Shards are generated one at a time on --device and written from host memory; the whole model is
 never held at once: generating the 20b preset on an H100 takes ~18 s and peaks at 8.5 GB of host
 memory (a shard plus its serialized copy).

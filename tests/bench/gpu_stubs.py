@@ -37,6 +37,10 @@ case "$*" in
     echo "  1024 L-dn128k64s4     841.1     517.1     304.1     847.1  16.8%" ;;
   *moe_gpu.py*) echo "     M variant       graph us   gate_up      down  eager us    HBM"
                 echo "  1024 vllm             622.5 - -    1293.0  22.6%" ;;
+  *fault_checkpoint.py*) mkdir -p "$3" && echo '{}' > "$3/config.json" && echo "wrote $3" ;;  # SRC DST --edit
+  *"--engine agreement"*) echo "workload gptoss"
+    echo "greedy_agreement triton=torch 96.9%, faults ${*//[^-]/}" ;;  # the dashes: how many flags
+  *vllm_plugin_gpu.py*) echo "greedy agreement 16x32 (pfx/pos)      97.9%/97.9%  100.0%/100.0%" ;;
   *gptoss_lora_gpu.py*)  # the folder after --out (a pattern over "$*" would act on each word)
     prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done; echo lora ;;
   *profile_gpu.py*) echo "profile pdl=${GPTOSS_PDL:-unset} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
