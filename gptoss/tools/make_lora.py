@@ -94,7 +94,10 @@ def branch_shift(model: Path, cfg: ModelConfig) -> int:
     1/sqrt(fan-in) draw, from layer 0's o_proj: 0 for make_checkpoint's default draw, CALM_SHIFT for
     --init calm. Those two deltas are scaled alike, or a calm base's adapter would outweigh it 64x."""
     name = "model.layers.0.self_attn.o_proj.weight"
-    with safe_open(weight_files(model)[name], framework="pt") as f:
+    files = weight_files(model)
+    if name not in files:
+        raise ValueError(f"{model}: no {name} to size the adapter's deltas by")
+    with safe_open(files[name], framework="pt") as f:
         rms = float(f.get_tensor(name).float().pow(2).mean().sqrt()) * math.sqrt(cfg.q_size)
     return max(0, round(-math.log2(rms)))
 

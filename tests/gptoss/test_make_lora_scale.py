@@ -4,13 +4,14 @@ smaller, the rest of the adapter the same bits; a default base's adapter is unch
 
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from gptoss.checkpoint import load_config
 from gptoss.lora import WEIGHTS_FILE
 from gptoss.tools.make_checkpoint import CALM_SHIFT, preset_config, write_checkpoint
-from gptoss.tools.make_lora import branch_shift, write_adapter
+from gptoss.tools.make_lora import branch_shift, main, write_adapter
 
 
 def test_a_calm_base_gets_its_branch_deltas_scaled_like_its_branches(tmp_path: Path):
@@ -30,3 +31,12 @@ def test_a_calm_base_gets_its_branch_deltas_scaled_like_its_branches(tmp_path: P
     )
     for k in scaled:
         assert torch.equal(b[k], a[k] * 2.0**-CALM_SHIFT)
+
+
+def test_a_base_without_weights_is_a_clear_error(tmp_path: Path, capsys):
+    base = write_checkpoint(preset_config("tiny", layers=1), tmp_path / "base")
+    (base / "model.safetensors").unlink()
+    with pytest.raises(SystemExit):
+        main(["--model", str(base), "--rank", "4", "--out", str(tmp_path / "a")])
+    assert "no model.safetensors.index.json or model.safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "adapter_config.json").exists()
