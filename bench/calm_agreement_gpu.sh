@@ -17,8 +17,7 @@ RES=${RES:-$HOME/calm}
 CKPT=${CKPT:-/tmp/ck20c}
 # shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+bash bench/harness_wheels.sh
 if [ ! -f "$CKPT/config.json" ]; then
   say "calm 20b"
   python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --init calm --out "$CKPT" \

@@ -51,8 +51,7 @@ cold() {  # cold NAME CACHE ARGS...: one engine process, its rows into the table
   row "$name" "$(sed -n '/^workload/,$p' "$RES/$name.txt" | tr '\n' ' ')"
 }
 
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+bash bench/harness_wheels.sh
 if [ "${TESTS:-1}" = 1 ]; then
   say "compiled warm-up test (beside the 20b checkpoint)"
   (rm -rf "$HOME/tc_test"; TRITON_CACHE_DIR=$HOME/tc_test timeout 420 python3 -m pytest -q -n 0 \

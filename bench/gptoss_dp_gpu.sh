@@ -29,8 +29,7 @@ t0=$(date +%s)
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi -L
 [[ $RUNS != *2* ]] || [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "needs 2 GPUs"; exit 1; }
-"$PY" -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl || exit 1
+bash bench/harness_wheels.sh "$PY" || exit 1
 if [ ! -f "$CKPT/config.json" ]; then
   say "checkpoint: gpt-oss-120b, random weights, written on the GPU"
   "$PY" -m gptoss.tools.make_checkpoint --preset 120b --device cuda --out "$CKPT" | tail -1 || exit 1

@@ -17,8 +17,7 @@ if [ ! -f "$CKPT/config.json" ]; then
   python3 -m "$mk" --preset 20b --device cuda --out "$CKPT" > "$RES/checkpoint.log" 2>&1 &
   ckpt_pid=$!
 fi
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+bash bench/harness_wheels.sh
 say "kernel tests on the GPU"
 python3 -m pytest -q -x -n 0 -p no:cacheprovider tests/gptoss/kernels 2>&1 | tail -15 | tee "$RES/kernel_tests.txt"
 say "kernel timings"

@@ -9,8 +9,7 @@ N=${1:-1000} IN=${2:-128} OUTLEN=${3:-1024}
 RES=${OUT:-$PWD/gptoss_gpu_out}; mkdir -p "$RES"
 CKPT=${CKPT:-/tmp/ck20}; DATA=/tmp/harness_${N}x${IN}x${OUTLEN}.parquet
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+bash bench/harness_wheels.sh
 [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" >/dev/null
 python3 bench/rand_dataset.py "$DATA" "$N" "$IN" "$OUTLEN"
 echo '{"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 10240}' > /tmp/greedy.json

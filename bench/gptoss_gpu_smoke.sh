@@ -9,8 +9,7 @@ ROWS=${1:-64} PROMPT_LEN=${2:-256} OUTPUT_LEN=${3:-64}
 RES=${OUT:-$PWD/gptoss_gpu_out}; mkdir -p "$RES"
 CKPT=${CKPT:-/tmp/gptoss20b-random}; DATA=/tmp/gptoss_gpu_smoke.parquet
 export PYTHONUNBUFFERED=1
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null \
-  || python3 -m pip install -q --no-index --no-deps --disable-pip-version-check .whl/*.whl
+bash bench/harness_wheels.sh
 [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT"
 python3 - "$DATA" "$ROWS" "$PROMPT_LEN" "$OUTPUT_LEN" <<'PY'
 import sys

@@ -20,8 +20,7 @@ vllm_script() {
 
 gpu_prereqs() {  # the harness's wheels (.whl) unless installed; the 20b checkpoint unless at $CKPT
   nvidia-smi -L
-  python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-    python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+  bash bench/harness_wheels.sh
   [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
     > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
 }

@@ -15,8 +15,7 @@ RES=${OUT:-$PWD/gptoss_gpu_out}/server_$BACKEND; mkdir -p "$RES"
 CKPT=${CKPT:-/tmp/ck20}; DATA=/tmp/server_${N}x${IN}x${OUTLEN}.parquet
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_USE_FLASHINFER_SAMPLER=0  # this machine has no flashinfer
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+bash bench/harness_wheels.sh
 [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" >/dev/null
 python3 bench/rand_dataset.py "$DATA" "$N" "$IN" "$OUTLEN"
 echo '{"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 10240}' > /tmp/greedy.json

@@ -31,9 +31,7 @@ if ! "$PY" -c 'import vllm' 2>/dev/null; then
   bash .wc1/device_install.sh "$PARTS" > "$WORK/install.log" 2>&1 || { tail -20 "$WORK/install.log"; cp "$WORK/install.log" "$RES"/; exit 1; }
   tail -2 "$WORK/install.log"
 fi
-if ! "$PY" -c 'import mlperf_loadgen, orjson' 2>/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl || exit 1
-fi
+bash bench/harness_wheels.sh "$PY" || exit 1
 
 if [ -n "${ckpt_pid:-}" ]; then
   wait "$ckpt_pid" || { tail -20 "$WORK/checkpoint.log"; cp "$WORK/checkpoint.log" "$RES"/; exit 1; }

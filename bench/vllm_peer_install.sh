@@ -12,7 +12,6 @@ if ! python3 -c 'import vllm' 2>/dev/null; then
   cp .wc*/*part* .wc1/SHA256SUMS* "$PARTS"/ 2>/dev/null
   bash .wc1/device_install.sh "$PARTS" > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
 fi
-python3 -c 'import mlperf_loadgen, orjson' 2>/dev/null || \
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check .whl/*.whl
+bash bench/harness_wheels.sh
 wait
 python3 -c 'import vllm; print("vllm", vllm.__version__)' 2>&1 | tail -1
