@@ -14,7 +14,6 @@ holds a checkpoint, is an error.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -23,6 +22,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's gptoss
+
+from gptoss.checkpoint import weight_files  # noqa: E402
 
 OPS = ("set", "add", "mul")
 
@@ -38,21 +41,15 @@ def _apply(t: torch.Tensor, op: str, value: float) -> torch.Tensor:
     return (t.float() + value if op == "add" else t.float() * value).to(t.dtype)
 
 
-def shard_files(src: Path) -> list[str]:
-    index = src / "model.safetensors.index.json"
-    if index.exists():
-        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    return ["model.safetensors"]
-
-
 def write_faulty(src: Path, dst: Path, edits: list[tuple[str, str, float]]) -> dict[str, int]:
     """Copy src to dst with edits applied; returns how many tensors each pattern changed."""
     if (dst / "config.json").exists():
         raise FileExistsError(f"{dst} already holds a checkpoint (config.json exists)")
     dst.mkdir(parents=True, exist_ok=True)
     hits = {pattern: 0 for pattern, _, _ in edits}
-    for fname in shard_files(src):
-        tensors = load_file(str(src / fname))
+    for file in sorted(set(weight_files(src).values())):  # each shard once
+        fname = file.name
+        tensors = load_file(str(file))
         changed = False
         for name in tensors:
             for pattern, op, value in edits:

@@ -29,7 +29,11 @@ def table(rows: list[dict]) -> None:
             print(
                 f"{k:34} triton=torch {ours['triton_vs_torch']:.1%}, alone=batched"
                 f" {ours['batch_invariance']:.1%}, --batch-invariant {ours['batch_invariance_bi_mode']:.1%}"
-                + "".join(f", {f[:-9]} {v:.1%}" for f, v in ours.items() if f.startswith("fault:"))
+                + "".join(
+                    f", {f.removesuffix('_vs_torch')} {v:.1%}"
+                    for f, v in ours.items()
+                    if f.startswith("fault:")
+                )
             )
             continue
         a = value(ours) if ours else None
