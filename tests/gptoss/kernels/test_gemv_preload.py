@@ -1,16 +1,11 @@
 """The preloading decode GEMV (gptoss.kernels.gemv_preload) against float32 F.linear, and linear()'s
 switch to it (GPTOSS_GEMV=preload).
 
-Runs in Triton's interpreter on CPU (TRITON_INTERPRET=1, the default here); on a GPU machine
-`TRITON_INTERPRET=0 pytest tests/gptoss/kernels/test_gemv_preload.py` runs the same tests compiled,
+Runs in Triton's interpreter without CUDA and compiled on a GPU machine (kernelkit decides which),
 with PDL (the loads of W before the wait) where the GPU has it.
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 import pytest
 import torch

@@ -3,15 +3,11 @@ whatever the grid and however many row blocks a program walks, and linear()'s sw
 (GPTOSS_GEMV=stream, the default).
 
 Runs in Triton's interpreter on CPU (there the grid is sized for gemv_stream.SMS_OFF_GPU "SMs", so a
-program walks several blocks); on a GPU machine `TRITON_INTERPRET=0 pytest
-tests/gptoss/kernels/test_gemv_stream.py` runs the same tests compiled, with PDL where the GPU has it.
+program walks several blocks); on a GPU machine the same tests run compiled, with PDL where the GPU
+has it.
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 import pytest
 import torch

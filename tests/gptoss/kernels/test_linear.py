@@ -1,15 +1,10 @@
 """The GEMV projection (gptoss.kernels.linear) against F.linear: bf16 and float32, with and without
 bias, odd N and K, and linear()'s choice between the kernel (CUDA, T <= GEMV_MAX_T) and F.linear.
 
-Runs in Triton's interpreter on CPU (TRITON_INTERPRET=1, the default here); on a GPU machine
-`TRITON_INTERPRET=0 pytest tests/gptoss/kernels/test_linear.py` runs the same tests compiled.
+Runs in Triton's interpreter without CUDA and compiled on a GPU machine (kernelkit decides which).
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 import pytest
 import torch
@@ -17,10 +12,9 @@ import torch.nn.functional as F
 
 import gptoss.kernels.linear as lin
 from gptoss.kernels.linear import GEMV_MAX_T, gemv, linear
+from tests.gptoss.kernels.kernelkit import DEV, INTERPRETER_WARNINGS
 
-DEV = "cpu" if os.environ["TRITON_INTERPRET"] == "1" else "cuda"
-# The interpreter turns a runtime loop bound (a 1-element array) into an int with a NumPy deprecation.
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+pytestmark = INTERPRETER_WARNINGS
 
 
 def operands(t: int, n: int, k: int, dtype: torch.dtype, bias: bool, seed: int = 0):
