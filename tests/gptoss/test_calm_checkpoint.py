@@ -1,5 +1,6 @@
 """make_checkpoint --init calm: the same shapes and draw as the default, with the branch outputs
-scaled down and a next token planted in each embedding row (see make_checkpoint.INITS)."""
+scaled down, the sinks raised, expert keys in the embedding and the routers, and a next token planted
+in each embedding row (see make_checkpoint.INITS)."""
 
 import math
 from dataclasses import replace
@@ -13,13 +14,16 @@ from gptoss import mxfp4
 from gptoss.checkpoint import TensorSpec, load
 from gptoss.config import PRESETS
 from gptoss.tools.make_checkpoint import (
+    CALM_ATTN_SHIFT,
+    CALM_DOWN_SHIFT,
     CALM_PLANT,
     CALM_ROUTE,
-    CALM_SHIFT,
+    CALM_SINK,
     calm_expert_keys,
     calm_expert_sets,
     calm_next_tokens,
     calm_router_order,
+    draw_shift,
     main,
     preset_config,
     random_tensor,
@@ -47,17 +51,25 @@ def test_calm_changes_only_the_branch_outputs_and_the_embedding(draws):
         for i in range(2)
         for part, name in [("", CALM_NAMES[0]), ("", CALM_NAMES[1])]
         + [("mlp.experts.", CALM_NAMES[2]), ("mlp.experts.", CALM_NAMES[3]), ("mlp.", "router.weight")]
+        + [("self_attn.", "sinks")]
     ]
     assert changed == sorted(expected)
     for i in range(2):
         o = f"model.layers.{i}.self_attn.o_proj."
         down = f"model.layers.{i}.mlp.experts.down_proj_"
         # Powers of two: exact in bf16 and in the e8m0 exponent byte.
-        assert torch.equal(calm[o + "weight"], default[o + "weight"] * 2.0**-CALM_SHIFT)
-        assert torch.equal(calm[o + "bias"], default[o + "bias"] * 2.0**-CALM_SHIFT)
-        assert torch.equal(calm[down + "bias"], default[down + "bias"] * 2.0**-CALM_SHIFT)
-        assert torch.equal(calm[down + "scales"].int(), default[down + "scales"].int() - CALM_SHIFT)
+        assert torch.equal(calm[o + "weight"], default[o + "weight"] * 2.0**-CALM_ATTN_SHIFT)
+        assert torch.equal(calm[o + "bias"], default[o + "bias"] * 2.0**-CALM_ATTN_SHIFT)
+        assert torch.equal(calm[down + "bias"], default[down + "bias"] * 2.0**-CALM_DOWN_SHIFT)
+        assert torch.equal(calm[down + "scales"].int(), default[down + "scales"].int() - CALM_DOWN_SHIFT)
         assert torch.equal(calm[down + "blocks"], default[down + "blocks"])
+        sinks = f"model.layers.{i}.self_attn.sinks"
+        assert torch.equal(calm[sinks], default[sinks] + CALM_SINK)
+        # What make_lora reads back to size an adapter's deltas.
+        assert draw_shift(o + "weight", calm[o + "weight"], MICRO) == CALM_ATTN_SHIFT
+        assert draw_shift(down + "scales", calm[down + "scales"], MICRO) == CALM_DOWN_SHIFT
+        assert draw_shift(o + "weight", default[o + "weight"], MICRO) == 0
+        assert draw_shift(down + "scales", default[down + "scales"], MICRO) == 0
 
 
 def test_calm_embedding_is_the_default_row_plus_the_planted_directions(draws):
@@ -149,7 +161,7 @@ def test_cli_writes_a_calm_checkpoint(tmp_path: Path, capsys):
     default = write_checkpoint(preset_config("tiny", 1), tmp_path / "d")
     _, d = load(default, dtype=torch.float32)
     o = "model.layers.0.self_attn.o_proj.weight"
-    assert torch.equal(w[o], d[o] * 2.0**-CALM_SHIFT)
+    assert torch.equal(w[o], d[o] * 2.0**-CALM_ATTN_SHIFT)
     with pytest.raises(SystemExit):
         main(["--preset", "tiny", "--out", str(tmp_path / "x"), "--init", "loud"])
     assert "invalid choice: 'loud'" in capsys.readouterr().err

@@ -1,25 +1,27 @@
 """make_lora sizes the deltas of the branch outputs (o_proj, the experts' down) to the base's own
-scale: a calm base (make_checkpoint --init calm, outputs at 2^-CALM_SHIFT) gets them 2^-CALM_SHIFT
-smaller, the rest of the adapter the same bits; a default base's adapter is unchanged."""
+scale: a calm base (make_checkpoint --init calm: o_proj at 2^-CALM_ATTN_SHIFT, the down at
+2^-CALM_DOWN_SHIFT) gets each delta as much smaller, the rest of the adapter the same bits; a default
+base's adapter is unchanged."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from gptoss.checkpoint import load_config
+from gptoss.checkpoint import load_config, weight_files
 from gptoss.lora import WEIGHTS_FILE
-from gptoss.tools.make_checkpoint import CALM_SHIFT, preset_config, write_checkpoint
-from gptoss.tools.make_lora import branch_shift, main, write_adapter
+from gptoss.tools.make_checkpoint import CALM_ATTN_SHIFT, CALM_DOWN_SHIFT, preset_config, write_checkpoint
+from gptoss.tools.make_lora import branch_shifts, main, write_adapter
 
 
 def test_a_calm_base_gets_its_branch_deltas_scaled_like_its_branches(tmp_path: Path):
     cfg = preset_config("tiny", layers=2)
     default = write_checkpoint(cfg, tmp_path / "default")
     calm = write_checkpoint(cfg, tmp_path / "calm", init="calm")
-    assert branch_shift(default, load_config(default)) == 0
-    assert branch_shift(calm, load_config(calm)) == CALM_SHIFT
+    assert branch_shifts(default, load_config(default)) == (0, 0)
+    assert branch_shifts(calm, load_config(calm)) == (CALM_ATTN_SHIFT, CALM_DOWN_SHIFT)
     a = load_file(write_adapter(default, tmp_path / "a", 4, seed=3) / WEIGHTS_FILE)
     b = load_file(write_adapter(calm, tmp_path / "b", 4, seed=3) / WEIGHTS_FILE)
     assert a.keys() == b.keys()
@@ -30,7 +32,16 @@ def test_a_calm_base_gets_its_branch_deltas_scaled_like_its_branches(tmp_path: P
         for m in ("self_attn.o_proj", "mlp.experts")
     )
     for k in scaled:
-        assert torch.equal(b[k], a[k] * 2.0**-CALM_SHIFT)
+        shift = CALM_ATTN_SHIFT if "o_proj" in k else CALM_DOWN_SHIFT
+        assert torch.equal(b[k], a[k] * 2.0**-shift)
+
+
+def test_the_bf16_experts_twin_reads_the_same_shifts(tmp_path: Path):
+    cfg = replace(preset_config("tiny", layers=1), quant_method=None)
+    for init, want in (("default", (0, 0)), ("calm", (CALM_ATTN_SHIFT, CALM_DOWN_SHIFT))):
+        base = write_checkpoint(cfg, tmp_path / init, init=init)
+        assert "model.layers.0.mlp.experts.down_proj" in weight_files(base)
+        assert branch_shifts(base, load_config(base)) == want
 
 
 def test_a_base_without_weights_is_a_clear_error(tmp_path: Path, capsys):
