@@ -127,7 +127,7 @@ def test_v3_ptx_dequant_gives_exact_mxfp4_values_with_a_factor_per_row():
 def _interleaved(planes: torch.Tensor) -> torch.Tensor:
     """[E, 2, I, X] -> [E, 2I, X] with row 16b + 8h + g = planes[:, h, 8b + g], built row by row."""
     e, _, i, _ = planes.shape
-    out = torch.empty(e, 2 * i, planes.shape[-1], dtype=planes.dtype)
+    out = torch.empty(e, 2 * i, planes.shape[-1], dtype=planes.dtype, device=planes.device)
     for row in range(2 * i):
         out[:, row] = planes[:, (row // 8) % 2, (row // 16) * 8 + row % 8]
     return out
