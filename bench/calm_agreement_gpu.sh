@@ -52,6 +52,6 @@ if [ "${VLLM:-0}" = 1 ] && wait_vllm; then
   say "LoRA: run_mlperf --backend vllm --lora-modules against ours"
   timeout 900 python3 bench/gptoss_lora_gpu.py --model-path "$CKPT" --out "$RES/lora" --parts ours,mlperf \
     --offline '' --c16 '' > "$RES/lora.txt" 2>&1
-  row "calm: lora" "$(grep -i 'agreement' "$RES/lora.txt" | tr '\n' ' ')"
+  row "calm: lora" "$(grep -i 'agreement\|^control' "$RES/lora.txt" | tr '\n' ' ')"
 fi
 finish

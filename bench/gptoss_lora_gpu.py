@@ -291,7 +291,7 @@ def table(rows: list[dict]) -> None:
 
     base, lora = get("gptoss", "offline", False), get("gptoss", "offline", True)
     ours16, vllm16 = get("gptoss", "c16"), get("vllm", "c16")
-    g_ours, g_vllm = get("gptoss", "greedy"), get("vllm", "greedy")
+    g_ours, g_vllm, g_base = get("gptoss", "greedy"), get("vllm", "greedy"), get("gptoss", "greedy_base")
     print(f"\n{'comparison':56} {'a tok/s':>9} {'b tok/s':>9}  a/b")
     for label, a, b, target in (
         ("ours +LoRA (a) vs ours (b), offline", lora, base, 0.8),
@@ -308,6 +308,13 @@ def table(rows: list[dict]) -> None:
             rate = prefix_rate(g_ours["tokens"], g_vllm["tokens"])
             runs += f", greedy agreement with ours {rate:.1%} (target >= 90%)"
         print(f"run_mlperf --backend vllm --lora-modules: {runs}")
+    # The control: an adapter that moves no token would make any two engines "agree", applied or not.
+    for label, a in (("ours +LoRA", g_ours), ("vLLM +LoRA", g_vllm)):
+        if a and a.get("tokens") and g_base:
+            rate = prefix_rate(a["tokens"], g_base["tokens"])
+            print(
+                f"control: {label} against ours without the adapter {rate:.1%} (the adapter must move tokens)"
+            )
     for what, label in (
         ("greedy", "our +LoRA tokens, vLLM +LoRA"),
         ("greedy_base", "our base tokens, vLLM +LoRA (control)"),
