@@ -1,7 +1,7 @@
 """Why greedy tokens of two bf16 engines agree so rarely on the random checkpoint: how a rounding-sized
 difference grows through its layers, and what makes it grow (CPU, the torch reference model).
 
-    python bench/routing_chaos.py [--preset 20b] [--layers 6] [--tokens 32] [--init calm]
+    python bench/routing_chaos.py [--preset 20b] [--layers 6] [--tokens 32] [--init calm] [--lora R]
 
 The random model of `--preset` (its first `--layers` layers, tensors drawn as make_checkpoint draws
 them, in memory) runs one prompt of `--tokens` random ids four ways: float32 (the baseline), bf16,
@@ -17,25 +17,36 @@ not from the smooth layers; with a top-1 margin of ~0.13 logit std over 201,088 
 then decides the greedy token. With --init calm (make_checkpoint's INITS; 12 layers, 128 tokens,
 2026-12-03): no expert set changes, bf16 within 1.1e-2 of float32, top-1 agreement 100 %, and the
 planted next token is the argmax at 97.7 % of positions (top-1 margin p1 0.18 nats).
+
+--lora R adds a random rank-R adapter (gptoss.make_lora's draw, its o_proj and down deltas scaled to
+the draw's branches): how often it changes the float32 argmax, the control of a LoRA agreement run (an
+adapter that moves no token lets two engines agree whether they apply it or not), and bf16 against
+float32 with it. Calm, 12 layers, 128 tokens (2026-12-03): rank 16 changes 1.6 % of the argmaxes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gptoss.attention_ref import DenseAttention  # noqa: E402
 from gptoss.checkpoint import tensor_specs  # noqa: E402
 from gptoss.config import PRESETS  # noqa: E402
+from gptoss.lora import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402
+from gptoss.lora_stack import LoraStack  # noqa: E402
 from gptoss.model import GptOss  # noqa: E402
-from gptoss.tools.make_checkpoint import INITS, calm_next_tokens, random_tensor  # noqa: E402
+from gptoss.tools.make_checkpoint import INITS, calm_next_tokens, draw_shift, random_tensor  # noqa: E402
+from gptoss.tools.make_lora import TARGET_GROUPS, adapter_config, adapter_tensors  # noqa: E402
 
 RUNS = (("bf16", torch.bfloat16, 0.0), ("fp32+1e-4", torch.float32, 1e-4), ("fp32+1e-2", torch.float32, 1e-2))
 
@@ -53,9 +64,14 @@ def _weights(raw: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torc
     return out
 
 
-def forward(cfg, raw, ids, dtype, noise) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    """(residual after each layer, each layer's sorted top-k expert ids, logits) of one prompt."""
+def forward(
+    cfg, raw, ids, dtype, noise, adapter: Path | None = None
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """(residual after each layer, each layer's sorted top-k expert ids, logits) of one prompt, through
+    the LoRA adapter at `adapter` if given."""
     m = GptOss(cfg, _weights(raw, dtype), dtype).eval()
+    lora = None if adapter is None else LoraStack.load((f"lora={adapter}",), cfg, torch.device("cpu"), dtype)
+    index = None if lora is None else torch.ones(len(ids), dtype=torch.long)
     if noise:
         g = torch.Generator().manual_seed(1)
         m.embed = m.embed + (noise * m.embed.float().std() * torch.randn(m.embed.shape, generator=g)).to(
@@ -70,10 +86,20 @@ def forward(cfg, raw, ids, dtype, noise) -> tuple[list[torch.Tensor], list[torch
     residual: list[torch.Tensor] = []
     hooks = [b.mlp.register_forward_pre_hook(route) for b in m.layers]
     hooks += [b.register_forward_hook(lambda _m, _a, out: residual.append(out.float())) for b in m.layers]
-    logits = m.compute_logits(m(ids, torch.arange(len(ids)), DenseAttention()))
+    logits = m.compute_logits(m(ids, torch.arange(len(ids)), DenseAttention(), lora, index))
     for h in hooks:
         h.remove()
     return residual, routes, logits
+
+
+def write_random_adapter(cfg, raw: dict[str, torch.Tensor], rank: int, out: Path) -> Path:
+    """make_lora's adapter for this in-memory draw (write_adapter reads a checkpoint from disk)."""
+    o, down = "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.experts.down_proj_scales"
+    shifts = (max(0, draw_shift(o, raw[o], cfg)), max(0, draw_shift(down, raw[down], cfg)))
+    tensors = adapter_tensors(cfg, rank, 2 * rank, TARGET_GROUPS, 0, shifts)
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    (out / CONFIG_FILE).write_text(json.dumps(adapter_config("routing_chaos", rank, 2 * rank, TARGET_GROUPS)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--init", choices=INITS, default="default", help="make_checkpoint's --init")
+    ap.add_argument("--lora", type=int, default=0, metavar="R", help="also a random rank-R adapter's effect")
     args = ap.parse_args(argv)
     cfg = PRESETS[args.preset].with_layers(args.layers)
     raw = {
@@ -113,6 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         nxt = calm_next_tokens(cfg.vocab_size, 0, "cpu")
         won = (base_logits.argmax(-1) == nxt[ids]).float().mean()
         print(f"calm: the planted next token is the float32 argmax at {float(won):.1%} of positions")
+    if args.lora:
+        with tempfile.TemporaryDirectory() as tmp:
+            adapter = write_random_adapter(cfg, raw, args.lora, Path(tmp))
+            lora = {
+                d: forward(cfg, raw, ids, d, 0.0, adapter)[2].argmax(-1)
+                for d in (torch.float32, torch.bfloat16)
+            }
+        moved = float((lora[torch.float32] == base_logits.argmax(-1)).float().mean())
+        noise = float((lora[torch.bfloat16] == lora[torch.float32]).float().mean())
+        print(f"lora rank {args.lora}: float32 top-1 agreement with the base {moved:.1%}", end="")
+        print(f", bf16 with float32 {noise:.1%}")
     return 0
 
 

@@ -32,6 +32,26 @@ def test_the_agreement_row_comes_with_both_controls(capsys):
     )
     assert "control: ours +LoRA against ours without the adapter 25.0% (the adapter must move tokens)" in out
     assert "control: vLLM +LoRA against ours without the adapter 25.0% (the adapter must move tokens)" in out
+    assert "control: on the 2 of 2 sequences the adapter changed, vLLM +LoRA = ours 75.0%" in out
+
+
+def test_an_adapter_that_moves_nothing_is_said(capsys):
+    r = rows(VLLM)
+    r[1]["tokens"] = OURS
+    table(r)
+    out = capsys.readouterr().out
+    assert "control: ours +LoRA against ours without the adapter 100.0%" in out
+    assert "control: the adapter changed none of our sequences, so the agreement says nothing of it" in out
+
+
+def test_only_the_changed_sequences_count(capsys):
+    r = rows([[1, 2, 3, 4], [0, 0, 0, 0]])
+    r[1]["tokens"] = [[1, 2, 9, 9], OURS[1]]  # the adapter moved the first sequence only
+    table(r)
+    assert (
+        "control: on the 1 of 2 sequences the adapter changed, vLLM +LoRA = ours 100.0%"
+        in capsys.readouterr().out
+    )
 
 
 def test_a_failed_vllm_run_has_no_agreement_and_no_vllm_control(capsys):
@@ -39,4 +59,4 @@ def test_a_failed_vllm_run_has_no_agreement_and_no_vllm_control(capsys):
     out = capsys.readouterr().out
     assert "FAILED (exit 1, see mlperf_vllm_lora.log)" in out
     assert "control: ours +LoRA against ours without the adapter 25.0%" in out
-    assert "control: vLLM" not in out
+    assert "control: vLLM" not in out and "sequences the adapter changed" not in out
