@@ -9,7 +9,9 @@
 #   2. issue 12: vLLM with our MoE (the plugin) against its own (bench/vllm_plugin_gpu.py, agreement
 #      only);
 #   3. issue 13: run_mlperf.py --backend vllm --lora-modules against ours, same random rank-16 adapter
-#      (bench/gptoss_lora_gpu.py --parts ours,mlperf, agreement only).
+#      (bench/gptoss_lora_gpu.py --parts ours,mlperf, agreement only), with its controls;
+#   KTESTS=1, last: the kernel tests compiled, the whole folder in one pytest run (xdist), its summary a
+#   row and its failures in $RES/kernel_tests.txt.
 #   (setsid nohup bash bench/calm_agreement_gpu.sh > $HOME/calm.log 2>&1 &)   then poll $HOME/calm/done
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -53,5 +55,10 @@ if [ "${VLLM:-0}" = 1 ] && wait_vllm; then
   timeout 900 python3 bench/gptoss_lora_gpu.py --model-path "$CKPT" --out "$RES/lora" --parts ours,mlperf \
     --offline '' --c16 '' > "$RES/lora.txt" 2>&1
   row "calm: lora" "$(grep -i 'agreement\|^control' "$RES/lora.txt" | tr '\n' ' ')"
+fi
+if [ "${KTESTS:-0}" = 1 ]; then
+  say "kernel tests, compiled"
+  timeout 900 python3 -m pytest -q -p no:cacheprovider -rf tests/gptoss/kernels > "$RES/kernel_tests.txt" 2>&1
+  row "kernel tests" "$(tail -1 "$RES/kernel_tests.txt")"
 fi
 finish

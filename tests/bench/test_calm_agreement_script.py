@@ -1,6 +1,7 @@
 """bench/calm_agreement_gpu.sh under the stub GPU tools: it draws the calm 20b, makes each known-wrong
 copy from it with its edit, scores them all in one agreement run, then (VLLM=1) the plugin and LoRA
-rows agreement-only; a copy that fails is said and left out, not silently scored."""
+rows agreement-only, and (KTESTS=1) the compiled kernel tests; a copy that fails is said and left
+out, not silently scored."""
 
 from __future__ import annotations
 
@@ -55,3 +56,13 @@ def test_a_fault_that_fails_is_said_and_left_out(stubs, tmp_path):
     assert f"--fault {ck}-nosink --fault {ck}-attn5x2 --out" in agree
     assert "s] fault down12x2 failed" in p.stdout
     assert not any("vllm_plugin_gpu.py" in c for c in calls)  # VLLM unset
+    assert not any("-m pytest" in c for c in calls)  # KTESTS unset
+
+
+def test_ktests_runs_the_kernel_folder_compiled_and_rows_its_summary(stubs, tmp_path):
+    res = tmp_path / "res"
+    p = run_script("calm_agreement_gpu.sh", stubs, RES=str(res), KTESTS="1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    (tests,) = [c for c in _calls(stubs) if "-m pytest" in c]
+    assert tests == "-m pytest -q -p no:cacheprovider -rf tests/gptoss/kernels"
+    assert "kernel tests | 14 passed in 1.0s" in (res / "table.txt").read_text()
