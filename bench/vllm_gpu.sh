@@ -10,8 +10,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${OUT:-$PWD/vllm_gpu_out}; mkdir -p "$RES"
-PY=${PYTHON:-python3}; WORK=${WORK:-/tmp/vllm_gpu}; CKPT=${CKPT:-/tmp/gptoss20b-random}; PARTS=$HOME/wheelparts
-mkdir -p "$WORK" "$PARTS"
+PY=${PYTHON:-python3}; WORK=${WORK:-/tmp/vllm_gpu}; CKPT=${CKPT:-/tmp/gptoss20b-random}
+mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # flashinfer is not carried; vLLM 0.26.0 otherwise imports it for its sampler (see vllm_device/README).
 export VLLM_USE_FLASHINFER_SAMPLER=0
@@ -25,12 +25,8 @@ if [ ! -f "$CKPT/config.json" ]; then
   ckpt_pid=$!
 fi
 
-if ! "$PY" -c 'import vllm' 2>/dev/null; then
-  say "install vLLM 0.26.0"
-  cp .wc*/*part* .wc1/SHA256SUMS* "$PARTS"/ 2>/dev/null
-  bash .wc1/device_install.sh "$PARTS" > "$WORK/install.log" 2>&1 || { tail -20 "$WORK/install.log"; cp "$WORK/install.log" "$RES"/; exit 1; }
-  tail -2 "$WORK/install.log"
-fi
+say "vLLM 0.26.0 (installed unless it is)"
+bash bench/vllm_install.sh "$PY" "$WORK/install.log" || { cp "$WORK/install.log" "$RES"/; exit 1; }
 bash bench/harness_wheels.sh "$PY" || exit 1
 
 if [ -n "${ckpt_pid:-}" ]; then

@@ -5,13 +5,10 @@
 #   bash bench/vllm_peer_install.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-CKPT=${CKPT-/tmp/ck20}; PARTS=$HOME/wheelparts; mkdir -p "$PARTS"
+CKPT=${CKPT-/tmp/ck20}
 [ -z "$CKPT" ] || [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
   > /tmp/checkpoint.log 2>&1 &
-if ! python3 -c 'import vllm' 2>/dev/null; then
-  cp .wc*/*part* .wc1/SHA256SUMS* "$PARTS"/ 2>/dev/null
-  bash .wc1/device_install.sh "$PARTS" > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
-fi
+bash bench/vllm_install.sh python3 /tmp/install.log || exit 1
 bash bench/harness_wheels.sh
 wait
 python3 -c 'import vllm; print("vllm", vllm.__version__)' 2>&1 | tail -1
