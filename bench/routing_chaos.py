@@ -45,8 +45,8 @@ from gptoss.config import PRESETS  # noqa: E402
 from gptoss.lora import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402
 from gptoss.lora_stack import LoraStack  # noqa: E402
 from gptoss.model import GptOss  # noqa: E402
-from gptoss.tools.make_checkpoint import INITS, calm_next_tokens, draw_shift, random_tensor  # noqa: E402
-from gptoss.tools.make_lora import TARGET_GROUPS, adapter_config, adapter_tensors  # noqa: E402
+from gptoss.tools.make_checkpoint import INITS, calm_next_tokens, random_tensor  # noqa: E402
+from gptoss.tools.make_lora import TARGET_GROUPS, adapter_config, adapter_tensors, shifts_of  # noqa: E402
 
 RUNS = (("bf16", torch.bfloat16, 0.0), ("fp32+1e-4", torch.float32, 1e-4), ("fp32+1e-2", torch.float32, 1e-2))
 
@@ -94,9 +94,7 @@ def forward(
 
 def write_random_adapter(cfg, raw: dict[str, torch.Tensor], rank: int, out: Path) -> Path:
     """make_lora's adapter for this in-memory draw (write_adapter reads a checkpoint from disk)."""
-    o, down = "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.experts.down_proj_scales"
-    shifts = (max(0, draw_shift(o, raw[o], cfg)), max(0, draw_shift(down, raw[down], cfg)))
-    tensors = adapter_tensors(cfg, rank, 2 * rank, TARGET_GROUPS, 0, shifts)
+    tensors = adapter_tensors(cfg, rank, 2 * rank, TARGET_GROUPS, 0, shifts_of(raw.get, cfg, "the draw"))
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     (out / CONFIG_FILE).write_text(json.dumps(adapter_config("routing_chaos", rank, 2 * rank, TARGET_GROUPS)))
     return out

@@ -79,6 +79,11 @@ def _scale_lo(fan_in: int) -> int:
     return _SCALE_LO_AT_2880 + round(0.5 * math.log2(2880 / fan_in))
 
 
+def _expert_fan_in(name: str, cfg: ModelConfig) -> int:
+    """The fan-in of the expert tensor `name`: the hidden size for gate_up, the intermediate for down."""
+    return cfg.hidden_size if "gate_up_proj" in name else cfg.intermediate_size
+
+
 def calm_shift(name: str) -> int:
     """Powers of two by which --init calm scales the tensor `name` down: the tensors whose values a
     layer adds to the residual (o_proj and the experts' down); 0 for any other."""
@@ -91,9 +96,9 @@ def draw_shift(name: str, t: Tensor, cfg: ModelConfig) -> int:
     """How many powers of two a branch output (o_proj's weight; the experts' down scales, or the
     bf16 twin's down) sits below make_checkpoint's default draw: 0 for it, calm_shift(name) for calm."""
     if name.endswith("_scales"):  # e8m0 bytes, drawn uniform on _scale_lo .. + _SCALE_SPAN - 1
-        return round(_scale_lo(cfg.intermediate_size) + (_SCALE_SPAN - 1) / 2 - float(t.float().mean()))
+        return round(_scale_lo(_expert_fan_in(name, cfg)) + (_SCALE_SPAN - 1) / 2 - float(t.float().mean()))
     if ".mlp.experts.down_proj" in name:  # dequantized: random e2m1 codes (mean square 8.5625) x scales
-        lo = _scale_lo(cfg.intermediate_size) - 127
+        lo = _scale_lo(_expert_fan_in(name, cfg)) - 127
         want = math.sqrt(8.5625 * sum(4.0**b for b in range(lo, lo + _SCALE_SPAN)) / _SCALE_SPAN)
     else:
         want = 1 / math.sqrt(t.shape[-1])
@@ -116,8 +121,7 @@ def random_tensor(
     if name.endswith("_blocks"):  # every byte: two uniformly random e2m1 codes
         return torch.randint(0, 256, spec.shape, generator=g, device=device, dtype=torch.uint8)
     if name.endswith("_scales"):
-        fan_in = cfg.hidden_size if "gate_up_proj" in name else cfg.intermediate_size
-        lo = _scale_lo(fan_in) - (calm_shift(name) if calm else 0)
+        lo = _scale_lo(_expert_fan_in(name, cfg)) - (calm_shift(name) if calm else 0)
         return torch.randint(lo, lo + _SCALE_SPAN, spec.shape, generator=g, device=device, dtype=torch.uint8)
     t = _normal_tensor(name, spec, cfg, g, device)
     if calm and name.endswith("sinks"):

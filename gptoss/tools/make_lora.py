@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -89,19 +90,37 @@ def _normal(name: str, shape: tuple[int, ...], std: float, seed: int) -> torch.T
     return (torch.randn(shape, generator=g) * std).to(torch.bfloat16)
 
 
-def branch_shifts(model: Path, cfg: ModelConfig) -> tuple[int, int]:
+# Layer 0's branch outputs, each with the names it may go by: o_proj; the down's e8m0 scales (MXFP4) or
+# its bf16 weight (--bf16-experts).
+_BRANCHES = (("self_attn.o_proj.weight",), ("mlp.experts.down_proj_scales", "mlp.experts.down_proj"))
+
+
+def shifts_of(get: Callable[[str], torch.Tensor | None], cfg: ModelConfig, where: str) -> tuple[int, int]:
     """How many powers of two the base's branch outputs sit below make_checkpoint's default draw, as
-    (o_proj, the experts' down), read from layer 0: (0, 0) for the default draw, calm_shift's for
-    --init calm. Those deltas are scaled alike, or a calm base's adapter would outweigh it 8-64x."""
-    files = weight_files(model)
+    (o_proj, the experts' down), from layer 0's tensors as get(name) gives them (None: not there):
+    (0, 0) for the default draw, calm_shift's for --init calm. Those deltas are scaled alike, or a
+    calm base's adapter would outweigh it 8-64x."""
     shifts = []
-    for names in (("self_attn.o_proj.weight",), ("mlp.experts.down_proj_scales", "mlp.experts.down_proj")):
-        name = next((n for n in (f"model.layers.0.{x}" for x in names) if n in files), None)
-        if name is None:
-            raise ValueError(f"{model}: no model.layers.0.{names[0]} to size the adapter's deltas by")
-        with safe_open(files[name], framework="pt") as f:
-            shifts.append(max(0, draw_shift(name, f.get_tensor(name), cfg)))
+    for names in _BRANCHES:
+        found = ((n, t) for n in (f"model.layers.0.{x}" for x in names) if (t := get(n)) is not None)
+        name, t = next(found, (None, None))
+        if t is None:
+            raise ValueError(f"{where}: no model.layers.0.{names[0]} to size the adapter's deltas by")
+        shifts.append(max(0, draw_shift(name, t, cfg)))
     return shifts[0], shifts[1]
+
+
+def branch_shifts(model: Path, cfg: ModelConfig) -> tuple[int, int]:
+    """shifts_of the checkpoint at `model`, each tensor read from its shard."""
+    files = weight_files(model)
+
+    def get(name: str) -> torch.Tensor | None:
+        if name not in files:
+            return None
+        with safe_open(files[name], framework="pt") as f:
+            return f.get_tensor(name)
+
+    return shifts_of(get, cfg, str(model))
 
 
 def adapter_tensors(
