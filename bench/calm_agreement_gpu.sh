@@ -9,7 +9,8 @@
 #   2. issue 12: vLLM with our MoE (the plugin) against its own (bench/vllm_plugin_gpu.py, agreement
 #      only);
 #   3. issue 13: run_mlperf.py --backend vllm --lora-modules against ours, same random rank-16 adapter
-#      (bench/gptoss_lora_gpu.py --parts ours,mlperf, agreement only), with its controls;
+#      (bench/gptoss_lora_gpu.py --parts ours,mlperf, agreement only), with its controls; if the
+#      adapter changed fewer than LORA_MIN_MOVED (4) of our 16 sequences, again with --delta 1;
 #   KTESTS=1, last: the kernel tests compiled, the whole folder in one pytest run (xdist), its summary a
 #   row and its failures in $RES/kernel_tests.txt.
 #   (setsid nohup bash bench/calm_agreement_gpu.sh > $HOME/calm.log 2>&1 &)   then poll $HOME/calm/done
@@ -25,6 +26,13 @@ if [ ! -f "$CKPT/config.json" ]; then
   python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --init calm --out "$CKPT" \
     > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
 fi
+lora() {  # lora NAME [ARGS]: our engine and run_mlperf --backend vllm on one adapter, agreement only
+  local name=$1
+  shift
+  timeout 900 python3 bench/gptoss_lora_gpu.py --model-path "$CKPT" --out "$RES/$name" --parts ours,mlperf \
+    --offline '' --c16 '' "$@" > "$RES/$name.txt" 2>&1
+  row "calm: $name" "$(grep -i 'agreement\|^control' "$RES/$name.txt" | tr '\n' ' ')"
+}
 faults=()
 fault() {  # fault NAME PATTERN OP=VALUE: $CKPT-NAME, one --fault of the agreement run
   [ -f "$CKPT-$1/config.json" ] || python3 bench/fault_checkpoint.py "$CKPT" "$CKPT-$1" --edit "$2" "$3" \
@@ -52,9 +60,15 @@ if [ "${VLLM:-0}" = 1 ] && wait_vllm; then
     --throughput '' --out "$RES/plugin" > "$RES/plugin.txt" 2>&1
   row "calm: plugin" "$(grep 'greedy agreement' "$RES/plugin.txt")"
   say "LoRA: run_mlperf --backend vllm --lora-modules against ours"
-  timeout 900 python3 bench/gptoss_lora_gpu.py --model-path "$CKPT" --out "$RES/lora" --parts ours,mlperf \
-    --offline '' --c16 '' > "$RES/lora.txt" 2>&1
-  row "calm: lora" "$(grep -i 'agreement\|^control' "$RES/lora.txt" | tr '\n' ' ')"
+  lora lora
+  # The control: an adapter that changes few of our 16 sequences cannot tell an engine that applies it
+  # from one that does not. Then once more with a 4x stronger one (make_lora --delta 1).
+  moved=$(grep -o 'on the [0-9]* of' "$RES/lora.txt" | awk '{print $3}')
+  grep -q 'changed none of our' "$RES/lora.txt" && moved=0
+  if [ -n "$moved" ] && [ "$moved" -lt "${LORA_MIN_MOVED:-4}" ]; then
+    say "LoRA: the adapter changed $moved of 16 sequences; again at delta 1"
+    lora lora_d1 --delta 1
+  fi
 fi
 if [ "${KTESTS:-0}" = 1 ]; then
   say "kernel tests, compiled"

@@ -2,10 +2,11 @@
 vLLM 0.26.0 with the same adapter; one table at the end (issue 13).
 
     python bench/gptoss_lora_gpu.py --model-path /tmp/ck20 --out DIR [--parts ours,vllm,mlperf]
-        [--rank 16] [--offline 1000x1024x1024] [--c16 1000x215x199] [--vllm-moe-backend auto]
+        [--rank 16] [--delta 0.25] [--offline 1000x1024x1024] [--c16 1000x215x199] [--vllm-moe-backend auto]
 
 The adapter (gptoss.make_lora: q/k/v/o_proj and both expert parameters, bf16) is written once to
-DIR/lora-r16 (or --adapter). Parts, each engine in its own process (the whole GPU, its own start):
+DIR/lora-r16 (or --adapter; DIR/lora-r16-dX with --delta X, make_lora's strength). Parts, each engine
+in its own process (the whole GPU, its own start):
   ours    gptoss Offline N x (IN -> OUT) without, then with the adapter (--offline); with the adapter
           at concurrency 16 (max_num_seqs 16, all prompts queued: a closed loop of 16, as the seed's
           `vllm bench serve --max-concurrency 16`; --c16); and greedy tokens of the mlperf part's
@@ -35,8 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.agreement import prefix_rate  # noqa: E402
 from bench.gptoss_gpu import emit, rand_prompts  # noqa: E402
+from bench.lora_gpu_table import table  # noqa: E402
+from gptoss.tools.make_lora import DELTA  # noqa: E402
 
 AGREE = (16, 32)  # prompts, new tokens of the agreement runs
 STOP_IDS = (200002, 200012, 199999)
@@ -268,79 +270,6 @@ def run_mlperf_vllm(args: argparse.Namespace) -> None:
         print("\n".join((proc.stdout + proc.stderr).splitlines()[-15:]))
 
 
-# ----------------------------------------------------------------------------- table
-
-
-def table(rows: list[dict]) -> None:
-    def get(engine: str, what: str, lora: bool | None = None) -> dict | None:
-        hits = [
-            r
-            for r in rows
-            if r["engine"] == engine and r["what"] == what and (lora is None or r.get("lora") == lora)
-        ]
-        return hits[-1] if hits else None
-
-    def tps(r: dict | None) -> str:
-        return f"{r['output_tok_s']:.0f}" if r else "-"
-
-    def ratio(a: dict | None, b: dict | None, target: float) -> str:
-        if not (a and b):
-            return "-"
-        x = a["output_tok_s"] / b["output_tok_s"]
-        return f"{x:.2f}x ({'meets' if x >= target else 'misses'} >= {target}x)"
-
-    base, lora = get("gptoss", "offline", False), get("gptoss", "offline", True)
-    ours16, vllm16 = get("gptoss", "c16"), get("vllm", "c16")
-    g_ours, g_vllm, g_base = get("gptoss", "greedy"), get("vllm", "greedy"), get("gptoss", "greedy_base")
-    print(f"\n{'comparison':56} {'a tok/s':>9} {'b tok/s':>9}  a/b")
-    for label, a, b, target in (
-        ("ours +LoRA (a) vs ours (b), offline", lora, base, 0.8),
-        ("ours +LoRA (a) vs vLLM +LoRA (b), concurrency 16", ours16, vllm16, 1.3),
-    ):
-        label += " " + (a or b or {}).get("spec", "")
-        print(f"{label:56} {tps(a):>9} {tps(b):>9}  {ratio(a, b, target)}")
-    if vllm16:
-        v = vllm16
-        print(f"  vLLM {v.get('vllm')}, moe_backend {v.get('moe_backend')}, start {v.get('init_s')} s")
-    if g_vllm:
-        runs = "runs" if g_vllm.get("tokens") else f"FAILED (exit {g_vllm['exit']}, see mlperf_vllm_lora.log)"
-        if g_ours and g_vllm.get("tokens"):
-            rate = prefix_rate(g_ours["tokens"], g_vllm["tokens"])
-            runs += f", greedy agreement with ours {rate:.1%} (target >= 90%)"
-        print(f"run_mlperf --backend vllm --lora-modules: {runs}")
-    # The control: an adapter that moves no token would make any two engines "agree", applied or not.
-    # So the agreement counts again on the sequences where the adapter changed our tokens.
-    for label, a in (("ours +LoRA", g_ours), ("vLLM +LoRA", g_vllm)):
-        if a and a.get("tokens") and g_base:
-            rate = prefix_rate(a["tokens"], g_base["tokens"])
-            print(
-                f"control: {label} against ours without the adapter {rate:.1%} (the adapter must move tokens)"
-            )
-    if g_ours and g_base and g_vllm and g_vllm.get("tokens"):
-        pairs = zip(g_ours["tokens"], g_base["tokens"], g_vllm["tokens"], strict=True)
-        moved = [(o, v) for o, b, v in pairs if o != b]
-        if moved:
-            rate = prefix_rate([o for o, _ in moved], [v for _, v in moved])
-            n = f"{len(moved)} of {len(g_ours['tokens'])}"
-            print(f"control: on the {n} sequences the adapter changed, vLLM +LoRA = ours {rate:.1%}")
-        else:
-            print("control: the adapter changed none of our sequences, so the agreement says nothing of it")
-    for what, label in (
-        ("greedy", "our +LoRA tokens, vLLM +LoRA"),
-        ("greedy_base", "our base tokens, vLLM +LoRA (control)"),
-        ("base_base", "our base tokens, vLLM base (calibration)"),
-    ):
-        tf = [r for r in rows if r["what"] == "teacher_forced" and r.get("of") == what]
-        if tf and "error" in tf[-1]:
-            print(f"teacher-forced, {label}: vLLM failed: {tf[-1]['error'][:200]}")
-        elif tf:
-            t = tf[-1]
-            print(
-                f"teacher-forced, {label}: vLLM's top-1 at {t['top1']:.1%} of {t['positions']} "
-                f"positions, gap to its top-1 median {t['median_gap']:.3f} / p90 {t['p90_gap']:.3f} nats"
-            )
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", default="/tmp/ck20")
@@ -348,6 +277,7 @@ def main() -> None:
     ap.add_argument("--parts", default="ours,vllm,mlperf", help="comma list of ours, vllm, mlperf")
     ap.add_argument("--adapter", default=None, help="default: OUT/lora-rR, written by gptoss.make_lora")
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--delta", type=float, default=DELTA, help="make_lora's --delta: the adapter's strength")
     ap.add_argument("--offline", default="1000x1024x1024", help="NxINxOUT ('': skip the Offline runs)")
     ap.add_argument(
         "--c16",
@@ -361,7 +291,8 @@ def main() -> None:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    args.adapter = args.adapter or str(args.out / f"lora-r{args.rank}")
+    strength = "" if args.delta == DELTA else f"-d{args.delta:g}"
+    args.adapter = args.adapter or str(args.out / f"lora-r{args.rank}{strength}")
     args.rows = []
     if args.child:
         {"ours": run_ours, "vllm": run_vllm, "mlperf": run_mlperf_vllm}[args.child](args)
@@ -370,8 +301,8 @@ def main() -> None:
         if not (Path(args.adapter) / "adapter_config.json").exists():
             from gptoss.tools.make_lora import write_adapter
 
-            write_adapter(args.model_path, args.adapter, args.rank, seed=0)
-            print(f"adapter: {args.adapter} (rank {args.rank})", flush=True)
+            write_adapter(args.model_path, args.adapter, args.rank, seed=0, delta=args.delta)
+            print(f"adapter: {args.adapter} (rank {args.rank}, delta {args.delta:g})", flush=True)
         failed = []
         for part in args.parts.split(","):
             cmd = [sys.executable, __file__, *sys.argv[1:], "--child", part, "--adapter", args.adapter]

@@ -46,7 +46,7 @@ from gptoss.lora import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402
 from gptoss.lora_stack import LoraStack  # noqa: E402
 from gptoss.model import GptOss  # noqa: E402
 from gptoss.tools.make_checkpoint import INITS, calm_next_tokens, random_tensor  # noqa: E402
-from gptoss.tools.make_lora import TARGET_GROUPS, adapter_config, adapter_tensors, shifts_of  # noqa: E402
+from gptoss.tools.make_lora import DELTA, TARGET_GROUPS, adapter_config, adapter_tensors, shifts_of  # noqa: E402
 
 RUNS = (("bf16", torch.bfloat16, 0.0), ("fp32+1e-4", torch.float32, 1e-4), ("fp32+1e-2", torch.float32, 1e-2))
 
@@ -92,9 +92,10 @@ def forward(
     return residual, routes, logits
 
 
-def write_random_adapter(cfg, raw: dict[str, torch.Tensor], rank: int, out: Path) -> Path:
+def write_random_adapter(cfg, raw: dict[str, torch.Tensor], rank: int, out: Path, delta: float) -> Path:
     """make_lora's adapter for this in-memory draw (write_adapter reads a checkpoint from disk)."""
-    tensors = adapter_tensors(cfg, rank, 2 * rank, TARGET_GROUPS, 0, shifts_of(raw.get, cfg, "the draw"))
+    shifts = shifts_of(raw.get, cfg, "the draw")
+    tensors = adapter_tensors(cfg, rank, 2 * rank, TARGET_GROUPS, 0, shifts, delta)
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     (out / CONFIG_FILE).write_text(json.dumps(adapter_config("routing_chaos", rank, 2 * rank, TARGET_GROUPS)))
     return out
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--init", choices=INITS, default="default", help="make_checkpoint's --init")
     ap.add_argument("--lora", type=int, default=0, metavar="R", help="also a random rank-R adapter's effect")
+    ap.add_argument("--lora-delta", type=float, default=DELTA, help="make_lora's --delta")
     args = ap.parse_args(argv)
     cfg = PRESETS[args.preset].with_layers(args.layers)
     raw = {
@@ -140,14 +142,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calm: the planted next token is the float32 argmax at {float(won):.1%} of positions")
     if args.lora:
         with tempfile.TemporaryDirectory() as tmp:
-            adapter = write_random_adapter(cfg, raw, args.lora, Path(tmp))
+            adapter = write_random_adapter(cfg, raw, args.lora, Path(tmp), args.lora_delta)
             lora = {
                 d: forward(cfg, raw, ids, d, 0.0, adapter)[2].argmax(-1)
                 for d in (torch.float32, torch.bfloat16)
             }
         moved = float((lora[torch.float32] == base_logits.argmax(-1)).float().mean())
         noise = float((lora[torch.bfloat16] == lora[torch.float32]).float().mean())
-        print(f"lora rank {args.lora}: float32 top-1 agreement with the base {moved:.1%}", end="")
+        print(
+            f"lora rank {args.lora}, delta {args.lora_delta}: "
+            f"float32 top-1 agreement with the base {moved:.1%}",
+            end="",
+        )
         print(f", bf16 with float32 {noise:.1%}")
     return 0
 

@@ -1,6 +1,7 @@
 """Write a random LoRA adapter for a gpt-oss checkpoint in exactly PEFT's format (no download needed).
 
     python -m gptoss.make_lora --model CKPT --rank 16 --out DIR [--seed N] [--targets attn,experts]
+        [--delta 0.25]
 
 DIR gets adapter_config.json and adapter_model.safetensors as PEFT 0.21 writes them for
 LoraConfig(r=R, lora_alpha=2R, target_modules=[q,k,v,o]_proj, target_parameters=
@@ -10,7 +11,8 @@ too (vLLM 0.26 reads the same layout: GptOssForCausalLM.is_3d_moe_weight).
 The checkpoint's config.json is read, and its layer-0 o_proj and down for the scale of the base's
 branch outputs (see branch_shifts). Weights are bf16; every tensor has its own generator, seeded by (seed,
 name). Both A and B are random (PEFT starts B at zero, which would change nothing), sized so that a
-projection's delta is about DELTA times its base output.
+projection's delta is about DELTA (--delta) times its base output. lora_alpha does not change that
+size: B's draw is divided by the scale alpha / r, so --alpha only moves weight between B and the scale.
 """
 
 from __future__ import annotations
@@ -130,13 +132,14 @@ def adapter_tensors(
     groups: tuple[str, ...],
     seed: int,
     shifts: tuple[int, int] = (0, 0),
+    delta: float = DELTA,
 ) -> dict[str, torch.Tensor]:
     """The tensors under PEFT's names (gptoss.lora's docstring has the layout); the deltas of the
     branch outputs, o_proj's and the experts' down's, scaled by 2^-shifts[0] and 2^-shifts[1]
-    (branch_shifts)."""
+    (branch_shifts); each delta about `delta` times its base output."""
     H, I, E, r = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts, rank
-    # A ~ N(0, 1/in): x @ A^T has unit entries; B's std makes scale * sqrt(r) * std = DELTA.
-    b_std = DELTA / ((alpha / r) * math.sqrt(r))
+    # A ~ N(0, 1/in): x @ A^T has unit entries; B's std makes scale * sqrt(r) * std = delta.
+    b_std = delta / ((alpha / r) * math.sqrt(r))
     shapes: dict[str, tuple[int, int, int]] = {}  # module -> (rows of A, in, out)
     for layer in range(cfg.num_hidden_layers):
         p = f"model.layers.{layer}."
@@ -169,10 +172,13 @@ def write_adapter(
     seed: int = 0,
     groups: tuple[str, ...] = TARGET_GROUPS,
     alpha: int | None = None,
+    delta: float = DELTA,
 ) -> Path:
     """Write a random adapter for the checkpoint at `model` into `out` (created); returns `out`."""
     if not 1 <= rank <= MAX_RANK:
         raise ValueError(f"--rank must be in [1, {MAX_RANK}], got {rank}")
+    if not (math.isfinite(delta) and delta > 0):
+        raise ValueError(f"--delta must be a positive number, got {delta}")
     if not groups or set(groups) - set(TARGET_GROUPS):
         raise ValueError(
             f"--targets must be a comma list of {', '.join(TARGET_GROUPS)}, got {','.join(groups)}"
@@ -183,7 +189,7 @@ def write_adapter(
     if (out / CONFIG_FILE).exists():
         raise FileExistsError(f"{out} already holds an adapter ({CONFIG_FILE} exists)")
     out.mkdir(parents=True, exist_ok=True)
-    tensors = adapter_tensors(cfg, rank, alpha, groups, seed, branch_shifts(model, cfg))
+    tensors = adapter_tensors(cfg, rank, alpha, groups, seed, branch_shifts(model, cfg), delta)
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     config = adapter_config(str(model.resolve()), rank, alpha, groups)
     (out / CONFIG_FILE).write_text(
@@ -202,10 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--targets", default="attn,experts", help="attn (q/k/v/o_proj), experts, or both")
     ap.add_argument("--alpha", type=int, default=None, help="lora_alpha (default 2 x rank: scale 2)")
+    ap.add_argument(
+        "--delta",
+        type=float,
+        default=DELTA,
+        help=f"each delta's size relative to its base projection's output (default {DELTA})",
+    )
     args = ap.parse_args(argv)
     try:
         groups = tuple(g for g in args.targets.split(",") if g)
-        path = write_adapter(args.model, args.out, args.rank, seed=args.seed, groups=groups, alpha=args.alpha)
+        path = write_adapter(
+            args.model, args.out, args.rank, seed=args.seed, groups=groups, alpha=args.alpha, delta=args.delta
+        )
     except (ValueError, OSError) as e:
         ap.error(str(e))
     print(f"wrote a rank-{args.rank} LoRA adapter ({args.targets}) for {args.model} to {path}")

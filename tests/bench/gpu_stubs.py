@@ -42,7 +42,12 @@ case "$*" in
     echo "greedy_agreement triton=torch 96.9%, faults ${*//[^-]/}" ;;  # the dashes: how many flags
   *vllm_plugin_gpu.py*) echo "greedy agreement 16x32 (pfx/pos)      97.9%/97.9%  100.0%/100.0%" ;;
   *gptoss_lora_gpu.py*)  # the folder after --out (a pattern over "$*" would act on each word)
-    prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done; echo lora ;;
+    prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a"; prev=$a; done
+    moved=${STUB_LORA_MOVED:-9}; [[ $* == *"--delta 1"* ]] && moved=12
+    echo "run_mlperf --backend vllm --lora-modules: runs, greedy agreement with ours 100.0% (target >= 90%)"
+    if [ "$moved" = 0 ]; then
+      echo "control: the adapter changed none of our sequences, so the agreement says nothing of it"
+    else echo "control: on the $moved of 16 sequences the adapter changed, vLLM +LoRA = ours 100.0%"; fi ;;
   *profile_gpu.py*) echo "profile pdl=${GPTOSS_PDL:-unset} tiles=${GPTOSS_V3_DEC_DOWN_TILES:-dflt}" ;;
   *gptoss_gpu.py*"--engine gptoss --decode"*)
     echo "batch-1 decode 128->512  400.0  -  tok/s gu=${GPTOSS_V3_DEC_GATE_UP_TILES:-dflt}" \

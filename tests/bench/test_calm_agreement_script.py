@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.bench.gpu_stubs import run_script
 
 
@@ -42,7 +44,29 @@ def test_draws_calm_makes_the_faults_and_scores_them(stubs, tmp_path):
     table = (res / "table.txt").read_text()
     assert "calm: ours | workload gptoss greedy_agreement triton=torch 96.9%" in table
     assert "calm: plugin | greedy agreement 16x32 (pfx/pos)      97.9%/97.9%" in table
+    assert (
+        "calm: lora | run_mlperf --backend vllm --lora-modules: runs, greedy agreement with ours 100.0%"
+        in table
+    )
+    assert "control: on the 9 of 16 sequences the adapter changed, vLLM +LoRA = ours 100.0%" in table
+    assert "calm: lora_d1" not in table  # 9 sequences moved: enough, no stronger adapter
     assert (res / "done").exists()
+
+
+@pytest.mark.parametrize("moved", ["3", "0"])
+def test_an_adapter_that_moves_too_few_sequences_is_run_again_4x_stronger(stubs, tmp_path, moved):
+    res, ck = tmp_path / "res", stubs["CKPT"]
+    p = run_script("calm_agreement_gpu.sh", stubs, RES=str(res), VLLM="1", STUB_LORA_MOVED=moved)
+    assert p.returncode == 0, p.stdout + p.stderr
+    loras = [c.split("gptoss_lora_gpu.py ")[1] for c in _calls(stubs) if "gptoss_lora_gpu.py" in c]
+    assert loras == [
+        f"--model-path {ck} --out {res}/lora --parts ours,mlperf --offline  --c16 ",
+        f"--model-path {ck} --out {res}/lora_d1 --parts ours,mlperf --offline  --c16  --delta 1",
+    ]
+    assert f"s] LoRA: the adapter changed {moved} of 16 sequences; again at delta 1" in p.stdout
+    table = (res / "table.txt").read_text()
+    assert ("control: on the 3 of 16 sequences" if moved == "3" else "changed none of our sequences") in table
+    assert "calm: lora_d1 | run_mlperf" in table and "control: on the 12 of 16 sequences" in table
 
 
 def test_a_fault_that_fails_is_said_and_left_out(stubs, tmp_path):

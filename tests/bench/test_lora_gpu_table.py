@@ -1,8 +1,8 @@
-"""bench/gptoss_lora_gpu.py's table: the LoRA agreement row of run_mlperf --backend vllm against ours,
-and its control, each engine's adapted tokens against our tokens without the adapter (an adapter that
-moves no token would let any two engines agree, applied or not)."""
+"""bench/lora_gpu_table.py, bench/gptoss_lora_gpu.py's table: the LoRA agreement row of run_mlperf
+--backend vllm against ours, and its control, each engine's adapted tokens against our tokens without
+the adapter (an adapter that moves no token would let any two engines agree, applied or not)."""
 
-from bench.gptoss_lora_gpu import table
+from bench.lora_gpu_table import table
 
 OURS = [[1, 2, 3, 4], [5, 6, 7, 8]]
 BASE = [[1, 2, 9, 9], [9, 9, 9, 9]]  # parts from OURS at the 3rd token of the first, the 1st of the second

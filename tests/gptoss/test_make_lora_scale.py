@@ -44,6 +44,30 @@ def test_the_bf16_experts_twin_reads_the_same_shifts(tmp_path: Path):
         assert branch_shifts(base, load_config(base)) == want
 
 
+def test_delta_scales_every_b_and_alpha_moves_weight_into_the_scale(tmp_path: Path):
+    # --delta is the knob of the adapter's strength: every B doubles with it, bit for bit, and each A
+    # stays. --alpha is not: the scale alpha / r doubles and B halves, so B * scale is the same.
+    base = write_checkpoint(preset_config("tiny", layers=1), tmp_path / "base")
+    a = load_file(write_adapter(base, tmp_path / "a", 4, seed=3) / WEIGHTS_FILE)
+    d = load_file(write_adapter(base, tmp_path / "d", 4, seed=3, delta=0.5) / WEIGHTS_FILE)
+    s = load_file(write_adapter(base, tmp_path / "s", 4, seed=3, alpha=16) / WEIGHTS_FILE)
+    assert a.keys() == d.keys() == s.keys()
+    for k in a:
+        if k.endswith("lora_B.weight"):
+            assert torch.equal(d[k], a[k] * 2) and torch.equal(s[k], a[k] / 2), k
+        else:
+            assert torch.equal(d[k], a[k]) and torch.equal(s[k], a[k]), k
+
+
+@pytest.mark.parametrize("delta", ["0", "-1", "nan"])
+def test_a_delta_that_is_not_positive_is_refused(tmp_path: Path, capsys, delta: str):
+    base = write_checkpoint(preset_config("tiny", layers=1), tmp_path / "base")
+    with pytest.raises(SystemExit):
+        main(["--model", str(base), "--rank", "4", "--out", str(tmp_path / "a"), "--delta", delta])
+    assert f"--delta must be a positive number, got {float(delta)}" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_base_without_weights_is_a_clear_error(tmp_path: Path, capsys):
     base = write_checkpoint(preset_config("tiny", layers=1), tmp_path / "base")
     (base / "model.safetensors").unlink()
