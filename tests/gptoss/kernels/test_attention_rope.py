@@ -218,6 +218,7 @@ def test_engine_rope_in_attention_gives_the_same_tokens(kernel_checkpoint, monke
     monkeypatch.setattr(kernel_model, "rope_qkv", counted_rope)
     monkeypatch.setattr(kernel_model, "paged_attention", counted_attention)
     eng = make_engine(kernel_checkpoint, "triton", cuda_graphs=False)
+    launches.update(rope_qkv=0, fused=0)  # the generate's, not the start-up warm-up's steps (on a GPU)
     assert eng.generate(prompts, params) == want
     layers = len(eng.runner.kernel_runner.model.layers)
     # One prefill step (rope_qkv), then 4 decode-only steps (the longest request's 4 more tokens).
