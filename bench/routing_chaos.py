@@ -2,6 +2,7 @@
 difference grows through its layers, and what makes it grow (CPU, the torch reference model).
 
     python bench/routing_chaos.py [--preset 20b] [--layers 6] [--tokens 32] [--init calm] [--lora R]
+        [--lora-delta 0.25]
 
 The random model of `--preset` (its first `--layers` layers, tensors drawn as make_checkpoint draws
 them, in memory) runs one prompt of `--tokens` random ids four ways: float32 (the baseline), bf16,
