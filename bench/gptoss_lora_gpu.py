@@ -207,7 +207,8 @@ def teacher_forced(args: argparse.Namespace, llm, lora) -> None:
         seqs = [{"prompt_token_ids": p + c} for p, c in zip(prompts, ours[what], strict=True)]
         try:
             outs = llm.generate(seqs, sp, lora_request=req, use_tqdm=False)
-        except Exception as e:  # the table shows it; the part still fails, after the other scorings
+        except Exception as e:  # noqa: BLE001
+            # the table shows it; the part still fails, after the other scorings
             emit(
                 args.rows,
                 args.out,

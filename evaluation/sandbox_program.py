@@ -179,7 +179,7 @@ def run_stdin(code: str, namespace: dict) -> int:
         exec(compile(code, "solution.py", "exec"), namespace)
     except SystemExit:
         pass  # as in LiveCodeBench, exit() ends the program normally whatever its code
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the traceback on stderr, exit code 1
         traceback.print_exc()
         rc = 1
     for t in threading.enumerate():  # competitive code often runs main() in a big-stack thread
@@ -187,7 +187,7 @@ def run_stdin(code: str, namespace: dict) -> int:
             t.join()
     try:
         sys.stdout.flush()
-    except BaseException:  # the output did not all get out: a failed run, and why
+    except BaseException:  # noqa: BLE001 - the output did not all get out: a failed run, and why
         traceback.print_exc()
         return 1
     return rc
@@ -207,7 +207,7 @@ def run_functional(code: str, namespace: dict, fn_name: str, args: list) -> int:
             value = list(value)
         payload = json.dumps({"value": plain(value)})
         sys.stdout.flush()  # its prints, to stderr now
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the traceback on stderr, exit code 1
         traceback.print_exc()
         return 1
     os.write(out, payload.encode())

@@ -128,7 +128,7 @@ class AsyncEngine:
                 out += [(rid, Delta([], "abort")) for rid in aborts if core.abort(rid)]
                 try:
                     out += core.step()
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - every request of the step fails with it
                     failed = core.fail_all()
                     out += [(rid, _engine_error(e)) for rid in failed]
                 if out:

@@ -36,7 +36,8 @@ def damage(path: Path) -> str | None:
         try:
             with safe_open(file, framework="numpy") as f:
                 f.keys()
-        except Exception as e:  # SafetensorError (truncated, bad header) derives from Exception only
+        except Exception as e:  # noqa: BLE001
+            # SafetensorError (truncated, bad header) derives from Exception only
             return f"{file.name}: {e}"
     return None
 

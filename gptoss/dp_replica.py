@@ -52,7 +52,8 @@ def replica_main(
 
         torch.set_num_threads(threads)
         core = LLMEngine(replace(config, device=device))
-    except BaseException as e:  # one line for the parent's error message; no traceback on stderr
+    except BaseException as e:  # noqa: BLE001
+        # one line for the parent's error message; no traceback on stderr
         outbox.send(("failed", f"{type(e).__name__}: {e}"))
         sys.exit(1)
     info = core.info() | {
@@ -120,7 +121,7 @@ class _Replica:
                 self._apply(command, out)
             try:
                 step = core.step()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - each request in flight fails with it, named
                 failed = core.fail_all()
                 message = f"engine step failed: {type(e).__name__}: {e}"
                 for rid in failed:

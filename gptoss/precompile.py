@@ -197,7 +197,8 @@ def compile_one(spec: dict, target: GPUTarget, launcher: bool) -> str | None:
             from triton.runtime import driver
 
             driver.active.launcher_cls(kernel.src, kernel.metadata)
-    except Exception as e:  # any compile failure: counted, kept and warned of in Precompile.wait()
+    except Exception as e:  # noqa: BLE001
+        # any compile failure: counted, kept and warned of in Precompile.wait()
         return _failure(spec, e)
     return None
 

@@ -72,7 +72,7 @@ async def _one(backend: Backend, prompt: list[int], params: SamplingParams) -> s
     try:
         async for _ in backend.stream(prompt, params):
             pass
-    except Exception as e:  # a BackendError, or anything a broken backend raises
+    except Exception as e:  # noqa: BLE001 - a BackendError, or anything a broken backend raises
         return f"{type(e).__name__}: {e}"
     return None
 

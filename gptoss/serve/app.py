@@ -239,7 +239,8 @@ async def _handle(
     try:
         try:
             gen = server.engine.generate(req.prompt, req.params, request_id=req.rid, lora=req.lora)
-        except Exception as e:  # bad input the engine found (too long ...): a 4xx before any reply
+        except Exception as e:  # noqa: BLE001
+            # bad input the engine found (too long ...): a 4xx before any reply
             return _error(_engine_error(e))
         # aclosing: however the handler ends (client gone, cancelled), a running request is aborted.
         async with aclosing(_steps(server, req, gen)) as steps:
@@ -249,7 +250,7 @@ async def _handle(
             try:
                 async for step in steps:
                     reply.add(step)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the client gets it: a 400, or a 500 that is logged
                 return _error(_engine_error(e))
             return _json(api.whole(server, req, reply))
     finally:
@@ -269,7 +270,7 @@ async def _stream(
             step = await anext(steps)
         except StopAsyncIteration:
             break
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the client gets it as an error event
             await resp.write(_event(_engine_error(e).body()))
             await resp.write(DONE)
             return resp

@@ -118,7 +118,7 @@ async def collect(
         async for ids in backend.stream(prompt, params):
             assert ids, "a backend must never yield an empty list"
             got += ids
-    except Exception as e:  # returned to the test, which asserts on it
+    except Exception as e:  # noqa: BLE001 - returned to the test, which asserts on it
         return got, e
     return got, None
 

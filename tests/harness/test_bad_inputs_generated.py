@@ -68,7 +68,7 @@ def _in_process(argv: list[str]) -> Outcome:
             code = main(["run_mlperf.py", *argv])
         except SystemExit as e:
             code = e.code
-        except Exception:  # a traceback: the invariant below fails with it in view
+        except Exception:  # noqa: BLE001 - a traceback: the invariant below fails with it in view
             import traceback
 
             traceback.print_exc(file=err)
