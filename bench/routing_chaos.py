@@ -28,7 +28,6 @@ float32 with it. Calm, 12 layers, 128 tokens (2026-12-03): rank 16 changes 1.6 %
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import tempfile
@@ -36,18 +35,23 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gptoss.attention_ref import DenseAttention  # noqa: E402
 from gptoss.checkpoint import tensor_specs  # noqa: E402
 from gptoss.config import PRESETS  # noqa: E402
-from gptoss.lora import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402
 from gptoss.lora_stack import LoraStack  # noqa: E402
 from gptoss.model import GptOss  # noqa: E402
 from gptoss.tools.make_checkpoint import INITS, calm_next_tokens, random_tensor  # noqa: E402
-from gptoss.tools.make_lora import DELTA, TARGET_GROUPS, adapter_config, adapter_tensors, shifts_of  # noqa: E402
+from gptoss.tools.make_lora import (  # noqa: E402
+    DELTA,
+    TARGET_GROUPS,
+    adapter_config,
+    adapter_tensors,
+    save_adapter,
+    shifts_of,
+)
 
 RUNS = (("bf16", torch.bfloat16, 0.0), ("fp32+1e-4", torch.float32, 1e-4), ("fp32+1e-2", torch.float32, 1e-2))
 
@@ -97,9 +101,7 @@ def write_random_adapter(cfg, raw: dict[str, torch.Tensor], rank: int, out: Path
     """make_lora's adapter for this in-memory draw (write_adapter reads a checkpoint from disk)."""
     shifts = shifts_of(raw.get, cfg, "the draw")
     tensors = adapter_tensors(cfg, rank, 2 * rank, TARGET_GROUPS, 0, shifts, delta)
-    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    (out / CONFIG_FILE).write_text(json.dumps(adapter_config("routing_chaos", rank, 2 * rank, TARGET_GROUPS)))
-    return out
+    return save_adapter(out, tensors, adapter_config("routing_chaos", rank, 2 * rank, TARGET_GROUPS))
 
 
 def main(argv: list[str] | None = None) -> int:

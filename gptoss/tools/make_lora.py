@@ -190,11 +190,14 @@ def write_adapter(
         raise FileExistsError(f"{out} already holds an adapter ({CONFIG_FILE} exists)")
     out.mkdir(parents=True, exist_ok=True)
     tensors = adapter_tensors(cfg, rank, alpha, groups, seed, branch_shifts(model, cfg), delta)
+    return save_adapter(out, tensors, adapter_config(str(model.resolve()), rank, alpha, groups))
+
+
+def save_adapter(out: Path, tensors: dict[str, torch.Tensor], config: dict) -> Path:
+    """The adapter's two files into the folder `out`: the weights, then the config (last: it marks the
+    adapter complete); returns `out`."""
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    config = adapter_config(str(model.resolve()), rank, alpha, groups)
-    (out / CONFIG_FILE).write_text(
-        json.dumps(config, indent=2, sort_keys=True) + "\n"
-    )  # last: marks it complete
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
 
 
