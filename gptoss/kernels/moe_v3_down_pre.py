@@ -40,7 +40,6 @@ from torch import Tensor
 
 from gptoss.kernels import moe_common as common
 from gptoss.kernels import pdl
-from gptoss.kernels.gemv_preload import tiles_from_env
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing, _topk_one
 from gptoss.kernels.moe_v3 import _check, _scaled, _weight_args
@@ -51,17 +50,17 @@ PRELOAD = common.env_switch("GPTOSS_V3_DEC_DOWN_PRELOAD", "0")
 
 
 def tile_from_env(v: str | None) -> tuple[int, int]:
-    """(BN, num_warps) from GPTOSS_V3_DEC_DOWN_PRELOAD_TILE="BN,WARPS" (unset or empty: 16, 4, the one
-    tile of 4 warps with no spill, down_pre_sass.py), as gemv_preload's tile: powers of two, BN also
-    whole 16-row v3 blocks."""
+    """(BN, num_warps) from GPTOSS_V3_DEC_DOWN_PRELOAD_TILE="BN,WARPS" (unset or empty: 16, 4); BN a
+    multiple of 16 and a power of two (whole v3 row blocks), WARPS a power of two."""
     if v in (None, ""):
         return 16, 4
-    bn, warps = tiles_from_env(v, "GPTOSS_V3_DEC_DOWN_PRELOAD_TILE")
-    if bn < 16:
+    parts = v.split(",")
+    ok = len(parts) == 2 and all(p.isdigit() and int(p) > 0 and not int(p) & (int(p) - 1) for p in parts)
+    if not ok or int(parts[0]) < 16:
         raise ValueError(
-            f"GPTOSS_V3_DEC_DOWN_PRELOAD_TILE: BN must be at least 16 (a v3 row block), got {v!r}"
+            f"GPTOSS_V3_DEC_DOWN_PRELOAD_TILE must be BN,WARPS (powers of two, BN >= 16), got {v!r}"
         )
-    return bn, warps
+    return int(parts[0]), int(parts[1])
 
 
 TILE = tile_from_env(os.environ.get("GPTOSS_V3_DEC_DOWN_PRELOAD_TILE"))
