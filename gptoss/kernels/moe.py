@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels import l2_prefetch, moe_decode, moe_v3, moe_v3_dec, moe_v3_dec_gu, moe_v3_down_pre, pdl
+from gptoss.kernels import l2_prefetch, moe_decode, moe_v3, moe_v3_dec, moe_v3_dec_gu, pdl
 from gptoss.kernels import moe_common as common
 from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-exported
     _BIT_FROM,
@@ -191,17 +191,13 @@ def expert_rows_v3(
     (t, _), (e, h, i), k = x.shape, w.shape, r.ids.shape[1]
     srt, tx = moe_v3.tma_plan(x) if logits is None else (False, False)
     pf = "moe" in l2_prefetch.ON and t == 1 and logits is not None
-    pre = moe_v3_down_pre.takes(logits) and w.layout == "v3" and moe_v3_dec_gu.ROUTE_ONE
     if t in moe_v3_dec_gu.TOKENS and w.layout == "v3" and not srt and not pf:
-        act = moe_v3_dec_gu.gate_up_v3_dec(x, r, w, alpha, limit, logits=logits, release=pre)
+        act = moe_v3_dec_gu.gate_up_v3_dec(x, r, w, alpha, limit, logits=logits)
     else:
-        pre = False  # v3's gate_up: not timed with the preloading down
         gu = choose_tiles_v3(t, k, e, i, h, gate_up=True)
         act = gate_up_v3(
             x, r, w, alpha, limit, gu, sorted_rows=srt, tma_x=tx, logits=logits, prefetch_down=pf
         )
-    if pre:
-        return moe_v3_down_pre.down_v3_pre(act, r, w, logits)
     if t in moe_v3_dec.TOKENS and w.layout == "v3" and not srt:
         return moe_v3_dec.down_v3_dec(act, r, w)
     dn = choose_tiles_v3(t, k, e, h, i, gate_up=False, cp_async=moe_v3.pointer_down(act, w))

@@ -152,7 +152,6 @@ def _gate_up_v3_dec_kernel(
     s_desc=None,
     WTMA: tl.constexpr = False,
     ONE: tl.constexpr = False,
-    RELEASE: tl.constexpr = False,
 ):
     """Program (weight row block, slot): act[rows of the slot's expert, pid_n's BN/2 columns] =
     swiglu(x[rows // k] @ W13_e^T + b13_e); N = I, K = H, BN weight rows. ROUTE: every program
@@ -161,7 +160,6 @@ def _gate_up_v3_dec_kernel(
     come by TMA (w_desc, s_desc: moe_v3.weight_descriptors over W13's E * 2N rows), one copy each a
     K step, as the split-K down takes them."""
     pdl.wait_then_release(PDL)
-    pdl.release(RELEASE)  # a preloading down next (moe_v3_down_pre): its weights stream beside ours
     pid_n, s = tl.program_id(0), tl.program_id(1)
     if ROUTE and ONE:  # one token: slot s is its j = s-th choice, assignment s (the decode down's)
         ids1, top1, e = _topk_one(logits_ptr, s, E, TOP_K, KP, BE)
@@ -238,14 +236,12 @@ def gate_up_v3_dec(
     limit: float,
     t: DecTiles | None = None,
     logits: Tensor | None = None,
-    release: bool = False,
 ) -> Tensor:
     """x [T, H] -> act [T*k, I] in x.dtype, rows in assignment order, act[a] = swiglu(x[a // k] @
     W13_e^T + b13_e) (moe_v3.gate_up_v3's contract without LoRA or sorted rows) on "v3" weights.
     t: the tiles before dec_tiles_v3 fits them to T and K = H (default V3_GATE_UP_DEC; BN counts
     weight rows, two an act column). logits [T, E] (T <= the fitted BM): the kernel routes them
-    itself and fills r's buffers (empty on entry) for down and the combine. release: let the next
-    kernel (a PDL launch) be placed at once (moe_v3_down_pre's preloading down)."""
+    itself and fills r's buffers (empty on entry) for down and the combine."""
     if w.layout != "v3":
         raise ValueError(f"gate_up_v3_dec: weights in the {w.layout!r} layout; it reads the 'v3' layout only")
     _check(x, w)
@@ -292,7 +288,6 @@ def gate_up_v3_dec(
         maxnreg=t.maxnreg,  # dec_tiles_v3 fits the shape only
         **pdl.args(x, LAUNCH_PDL),
         ONE=ROUTE_ONE and n_tok == 1 and logits is not None,
-        RELEASE=release and pdl.on(x),
         **(weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk) if WTMA and _tma_runs(x) else {}),
     )
     return act

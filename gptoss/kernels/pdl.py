@@ -60,11 +60,3 @@ def wait_then_release(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@triton.jit
-def release(ON: tl.constexpr):
-    """Let the next kernel (launched with PDL) be placed now, in a kernel launched plainly: its
-    programs load what does not depend on this kernel while this one runs (moe_v3_down_pre)."""
-    if ON:
-        gdc_launch_dependents()
