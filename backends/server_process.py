@@ -68,7 +68,7 @@ def group_members(pgid: int) -> list[int]:
         try:
             with open(f"/proc/{entry.name}/stat", "rb") as f:
                 stat = f.read()
-        except OSError:  # the process exited between scandir and open: not in the group any more
+        except OSError:  # noqa: S112 - the process exited between scandir and open: not in the group any more
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
         if int(fields[2]) == pgid and fields[0] != b"Z":

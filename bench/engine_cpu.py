@@ -166,7 +166,7 @@ def _descendants_cpu_s() -> float:
             try:
                 with open(f"/proc/{d}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:  # the process ended meanwhile
+            except OSError:  # noqa: S112 - the process ended meanwhile
                 continue
             ppid[int(d)] = int(fields[1])
             ticks[int(d)] = int(fields[11]) + int(fields[12])  # utime + stime

@@ -75,8 +75,8 @@ def decode_private(blob: str) -> list:
     """The release stores private tests as JSON, or as base64(zlib(pickle(JSON string)))."""
     try:
         return json.loads(blob)
-    except json.JSONDecodeError:
-        pass  # not JSON: the release's other form, decoded below (which raises if it is not that either)
+    except json.JSONDecodeError:  # noqa: S110 - the release's other form, decoded below (or it raises)
+        pass
     text = _NoGlobals(io.BytesIO(zlib.decompress(base64.b64decode(blob.encode())))).load()
     if not isinstance(text, str):
         raise LcbTestsError(f"private_test_cases unpickled to {type(text).__name__}, expected a JSON string")

@@ -114,8 +114,8 @@ def count_processes(uid: int) -> int:
     for entry in os.listdir("/proc"):
         try:
             n += entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == uid
-        except OSError:
-            continue  # exited while we looked
+        except OSError:  # noqa: S112 - exited while we looked
+            continue
     return n
 
 
@@ -177,8 +177,8 @@ def run_stdin(code: str, namespace: dict) -> int:
     rc = 0
     try:
         exec(compile(code, "solution.py", "exec"), namespace)
-    except SystemExit:
-        pass  # as in LiveCodeBench, exit() ends the program normally whatever its code
+    except SystemExit:  # noqa: S110 - as in LiveCodeBench, exit() ends the program normally whatever its code
+        pass
     except BaseException:  # noqa: BLE001 - the traceback on stderr, exit code 1
         traceback.print_exc()
         rc = 1

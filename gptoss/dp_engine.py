@@ -325,8 +325,8 @@ class DPEngine:
             call(self._started, rep, ready, rep.outbox.recv())
             while True:
                 call(self._deliver, rep.outbox.recv())
-        except (EOFError, OSError):
-            pass  # the pipe closed: the replica exited; its exit reason is reported below
+        except (EOFError, OSError):  # noqa: S110 - the replica exited: its exit reason is reported below
+            pass
         except RuntimeError:  # the loop is closed: nobody is listening any more
             if self._loop.is_closed():
                 return

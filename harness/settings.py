@@ -74,8 +74,8 @@ def _is_number(s: str) -> bool:
     try:
         int(s, 0)
         return True
-    except ValueError:
-        pass  # not an integer literal: maybe a float
+    except ValueError:  # noqa: S110 - not an integer literal: maybe a float
+        pass
     try:
         float(s)
         return True

@@ -162,16 +162,18 @@ def test_the_linters_catch_known_faults(tmp_path: Path):
     proc = ruff("format", "--check", target=code)
     assert proc.returncode == 1 and "bad.py" in proc.stdout, proc.stdout
 
-    # A blind except that hides the failure, and one that says where the failure goes.
+    # A blind except that hides the failure, a typed one that passes without saying why, and one that
+    # says where the failure goes.
     hides = tmp_path / "hides.py"
     hides.write_text(
         "def f(g, n):\n    try:\n        g()\n    except Exception:\n        pass\n"
         "    for _ in range(n):\n        try:\n            g()\n"
         "        except Exception:\n            continue\n"
+        "    try:\n        g()\n    except ValueError:\n        pass\n"
     )
     proc = ruff("check", "--output-format", "concise", target=hides)
     found = [line.split(": ", 1)[1].split()[0] for line in proc.stdout.splitlines() if "hides.py:" in line]
-    assert sorted(found) == ["BLE001", "BLE001", "S110", "S112"], proc.stdout
+    assert sorted(found) == ["BLE001", "BLE001", "S110", "S110", "S112"], proc.stdout
     says = tmp_path / "says.py"
     says.write_text(
         "def f(g, errors):\n    try:\n        g()\n"

@@ -194,8 +194,8 @@ async def drain(server: Server, timeout: float) -> None:
     try:
         await asyncio.wait_for(server.idle.wait(), timeout)
         return
-    except TimeoutError:
-        pass  # requests still running after `timeout`: aborted below, each with its reason
+    except TimeoutError:  # noqa: S110 - still running after `timeout`: aborted below, each with its reason
+        pass
     log.info("aborting %d requests still running after %g s", server.in_flight, timeout)
     server.abort_all(f"the server shut down: the request was still running {timeout:g} s after SIGTERM")
     try:

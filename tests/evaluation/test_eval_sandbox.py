@@ -29,8 +29,8 @@ def leftovers(base: Path) -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             uid = os.stat(f"/proc/{pid}").st_uid
             environ = Path(f"/proc/{pid}/environ").read_bytes() if UID_RANGE[0] <= uid < UID_RANGE[1] else b""
-        except OSError:
-            continue  # the process exited while we looked: not a leftover
+        except OSError:  # noqa: S112 - the process exited while we looked: not a leftover
+            continue
         if str(base) in cmdline or str(base).encode() in environ:
             found.append(f"{pid} uid={uid} {cmdline[:80]}")
     return found
@@ -161,8 +161,8 @@ def test_network_is_unreachable(sandbox):
         while not stop.is_set():
             try:
                 accepted.append(listener.accept()[0])
-            except TimeoutError:
-                continue  # the listener's timeout only lets the loop see `stop`
+            except TimeoutError:  # noqa: S112 - the listener's timeout only lets the loop see `stop`
+                continue
 
     thread = threading.Thread(target=accept)
     thread.start()

@@ -139,8 +139,8 @@ class FakeBackend:
                 while (left := end - asyncio.get_running_loop().time()) > 0:
                     try:
                         await asyncio.sleep(left)
-                    except asyncio.CancelledError:
-                        continue  # a misbehaving backend: swallows the cancel, keeps streaming
+                    except asyncio.CancelledError:  # noqa: S112 - a misbehaving backend swallows the cancel
+                        continue
             sent.extend(chunk)
             yield chunk
             if k == 0 and self.opts.mark_file:  # lets a test in another process wait for streaming

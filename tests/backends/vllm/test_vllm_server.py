@@ -208,8 +208,8 @@ def _api_server(marker: str) -> int | None:
     for pid in processes_with(marker, live=True):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # the process exited while we looked: not the server
+        except OSError:  # noqa: S112 - the process exited while we looked: not the server
+            continue
         if API_SERVER.encode() in cmd and os.getpgid(pid) == pid:
             return pid
     return None

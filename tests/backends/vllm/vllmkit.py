@@ -135,6 +135,6 @@ def processes_with(marker: str, live: bool = False) -> list[int]:
                     live and b"Z" == (d / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
                 ):
                     found.append(int(d.name))
-            except OSError:
-                continue  # the process exited while we looked: it is not left over
+            except OSError:  # noqa: S112 - the process exited while we looked: it is not left over
+                continue
     return found
