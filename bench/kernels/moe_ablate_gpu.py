@@ -1,0 +1,122 @@
+"""Where batch 1's decode MoE GEMMs spend their time: the engine's split-K gate_up and down beside
+moe_ablate's copies of them with parts taken away (the dequant; the dequant and the dot) and with
+each program's K steps split over more programs, as CUDA-graph replays (timing.graph_us).
+
+    python3 bench/kernels/moe_ablate_gpu.py [--experts 32] [--layers 24] [--kparts 1,2,3,4]
+
+LAYERS distinct copies of the experts, one a call in turn, so every call reads its weights from HBM.
+One token, bf16, H = I = 2880 (20b and 120b alike), top-4 on distinct experts. Rows: µs a call, the
+share of the copy bandwidth (hbm.share) on the bytes read (words and scales of 4 experts), and the
+time against the engine's kernel for the same GEMM. How to read it: if "loads" is near the engine's
+time, the copies' structure (bytes in flight, the chain of K steps) holds it; if far below, the
+instructions after them do, and "nodeq" says how much of that is the dequant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import hbm  # noqa: E402
+import moe_ablate  # noqa: E402
+from timing import graph_us  # noqa: E402
+
+from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
+from gptoss.kernels.moe_routing import Routing  # noqa: E402
+from tests.gptoss.kernels.moekit import ALPHA, LIMIT, make_moe  # noqa: E402
+
+H = I = 2880
+K = 4
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--kparts", default="1,2,3,4")
+    ap.add_argument("--stages", default="", help="extra stage counts for the kparts-1 rows, e.g. 2,6")
+    args = ap.parse_args()
+    kparts = [int(p) for p in args.kparts.split(",")]
+    stages = [int(s) for s in args.stages.split(",") if s]
+    layers = []
+    for seed in range(args.layers):
+        ref, w = make_moe(args.experts, H, I, K, torch.bfloat16, seed=seed, kernels="v3")
+        x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
+        logits = F.linear(x, ref.router_weight, ref.router_bias).contiguous()
+        ids = torch.randperm(args.experts, device="cuda")[:K].to(torch.int32)
+        layers.append((w, x, logits, ids))
+        del ref
+    r = Routing.empty(1, K, args.experts, torch.device("cuda"))
+    act = torch.randn(K, I, device="cuda", dtype=torch.bfloat16)
+    a1 = act[:1].contiguous()
+    turn = [0]
+
+    def layer():
+        turn[0] = (turn[0] + 1) % len(layers)
+        return layers[turn[0]]
+
+    gu_t = moe_v3_dec.dec_tiles_v3(1, H, moe_v3_dec_gu.V3_GATE_UP_DEC)
+    dn_t = moe_v3_dec.dec_tiles_v3(1, I)
+    down_mb = K * H * (I // 2 + I // 32) / 1e6
+    gemms = {
+        "gate_up": (gu_t, 2 * down_mb, H, lambda w: (w.w13, w.s13), lambda x: x),
+        "down": (dn_t, down_mb, I, lambda w: (w.w2, w.s2), lambda x: a1),
+    }
+
+    def gate_up():
+        w, x, logits, _ = layer()
+        return moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, logits=logits)
+
+    engine = {"gate_up": gate_up, "down": lambda: moe_v3_dec.down_v3_dec(act, r, layer()[0])}
+    rows: list[str] = []
+    for name, (tiles, mb, k, words, xin) in gemms.items():
+        base = graph_us(engine[name], args.layers)
+        rows.append(
+            f"| {name} | engine {tiles} | {base:.2f} | {hbm.share(mb * 1e6, base) * 100:.1f} % | 1.00 |"
+        )
+        cases = [(m, p, None) for m in ("full", "nodeq", "loads") for p in kparts]
+        cases += [(m, 1, s) for m in ("full", "loads") for s in stages]
+        for mode, p, st in cases:
+
+            def call(mode=mode, p=p, st=st, tiles=tiles, k=k, words=words, xin=xin):
+                w, x, _, ids = layer()
+                return moe_ablate.ablate(xin(x), ids, *words(w), k, tiles, mode, p, st)
+
+            what = f"{mode} kparts {p}" + (f" stages {st}" if st else "")
+            try:
+                us = graph_us(call, args.layers)
+            except Exception as e:  # noqa: BLE001 - a case that does not build (shared memory) is named in the table
+                rows.append(f"| {name} | {what} | failed: {type(e).__name__} | – | – |")
+                continue
+            share = hbm.share(mb * 1e6, us) * 100
+            rows.append(f"| {name} | {what} | {us:.2f} | {share:.1f} % | {us / base:.2f} |")
+            print(rows[-1], file=sys.stderr, flush=True)  # partial results survive a lost run
+
+    def both():
+        w, x, logits, _ = layer()
+        return moe_v3_dec.down_v3_dec(
+            moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, logits=logits), r, w
+        )
+
+    us = graph_us(both, args.layers)
+    rows.append(
+        f"| both | engine gate_up + down | {us:.2f} | {hbm.share(3 * down_mb * 1e6, us) * 100:.1f} % | – |"
+    )
+    dev = torch.cuda.get_device_name()
+    print(
+        f"\nbatch-1 decode MoE GEMMs taken apart, E {args.experts}, {args.layers} weight copies, bf16, "
+        f"{dev}\n"
+    )
+    print("| GEMM | kernel | µs a call | share of a copy | against the engine |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
