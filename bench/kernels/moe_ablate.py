@@ -75,6 +75,7 @@ def _ablate_kernel(
     MODE: tl.constexpr,
     ASM: tl.constexpr,
     PREC: tl.constexpr,
+    WTMA: tl.constexpr = True,  # weight_descriptors' flag: the copies here are always TMA's
 ):
     pid_n, s, p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_slots, n_blocks = tl.num_programs(1), tl.num_programs(0)
