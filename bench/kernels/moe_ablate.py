@@ -6,7 +6,8 @@ ablate(x, ids, w, s, n, k, tiles, mode, kparts) -> out, one program a (BN rows, 
   [kparts, slots, n] float32 partial sums of W_e @ x over the part's K steps (no bias, no SwiGLU);
 - "nodeq": the same loads and dot with the words put into the dot's registers undecoded (garbage
   values, the dequant's instructions gone), out as "full" (meaningless but kept alive);
-- "loads": the same TMA copies only, XORed, out [kparts, slots, n / BN] int32.
+- "dequant": the same copies and dequant, no dot: the decoded bf16 bits XORed, out as "loads";
+- "loads": the same TMA copies only (pipelined as the dot's), XORed, out [kparts, slots, n / BN] int32.
 kparts > 1 splits each program's K steps over that many programs (more warps an SM, each a shorter
 chain), as a split-K over programs would; the partial sums are left unsummed (timing only).
 
@@ -23,8 +24,9 @@ from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_tiles import DecTiles
 from gptoss.kernels.moe_v3 import _scaled, weight_descriptors
 from gptoss.kernels.moe_v3_dec import _v3_split_step
+from gptoss.kernels.moe_v3_step import _dequant_v3
 
-MODES = {"full": 2, "nodeq": 1, "loads": 0}
+MODES = {"full": 2, "nodeq": 1, "loads": 0, "dequant": 3}
 
 
 @triton.jit
@@ -76,6 +78,7 @@ def _ablate_kernel(
     ASM: tl.constexpr,
     PREC: tl.constexpr,
     WTMA: tl.constexpr = True,  # weight_descriptors' flag: the copies here are always TMA's
+    NS: tl.constexpr = 3,
 ):
     pid_n, s, p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_slots, n_blocks = tl.num_programs(1), tl.num_programs(0)
@@ -83,15 +86,25 @@ def _ablate_kernel(
     c = e * (N // 16) + pid_n * (BN // 16)  # the tile's first 16-row block in the descriptors
     k_lo = p * STEPS * BK
     k_hi = tl.minimum(k_lo + STEPS * BK, K)
+    RB: tl.constexpr = BN // 16
     if MODE == 0:
-        aw = tl.zeros([BN // 16, BK // 64, 128], tl.int32)
-        as_ = tl.zeros([BN // 16, BK // 64, 8], tl.int32)
-        for k0 in range(k_lo, k_hi, BK):
+        aw = tl.zeros([RB, BK // 64, 128], tl.int32)
+        as_ = tl.zeros([RB, BK // 64, 8], tl.int32)
+        for k0 in tl.range(k_lo, k_hi, BK, num_stages=NS):  # pipelined as the dot's loads are
             aw ^= w_desc.load([c, k0 // 64, 0])
             as_ ^= s_desc.load([c, k0 // 64, 0])
-        r = tl.reduce(tl.reshape(aw, (BN // 16 * BK // 64 * 128,)), 0, _xor)
-        r ^= tl.reduce(tl.reshape(as_, (BN // 16 * BK // 64 * 8,)), 0, _xor)
+        r = tl.reduce(tl.reshape(aw, (RB * BK // 64 * 128,)), 0, _xor)
+        r ^= tl.reduce(tl.reshape(as_, (RB * BK // 64 * 8,)), 0, _xor)
         tl.store(out_ptr + (p * n_slots + s) * n_blocks + pid_n, r)
+    elif MODE == 3:
+        ad = tl.zeros([BN, BK], tl.int16)
+        for k0 in tl.range(k_lo, k_hi, BK, num_stages=NS):
+            w = tl.reshape(w_desc.load([c, k0 // 64, 0]), (RB, BK // 64, 8, 4, 4))
+            sw = tl.reshape(s_desc.load([c, k0 // 64, 0]), (RB, BK // 64, 8))
+            ad ^= _dequant_v3(w, sw, RB, BK // 64, tl.bfloat16, ASM).to(tl.int16, bitcast=True)
+        tl.store(
+            out_ptr + (p * n_slots + s) * n_blocks + pid_n, tl.reduce(tl.reshape(ad, (BN * BK,)), 0, _xor)
+        )
     else:
         BKS: tl.constexpr = BK // SPLIT
         kx = tl.arange(0, SPLIT)[:, None, None] * BKS + tl.arange(0, BKS)[None, :, None]
@@ -99,7 +112,7 @@ def _ablate_kernel(
         x_t = x_ptr + kx + tl.zeros([1, 1, BM], tl.int32)
         acc = tl.zeros([SPLIT, BN, BM], tl.float32)
         sx = tl.zeros([BN // 16, BK // 64, 8], tl.int32)
-        for k0 in range(k_lo, k_hi, BK):
+        for k0 in tl.range(k_lo, k_hi, BK, num_stages=NS):
             xt = tl.load(x_t + k0, mask=one & ((k0 + kx) < K), other=0.0)
             if MODE == 2:
                 acc = _v3_split_step(
@@ -137,7 +150,7 @@ def ablate(
     kparts = triton.cdiv(steps, per)  # no empty parts
     slots = ids.numel()
     grid = (triton.cdiv(n, tiles.bn), slots, kparts)
-    if mode == "loads":
+    if mode in ("loads", "dequant"):
         out = torch.empty((kparts, slots, grid[0]), dtype=torch.int32, device=x.device)
     else:
         out = torch.empty((kparts, slots, n), dtype=torch.float32, device=x.device)
@@ -156,6 +169,7 @@ def ablate(
         ASM=_scaled(x, True),
         PREC=_precision(x),
         num_warps=tiles.warps,
+        NS=tiles.stages if stages is None else stages,
         num_stages=tiles.stages if stages is None else stages,
         **weight_descriptors(w, s, tiles.bn, tiles.bk),
     )

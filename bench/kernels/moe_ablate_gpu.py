@@ -81,7 +81,7 @@ def main() -> None:
         rows.append(
             f"| {name} | engine {tiles} | {base:.2f} | {hbm.share(mb * 1e6, base) * 100:.1f} % | 1.00 |"
         )
-        cases = [(m, p, None) for m in ("full", "nodeq", "loads") for p in kparts]
+        cases = [(m, p, None) for m in ("full", "nodeq", "dequant", "loads") for p in kparts]
         cases += [(m, 1, s) for m in ("full", "loads") for s in stages]
         for mode, p, st in cases:
 

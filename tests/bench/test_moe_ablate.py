@@ -99,3 +99,15 @@ def test_nodeq_sums_alike_over_a_k_split_and_kparts_is_checked():
     torch.testing.assert_close(three[fin], one[0][fin], rtol=1e-4, atol=1e-2)
     with pytest.raises(ValueError, match=r"kparts 4 must be within 1\.\.3"):
         moe_ablate.ablate(x, ids, w.w13, w.s13, H, tiles, "full", 4)
+
+
+def test_dequant_decodes_each_weight_of_a_programs_rows_once():
+    """The XOR of the decoded bf16 bits of a program's 32 weight rows (v3 rows 32p.. are act columns
+    16p.., the checkpoint's rows 32p.. too: gate and up alternate) over all of K."""
+    ref, w, x, ids = _case()
+    out = moe_ablate.ablate(x, ids, w.w13, w.s13, H, DecTiles(1, 32, 128, 2, 2, 2), "dequant", 2)
+    ex = ref.experts
+    for j, e in enumerate(IDS):
+        bits = dequantize(ex.gate_up_blocks[e], ex.gate_up_scales[e], torch.bfloat16).view(torch.int16)
+        for b in range(2 * I // 32):
+            assert _xor_all(out[:, j, b]) == _xor_all(bits[32 * b : 32 * b + 32])
