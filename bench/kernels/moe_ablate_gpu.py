@@ -2,7 +2,8 @@
 moe_ablate's copies of them with parts taken away (the dequant; the dequant and the dot) and with
 each program's K steps split over more programs, as CUDA-graph replays (timing.graph_us).
 
-    python3 bench/kernels/moe_ablate_gpu.py [--experts 32] [--layers 24] [--kparts 1,2,3,4]
+    python3 bench/kernels/moe_ablate_gpu.py [--experts 32] [--layers 24] [--kparts 1,2,3,4] [--stages 2,6]
+        [--modes full,nodeq,dequant,loads] [--gu-tiles BN,BK,SPLIT,STAGES;..] [--dn-tiles ..]
 
 LAYERS distinct copies of the experts, one a call in turn, so every call reads its weights from HBM.
 One token, bf16, H = I = 2880 (20b and 120b alike), top-4 on distinct experts. Rows: µs a call, the
@@ -30,10 +31,20 @@ from timing import graph_us  # noqa: E402
 
 from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_routing import Routing  # noqa: E402
+from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
 from tests.gptoss.kernels.moekit import ALPHA, LIMIT, make_moe  # noqa: E402
 
 H = I = 2880
 K = 4
+
+
+def _tiles(spec: str) -> list[DecTiles]:
+    """ "BN,BK,SPLIT,STAGES;..." -> one-token tiles (BM 1, warps = SPLIT)."""
+    out = []
+    for item in filter(None, spec.split(";")):
+        bn, bk, split, stages = map(int, item.split(","))
+        out.append(DecTiles(1, bn, bk, split, split, stages))
+    return out
 
 
 def main() -> None:
@@ -42,6 +53,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--kparts", default="1,2,3,4")
     ap.add_argument("--stages", default="", help="extra stage counts for the kparts-1 rows, e.g. 2,6")
+    ap.add_argument("--modes", default="full,nodeq,dequant,loads")
+    ap.add_argument("--gu-tiles", default="", help="more gate_up tiles, BN,BK,SPLIT,STAGES;.. (full, loads)")
+    ap.add_argument("--dn-tiles", default="", help="more down tiles, as --gu-tiles")
     args = ap.parse_args()
     kparts = [int(p) for p in args.kparts.split(",")]
     stages = [int(s) for s in args.stages.split(",") if s]
@@ -76,20 +90,24 @@ def main() -> None:
 
     engine = {"gate_up": gate_up, "down": lambda: moe_v3_dec.down_v3_dec(act, r, layer()[0])}
     rows: list[str] = []
+    extra = {"gate_up": _tiles(args.gu_tiles), "down": _tiles(args.dn_tiles)}
     for name, (tiles, mb, k, words, xin) in gemms.items():
         base = graph_us(engine[name], args.layers)
         rows.append(
             f"| {name} | engine {tiles} | {base:.2f} | {hbm.share(mb * 1e6, base) * 100:.1f} % | 1.00 |"
         )
-        cases = [(m, p, None) for m in ("full", "nodeq", "dequant", "loads") for p in kparts]
-        cases += [(m, 1, s) for m in ("full", "loads") for s in stages]
-        for mode, p, st in cases:
+        cases = [(tiles, m, p, None) for m in args.modes.split(",") for p in kparts]
+        cases += [(tiles, m, 1, s) for m in ("full", "loads") for s in stages]
+        cases += [(t, m, 1, None) for t in extra[name] for m in ("full", "loads")]
+        for t, mode, p, st in cases:
 
-            def call(mode=mode, p=p, st=st, tiles=tiles, k=k, words=words, xin=xin):
+            def call(t=t, mode=mode, p=p, st=st, k=k, words=words, xin=xin):
                 w, x, _, ids = layer()
-                return moe_ablate.ablate(xin(x), ids, *words(w), k, tiles, mode, p, st)
+                return moe_ablate.ablate(xin(x), ids, *words(w), k, t, mode, p, st)
 
             what = f"{mode} kparts {p}" + (f" stages {st}" if st else "")
+            if t is not tiles:
+                what += f" BN {t.bn} BK {t.bk} split {t.split} stages {t.stages}"
             try:
                 us = graph_us(call, args.layers)
             except Exception as e:  # noqa: BLE001 - a case that does not build (shared memory) is named in the table
