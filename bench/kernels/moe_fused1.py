@@ -108,7 +108,10 @@ def _fused1_kernel(
         s, pid_n = q // DB, q % DB
         if PHASE == 0:
             while tl.atomic_add(cnt_ptr + s, 0, sem="acquire", scope="gpu") < GB:
-                pass
+                if ASM:  # back off: a waiting program leaves the SM's issue slots to the gate_up's
+                    tl.inline_asm_elementwise(
+                        "nanosleep.u32 256; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+                    )
             tl.debug_barrier()
         e = tl.load(ids_ptr + s)
         DKS: tl.constexpr = DBK // SPLIT
