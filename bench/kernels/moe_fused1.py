@@ -84,9 +84,9 @@ def _fused1_kernel(
         s, pid_n = pid // GB, pid % GB
         e = tl.load(ids_ptr + s)
         GKS: tl.constexpr = GBK // SPLIT
-        kx = tl.arange(0, SPLIT)[:, None, None] * GKS + tl.arange(0, GKS)[None, :, None]
+        gkx = tl.arange(0, SPLIT)[:, None, None] * GKS + tl.arange(0, GKS)[None, :, None]
         c = e * (2 * I // 16) + pid_n * (GBN // 16)
-        pre = _acc_one(x_ptr + kx, kx, gw_desc, gs_desc, c, H, GBN, GBK, SPLIT, GNS, ASM, PREC, False)
+        pre = _acc_one(x_ptr + gkx, gkx, gw_desc, gs_desc, c, H, GBN, GBK, SPLIT, GNS, ASM, PREC, False)
         r = tl.arange(0, GBN)
         NC: tl.constexpr = GBN // 2
         col = (pid_n * NC + (r // 16) * 8 + r % 8) % I  # row 16b + 8h + g: plane h's column 8b + g
@@ -94,11 +94,11 @@ def _fused1_kernel(
         gate, up = tl.split(tl.permute(tl.reshape(pre, (GBN // 16, 2, 8)), (0, 2, 1)))
         gate = tl.minimum(tl.reshape(gate, (NC,)), limit)
         up = tl.minimum(tl.maximum(tl.reshape(up, (NC,)), -limit), limit)
-        n = pid_n * NC + tl.arange(0, NC)
+        gn = pid_n * NC + tl.arange(0, NC)
         tl.store(
-            act_ptr + s * I + n,
+            act_ptr + s * I + gn,
             ((up + 1.0) * (gate * tl.sigmoid(alpha * gate))).to(act_ptr.dtype.element_ty),
-            mask=n < I,
+            mask=gn < I,
         )
         if PHASE == 0:
             tl.debug_barrier()  # every thread's act stores before the release
@@ -115,12 +115,14 @@ def _fused1_kernel(
             tl.debug_barrier()
         e = tl.load(ids_ptr + s)
         DKS: tl.constexpr = DBK // SPLIT
-        kx = tl.arange(0, SPLIT)[:, None, None] * DKS + tl.arange(0, DKS)[None, :, None]
+        dkx = tl.arange(0, SPLIT)[:, None, None] * DKS + tl.arange(0, DKS)[None, :, None]
         c = e * (H // 16) + pid_n * (DBN // 16)
-        yv = _acc_one(act_ptr + s * I + kx, kx, dw_desc, ds_desc, c, I, DBN, DBK, SPLIT, DNS, ASM, PREC, True)
-        n = pid_n * DBN + tl.arange(0, DBN)
-        yv += tl.load(b2_ptr + e.to(tl.int64) * H + n % H)
-        tl.store(y_ptr + s * H + n, yv.to(y_ptr.dtype.element_ty), mask=n < H)
+        yv = _acc_one(
+            act_ptr + s * I + dkx, dkx, dw_desc, ds_desc, c, I, DBN, DBK, SPLIT, DNS, ASM, PREC, True
+        )
+        dn = pid_n * DBN + tl.arange(0, DBN)
+        yv += tl.load(b2_ptr + e.to(tl.int64) * H + dn % H)
+        tl.store(y_ptr + s * H + dn, yv.to(y_ptr.dtype.element_ty), mask=dn < H)
         if PHASE == 0:  # the last down program: every spin has passed, so the counters go back to 0
             if tl.atomic_add(cnt_ptr + TOP_K, 1, sem="acq_rel", scope="gpu") == DB * TOP_K - 1:
                 for j in tl.static_range(TOP_K + 1):
