@@ -36,7 +36,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     ("gt", "dt"),
     [
         (DecTiles(1, 32, 128, 2, 2, 2), DecTiles(1, 32, 128, 2, 2, 2)),
-        (DecTiles(1, 64, 256, 2, 2, 2), DecTiles(1, 16, 128, 2, 2, 3)),  # 2I / 64: 6 a slot, H / 16: 20
+        (DecTiles(1, 64, 256, 2, 2, 2), DecTiles(1, 16, 256, 2, 2, 3)),  # 2I / 64: 6 a slot, H / 16: 20
     ],
 )
 def test_act_and_y_match_the_reference(phase, gt, dt):
