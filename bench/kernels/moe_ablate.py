@@ -7,7 +7,8 @@ ablate(x, ids, w, s, n, k, tiles, mode, kparts) -> out, one program a (BN rows, 
 - "nodeq": the same loads and dot with the words put into the dot's registers undecoded (garbage
   values, the dequant's instructions gone), out as "full" (meaningless but kept alive);
 - "dequant": the same copies and dequant, no dot: the decoded bf16 bits XORed, out as "loads";
-- "loads": the same TMA copies only (pipelined as the dot's), XORed, out [kparts, slots, n / BN] int32.
+- "loads": the same TMA copies only (pipelined as the dot's), XORed, out [kparts, slots, n / BN] int32;
+- "words": the weight words' copies only (no scale words), as "loads".
 kparts > 1 splits each program's K steps over that many programs (more warps an SM, each a shorter
 chain), as a split-K over programs would; the partial sums are left unsummed (timing only).
 
@@ -26,7 +27,7 @@ from gptoss.kernels.moe_v3 import _scaled, weight_descriptors
 from gptoss.kernels.moe_v3_dec import _v3_split_step
 from gptoss.kernels.moe_v3_step import _dequant_v3
 
-MODES = {"full": 2, "nodeq": 1, "loads": 0, "dequant": 3}
+MODES = {"full": 2, "nodeq": 1, "loads": 0, "dequant": 3, "words": 4}
 
 
 @triton.jit
@@ -87,12 +88,13 @@ def _ablate_kernel(
     k_lo = p * STEPS * BK
     k_hi = tl.minimum(k_lo + STEPS * BK, K)
     RB: tl.constexpr = BN // 16
-    if MODE == 0:
+    if MODE == 0 or MODE == 4:
         aw = tl.zeros([RB, BK // 64, 128], tl.int32)
         as_ = tl.zeros([RB, BK // 64, 8], tl.int32)
         for k0 in tl.range(k_lo, k_hi, BK, num_stages=NS):  # pipelined as the dot's loads are
             aw ^= w_desc.load([c, k0 // 64, 0])
-            as_ ^= s_desc.load([c, k0 // 64, 0])
+            if MODE == 0:
+                as_ ^= s_desc.load([c, k0 // 64, 0])
         r = tl.reduce(tl.reshape(aw, (RB * BK // 64 * 128,)), 0, _xor)
         r ^= tl.reduce(tl.reshape(as_, (RB * BK // 64 * 8,)), 0, _xor)
         tl.store(out_ptr + (p * n_slots + s) * n_blocks + pid_n, r)
@@ -150,7 +152,7 @@ def ablate(
     kparts = triton.cdiv(steps, per)  # no empty parts
     slots = ids.numel()
     grid = (triton.cdiv(n, tiles.bn), slots, kparts)
-    if mode in ("loads", "dequant"):
+    if mode in ("loads", "dequant", "words"):
         out = torch.empty((kparts, slots, grid[0]), dtype=torch.int32, device=x.device)
     else:
         out = torch.empty((kparts, slots, n), dtype=torch.float32, device=x.device)
