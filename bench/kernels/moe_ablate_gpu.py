@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hbm  # noqa: E402
 import moe_ablate  # noqa: E402
-from timing import graph_us  # noqa: E402
+from timing import graph_us, print_table  # noqa: E402
 
 from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_routing import Routing  # noqa: E402
@@ -127,13 +127,12 @@ def main() -> None:
     rows.append(
         f"| both | engine gate_up + down | {us:.2f} | {hbm.share(3 * down_mb * 1e6, us) * 100:.1f} % | – |"
     )
-    dev = torch.cuda.get_device_name()
-    print(
-        f"\nbatch-1 decode MoE GEMMs taken apart, E {args.experts}, {args.layers} weight copies, bf16, "
-        f"{dev}\n"
+    title = f"batch-1 decode MoE GEMMs taken apart, E {args.experts}, {args.layers} weight copies, bf16, "
+    print_table(
+        title + torch.cuda.get_device_name(),
+        ["GEMM", "kernel", "µs a call", "share of a copy", "against the engine"],
+        rows,
     )
-    print("| GEMM | kernel | µs a call | share of a copy | against the engine |\n|---|---|---|---|---|")
-    print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ a block is dispatched in order, so the spin cannot starve the programs it waits 
 program sets the counters back to zero, so a CUDA graph can replay the launch. phase 1 / 2: the
 same code as two launches (the gate_up's programs only, then the down's), the A/B.
 Both GEMMs take the same warps (the down's split); act is read past L1 (.cg). On an H200 a down tile
-of BN 16 at 64 K a warp (BK / SPLIT) faulted ("misaligned address", float32 and bf16; its TMA boxes
-[1, BK/64, 8] scale words); BN 16 at 128 K a warp and BN 32 at 64 did not.
+of BN 16, BK 128 faulted ("misaligned address"): moe_v3.weight_descriptors now refuses copies of
+under 4 chunks of 16 x 64 (moe_v3.tma_blocks_fit), as the engine's kernels do.
 
 Measured (bench/results v58, H200, 20b shapes): one launch lost to the same code as two launches in
 every pair tried, 26.17-29.10 against 24.06-26.55 us; two launches equal the engine's kernels.

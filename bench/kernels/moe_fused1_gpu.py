@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hbm  # noqa: E402
 import moe_fused1  # noqa: E402
-from timing import graph_us  # noqa: E402
+from timing import graph_us, print_table  # noqa: E402
 
 from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_routing import Routing  # noqa: E402
@@ -106,12 +106,12 @@ def main() -> None:
                 print(rows[-1], file=sys.stderr, flush=True)
         except Exception as e:  # noqa: BLE001 - a pair that does not build is named in the table
             rows.append(f"| {what} | failed: {type(e).__name__}: {str(e)[:80]} | – | – |")
-    print(
-        f"\nbatch-1 decode MoE in one launch, E {args.experts}, {args.layers} copies, "
-        f"{torch.cuda.get_device_name()}\n"
+    title = f"batch-1 decode MoE in one launch, E {args.experts}, {args.layers} copies, "
+    print_table(
+        title + torch.cuda.get_device_name(),
+        ["kernels", "µs a call", "share of a copy", "against the engine"],
+        rows,
     )
-    print("| kernels | µs a call | share of a copy | against the engine |\n|---|---|---|---|")
-    print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -81,3 +81,10 @@ def timed_us(fn: Callable[[], object], what: str) -> float:
         print(f"{what}: timed eagerly, CUDA-graph capture failed: {type(e).__name__}: {e}", file=sys.stderr)
         EAGER.append(what)
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def print_table(title: str, columns: list[str], rows: list[str]) -> None:
+    """A bench's closing table: its title, a markdown header of `columns`, then its rows."""
+    print(f"\n{title}\n")
+    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    print("\n".join(rows))

@@ -48,7 +48,7 @@ from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing
 from gptoss.kernels.moe_tiles import DECODE_MAX_T, DecTiles
-from gptoss.kernels.moe_v3 import _check, _scaled, _tma_runs, _weight_args, weight_descriptors
+from gptoss.kernels.moe_v3 import _check, _scaled, _tma_runs, _weight_args, tma_blocks_fit, weight_descriptors
 from gptoss.kernels.moe_v3_step import _dequant_v3
 
 # The decode batch sizes whose MoE takes the split-K kernels (this down, moe_v3_dec_gu's gate_up; on
@@ -349,7 +349,11 @@ def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = Non
         num_warps=tiles.warps,
         num_stages=tiles.stages,
         **pdl.args(act),
-        **(weight_descriptors(w.w2, w.s2, tiles.bn, tiles.bk) if WTMA and _tma_runs(act) else {}),
+        **(
+            weight_descriptors(w.w2, w.s2, tiles.bn, tiles.bk)
+            if WTMA and _tma_runs(act) and tma_blocks_fit(tiles.bn, tiles.bk)
+            else {}
+        ),
         ids_ptr=r.ids,
         ONE_TOKEN=n_tok == 1 and r.ids.stride(-1) == 1,
     )

@@ -113,3 +113,11 @@ def test_a_decode_variant_sets_its_tiles_and_probe_and_restores_them():
         assert moe_tiles.DEC_TILE_OVERRIDE[True] == v.gate_up and moe_decode.ENABLED
         assert (moe_decode.PROBE, moe_decode.MAX_T) == (v.probe, max(before[2], v.max_m))
     assert state() == before
+
+
+def test_print_table_writes_the_title_a_header_and_the_rows(capsys):
+    import timing
+
+    timing.print_table("MoE, H200", ["kernels", "µs"], ["| a | 1.00 |", "| b | 2.00 |"])
+    out = capsys.readouterr().out
+    assert out == "\nMoE, H200\n\n| kernels | µs |\n|---|---|\n| a | 1.00 |\n| b | 2.00 |\n"

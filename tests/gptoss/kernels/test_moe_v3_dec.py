@@ -114,6 +114,7 @@ def test_one_token_takes_its_experts_from_ids_with_the_lists_bits():
         DecTiles(16, 64, 512, 4, 4, 3),  # BN 64: the 2nd block half past H, 2 chunks a warp
         DecTiles(16, 32, 256, 2, 2, 4),  # the gate_up's default tile: 2 warps of 2 chunks, 4 stages
         DecTiles(2, 32, 128, 1, 4, 2),  # no split; BM 2 < T 5: an expert's rows loop over 3 tiles
+        DecTiles(16, 16, 128, 2, 2, 3),  # 2 chunks a copy: cp.async on the GPU, where TMA faulted (v58)
     ],
 )
 def test_down_v3_dec_tiles_and_the_k_2880_tail(tiles):
@@ -216,3 +217,31 @@ def test_decode_tiles_come_from_the_environment(monkeypatch):
         monkeypatch.setenv("GPTOSS_X_TILES", bad)
         with pytest.raises(ValueError, match=f"GPTOSS_X_TILES.*{why}"):
             moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default)
+
+
+def test_copies_of_under_4_chunks_are_refused_on_the_gpu(monkeypatch):
+    """weight_descriptors' blocks of rows/16 x BK/64 < 4 chunks faulted on an H200 (v58): on a GPU
+    tma_blocks_fit says no and weight_descriptors refuses them; the interpreter copies any block."""
+    fits = [(16, 128), (16, 64), (32, 64), (16, 256), (32, 128), (64, 64), (32, 512)]
+    monkeypatch.setattr(moe_v3.triton.knobs.runtime, "interpret", True)
+    assert all(moe_v3.tma_blocks_fit(*f) for f in fits)
+    monkeypatch.setattr(moe_v3.triton.knobs.runtime, "interpret", False)
+    assert [moe_v3.tma_blocks_fit(*f) for f in fits] == [False, False, False, True, True, True, True]
+    _, w = make_moe(2, 64, 128, 2, torch.bfloat16, seed=0, kernels="v3")
+    with pytest.raises(ValueError, match=r"blocks of 16 rows x BK 128 are 2 chunks of 16 x 64; under 4"):
+        moe_v3.weight_descriptors(w.w2, w.s2, 16, 128)
+    assert set(moe_v3.weight_descriptors(w.w2, w.s2, 16, 128 * 2)) == {"w_desc", "s_desc", "WTMA"}
+
+
+def test_the_down_takes_cp_async_where_its_copies_would_not_fit(monkeypatch):
+    ref, w, r, act = _case(4, 96, 2880, 2, 5, torch.float32, seed=2)
+
+    def no_descriptors(*a):
+        raise AssertionError("weight_descriptors called for blocks that do not fit")
+
+    monkeypatch.setattr(moe_v3_dec, "tma_blocks_fit", lambda rows, bk: (rows, bk) != (16, 128))
+    monkeypatch.setattr(moe_v3_dec, "weight_descriptors", no_descriptors)
+    got = moe_v3_dec.down_v3_dec(act, r, w, DecTiles(16, 16, 128, 2, 2, 3))
+    assert _rel(got, _want(ref, r, act)) <= 1e-5
+    with pytest.raises(AssertionError, match="called for blocks"):  # the default tiles still copy by TMA
+        moe_v3_dec.down_v3_dec(act, r, w)
