@@ -13,8 +13,8 @@ a block is dispatched in order, so the spin cannot starve the programs it waits 
 program sets the counters back to zero, so a CUDA graph can replay the launch. phase 1 / 2: the
 same code as two launches (the gate_up's programs only, then the down's), the A/B.
 Both GEMMs take the same warps (the down's split); act is read past L1 (.cg). On an H200 a down tile
-of BN 16, BK 128 faulted ("misaligned address"): moe_v3.weight_descriptors now refuses copies of
-under 4 chunks of 16 x 64 (moe_v3.tma_blocks_fit), as the engine's kernels do.
+of BN 16, BK 128 faulted ("misaligned address"); fused1 refuses tiles that
+moe_v3_dec.split_copies_fit refuses (the engine's kernels take cp.async for them).
 
 Measured (bench/results v58, H200, 20b shapes): one launch lost to the same code as two launches in
 every pair tried, 26.17-29.10 against 24.06-26.55 us; two launches equal the engine's kernels.
@@ -33,7 +33,7 @@ from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_tiles import DecTiles
 from gptoss.kernels.moe_v3 import _scaled, weight_descriptors
-from gptoss.kernels.moe_v3_dec import _v3_split_step
+from gptoss.kernels.moe_v3_dec import _v3_split_step, split_copies_fit
 
 
 @triton.jit
@@ -150,6 +150,8 @@ def fused1(
     k + 1 int32 zeros, kept between calls (phase 0 leaves them zero)."""
     if w.layout != "v3" or gt.split != dt.split:
         raise ValueError(f"fused1: v3 weights and one split for both GEMMs, got {w.layout!r}, {gt}, {dt}")
+    if not (split_copies_fit(gt) and split_copies_fit(dt)):
+        raise ValueError(f"fused1: TMA copies of 2 chunks a warp or more (split_copies_fit), got {gt}, {dt}")
     e, h, i = w.shape
     k = ids.numel()
     act = torch.empty((k, i), dtype=x.dtype, device=x.device)

@@ -90,13 +90,6 @@ def _tma_runs(x: Tensor) -> bool:
     )
 
 
-def tma_blocks_fit(rows: int, bk: int) -> bool:
-    """Whether weight_descriptors' blocks of `rows` rows x BK copy right on the GPU: >= 4 chunks of 16
-    x 64. The split-K down at BN 16, BK 128 on 2 warps (2 chunks, 64-byte scale blocks) faulted on an
-    H200, (16, 256) and (32, 128) ran (bench/results v58). The interpreter copies any block."""
-    return triton.knobs.runtime.interpret or rows // 16 * (bk // 64) >= 4
-
-
 def weight_descriptors(blocks: Tensor, scales: Tensor, rows: int, bk: int) -> dict:
     """The "v3" words [E, N, Kp/2] uint8 and scales [E, N, Kp/32] as TMA descriptors for the kernels'
     WTMA: words [E*N/16, Kp/64, 128] int32 in blocks [rows/16, BK/64, 128], scale words
@@ -106,11 +99,6 @@ def weight_descriptors(blocks: Tensor, scales: Tensor, rows: int, bk: int) -> di
         raise ValueError(
             f"weight_descriptors: contiguous v3 words with N % 16 == 0 and whole 64-K chunks, rows % 16 == 0 "
             f"and BK % 64 == 0, got words {tuple(blocks.shape)}, rows {rows}, BK {bk}"
-        )
-    if not tma_blocks_fit(rows, bk):
-        raise ValueError(
-            f"weight_descriptors: blocks of {rows} rows x BK {bk} are {rows // 16 * (bk // 64)} chunks of "
-            f"16 x 64; under 4 the copies fault on the GPU (misaligned address): take tiles of >= 4"
         )
     kc = kb // 32
     words = blocks.view(torch.int32).reshape(e * n // 16, kc, 128)

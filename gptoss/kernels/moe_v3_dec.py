@@ -48,7 +48,7 @@ from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing
 from gptoss.kernels.moe_tiles import DECODE_MAX_T, DecTiles
-from gptoss.kernels.moe_v3 import _check, _scaled, _tma_runs, _weight_args, tma_blocks_fit, weight_descriptors
+from gptoss.kernels.moe_v3 import _check, _scaled, _tma_runs, _weight_args, weight_descriptors
 from gptoss.kernels.moe_v3_step import _dequant_v3
 
 # The decode batch sizes whose MoE takes the split-K kernels (this down, moe_v3_dec_gu's gate_up; on
@@ -98,6 +98,15 @@ def _tokens(v: str | None) -> frozenset[int]:
 def _tiles_fit(t: DecTiles) -> bool:
     """Whether a split-K decode kernel can take t: whole 16-row blocks and 64-K chunks a warp."""
     return not (t.bn % 16 or t.bk % (64 * t.split) or t.bm & (t.bm - 1) or t.split & (t.split - 1))
+
+
+def split_copies_fit(t: DecTiles) -> bool:
+    """Whether a split-K decode kernel can take tiles t's weights by TMA (WTMA) on the GPU: each warp's
+    share of a step (BN/16 row blocks x BK/SPLIT/64 chunks) at least 2 chunks. An H200 faulted
+    ("misaligned address") at BN 16, BK 128 over 2 warps (1 chunk a warp) and ran BN 16 at BK 256 over
+    2, BN 32 at BK 128 over 2 and BN 32 at BK 64 on one (bench/results v58); such tiles take cp.async
+    (the same bits). The interpreter copies any block."""
+    return triton.knobs.runtime.interpret or t.bn // 16 * (t.bk // t.split // 64) >= 2
 
 
 def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
@@ -351,7 +360,7 @@ def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = Non
         **pdl.args(act),
         **(
             weight_descriptors(w.w2, w.s2, tiles.bn, tiles.bk)
-            if WTMA and _tma_runs(act) and tma_blocks_fit(tiles.bn, tiles.bk)
+            if WTMA and _tma_runs(act) and split_copies_fit(tiles)
             else {}
         ),
         ids_ptr=r.ids,

@@ -61,16 +61,15 @@ from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing, _topk_one, expert_counts, slot_rows, store_one
 from gptoss.kernels.moe_tiles import DecTiles
-from gptoss.kernels.moe_v3 import (
-    _check,
-    _route_args,
-    _scaled,
-    _tma_runs,
-    _weight_args,
-    tma_blocks_fit,
-    weight_descriptors,
+from gptoss.kernels.moe_v3 import _check, _route_args, _scaled, _tma_runs, _weight_args, weight_descriptors
+from gptoss.kernels.moe_v3_dec import (
+    _v3_split_ptrs,
+    _v3_split_step,
+    dec_tiles_v3,
+    env_dec_tiles,
+    env_tokens,
+    split_copies_fit,
 )
-from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step, dec_tiles_v3, env_dec_tiles, env_tokens
 
 _ENV = "GPTOSS_V3_DEC_GATE_UP"
 
@@ -298,7 +297,7 @@ def gate_up_v3_dec(
         ONE=ROUTE_ONE and n_tok == 1 and logits is not None,
         **(
             weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk)
-            if WTMA and _tma_runs(x) and tma_blocks_fit(tiles.bn, tiles.bk)
+            if WTMA and _tma_runs(x) and split_copies_fit(tiles)
             else {}
         ),
     )

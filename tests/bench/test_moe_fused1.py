@@ -56,11 +56,16 @@ def test_act_and_y_match_the_reference(phase, gt, dt):
     assert cnt.tolist() == [0, 0, 0, 0]  # phase 0 sets them back; the A/B never touches them
 
 
-def test_one_split_for_both_gemms():
+def test_one_split_for_both_gemms_and_copies_the_gpu_runs(monkeypatch):
     _, w = make_moe(E, H, I, 2, torch.float32, seed=3, kernels="v3")
     x = torch.zeros(1, H, device=DEV)
     ids = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="one split for both GEMMs"):
         moe_fused1.fused1(
             x, ids, w, ALPHA, LIMIT, DecTiles(1, 32, 128, 2, 2, 2), DecTiles(1, 32, 512, 4, 4, 3)
+        )
+    monkeypatch.setattr(moe_fused1.triton.knobs.runtime, "interpret", False)  # as on a GPU: checked first
+    with pytest.raises(ValueError, match="2 chunks a warp or more"):  # 1 a warp faulted on an H200 (v58)
+        moe_fused1.fused1(
+            x, ids, w, ALPHA, LIMIT, DecTiles(1, 32, 128, 2, 2, 2), DecTiles(1, 16, 128, 2, 2, 3)
         )

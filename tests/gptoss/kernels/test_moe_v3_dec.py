@@ -219,18 +219,21 @@ def test_decode_tiles_come_from_the_environment(monkeypatch):
             moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default)
 
 
-def test_copies_of_under_4_chunks_are_refused_on_the_gpu(monkeypatch):
-    """weight_descriptors' blocks of rows/16 x BK/64 < 4 chunks faulted on an H200 (v58): on a GPU
-    tma_blocks_fit says no and weight_descriptors refuses them; the interpreter copies any block."""
-    fits = [(16, 128), (16, 64), (32, 64), (16, 256), (32, 128), (64, 64), (32, 512)]
-    monkeypatch.setattr(moe_v3.triton.knobs.runtime, "interpret", True)
-    assert all(moe_v3.tma_blocks_fit(*f) for f in fits)
-    monkeypatch.setattr(moe_v3.triton.knobs.runtime, "interpret", False)
-    assert [moe_v3.tma_blocks_fit(*f) for f in fits] == [False, False, False, True, True, True, True]
-    _, w = make_moe(2, 64, 128, 2, torch.bfloat16, seed=0, kernels="v3")
-    with pytest.raises(ValueError, match=r"blocks of 16 rows x BK 128 are 2 chunks of 16 x 64; under 4"):
-        moe_v3.weight_descriptors(w.w2, w.s2, 16, 128)
-    assert set(moe_v3.weight_descriptors(w.w2, w.s2, 16, 128 * 2)) == {"w_desc", "s_desc", "WTMA"}
+def test_copies_of_one_chunk_a_warp_go_by_cp_async_on_the_gpu(monkeypatch):
+    """split_copies_fit: BN 16 at BK 128 over 2 warps (1 chunk a warp) faulted on an H200 (v58); tiles
+    of 2 chunks a warp or more ran. The interpreter copies any block."""
+    tiles = [
+        DecTiles(16, 16, 128, 2, 2, 3),  # faulted
+        DecTiles(16, 16, 256, 4, 4, 3),  # 1 chunk a warp too
+        DecTiles(16, 16, 256, 2, 2, 3),  # ran
+        DecTiles(16, 32, 128, 2, 2, 3),  # ran
+        DecTiles(1, 32, 64, 1, 4, 2),  # ran
+        DecTiles(16, 32, 512, 4, 4, 3),  # the down's default
+    ]
+    monkeypatch.setattr(moe_v3_dec.triton.knobs.runtime, "interpret", True)
+    assert all(moe_v3_dec.split_copies_fit(t) for t in tiles)
+    monkeypatch.setattr(moe_v3_dec.triton.knobs.runtime, "interpret", False)
+    assert [moe_v3_dec.split_copies_fit(t) for t in tiles] == [False, False, True, True, True, True]
 
 
 def test_the_down_takes_cp_async_where_its_copies_would_not_fit(monkeypatch):
@@ -239,7 +242,7 @@ def test_the_down_takes_cp_async_where_its_copies_would_not_fit(monkeypatch):
     def no_descriptors(*a):
         raise AssertionError("weight_descriptors called for blocks that do not fit")
 
-    monkeypatch.setattr(moe_v3_dec, "tma_blocks_fit", lambda rows, bk: (rows, bk) != (16, 128))
+    monkeypatch.setattr(moe_v3_dec, "split_copies_fit", lambda t: (t.bn, t.bk) != (16, 128))
     monkeypatch.setattr(moe_v3_dec, "weight_descriptors", no_descriptors)
     got = moe_v3_dec.down_v3_dec(act, r, w, DecTiles(16, 16, 128, 2, 2, 3))
     assert _rel(got, _want(ref, r, act)) <= 1e-5

@@ -233,14 +233,14 @@ def test_gate_up_v3_dec_120b_shapes_on_gpu(tokens):
 
 
 def test_the_gate_up_takes_cp_async_where_its_copies_would_not_fit(monkeypatch):
-    """moe_v3.tma_blocks_fit: blocks of under 4 chunks faulted on an H200 (v58), so those tiles go by
-    cp.async (the bits are the same either way)."""
+    """moe_v3_dec.split_copies_fit: TMA copies of 1 chunk a warp faulted on an H200 (v58), so those
+    tiles go by cp.async (the bits are the same either way)."""
     ref, w, x, _, r = _case(4, 2880, 96, 2, 5, torch.float32, seed=2)
 
     def no_descriptors(*a):
         raise AssertionError("weight_descriptors called for blocks that do not fit")
 
-    monkeypatch.setattr(moe_v3_dec_gu, "tma_blocks_fit", lambda rows, bk: (rows, bk) != (16, 128))
+    monkeypatch.setattr(moe_v3_dec_gu, "split_copies_fit", lambda t: (t.bn, t.bk) != (16, 128))
     monkeypatch.setattr(moe_v3_dec_gu, "weight_descriptors", no_descriptors)
     got = moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, DecTiles(16, 16, 128, 2, 2, 3))
     assert _rel(got, _want(ref, r, x)) <= 1e-5
