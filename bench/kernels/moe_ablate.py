@@ -8,7 +8,8 @@ ablate(x, ids, w, s, n, k, tiles, mode, kparts) -> out, one program a (BN rows, 
   values, the dequant's instructions gone), out as "full" (meaningless but kept alive);
 - "dequant": the same copies and dequant, no dot: the decoded bf16 bits XORed, out as "loads";
 - "loads": the same TMA copies only (pipelined as the dot's), XORed, out [kparts, slots, n / BN] int32;
-- "words": the weight words' copies only (no scale words), as "loads".
+- "words": the weight words' copies only (no scale words), as "loads";
+- "loads_sp": the words by TMA and the scale words by plain loads (the pipeline's cp.async), as "loads".
 kparts > 1 splits each program's K steps over that many programs (more warps an SM, each a shorter
 chain), as a split-K over programs would; the partial sums are left unsummed (timing only).
 
@@ -27,7 +28,7 @@ from gptoss.kernels.moe_v3 import _scaled, weight_descriptors
 from gptoss.kernels.moe_v3_dec import _v3_split_step
 from gptoss.kernels.moe_v3_step import _dequant_v3
 
-MODES = {"full": 2, "nodeq": 1, "loads": 0, "dequant": 3, "words": 4}
+MODES = {"full": 2, "nodeq": 1, "loads": 0, "dequant": 3, "words": 4, "loads_sp": 5}
 
 
 @triton.jit
@@ -66,6 +67,7 @@ def _ablate_kernel(
     x_ptr,
     ids_ptr,
     out_ptr,
+    s_ptr,
     w_desc,
     s_desc,
     N: tl.constexpr,
@@ -88,13 +90,19 @@ def _ablate_kernel(
     k_lo = p * STEPS * BK
     k_hi = tl.minimum(k_lo + STEPS * BK, K)
     RB: tl.constexpr = BN // 16
-    if MODE == 0 or MODE == 4:
+    if MODE == 0 or MODE == 4 or MODE == 5:
         aw = tl.zeros([RB, BK // 64, 128], tl.int32)
         as_ = tl.zeros([RB, BK // 64, 8], tl.int32)
+        KC: tl.constexpr = (K + 63) // 64  # chunks a row block in the scale words
+        kc = tl.arange(0, BK // 64)[None, :, None]
+        s_t = s_ptr + (c + tl.arange(0, RB))[:, None, None].to(tl.int64) * (KC * 8) + kc * 8
+        s_t += tl.arange(0, 8)[None, None, :]
         for k0 in tl.range(k_lo, k_hi, BK, num_stages=NS):  # pipelined as the dot's loads are
             aw ^= w_desc.load([c, k0 // 64, 0])
             if MODE == 0:
                 as_ ^= s_desc.load([c, k0 // 64, 0])
+            elif MODE == 5:  # the scale words by plain loads (cp.async in the pipeline), not a 2nd TMA copy
+                as_ ^= tl.load(s_t + (k0 // 64) * 8, mask=(k0 // 64 + kc) < KC, other=0)
         r = tl.reduce(tl.reshape(aw, (RB * BK // 64 * 128,)), 0, _xor)
         r ^= tl.reduce(tl.reshape(as_, (RB * BK // 64 * 8,)), 0, _xor)
         tl.store(out_ptr + (p * n_slots + s) * n_blocks + pid_n, r)
@@ -152,7 +160,7 @@ def ablate(
     kparts = triton.cdiv(steps, per)  # no empty parts
     slots = ids.numel()
     grid = (triton.cdiv(n, tiles.bn), slots, kparts)
-    if mode in ("loads", "dequant", "words"):
+    if mode in ("loads", "dequant", "words", "loads_sp"):
         out = torch.empty((kparts, slots, grid[0]), dtype=torch.int32, device=x.device)
     else:
         out = torch.empty((kparts, slots, n), dtype=torch.float32, device=x.device)
@@ -160,6 +168,7 @@ def ablate(
         x,
         ids,
         out,
+        s.reshape(-1).view(torch.int32),  # the scale words [E*N/16, Kc, 8], flat
         N=n,
         K=k,
         BM=tiles.bm,

@@ -75,7 +75,7 @@ def _xor_all(t: torch.Tensor) -> int:
     return functools.reduce(lambda a, b: a ^ b, t.reshape(-1).tolist(), 0)
 
 
-@pytest.mark.parametrize(("mode", "kparts"), [("loads", 1), ("loads", 2), ("words", 2)])
+@pytest.mark.parametrize(("mode", "kparts"), [("loads", 1), ("loads", 2), ("words", 2), ("loads_sp", 2)])
 def test_loads_reads_each_word_of_a_programs_rows_once(mode, kparts):
     _, w, x, ids = _case()
     tiles = DecTiles(1, 32, 128, 2, 2, 2)
@@ -85,7 +85,7 @@ def test_loads_reads_each_word_of_a_programs_rows_once(mode, kparts):
     for j, e in enumerate(IDS):
         for b in range(2 * I // 32):
             rows = slice(2 * b, 2 * b + 2)  # BN 32: two 16-row blocks
-            want = _xor_all(words[e, rows]) ^ (_xor_all(scales[e, rows]) if mode == "loads" else 0)
+            want = _xor_all(words[e, rows]) ^ (_xor_all(scales[e, rows]) if mode != "words" else 0)
             assert _xor_all(out[:, j, b]) == want
 
 
