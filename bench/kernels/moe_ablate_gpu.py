@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hbm  # noqa: E402
 import moe_ablate  # noqa: E402
-from timing import graph_us, print_table  # noqa: E402
+from timing import case_failed, graph_us, print_table, report  # noqa: E402
 
 from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_routing import Routing  # noqa: E402
@@ -110,7 +110,8 @@ def main() -> None:
                 what += f" BN {t.bn} BK {t.bk} split {t.split} stages {t.stages}"
             try:
                 us = graph_us(call, args.layers)
-            except Exception as e:  # noqa: BLE001 - a case that does not build (shared memory) is named in the table
+            except Exception as e:  # noqa: BLE001 - counted by case_failed; the bench exits 1 after its table
+                case_failed(f"{name} {what}", e)
                 rows.append(f"| {name} | {what} | failed: {type(e).__name__} | – | – |")
                 continue
             share = hbm.share(mb * 1e6, us) * 100
@@ -133,6 +134,8 @@ def main() -> None:
         ["GEMM", "kernel", "µs a call", "share of a copy", "against the engine"],
         rows,
     )
+    if report():
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hbm  # noqa: E402
 import moe_fused1  # noqa: E402
-from timing import graph_us, print_table  # noqa: E402
+from timing import case_failed, graph_us, print_table, report  # noqa: E402
 
 from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_routing import Routing  # noqa: E402
@@ -93,6 +93,8 @@ def main() -> None:
             same = torch.equal(one, two) and cnt.tolist() == [0] * (K + 1)
             err = ((one.double() - want.double()).norm() / want.double().norm()).item()
             print(f"{what}: one launch = two launches {same}, against the engine {err:.2e}", file=sys.stderr)
+            if not same:
+                case_failed(what, "one launch differs from two launches, or left its counters non-zero")
             for ph, name in ((1, "two launches"), (0, "one launch")):
 
                 def call(ph=ph, gt=gt, dt=dt):
@@ -104,7 +106,8 @@ def main() -> None:
                     f"| {name}: {what} | {us:.2f} | {hbm.share(mb * 1e6, us) * 100:.1f} % | {us / base:.2f} |"
                 )
                 print(rows[-1], file=sys.stderr, flush=True)
-        except Exception as e:  # noqa: BLE001 - a pair that does not build is named in the table
+        except Exception as e:  # noqa: BLE001 - counted by case_failed; the bench exits 1 after its table
+            case_failed(what, e)
             rows.append(f"| {what} | failed: {type(e).__name__}: {str(e)[:80]} | – | – |")
     title = f"batch-1 decode MoE in one launch, E {args.experts}, {args.layers} copies, "
     print_table(
@@ -112,6 +115,8 @@ def main() -> None:
         ["kernels", "µs a call", "share of a copy", "against the engine"],
         rows,
     )
+    if report():
+        sys.exit(1)
 
 
 if __name__ == "__main__":

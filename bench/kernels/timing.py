@@ -18,21 +18,38 @@ EAGER: list[str] = []
 # The peer calls that failed or could not be made: their rows have no peer time (or no check), so a
 # table counts and lists them after it (report).
 PEER_FAILED: list[str] = []
+# Our own cases that failed (a tile that does not build, a check that does not hold): their rows say
+# "failed", and report counts them and returns how many, for the bench to exit non-zero.
+CASE_FAILED: list[str] = []
+
+
+def _said(what: str, why: BaseException | str, into: list[str]) -> None:
+    reason = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
+    print(f"{what}: {reason}", file=sys.stderr)
+    into.append(what)
 
 
 def peer_failed(what: str, why: BaseException | str) -> None:
     """A peer's failure (an exception, or why it cannot run): said on stderr, counted in PEER_FAILED."""
-    reason = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
-    print(f"{what}: {reason}", file=sys.stderr)
-    PEER_FAILED.append(what)
+    _said(what, why, PEER_FAILED)
 
 
-def report() -> None:
-    """After a table: the cases timed eagerly and the peer failures, each counted and named."""
+def case_failed(what: str, why: BaseException | str) -> None:
+    """One of our cases failed (an exception, or a check that did not hold): said on stderr, counted
+    in CASE_FAILED."""
+    _said(what, why, CASE_FAILED)
+
+
+def report() -> int:
+    """After a table: the cases timed eagerly, the peer failures and our failed cases, each counted and
+    named. Returns the number of our failed cases (a bench exits non-zero on any)."""
     if EAGER:
         print(f"\n{len(EAGER)} case(s) timed eagerly, host time included: {', '.join(EAGER)}")
     if PEER_FAILED:
         print(f"\n{len(PEER_FAILED)} peer failure(s), no peer figure there: {', '.join(PEER_FAILED)}")
+    if CASE_FAILED:
+        print(f"\n{len(CASE_FAILED)} case(s) of ours failed: {', '.join(CASE_FAILED)}")
+    return len(CASE_FAILED)
 
 
 def graph_us(fn: Callable[[], object], calls: int = 20) -> float:

@@ -121,3 +121,21 @@ def test_print_table_writes_the_title_a_header_and_the_rows(capsys):
     timing.print_table("MoE, H200", ["kernels", "µs"], ["| a | 1.00 |", "| b | 2.00 |"])
     out = capsys.readouterr().out
     assert out == "\nMoE, H200\n\n| kernels | µs |\n|---|---|\n| a | 1.00 |\n| b | 2.00 |\n"
+
+
+def test_our_failed_cases_are_counted_and_make_report_return_their_number(capsys, monkeypatch):
+    import timing
+
+    for name in ("EAGER", "PEER_FAILED", "CASE_FAILED"):
+        monkeypatch.setattr(timing, name, [])
+    assert timing.report() == 0
+    timing.case_failed("gate_up loads kparts 1", ValueError("too much shared memory"))
+    timing.case_failed("G 64,512,3", "one launch differs from two launches")
+    assert timing.PEER_FAILED == []
+    out, err = capsys.readouterr()
+    assert err == (
+        "gate_up loads kparts 1: ValueError: too much shared memory\n"
+        "G 64,512,3: one launch differs from two launches\n"
+    )
+    assert timing.report() == 2
+    assert capsys.readouterr().out == "\n2 case(s) of ours failed: gate_up loads kparts 1, G 64,512,3\n"
