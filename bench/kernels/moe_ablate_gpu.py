@@ -16,6 +16,7 @@ instructions after them do, and "nodeq" says how much of that is the dequant.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -70,11 +71,7 @@ def main() -> None:
     r = Routing.empty(1, K, args.experts, torch.device("cuda"))
     act = torch.randn(K, I, device="cuda", dtype=torch.bfloat16)
     a1 = act[:1].contiguous()
-    turn = [0]
-
-    def layer():
-        turn[0] = (turn[0] + 1) % len(layers)
-        return layers[turn[0]]
+    layer = itertools.cycle(layers).__next__  # the next copy a call: each read from HBM
 
     gu_t = moe_v3_dec.dec_tiles_v3(1, H, moe_v3_dec_gu.V3_GATE_UP_DEC)
     dn_t = moe_v3_dec.dec_tiles_v3(1, I)
