@@ -94,3 +94,26 @@ _GU_W = {
 }
 for _name, _t in _GU_W.items():
     V3_DEC_VARIANTS[_name] = Variant("v3", max_m=16, v3_dec_down=_DD, v3_dec_gate_up=_t, wtma=True)
+
+# Both split-K kernels at 9-16 tokens on x tiles of 8 or 4 rows (BM; the defaults' 16 at T 16): an
+# expert of a 16-token batch gets 2 rows on average (20b: 64 choices over 32 experts), so BM 16 mostly
+# multiplies zeros: K loop 3.82 against 3.06 instructions a value at the down's BM 16 / 8 (sm_90a,
+# moe_v3_dec's docstring), 4.16 against 3.42 at the gate_up's. Rows past BM loop over the same
+# weights (L2-warm: a program's 32 rows x K are 49 KB). At T 16 the defaults lost to v2's slot
+# kernels: 188.9 against 167.3 us at 20b, 310.1 against 279.5 at 120b (v47). -n64: 64 weight rows
+# a program over 4 warps (half the programs: at T 16 20b's gate_up has ~25 experts x 180 row blocks).
+for _bm in (8, 4):
+    V3_DEC_VARIANTS[f"v3-dd-gu-w-bm{_bm}"] = Variant(
+        "v3",
+        max_m=16,
+        v3_dec_down=DecTiles(_bm, 32, 512, 4, 4, 3),
+        v3_dec_gate_up=DecTiles(_bm, 32, 128, 2, 2, 4),
+        wtma=True,
+    )
+V3_DEC_VARIANTS["v3-dd-gu-w-bm8n64"] = Variant(
+    "v3",
+    max_m=16,
+    v3_dec_down=DecTiles(8, 64, 512, 4, 4, 3),
+    v3_dec_gate_up=DecTiles(8, 64, 256, 4, 4, 3),
+    wtma=True,
+)
