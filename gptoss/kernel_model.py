@@ -88,7 +88,7 @@ ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0"
 # and the split-K down) instead of the decode kernels on v2. Why: at batch 1 (H200, v38) 20b's v2
 # gate_up added 21.2 us a layer and its down 10.7, where 120b's split-K kernels stream the same bytes
 # in 15.3 and 9.0. Timed (H200, v40, 20b batch-1 128 -> 512, one process): on the v3 copy 606.2 /
-# 619.4 tok/s against 559.7 / 556.1 on v2. Batches of 2 and 5-8 since v47: the default is
+# 619.4 tok/s against 559.7 / 556.1 on v2. Batches of 2 and 5-8 since v47, 9-16 since v59: the default is
 # moe_v3_dec.SPLIT_K_TOKENS, where that comment has the figures (20b batch 2 +12.5 %, 8 +6.4 %).
 
 

@@ -266,8 +266,9 @@ def slot_rows(flat, a, pos, rows_ptr, e, slot, valid, T, ROUTE: tl.constexpr):
     return rows
 
 
-def route_and_group(logits: Tensor, top_k: int) -> Routing:
-    """logits [T, E] -> Routing; grid and buffers depend on T and E only."""
+def route_and_group(logits: Tensor, top_k: int, out: Routing | None = None) -> Routing:
+    """logits [T, E] -> Routing (out's buffers, filled, if given: Routing.empty(T, top_k, E)'s shapes);
+    grid and buffers depend on T and E only."""
     if logits.dim() != 2:
         raise ValueError(f"route: logits must be [T, E], got {tuple(logits.shape)}")
     t, e = logits.shape
@@ -277,7 +278,12 @@ def route_and_group(logits: Tensor, top_k: int) -> Routing:
     dev = logits.device
     single = t <= SINGLE_PROGRAM_MAX_TOKENS
     block_t = max(16, triton.next_power_of_2(t)) if single else _BLOCK_T
-    r = Routing.empty(t, top_k, e, dev)
+    r = Routing.empty(t, top_k, e, dev) if out is None else out
+    if out is not None and (out.ids.shape, out.counts.shape, out.rows.shape) != ((t, top_k), (e,), (e, t)):
+        raise ValueError(
+            f"route: out's buffers ids {tuple(out.ids.shape)}, counts {tuple(out.counts.shape)}, rows "
+            f"{tuple(out.rows.shape)} do not fit T {t}, top-{top_k} of E {e}"
+        )
     if not single:  # several programs count with atomics: from zero
         r.counts.zero_()
     if t:

@@ -26,7 +26,8 @@ v3's decode tiles) and the engine 298.2 / 298.1 tok/s against 285.2 / 283.6 (+4.
 decode MoE in a CUDA graph at M 1 56.5 against 59.4 us. From M 2 it is slower (M 2 / 4 / 8 / 16:
 87.0 / 123.6 / 179.4 / 294.3 against 83.7 / 115.3 / 169.3 / 245.1 us: its 32-row programs at BM 2-16
 stream less than the warpgroup tiles). That was on cp.async; with its weights by TMA (WTMA) on an
-H200 the engine gains at 2 and 5-8 tokens (SPLIT_K_TOKENS says by how much), so moe.expert_rows_v3
+H200 the engine gains at 2 and 5-8 tokens, and at 9-16 on tiles of their own (V3_DOWN_DEC_9_16;
+SPLIT_K_TOKENS says by how much), so moe.expert_rows_v3
 takes it for decode batches of TOKENS tokens (default SPLIT_K_TOKENS; GPTOSS_V3_DEC_DOWN) on "v3"
 weights whose act rows are in assignment order. Its sums run in another order than v3's tiles, so a
 batch of one token and a larger one differ in the last bits, as the decode kernels on the bits
@@ -63,8 +64,9 @@ from gptoss.kernels.moe_v3_step import _dequant_v3
 # 829.8 -> 936.9, 5 1,464.4 -> 1,566.7, 7 1,778.4 -> 1,902.1, 8 1,940.0 -> 2,057.4. At 3, 12 and 16
 # they lose in the engine (20b, v53: 1,079.2 against 1,093.1, 1,827.2 / 2,233.1, 2,252.1 / 2,773.0),
 # and from 9 tokens alone in a graph too (moe_gpu.py, M 16: 188.9 against 167.3 us at 20b, 310.1
-# against 279.5 at 120b). Batch 1 since v24 / v36.
-SPLIT_K_TOKENS = frozenset({1, 2, 5, 6, 7, 8})
+# against 279.5 at 120b). Batch 1 since v24 / v36. Batches of 9-16 since v59, on tiles of their own
+# (V3_DOWN_DEC_9_16 below): those losses were BM 16's.
+SPLIT_K_TOKENS = frozenset({1, 2, *range(5, 17)})
 
 
 def env_tokens(
@@ -140,6 +142,23 @@ WTMA = os.environ.get("GPTOSS_V3_DEC_WTMA", "1") != "0"
 V3_DOWN_DEC = env_dec_tiles(
     "GPTOSS_V3_DEC_DOWN_TILES", DecTiles(bm=16, bn=32, bk=512, split=4, warps=4, stages=3)
 )
+# Batches of 9-16 tokens (BIG_FROM..) on tiles of their own: an x tile of 8 rows and 64 weight rows a
+# program. At 16 tokens 20b's experts get 2 rows on average (64 choices over 32), so BM 16 mostly
+# multiplied zero rows (K loop 3.82 instructions a value against 3.06 at BM 8, sm_90a); an expert's
+# rows past 8 loop over the same, L2-warm, weights. H200, the whole decode MoE in a CUDA graph, these
+# tiles for both split-K GEMMs against the BM-16 defaults and the engine's v2 slot kernels (bench/
+# results v59, `moe_gpu.py --ms 12,16`), us: 20b M 12 123.2 against 177.8 and 158.5, M 16 143.2 against
+# 204.0 and 218.9; 120b M 12 192.9 / 288.2 / 261.1, M 16 193.8 / 288.9 / 261.4. Up to 8 tokens they
+# do not help (M 1 43.6 against 38.3, M 2-8 within +-2 %). GPTOSS_V3_DEC_DOWN_TILES_9_16 overrides them.
+BIG_FROM = 9
+V3_DOWN_DEC_9_16 = env_dec_tiles(
+    "GPTOSS_V3_DEC_DOWN_TILES_9_16", DecTiles(bm=8, bn=64, bk=512, split=4, warps=4, stages=3)
+)
+
+
+def batch_tiles(tokens: int, upto_8: DecTiles, from_9: DecTiles) -> DecTiles:
+    """A split-K kernel's default tiles for a batch of `tokens`: from_9 from BIG_FROM tokens on."""
+    return from_9 if tokens >= BIG_FROM else upto_8
 
 
 @triton.jit
@@ -305,9 +324,10 @@ def _down_v3_dec_kernel(
 
 
 def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None) -> DecTiles:
-    """t (default V3_DOWN_DEC) fitted to T = tokens and K = k: BM T's power of 2 up to t.bm, BK down
-    toward K padded to 64 (no empty chunks past a short K), SPLIT to BK's chunks; warps = SPLIT."""
-    t = V3_DOWN_DEC if t is None else t
+    """t (default V3_DOWN_DEC, or V3_DOWN_DEC_9_16 from BIG_FROM tokens) fitted to T = tokens and K = k:
+    BM T's power of 2 up to t.bm, BK down toward K padded to 64 (no empty chunks past a short K),
+    SPLIT to BK's chunks; warps = SPLIT."""
+    t = batch_tiles(tokens, V3_DOWN_DEC, V3_DOWN_DEC_9_16) if t is None else t
     if not _tiles_fit(t):
         raise ValueError(
             f"down_v3_dec: {t} needs BN a multiple of 16, BK of 64 * SPLIT, BM and SPLIT powers of 2"
@@ -321,7 +341,7 @@ def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None) -> DecTiles:
 def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = None) -> Tensor:
     """act [T*k, I] rows in assignment order -> y [T*k, H] in act.dtype, y[a] = act[a] @ W2_e^T + b2_e
     (moe_v3.down_v3's contract without LoRA or sorted rows) on "v3" weights. t: the tiles before
-    dec_tiles_v3 fits them (default V3_DOWN_DEC)."""
+    dec_tiles_v3 fits them (default: dec_tiles_v3's)."""
     if w.layout != "v3":
         raise ValueError(f"down_v3_dec: weights in the {w.layout!r} layout; it reads the 'v3' layout only")
     _check(act, w)

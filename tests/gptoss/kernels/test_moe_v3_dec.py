@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe, moe_v3, moe_v3_dec  # noqa: E402
+from gptoss.kernels import moe, moe_v3, moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_routing import Routing, route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles, choose_tiles_v3  # noqa: E402
 from gptoss.mxfp4 import dequantize  # noqa: E402
@@ -128,10 +128,12 @@ def test_down_v3_dec_tiles_and_the_k_2880_tail(tiles):
 def test_dec_tiles_v3_fit_t_and_k():
     fit = moe_v3_dec.dec_tiles_v3
     assert fit(1, 2880) == DecTiles(1, 32, 512, 4, 4, 3)
-    assert fit(5, 2880) == DecTiles(8, 32, 512, 4, 4, 3)
-    assert fit(17, 2880).bm == 16
-    assert fit(16, 160) == DecTiles(16, 32, 256, 4, 4, 3)  # K 160 padded to 192: BK 256
-    assert fit(16, 96) == DecTiles(16, 32, 128, 2, 2, 3)  # 2 chunks: 2 warps
+    assert fit(5, 2880) == fit(8, 2880) == DecTiles(8, 32, 512, 4, 4, 3)
+    # from 9 tokens V3_DOWN_DEC_9_16's: an x tile of 8 rows, 64 weight rows
+    assert fit(9, 2880) == fit(16, 2880) == fit(17, 2880) == DecTiles(8, 64, 512, 4, 4, 3)
+    assert fit(16, 160) == DecTiles(8, 64, 256, 4, 4, 3)  # K 160 padded to 192: BK 256
+    assert fit(16, 96) == DecTiles(8, 64, 128, 2, 2, 3)  # 2 chunks: 2 warps
+    assert fit(16, 160, DecTiles(16, 32, 512, 4, 4, 3)) == DecTiles(16, 32, 256, 4, 4, 3)
     assert fit(4, 2880, DecTiles(16, 64, 1024, 8, 8, 4)) == DecTiles(4, 64, 1024, 8, 8, 4)
     for bad in (
         DecTiles(16, 24, 512, 4, 4, 3),
@@ -171,7 +173,7 @@ def test_expert_rows_v3_takes_the_decode_down_at_its_batch_sizes(sizes, tokens, 
 
 
 def test_the_batch_sizes_come_from_the_environment():
-    assert moe_v3_dec.SPLIT_K_TOKENS == frozenset({1, 2, 5, 6, 7, 8})
+    assert moe_v3_dec.SPLIT_K_TOKENS == frozenset({1, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
     parsed = [moe_v3_dec._tokens(v) for v in (None, "", "0", "1", "2,8", "16")]
     assert parsed == [moe_v3_dec.SPLIT_K_TOKENS] * 2 + [frozenset(), {1}, {2, 8}, set(range(1, 17))]
     assert moe_v3_dec.TOKENS == moe_v3_dec._tokens(os.environ.get("GPTOSS_V3_DEC_DOWN"))
@@ -208,6 +210,17 @@ def test_down_v3_dec_120b_shapes_on_gpu(tokens):
 
 
 def test_decode_tiles_come_from_the_environment(monkeypatch):
+    for name, tiles, want in [
+        ("GPTOSS_V3_DEC_DOWN_TILES", moe_v3_dec.V3_DOWN_DEC, DecTiles(16, 32, 512, 4, 4, 3)),
+        ("GPTOSS_V3_DEC_DOWN_TILES_9_16", moe_v3_dec.V3_DOWN_DEC_9_16, DecTiles(8, 64, 512, 4, 4, 3)),
+        ("GPTOSS_V3_DEC_GATE_UP_TILES", moe_v3_dec_gu.V3_GATE_UP_DEC, DecTiles(16, 32, 256, 2, 2, 4)),
+        (
+            "GPTOSS_V3_DEC_GATE_UP_TILES_9_16",
+            moe_v3_dec_gu.V3_GATE_UP_DEC_9_16,
+            DecTiles(8, 64, 256, 4, 4, 3),
+        ),
+    ]:
+        assert tiles == moe_v3_dec.env_dec_tiles(name, want)  # the default unless the run sets it
     default = DecTiles(16, 32, 512, 4, 4, 3)
     monkeypatch.delenv("GPTOSS_X_TILES", raising=False)
     assert moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default) is default

@@ -123,21 +123,36 @@ def test_gate_up_v3_dec_tiles_and_the_k_2880_tail(tiles):
 
 @pytest.mark.parametrize("one", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens", [1, 5, 16])
-def test_gate_up_v3_dec_routing_the_logits_matches_route_and_group(tokens, dtype, one, monkeypatch):
+@pytest.mark.parametrize(
+    "tokens, tiles, launches",
+    [
+        (1, None, 0),
+        (5, None, 0),
+        (16, DecTiles(16, 32, 256, 2, 2, 4), 0),  # BM 16: one x tile holds the batch
+        (16, None, 1),  # V3_GATE_UP_DEC_9_16: BM 8, two x tiles: route_and_group's launch first
+        (9, None, 1),
+    ],
+)
+def test_gate_up_v3_dec_routing_the_logits_matches_route_and_group(
+    tokens, tiles, launches, dtype, one, monkeypatch
+):
     """logits=: every program routes them in registers and program (0, 0) stores route_and_group's
     decisions (each expert's rows in increasing order, as the v3 gate_up stores them) into r's empty
     buffers; act is the one the routing kernel's rows give. ROUTE_ONE: one token by _topk_one
-    (more tokens keep route_in_registers)."""
+    (more tokens keep route_in_registers). A batch past one x tile (T > BM) is routed by
+    route_and_group's launch into r's buffers before the kernel, with the same decisions."""
     monkeypatch.setattr(moe_v3_dec_gu, "ROUTE_ONE", one)
     _, w, x, logits, r = _case(8, 160, 96, 4, tokens, dtype, seed=tokens + 10)
     got = Routing.empty(tokens, 4, 8, DEV)
-    act = moe_v3_dec_gu.gate_up_v3_dec(x, got, w, ALPHA, LIMIT, logits=logits)
+    counted = count_calls(monkeypatch, [(moe_v3_dec_gu, "route_and_group", "route")])
+    act = moe_v3_dec_gu.gate_up_v3_dec(x, got, w, ALPHA, LIMIT, tiles, logits=logits)
+    assert counted["route"] == launches
     assert torch.equal(got.ids, r.ids) and torch.equal(got.weights, r.weights)
     assert torch.equal(got.counts, r.counts) and int(got.counts.sum()) == 4 * tokens
-    for e, c in enumerate(r.counts.tolist()):
-        assert got.rows[e, :c].tolist() == sorted(r.rows[e, :c].tolist())
-    assert torch.equal(act, moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT))
+    for e, c in enumerate(r.counts.tolist()):  # the routing kernel's own order where it ran
+        want = r.rows[e, :c].tolist()
+        assert got.rows[e, :c].tolist() == (want if launches else sorted(want))
+    assert torch.equal(act, moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, tiles))
 
 
 @pytest.mark.parametrize("e", [6, 8])
@@ -165,12 +180,18 @@ def test_one_token_routing_takes_route_and_groups_choices_on_ties(e, monkeypatch
     assert ones == [True, False] * len(rows)  # routed in the kernel: ONE; from route_and_group: not
 
 
-def test_gate_up_v3_dec_routes_the_logits_only_within_one_tile():
+def test_gate_up_v3_dec_refuses_logits_of_another_shape():
     _, w, x, logits, r = _case(8, 160, 96, 4, 5, torch.bfloat16, seed=1)
-    with pytest.raises(ValueError, match="routing in the kernel needs T 5 <= BM 4"):
-        moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, DecTiles(4, 32, 512, 4, 4, 3), logits=logits)
     with pytest.raises(ValueError, match="logits \\(5, 4\\) must be \\[T, E\\] rows"):
         moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, logits=logits[:, :4])
+    # routed by its own launch (T 5 > BM 4): route_and_group's check of r's buffers
+    with pytest.raises(
+        ValueError,
+        match=r"route: out's buffers ids \(5, 4\), counts \(8,\), rows \(8, 5\) do not fit T 5, top-4 of E 4",
+    ):
+        moe_v3_dec_gu.gate_up_v3_dec(
+            x, r, w, ALPHA, LIMIT, DecTiles(4, 32, 512, 4, 4, 3), logits=logits[:, :4]
+        )
 
 
 @pytest.mark.parametrize("kernels, layout", [("v3ds", "v3ds"), ("v2", "bits")])
@@ -186,7 +207,15 @@ def test_gate_up_v3_dec_refuses_other_layouts(kernels, layout):
 
 @pytest.mark.parametrize(
     "sizes, tokens, calls",
-    [({1}, 1, 1), ({1}, 2, 0), ({16}, 16, 1), (set(), 1, 0), ({1, 2, 5, 8}, 4, 0), ({1, 2, 5, 8}, 5, 1)],
+    [
+        ({1}, 1, 1),
+        ({1}, 2, 0),
+        ({16}, 16, 1),
+        ({12}, 12, 1),  # 9-16 tokens: BM 8, the logits routed by route_and_group's launch first
+        (set(), 1, 0),
+        ({1, 2, 5, 8}, 4, 0),
+        ({1, 2, 5, 8}, 5, 1),
+    ],
 )
 def test_expert_rows_v3_takes_the_split_k_gate_up_at_its_batch_sizes(sizes, tokens, calls, monkeypatch):
     """moe_v3_dec_gu.TOKENS (default moe_v3_dec.SPLIT_K_TOKENS): expert_rows_v3 runs the kernel for
@@ -205,7 +234,7 @@ def test_expert_rows_v3_takes_the_split_k_gate_up_at_its_batch_sizes(sizes, toke
 
 def test_the_batch_sizes_come_from_the_environment():
     parse = moe_v3_dec_gu._tokens
-    assert parse(None) == parse("") == frozenset({1, 2, 5, 6, 7, 8}) == moe_v3_dec.SPLIT_K_TOKENS
+    assert parse(None) == parse("") == frozenset({1, 2, *range(5, 17)}) == moe_v3_dec.SPLIT_K_TOKENS
     assert (parse("0"), parse("5"), parse("16")) == (frozenset(), {1, 2, 3, 4, 5}, frozenset(range(1, 17)))
     assert parse("1,2,5-8") == frozenset({1, 2, 5, 6, 7, 8}) and parse("3,3-4,16") == frozenset({3, 4, 16})
     assert moe_v3_dec_gu.TOKENS == parse(os.environ.get("GPTOSS_V3_DEC_GATE_UP"))
