@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe, moe_decode, moe_layout, moe_lora  # noqa: E402
+from gptoss.kernels import moe, moe_decode, moe_layout, moe_lora, moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe import MoEWeights, prepare_moe_weights  # noqa: E402
 from gptoss.kernels.moe_layout import for_rows  # noqa: E402
 from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the fixtures apply here too
@@ -36,6 +36,8 @@ def ran(monkeypatch) -> list[tuple[str, str]]:
     calls: list[tuple[str, str]] = []
     monkeypatch.setattr(moe_layout, "LARGE_MIN_ROWS", MIN_ROWS)
     monkeypatch.setattr(moe_decode, "MAX_T", 0)  # small T takes the M-tile kernels here, not the decode path
+    for mod in (moe_v3_dec, moe_v3_dec_gu):  # nor the v3 copy's split-K decode kernels (9-16 tokens too)
+        monkeypatch.setattr(mod, "TOKENS", frozenset())
     for mod in (moe, moe_lora, moe_decode):
         for name in ("gate_up_v2", "down_v2", "gate_up_v3", "down_v3", "gate_up_dec"):
             if not hasattr(mod, name):
