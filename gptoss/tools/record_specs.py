@@ -64,11 +64,12 @@ def record_each(args: argparse.Namespace, run=subprocess.run) -> int:
     return failed[0][1] if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", type=Path)
     ap.add_argument("--out", type=Path, help="the manifest (default: this GPU's, in gptoss/kernels/specs)")
-    ap.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
+    # An instance's value: EngineConfig has slots, so the class attribute is the field's descriptor
+    ap.add_argument("--max-num-seqs", type=int, default=EngineConfig().max_num_seqs)
     ap.add_argument(
         "--max-model-len",
         type=int,
@@ -86,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         help="no recording: drop the entries of --out (default: every manifest in gptoss/kernels/specs) "
         "that no longer match their kernels; needs no GPU",
     )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.prune:
         for path in [args.out] if args.out else sorted(SPECS_DIR.glob("*.json")):

@@ -247,6 +247,18 @@ def test_record_specs_without_a_gpu_says_so_and_writes_nothing(tiny_checkpoint, 
     assert not out.exists()
 
 
+def test_record_specs_passes_the_engines_default_sequence_count_to_each_recording():
+    """Unset, --max-num-seqs is EngineConfig's default (256), which each recording's command line
+    carries as a number (a recording once got the field's descriptor as text and failed to parse)."""
+    from gptoss.engine_config import EngineConfig
+    from gptoss.tools import record_specs
+
+    args = record_specs.build_parser().parse_args(["--model-path", "ck"])
+    assert args.max_num_seqs == EngineConfig().max_num_seqs == 256
+    argv = record_specs.child_argv(args, 4096)
+    assert argv[argv.index("--max-num-seqs") + 1] == "256"
+
+
 def test_record_specs_records_each_key_bound_in_its_own_process_and_says_which_failed(tmp_path, capsys):
     """The decode attention's split count follows --max-model-len, so the default records at two; a
     recording that fails is named with its exit status, and the tool exits with it."""
