@@ -326,7 +326,7 @@ def _down_v3_dec_kernel(
 def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None) -> DecTiles:
     """t (default V3_DOWN_DEC, or V3_DOWN_DEC_9_16 from BIG_FROM tokens) fitted to T = tokens and K = k:
     BM T's power of 2 up to t.bm, BK down toward K padded to 64 (no empty chunks past a short K),
-    SPLIT to BK's chunks; warps = SPLIT."""
+    SPLIT to BK's chunks; warps = SPLIT; t's register cap kept."""
     t = batch_tiles(tokens, V3_DOWN_DEC, V3_DOWN_DEC_9_16) if t is None else t
     if not _tiles_fit(t):
         raise ValueError(
@@ -335,7 +335,7 @@ def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None) -> DecTiles:
     bk = max(64, min(t.bk, triton.next_power_of_2(triton.cdiv(k, 64) * 64)))
     split = min(t.split, bk // 64)
     bm = min(t.bm, triton.next_power_of_2(max(1, tokens)))
-    return DecTiles(bm, t.bn, bk, split, split if split > 1 else t.warps, t.stages)
+    return DecTiles(bm, t.bn, bk, split, split if split > 1 else t.warps, t.stages, t.maxnreg)
 
 
 def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = None) -> Tensor:
@@ -377,6 +377,7 @@ def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = Non
         PREC=_precision(act),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
+        maxnreg=tiles.maxnreg,
         **pdl.args(act),
         **(
             weight_descriptors(w.w2, w.s2, tiles.bn, tiles.bk)

@@ -310,7 +310,7 @@ def gate_up_v3_dec(
         **_route_args(logits, r, n_tok, k),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
-        maxnreg=t.maxnreg,  # dec_tiles_v3 fits the shape only
+        maxnreg=tiles.maxnreg,
         **pdl.args(x, LAUNCH_PDL),
         ONE=ROUTE_ONE and n_tok == 1 and logits is not None,
         **(

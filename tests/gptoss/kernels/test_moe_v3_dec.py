@@ -135,6 +135,8 @@ def test_dec_tiles_v3_fit_t_and_k():
     assert fit(16, 96) == DecTiles(8, 64, 128, 2, 2, 3)  # 2 chunks: 2 warps
     assert fit(16, 160, DecTiles(16, 32, 512, 4, 4, 3)) == DecTiles(16, 32, 256, 4, 4, 3)
     assert fit(4, 2880, DecTiles(16, 64, 1024, 8, 8, 4)) == DecTiles(4, 64, 1024, 8, 8, 4)
+    capped = DecTiles(16, 64, 512, 4, 4, 3, maxnreg=128)  # a register cap stays with the fitted tiles
+    assert fit(12, 2880, capped) == DecTiles(16, 64, 512, 4, 4, 3, maxnreg=128)
     for bad in (
         DecTiles(16, 24, 512, 4, 4, 3),
         DecTiles(16, 32, 512, 16, 4, 3),
@@ -142,6 +144,37 @@ def test_dec_tiles_v3_fit_t_and_k():
     ):
         with pytest.raises(ValueError, match="needs BN a multiple of 16, BK of 64 \\* SPLIT"):
             fit(1, 2880, bad)
+
+
+def test_both_split_k_launches_take_the_tiles_register_cap(monkeypatch):
+    """A DecTiles.maxnreg reaches ptxas through each launch (Triton's maxnreg option), so a capped tile
+    is what runs; uncapped tiles launch with None (no cap)."""
+    ref, w, r, act = _case(4, 96, 2880, 2, 5, torch.float32, seed=2)
+    seen = []
+
+    class Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((self.kernel.fn.__name__, kw["maxnreg"]))
+                return self.kernel[grid](*args, **kw)
+
+            return launch
+
+    monkeypatch.setattr(moe_v3_dec, "_down_v3_dec_kernel", Spy(moe_v3_dec._down_v3_dec_kernel))
+    monkeypatch.setattr(moe_v3_dec_gu, "_gate_up_v3_dec_kernel", Spy(moe_v3_dec_gu._gate_up_v3_dec_kernel))
+    x = torch.randn(5, 96, device=DEV)
+    moe_v3_dec_gu.gate_up_v3_dec(x, r, w, 1.702, 7.0, DecTiles(8, 32, 128, 2, 2, 3, maxnreg=96))
+    got = moe_v3_dec.down_v3_dec(act, r, w, DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128))
+    moe_v3_dec.down_v3_dec(act, r, w, DecTiles(8, 64, 512, 4, 4, 3))
+    assert seen == [
+        ("_gate_up_v3_dec_kernel", 96),
+        ("_down_v3_dec_kernel", 128),
+        ("_down_v3_dec_kernel", None),
+    ]
+    assert _rel(got, _want(ref, r, act)) <= 1e-5
 
 
 @pytest.mark.parametrize("kernels, layout", [("v3ds", "v3ds"), ("v2", "bits")])

@@ -1,0 +1,100 @@
+"""SASS statistics of the split-K decode MoE GEMMs (moe_v3_dec_gu's gate_up, moe_v3_dec's down), compiled
+for sm_90a on CPU.
+
+    python bench/kernels/moe_v3_dec_sass.py [--tiles BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG] ...] [--cp-async]
+
+No GPU needed (as moe_decode_sass.py): the "v3" layout at the 20b shapes (bf16, E 32, H = I = 2880,
+top-4), weights and scales by TMA (the engine's WTMA) unless --cp-async, the counts and row lists
+given (a batch past one x tile routes by launch). Each tile shape is compiled for both GEMMs; one line
+each: registers, shared memory, spills (in the K loop), the K loop's instructions a weight value, and
+the programs an SM can hold (by registers, shared memory and warps), which is what a register cap
+(rNREG: ptxas .maxnreg) buys. Without --tiles: the engine's defaults up to 8 tokens and from 9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from moe_decode_sass import _compile, disassemble, stats  # noqa: E402
+
+from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
+from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
+
+SHAPE = dict(N=2880, K=2880, E=32, BE=32, ASM=True, PREC="tf32", PDL=True)
+SIG = dict(w_ptr="*i32", s_ptr="*i32", b_ptr="*fp32", counts_ptr="*i32", rows_ptr="*i32", T="i32")
+SIG.update({f"stride_{s}": "i32" for s in ("we", "wn", "se", "sn")})
+# H100 / H200 (sm_90): an SM's registers, shared memory (less the 1 KB a block Triton reserves) and warps
+SM_REGS, SM_SMEM, SM_WARPS = 65536, 227 * 1024, 64
+
+
+def _tma(t: DecTiles) -> tuple[dict[str, str], dict[str, bool]]:
+    """moe_v3.weight_descriptors' blocks for t's BN weight rows and BK."""
+    blocks = f"{t.bn // 16},{t.bk // 64}"
+    return dict(w_desc=f"tensordesc<i32[{blocks},128]>", s_desc=f"tensordesc<i32[{blocks},8]>"), dict(
+        WTMA=True
+    )
+
+
+def gate_up(t: DecTiles, tma: bool = True):
+    sig = dict(x_ptr="*bf16", act_ptr="*bf16", **SIG, stride_x="i32", alpha="fp32", limit="fp32")
+    consts = dict(SHAPE, TOP_K=4, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
+    if tma:
+        w_sig, w_consts = _tma(t)
+        sig.update(w_sig)
+        consts.update(w_consts)
+    return _compile(moe_v3_dec_gu._gate_up_v3_dec_kernel, sig, consts, t.warps, t.stages, t.maxnreg)
+
+
+def down(t: DecTiles, tma: bool = True):
+    sig = dict(a_ptr="*bf16", y_ptr="*bf16", **SIG)
+    consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
+    if tma:
+        w_sig, w_consts = _tma(t)
+        sig.update(w_sig)
+        consts.update(w_consts)
+    return _compile(moe_v3_dec._down_v3_dec_kernel, sig, consts, t.warps, t.stages, t.maxnreg)
+
+
+def programs_an_sm(regs: int, smem: int, warps: int) -> int:
+    """Resident programs an SM: registers are allocated per warp in 256-register units."""
+    per_warp = -(-regs * 32 // 256) * 256
+    return min(SM_REGS // (per_warp * warps), SM_SMEM // max(smem, 1), SM_WARPS // warps)
+
+
+def parse(spec: str) -> DecTiles:
+    parts = spec.split(",")
+    cap = [int(p[1:]) for p in parts if p.startswith("r")]
+    nums = [int(p) for p in parts if not p.startswith("r")]
+    if len(nums) != 6 or len(cap) > 1:
+        raise SystemExit(f"--tiles wants BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG], got {spec!r}")
+    return DecTiles(*nums, maxnreg=cap[0] if cap else None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--tiles", nargs="*", default=[], help="BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG] for both GEMMs"
+    )
+    ap.add_argument("--cp-async", action="store_true", help="weights by cp.async instead of TMA")
+    args = ap.parse_args()
+    gu_tiles = [parse(s) for s in args.tiles] or [
+        moe_v3_dec_gu.V3_GATE_UP_DEC,
+        moe_v3_dec_gu.V3_GATE_UP_DEC_9_16,
+    ]
+    dn_tiles = [parse(s) for s in args.tiles] or [moe_v3_dec.V3_DOWN_DEC, moe_v3_dec.V3_DOWN_DEC_9_16]
+    for name, build, tiles in (("gate_up", gate_up, gu_tiles), ("down", down, dn_tiles)):
+        for t in tiles:
+            k = build(t, not args.cp_async)
+            stats(k, f"{name} {t}")
+            res, _, _ = disassemble(k)
+            regs = int(res.split("REG:")[1].split()[0])
+            print(f"    {programs_an_sm(regs, k.metadata.shared, t.warps)} programs an SM")
+
+
+if __name__ == "__main__":
+    main()
