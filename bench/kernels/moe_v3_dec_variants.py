@@ -136,3 +136,14 @@ for _name, _gu, _dn in [
     ("v3-9-s4", DecTiles(8, 64, 256, 4, 4, 4), DecTiles(8, 64, 512, 4, 4, 4)),
 ]:
     V3_DEC_VARIANTS[_name] = Variant("v3", max_m=16, v3_dec_down=_dn, v3_dec_gate_up=_gu, wtma=True)
+# After the first sweep (-cap won at every size, 2-4 %): the down at BK 256 under a cap of 96 (5
+# programs an SM, 34 spills outside the K loop), the gate_up at 80 (6 an SM, 10 spills in the loop);
+# -8-cap: the tiles up to 8 tokens at 96 (gate_up (8, 32, 256) 118 -> 96 registers, 8 -> 9 an SM;
+# down (8, 32, 512) 123 -> 96, 4 -> 5, 4 spills outside the loop), their batches many waves long.
+_CAP_GU = DecTiles(8, 64, 256, 4, 4, 3, maxnreg=128)
+for _name, _gu, _dn in [
+    ("v3-9-cap-d96", _CAP_GU, DecTiles(8, 64, 256, 4, 4, 3, maxnreg=96)),
+    ("v3-9-cap-g80", DecTiles(8, 64, 256, 4, 4, 3, maxnreg=80), DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128)),
+    ("v3-8-cap", DecTiles(16, 32, 256, 2, 2, 4, maxnreg=96), DecTiles(16, 32, 512, 4, 4, 3, maxnreg=96)),
+]:
+    V3_DEC_VARIANTS[_name] = Variant("v3", max_m=16, v3_dec_down=_dn, v3_dec_gate_up=_gu, wtma=True)
