@@ -67,13 +67,13 @@ def switches(v: Variant) -> AbstractContextManager:
     every = frozenset(range(1, moe_tiles.DECODE_MAX_T + 1))
     attrs = [
         # "v3": the table's tiles at every M; the v3-dd variants the split-K down (-gu: and gate_up)
-        # on their tiles at every decode M (both default tile sets: up to 8 tokens and 9-16)
+        # on their tiles at every decode M (both default tile sets: below moe_v3_dec.BIG_FROM and from it)
         (moe_v3_dec, "TOKENS", every if v.v3_dec_down is not None else frozenset()),
         (moe_v3_dec, "V3_DOWN_DEC", v.v3_dec_down or moe_v3_dec.V3_DOWN_DEC),
-        (moe_v3_dec, "V3_DOWN_DEC_9_16", v.v3_dec_down or moe_v3_dec.V3_DOWN_DEC_9_16),
+        (moe_v3_dec, "V3_DOWN_DEC_BIG", v.v3_dec_down or moe_v3_dec.V3_DOWN_DEC_BIG),
         (moe_v3_dec_gu, "TOKENS", every if v.v3_dec_gate_up is not None else frozenset()),
         (moe_v3_dec_gu, "V3_GATE_UP_DEC", v.v3_dec_gate_up or moe_v3_dec_gu.V3_GATE_UP_DEC),
-        (moe_v3_dec_gu, "V3_GATE_UP_DEC_9_16", v.v3_dec_gate_up or moe_v3_dec_gu.V3_GATE_UP_DEC_9_16),
+        (moe_v3_dec_gu, "V3_GATE_UP_DEC_BIG", v.v3_dec_gate_up or moe_v3_dec_gu.V3_GATE_UP_DEC_BIG),
         (moe_common, "USE_ASM", v.asm),
         # off: the M-tile kernels at every M (the decode path's variants: DEC_VARIANTS)
         (moe_decode, "ENABLED", v.decode),

@@ -84,9 +84,9 @@ def main() -> None:
     args = ap.parse_args()
     gu_tiles = [parse(s) for s in args.tiles] or [
         moe_v3_dec_gu.V3_GATE_UP_DEC,
-        moe_v3_dec_gu.V3_GATE_UP_DEC_9_16,
+        moe_v3_dec_gu.V3_GATE_UP_DEC_BIG,
     ]
-    dn_tiles = [parse(s) for s in args.tiles] or [moe_v3_dec.V3_DOWN_DEC, moe_v3_dec.V3_DOWN_DEC_9_16]
+    dn_tiles = [parse(s) for s in args.tiles] or [moe_v3_dec.V3_DOWN_DEC, moe_v3_dec.V3_DOWN_DEC_BIG]
     for name, build, tiles in (("gate_up", gate_up, gu_tiles), ("down", down, dn_tiles)):
         for t in tiles:
             k = build(t, not args.cp_async)

@@ -26,7 +26,7 @@ v3's decode tiles) and the engine 298.2 / 298.1 tok/s against 285.2 / 283.6 (+4.
 decode MoE in a CUDA graph at M 1 56.5 against 59.4 us. From M 2 it is slower (M 2 / 4 / 8 / 16:
 87.0 / 123.6 / 179.4 / 294.3 against 83.7 / 115.3 / 169.3 / 245.1 us: its 32-row programs at BM 2-16
 stream less than the warpgroup tiles). That was on cp.async; with its weights by TMA (WTMA) on an
-H200 the engine gains at 2 and 5-8 tokens, and at 9-16 on tiles of their own (V3_DOWN_DEC_9_16;
+H200 the engine gains at 2 and 5-7 tokens, and at 8-16 on tiles of their own (V3_DOWN_DEC_BIG;
 SPLIT_K_TOKENS says by how much), so moe.expert_rows_v3
 takes it for decode batches of TOKENS tokens (default SPLIT_K_TOKENS; GPTOSS_V3_DEC_DOWN) on "v3"
 weights whose act rows are in assignment order. Its sums run in another order than v3's tiles, so a
@@ -65,7 +65,7 @@ from gptoss.kernels.moe_v3_step import _dequant_v3
 # they lose in the engine (20b, v53: 1,079.2 against 1,093.1, 1,827.2 / 2,233.1, 2,252.1 / 2,773.0),
 # and from 9 tokens alone in a graph too (moe_gpu.py, M 16: 188.9 against 167.3 us at 20b, 310.1
 # against 279.5 at 120b). Batch 1 since v24 / v36. Batches of 9-16 since v59, on tiles of their own
-# (V3_DOWN_DEC_9_16 below): those losses were BM 16's.
+# (V3_DOWN_DEC_BIG below, from 8 tokens since v60): those losses were BM 16's.
 SPLIT_K_TOKENS = frozenset({1, 2, *range(5, 17)})
 
 
@@ -112,15 +112,21 @@ def split_copies_fit(t: DecTiles) -> bool:
 
 
 def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
-    """A split-K decode kernel's tiles from the variable `name` ("BM,BN,BK,SPLIT,WARPS,STAGES"; unset or
-    empty: default), for engine A/B runs of tiles the kernel benches found (bench/gptoss_120b_ab_gpu.sh)."""
+    """A split-K decode kernel's tiles from the variable `name` ("BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG]",
+    rNREG a register cap; unset or empty: default), for engine A/B runs of tiles the kernel benches
+    found (bench/gptoss_120b_ab_gpu.sh)."""
     v = os.environ.get(name, "")
     if not v:
         return default
     parts = v.split(",")
-    if len(parts) != 6 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"{name} must be BM,BN,BK,SPLIT,WARPS,STAGES (six positive counts), got {v!r}")
-    t = DecTiles(*map(int, parts))
+    cap = parts.pop() if len(parts) == 7 and parts[-1].startswith("r") else None
+    counts = parts + ([cap[1:]] if cap else [])
+    if len(parts) != 6 or not all(p.isdigit() and int(p) > 0 for p in counts):
+        raise ValueError(
+            f"{name} must be BM,BN,BK,SPLIT,WARPS,STAGES (six positive counts), then optionally rNREG "
+            f"(a register cap, e.g. r128), got {v!r}"
+        )
+    t = DecTiles(*map(int, parts), maxnreg=int(cap[1:]) if cap else None)
     if not _tiles_fit(t):
         raise ValueError(
             f"{name}: BN a multiple of 16, BK of 64 * SPLIT, BM and SPLIT powers of 2, got {v!r}"
@@ -142,23 +148,28 @@ WTMA = os.environ.get("GPTOSS_V3_DEC_WTMA", "1") != "0"
 V3_DOWN_DEC = env_dec_tiles(
     "GPTOSS_V3_DEC_DOWN_TILES", DecTiles(bm=16, bn=32, bk=512, split=4, warps=4, stages=3)
 )
-# Batches of 9-16 tokens (BIG_FROM..) on tiles of their own: an x tile of 8 rows and 64 weight rows a
+# Batches of 8-16 tokens (BIG_FROM..) on tiles of their own: an x tile of 8 rows and 64 weight rows a
 # program. At 16 tokens 20b's experts get 2 rows on average (64 choices over 32), so BM 16 mostly
 # multiplied zero rows (K loop 3.82 instructions a value against 3.06 at BM 8, sm_90a); an expert's
 # rows past 8 loop over the same, L2-warm, weights. H200, the whole decode MoE in a CUDA graph, these
 # tiles for both split-K GEMMs against the BM-16 defaults and the engine's v2 slot kernels (bench/
 # results v59, `moe_gpu.py --ms 12,16`), us: 20b M 12 123.2 against 177.8 and 158.5, M 16 143.2 against
-# 204.0 and 218.9; 120b M 12 192.9 / 288.2 / 261.1, M 16 193.8 / 288.9 / 261.4. Up to 8 tokens they
-# do not help (M 1 43.6 against 38.3, M 2-8 within +-2 %). GPTOSS_V3_DEC_DOWN_TILES_9_16 overrides them.
-BIG_FROM = 9
-V3_DOWN_DEC_9_16 = env_dec_tiles(
-    "GPTOSS_V3_DEC_DOWN_TILES_9_16", DecTiles(bm=8, bn=64, bk=512, split=4, warps=4, stages=3)
+# 204.0 and 218.9; 120b M 12 192.9 / 288.2 / 261.1, M 16 193.8 / 288.9 / 261.4. Under a register cap
+# of 128 (v60; 163 -> 128 registers, 3 -> 4 programs an SM, 6 spills outside the K loop; the gate_up's
+# 110 -> 95, 4 -> 5) the whole MoE is 1-4 % faster at 9-16 tokens and, at 120b, 6 % at 8; in the
+# engine (bench/decode_ab_gpu.py, 128 -> 512, best tok/s) 20b batch 12 2,822.3 -> 2,845.7, 16 3,501.4
+# -> 3,534.8, 8 2,058.5 -> 2,052.8 (-0.3 %, on these tiles from 8); 120b batch 8 1,070.7 -> 1,104.1,
+# 12 1,328.2 -> 1,365.0, 16 1,478.4 -> 1,510.5. Below 8 tokens they do not help (v59: M 1 43.6
+# against 38.3, M 2-7 within +-2 %). GPTOSS_V3_DEC_DOWN_TILES_BIG overrides them.
+BIG_FROM = 8
+V3_DOWN_DEC_BIG = env_dec_tiles(
+    "GPTOSS_V3_DEC_DOWN_TILES_BIG", DecTiles(bm=8, bn=64, bk=512, split=4, warps=4, stages=3, maxnreg=128)
 )
 
 
-def batch_tiles(tokens: int, upto_8: DecTiles, from_9: DecTiles) -> DecTiles:
-    """A split-K kernel's default tiles for a batch of `tokens`: from_9 from BIG_FROM tokens on."""
-    return from_9 if tokens >= BIG_FROM else upto_8
+def batch_tiles(tokens: int, small: DecTiles, big: DecTiles) -> DecTiles:
+    """A split-K kernel's default tiles for a batch of `tokens`: big from BIG_FROM tokens on."""
+    return big if tokens >= BIG_FROM else small
 
 
 @triton.jit
@@ -324,10 +335,10 @@ def _down_v3_dec_kernel(
 
 
 def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None) -> DecTiles:
-    """t (default V3_DOWN_DEC, or V3_DOWN_DEC_9_16 from BIG_FROM tokens) fitted to T = tokens and K = k:
+    """t (default V3_DOWN_DEC, or V3_DOWN_DEC_BIG from BIG_FROM tokens) fitted to T = tokens and K = k:
     BM T's power of 2 up to t.bm, BK down toward K padded to 64 (no empty chunks past a short K),
     SPLIT to BK's chunks; warps = SPLIT; t's register cap kept."""
-    t = batch_tiles(tokens, V3_DOWN_DEC, V3_DOWN_DEC_9_16) if t is None else t
+    t = batch_tiles(tokens, V3_DOWN_DEC, V3_DOWN_DEC_BIG) if t is None else t
     if not _tiles_fit(t):
         raise ValueError(
             f"down_v3_dec: {t} needs BN a multiple of 16, BK of 64 * SPLIT, BM and SPLIT powers of 2"

@@ -125,12 +125,13 @@ ROUTE_ONE = common.env_switch("GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE", "1")
 V3_GATE_UP_DEC = env_dec_tiles(
     "GPTOSS_V3_DEC_GATE_UP_TILES", DecTiles(bm=16, bn=32, bk=256, split=2, warps=2, stages=4)
 )
-# Batches of 9-16 tokens (moe_v3_dec.BIG_FROM): an x tile of 8 rows, 64 weight rows (32 act columns)
-# a program, a 256-K step over 4 warps of one chunk each, 3 stages; timed with the down's
-# V3_DOWN_DEC_9_16 (its comment has the figures: 20b M 16's gate_up 87.6 us against 113.3 on the
-# tiles above). GPTOSS_V3_DEC_GATE_UP_TILES_9_16 overrides them.
-V3_GATE_UP_DEC_9_16 = env_dec_tiles(
-    "GPTOSS_V3_DEC_GATE_UP_TILES_9_16", DecTiles(bm=8, bn=64, bk=256, split=4, warps=4, stages=3)
+# Batches of 8-16 tokens (moe_v3_dec.BIG_FROM): an x tile of 8 rows, 64 weight rows (32 act columns)
+# a program, a 256-K step over 4 warps of one chunk each, 3 stages, at most 128 registers (95 by
+# ptxas: 5 programs an SM, not 4); timed with the down's V3_DOWN_DEC_BIG (its comment has the
+# figures: 20b M 16's gate_up 87.6 us against 113.3 on the tiles above, v59; the cap 136.3 -> 131.4 at
+# 120b's M 16, v60). GPTOSS_V3_DEC_GATE_UP_TILES_BIG overrides them.
+V3_GATE_UP_DEC_BIG = env_dec_tiles(
+    "GPTOSS_V3_DEC_GATE_UP_TILES_BIG", DecTiles(bm=8, bn=64, bk=256, split=4, warps=4, stages=3, maxnreg=128)
 )
 
 
@@ -262,7 +263,7 @@ def gate_up_v3_dec(
     """x [T, H] -> act [T*k, I] in x.dtype, rows in assignment order, act[a] = swiglu(x[a // k] @
     W13_e^T + b13_e) (moe_v3.gate_up_v3's contract without LoRA or sorted rows) on "v3" weights.
     t: the tiles before dec_tiles_v3 fits them to T and K = H (default V3_GATE_UP_DEC, from
-    moe_v3_dec.BIG_FROM tokens V3_GATE_UP_DEC_9_16; BN counts weight rows, two an act column).
+    moe_v3_dec.BIG_FROM tokens V3_GATE_UP_DEC_BIG; BN counts weight rows, two an act column).
     logits [T, E]: r's buffers (empty on entry) are filled with their routing for down and the
     combine, by the kernel itself where T fits one x tile (T <= the fitted BM), else by
     route_and_group's launch before it."""
@@ -271,7 +272,7 @@ def gate_up_v3_dec(
     _check(x, w)
     (n_tok, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
-    t = batch_tiles(n_tok, V3_GATE_UP_DEC, V3_GATE_UP_DEC_9_16) if t is None else t
+    t = batch_tiles(n_tok, V3_GATE_UP_DEC, V3_GATE_UP_DEC_BIG) if t is None else t
     tiles = dec_tiles_v3(n_tok, h, t)
     if logits is not None and n_tok > tiles.bm:  # in the kernel, every row of the batch in one x tile
         route_and_group(logits, k, out=r)

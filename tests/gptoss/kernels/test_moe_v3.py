@@ -28,7 +28,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe, moe_v3_dec  # noqa: E402
+from gptoss.kernels import moe, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe import Tiles, moe_forward, prepare_moe_weights  # noqa: E402
 from gptoss.kernels.moe_layout import MAX_SCALE_V2, _to_bits_layout, _to_v3_layout, _to_v3_scales  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
@@ -294,11 +294,11 @@ def test_v3_decode_batches_leave_the_combine_to_the_caller(kernels):
     assert torch.equal(moe.combine(y, r.weights, x.dtype), want)
 
 
-@pytest.mark.parametrize("tokens", [1, 5, 16])
+@pytest.mark.parametrize("tokens", [1, 5, 8, 16])
 def test_v3_gate_up_routing_the_logits_itself_matches_the_routing_kernel(tokens, kernels):
     """expert_rows_v3_logits: the gate_up kernel routes the logits in registers (ROUTE) and its
     program (0, 0) stores the routing; same rows out, same decisions as route_and_group (each
-    expert's rows in increasing order, as the decode kernels store them). From 9 tokens the split-K
+    expert's rows in increasing order, as the decode kernels store them). Past 8 tokens the split-K
     gate_up's x tile (8 rows) is shorter than the batch: route_and_group's own launch fills the
     routing, each expert's rows in the order its atomics gave (on a GPU, not one order)."""
     ref, w = make_moe(8, 160, 96, 4, torch.bfloat16, seed=3, kernels=kernels)
@@ -309,7 +309,7 @@ def test_v3_gate_up_routing_the_logits_itself_matches_the_routing_kernel(tokens,
     assert torch.equal(y, moe.expert_rows_v3(x, r, w, ALPHA, LIMIT))
     assert torch.equal(got.ids, r.ids) and torch.equal(got.weights, r.weights)
     assert torch.equal(got.counts, r.counts) and int(got.counts.sum()) == 4 * tokens
-    by_launch = tokens >= moe_v3_dec.BIG_FROM and kernels == "v3"
+    by_launch = tokens > moe_v3_dec_gu.V3_GATE_UP_DEC_BIG.bm and kernels == "v3"
     for e, c in enumerate(r.counts.tolist()):
         rows = got.rows[e, :c].tolist()
         assert (sorted(rows) if by_launch else rows) == sorted(r.rows[e, :c].tolist())

@@ -128,11 +128,12 @@ def test_down_v3_dec_tiles_and_the_k_2880_tail(tiles):
 def test_dec_tiles_v3_fit_t_and_k():
     fit = moe_v3_dec.dec_tiles_v3
     assert fit(1, 2880) == DecTiles(1, 32, 512, 4, 4, 3)
-    assert fit(5, 2880) == fit(8, 2880) == DecTiles(8, 32, 512, 4, 4, 3)
-    # from 9 tokens V3_DOWN_DEC_9_16's: an x tile of 8 rows, 64 weight rows
-    assert fit(9, 2880) == fit(16, 2880) == fit(17, 2880) == DecTiles(8, 64, 512, 4, 4, 3)
-    assert fit(16, 160) == DecTiles(8, 64, 256, 4, 4, 3)  # K 160 padded to 192: BK 256
-    assert fit(16, 96) == DecTiles(8, 64, 128, 2, 2, 3)  # 2 chunks: 2 warps
+    assert fit(5, 2880) == fit(7, 2880) == DecTiles(8, 32, 512, 4, 4, 3)
+    # from 8 tokens V3_DOWN_DEC_BIG's: an x tile of 8 rows, 64 weight rows, at most 128 registers
+    big = DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128)
+    assert fit(8, 2880) == fit(9, 2880) == fit(16, 2880) == fit(17, 2880) == big
+    assert fit(16, 160) == DecTiles(8, 64, 256, 4, 4, 3, maxnreg=128)  # K 160 padded to 192: BK 256
+    assert fit(16, 96) == DecTiles(8, 64, 128, 2, 2, 3, maxnreg=128)  # 2 chunks: 2 warps
     assert fit(16, 160, DecTiles(16, 32, 512, 4, 4, 3)) == DecTiles(16, 32, 256, 4, 4, 3)
     assert fit(4, 2880, DecTiles(16, 64, 1024, 8, 8, 4)) == DecTiles(4, 64, 1024, 8, 8, 4)
     capped = DecTiles(16, 64, 512, 4, 4, 3, maxnreg=128)  # a register cap stays with the fitted tiles
@@ -245,12 +246,12 @@ def test_down_v3_dec_120b_shapes_on_gpu(tokens):
 def test_decode_tiles_come_from_the_environment(monkeypatch):
     for name, tiles, want in [
         ("GPTOSS_V3_DEC_DOWN_TILES", moe_v3_dec.V3_DOWN_DEC, DecTiles(16, 32, 512, 4, 4, 3)),
-        ("GPTOSS_V3_DEC_DOWN_TILES_9_16", moe_v3_dec.V3_DOWN_DEC_9_16, DecTiles(8, 64, 512, 4, 4, 3)),
+        ("GPTOSS_V3_DEC_DOWN_TILES_BIG", moe_v3_dec.V3_DOWN_DEC_BIG, DecTiles(8, 64, 512, 4, 4, 3, 128)),
         ("GPTOSS_V3_DEC_GATE_UP_TILES", moe_v3_dec_gu.V3_GATE_UP_DEC, DecTiles(16, 32, 256, 2, 2, 4)),
         (
-            "GPTOSS_V3_DEC_GATE_UP_TILES_9_16",
-            moe_v3_dec_gu.V3_GATE_UP_DEC_9_16,
-            DecTiles(8, 64, 256, 4, 4, 3),
+            "GPTOSS_V3_DEC_GATE_UP_TILES_BIG",
+            moe_v3_dec_gu.V3_GATE_UP_DEC_BIG,
+            DecTiles(8, 64, 256, 4, 4, 3, 128),
         ),
     ]:
         assert tiles == moe_v3_dec.env_dec_tiles(name, want)  # the default unless the run sets it
@@ -259,7 +260,14 @@ def test_decode_tiles_come_from_the_environment(monkeypatch):
     assert moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default) is default
     monkeypatch.setenv("GPTOSS_X_TILES", "16,32,128,2,2,4")
     assert moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default) == DecTiles(16, 32, 128, 2, 2, 4)
-    for bad, why in [("16,32,128,2,2", "six positive counts"), ("16,24,128,2,2,4", "BN a multiple of 16")]:
+    monkeypatch.setenv("GPTOSS_X_TILES", "8,64,512,4,4,3,r128")  # a register cap
+    assert moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default) == DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128)
+    for bad, why in [
+        ("16,32,128,2,2", "six positive counts"),
+        ("16,24,128,2,2,4", "BN a multiple of 16"),
+        ("8,64,512,4,4,3,128", "optionally rNREG"),  # a cap without its r
+        ("8,64,512,4,4,3,r", "optionally rNREG"),
+    ]:
         monkeypatch.setenv("GPTOSS_X_TILES", bad)
         with pytest.raises(ValueError, match=f"GPTOSS_X_TILES.*{why}"):
             moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default)

@@ -129,8 +129,9 @@ def test_gate_up_v3_dec_tiles_and_the_k_2880_tail(tiles):
         (1, None, 0),
         (5, None, 0),
         (16, DecTiles(16, 32, 256, 2, 2, 4), 0),  # BM 16: one x tile holds the batch
-        (16, None, 1),  # V3_GATE_UP_DEC_9_16: BM 8, two x tiles: route_and_group's launch first
+        (16, None, 1),  # V3_GATE_UP_DEC_BIG: BM 8, two x tiles: route_and_group's launch first
         (9, None, 1),
+        (8, None, 0),  # V3_GATE_UP_DEC_BIG from 8 tokens: one x tile of 8 holds the batch
     ],
 )
 def test_gate_up_v3_dec_routing_the_logits_matches_route_and_group(
@@ -211,7 +212,7 @@ def test_gate_up_v3_dec_refuses_other_layouts(kernels, layout):
         ({1}, 1, 1),
         ({1}, 2, 0),
         ({16}, 16, 1),
-        ({12}, 12, 1),  # 9-16 tokens: BM 8, the logits routed by route_and_group's launch first
+        ({12}, 12, 1),  # past 8 tokens: BM 8, the logits routed by route_and_group's launch first
         (set(), 1, 0),
         ({1, 2, 5, 8}, 4, 0),
         ({1, 2, 5, 8}, 5, 1),
