@@ -1,0 +1,64 @@
+"""bench/kernels/moe_v3_dec_sass.py compiles both split-K decode GEMMs for sm_90a on CPU: a tile's register
+cap (rNREG) reaches ptxas, so the capped tiles use at most that many registers and fit more programs an
+SM, and programs_an_sm counts them as Hopper allocates (256-register units a warp). (A subprocess: the
+tests' own Triton runs interpreted, and an interpreted kernel does not compile.)"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench" / "kernels"))
+
+from moe_v3_dec_sass import parse, programs_an_sm  # noqa: E402
+
+from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
+
+
+def test_programs_an_sm_counts_registers_shared_memory_and_warps():
+    assert programs_an_sm(128, 20_000, 4) == 4  # 128 x 32 = 4096 a warp, 16384 a program
+    assert programs_an_sm(95, 20_000, 4) == 5  # 95 x 32 rounds up to 3072 a warp
+    assert programs_an_sm(163, 51_232, 4) == 3  # 163 x 32 -> 5376: 3 by registers, 4 by shared memory
+    assert programs_an_sm(64, 100_000, 4) == 2  # shared memory binds
+    assert programs_an_sm(32, 0, 2) == 32  # the 64 warp slots bind
+
+
+def test_tiles_parse_with_and_without_a_cap():
+    assert parse("8,64,512,4,4,3") == DecTiles(8, 64, 512, 4, 4, 3)
+    assert parse("8,64,512,4,4,3,r128") == DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128)
+    with pytest.raises(SystemExit, match="BM,BN,BK,SPLIT,WARPS,STAGES"):
+        parse("8,64,512,4,4")
+
+
+def test_a_register_cap_reaches_both_compiled_kernels():
+    p = subprocess.run(
+        [
+            sys.executable,
+            "bench/kernels/moe_v3_dec_sass.py",
+            "--tiles",
+            "8,64,512,4,4,3",
+            "8,64,512,4,4,3,r128",
+        ],
+        cwd=REPO,
+        env={**os.environ, "TRITON_INTERPRET": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr
+    rows = re.findall(
+        r"^(gate_up|down) DecTiles\(.*?maxnreg=(\w+).*?: regs (\d+),.*\n.*?\n\s+(\d+) programs",
+        p.stdout,
+        re.M,
+    )
+    got = {(name, cap): (int(regs), int(n)) for name, cap, regs, n in rows}
+    assert set(got) == {(g, c) for g in ("gate_up", "down") for c in ("None", "128")}
+    for gemm in ("gate_up", "down"):
+        assert got[(gemm, "128")][0] <= 128 < got[(gemm, "None")][0]  # uncapped, both take more
+        assert got[(gemm, "128")][1] > got[(gemm, "None")][1]  # so the cap fits more programs an SM
