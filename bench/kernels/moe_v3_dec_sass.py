@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moe_decode_sass import _compile, disassemble, stats  # noqa: E402
+from moe_v3_sass import _wtma  # noqa: E402
 
 from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
@@ -32,32 +33,23 @@ SIG.update({f"stride_{s}": "i32" for s in ("we", "wn", "se", "sn")})
 SM_REGS, SM_SMEM, SM_WARPS = 65536, 227 * 1024, 64
 
 
-def _tma(t: DecTiles) -> tuple[dict[str, str], dict[str, bool]]:
-    """moe_v3.weight_descriptors' blocks for t's BN weight rows and BK."""
-    blocks = f"{t.bn // 16},{t.bk // 64}"
-    return dict(w_desc=f"tensordesc<i32[{blocks},128]>", s_desc=f"tensordesc<i32[{blocks},8]>"), dict(
-        WTMA=True
-    )
+def _build(kernel, sig: dict[str, str], consts: dict, t: DecTiles, tma: bool):
+    """Compile kernel at t; tma: the weights by TMA, in moe_v3.weight_descriptors' blocks of BN rows."""
+    if tma:
+        w_sig, w_consts = _wtma(t.bn, t)
+        sig, consts = sig | w_sig, consts | w_consts
+    return _compile(kernel, sig, consts, t.warps, t.stages, t.maxnreg)
 
 
 def gate_up(t: DecTiles, tma: bool = True):
     sig = dict(x_ptr="*bf16", act_ptr="*bf16", **SIG, stride_x="i32", alpha="fp32", limit="fp32")
     consts = dict(SHAPE, TOP_K=4, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
-    if tma:
-        w_sig, w_consts = _tma(t)
-        sig.update(w_sig)
-        consts.update(w_consts)
-    return _compile(moe_v3_dec_gu._gate_up_v3_dec_kernel, sig, consts, t.warps, t.stages, t.maxnreg)
+    return _build(moe_v3_dec_gu._gate_up_v3_dec_kernel, sig, consts, t, tma)
 
 
 def down(t: DecTiles, tma: bool = True):
-    sig = dict(a_ptr="*bf16", y_ptr="*bf16", **SIG)
     consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
-    if tma:
-        w_sig, w_consts = _tma(t)
-        sig.update(w_sig)
-        consts.update(w_consts)
-    return _compile(moe_v3_dec._down_v3_dec_kernel, sig, consts, t.warps, t.stages, t.maxnreg)
+    return _build(moe_v3_dec._down_v3_dec_kernel, dict(a_ptr="*bf16", y_ptr="*bf16", **SIG), consts, t, tma)
 
 
 def programs_an_sm(regs: int, smem: int, warps: int) -> int:

@@ -7,7 +7,9 @@ conftest.py, so that tests import them by name (as tests/docker does with docker
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,4 +94,17 @@ def run_script(script: str, env: dict[str, str], *args: str, **extra: str) -> su
         capture_output=True,
         text=True,
         timeout=120,
+    )
+
+
+def run_compiler_tool(script: str, *args: str) -> subprocess.CompletedProcess:
+    """A bench tool that compiles kernels for sm_90a on CPU (bench/kernels/*_sass.py), in a process of
+    its own: the tests' Triton runs interpreted, and an interpreted kernel does not compile."""
+    return subprocess.run(
+        [sys.executable, f"bench/kernels/{script}", *args],
+        cwd=REPO,
+        env={**os.environ, "TRITON_INTERPRET": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )

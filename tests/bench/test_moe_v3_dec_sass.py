@@ -1,13 +1,10 @@
 """bench/kernels/moe_v3_dec_sass.py compiles both split-K decode GEMMs for sm_90a on CPU: a tile's register
 cap (rNREG) reaches ptxas, so the capped tiles use at most that many registers and fit more programs an
-SM, and programs_an_sm counts them as Hopper allocates (256-register units a warp). (A subprocess: the
-tests' own Triton runs interpreted, and an interpreted kernel does not compile.)"""
+SM, and programs_an_sm counts them as Hopper allocates (256-register units a warp)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +16,7 @@ sys.path.insert(0, str(REPO / "bench" / "kernels"))
 from moe_v3_dec_sass import parse, programs_an_sm  # noqa: E402
 
 from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
+from tests.bench.gpu_stubs import run_compiler_tool  # noqa: E402
 
 
 def test_programs_an_sm_counts_registers_shared_memory_and_warps():
@@ -37,20 +35,7 @@ def test_tiles_parse_with_and_without_a_cap():
 
 
 def test_a_register_cap_reaches_both_compiled_kernels():
-    p = subprocess.run(
-        [
-            sys.executable,
-            "bench/kernels/moe_v3_dec_sass.py",
-            "--tiles",
-            "8,64,512,4,4,3",
-            "8,64,512,4,4,3,r128",
-        ],
-        cwd=REPO,
-        env={**os.environ, "TRITON_INTERPRET": "0"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    p = run_compiler_tool("moe_v3_dec_sass.py", "--tiles", "8,64,512,4,4,3", "8,64,512,4,4,3,r128")
     assert p.returncode == 0, p.stderr
     rows = re.findall(
         r"^(gate_up|down) DecTiles\(.*?maxnreg=(\w+).*?: regs (\d+),.*\n.*?\n\s+(\d+) programs",
