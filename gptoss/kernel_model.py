@@ -39,7 +39,7 @@ from gptoss.kernels.moe import expert_rows_v3, expert_rows_v3_logits, moe_forwar
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_lora import experts_dec_lora, moe_forward_lora
 from gptoss.kernels.moe_routing import Routing
-from gptoss.kernels.moe_v3_dec import env_tokens
+from gptoss.kernels.moe_v3_dec_sizes import env_tokens
 from gptoss.kernels.norm_route import norm_logits, norm_route
 from gptoss.kernels.qkv_rope import qkv_rope
 from gptoss.kernels.qkv_rope import suits as qkv_rope_suits
@@ -89,7 +89,7 @@ ROPE_IN_ATTN = os.environ.get("GPTOSS_ROPE_IN_ATTN", "1") != "0"
 # gate_up added 21.2 us a layer and its down 10.7, where 120b's split-K kernels stream the same bytes
 # in 15.3 and 9.0. Timed (H200, v40, 20b batch-1 128 -> 512, one process): on the v3 copy 606.2 /
 # 619.4 tok/s against 559.7 / 556.1 on v2. Batches of 2 and 5-8 since v47, 9-16 since v59: the default is
-# moe_v3_dec.SPLIT_K_TOKENS, where that comment has the figures (20b batch 2 +12.5 %, 8 +6.4 %).
+# moe_v3_dec_sizes.SPLIT_K_TOKENS, where that comment has the figures (20b batch 2 +12.5 %, 8 +6.4 %).
 
 
 def _decode_on_large(v: str | None) -> frozenset[int]:

@@ -14,7 +14,7 @@ program sets the counters back to zero, so a CUDA graph can replay the launch. p
 same code as two launches (the gate_up's programs only, then the down's), the A/B.
 Both GEMMs take the same warps (the down's split); act is read past L1 (.cg). On an H200 a down tile
 of BN 16, BK 128 faulted ("misaligned address"); fused1 refuses tiles that
-moe_v3_dec.split_copies_fit refuses (the engine's kernels take cp.async for them).
+moe_v3_dec_sizes.split_copies_fit refuses (the engine's kernels take cp.async for them).
 
 Measured (bench/results v58, H200, 20b shapes): one launch lost to the same code as two launches in
 every pair tried, 26.17-29.10 against 24.06-26.55 us; two launches equal the engine's kernels.
@@ -33,7 +33,8 @@ from gptoss.kernels.moe_common import _precision
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_tiles import DecTiles
 from gptoss.kernels.moe_v3 import _scaled, weight_descriptors
-from gptoss.kernels.moe_v3_dec import _v3_split_step, split_copies_fit
+from gptoss.kernels.moe_v3_dec import _v3_split_step
+from gptoss.kernels.moe_v3_dec_sizes import split_copies_fit
 
 
 @triton.jit

@@ -67,7 +67,8 @@ def switches(v: Variant) -> AbstractContextManager:
     every = frozenset(range(1, moe_tiles.DECODE_MAX_T + 1))
     attrs = [
         # "v3": the table's tiles at every M; the v3-dd variants the split-K down (-gu: and gate_up)
-        # on their tiles at every decode M (both default tile sets: below moe_v3_dec.BIG_FROM and from it)
+        # on their tiles at every decode M (both default tile sets: below moe_v3_dec_sizes.BIG_FROM and
+        # from it)
         (moe_v3_dec, "TOKENS", every if v.v3_dec_down is not None else frozenset()),
         (moe_v3_dec, "V3_DOWN_DEC", v.v3_dec_down or moe_v3_dec.V3_DOWN_DEC),
         (moe_v3_dec, "V3_DOWN_DEC_BIG", v.v3_dec_down or moe_v3_dec.V3_DOWN_DEC_BIG),

@@ -27,7 +27,7 @@ decode MoE in a CUDA graph at M 1 56.5 against 59.4 us. From M 2 it is slower (M
 87.0 / 123.6 / 179.4 / 294.3 against 83.7 / 115.3 / 169.3 / 245.1 us: its 32-row programs at BM 2-16
 stream less than the warpgroup tiles). That was on cp.async; with its weights by TMA (WTMA) on an
 H200 the engine gains at 2 and 5-7 tokens, and at 8-16 on tiles of their own (V3_DOWN_DEC_BIG;
-SPLIT_K_TOKENS says by how much), so moe.expert_rows_v3
+moe_v3_dec_sizes.SPLIT_K_TOKENS says by how much), so moe.expert_rows_v3
 takes it for decode batches of TOKENS tokens (default SPLIT_K_TOKENS; GPTOSS_V3_DEC_DOWN) on "v3"
 weights whose act rows are in assignment order. Its sums run in another order than v3's tiles, so a
 batch of one token and a larger one differ in the last bits, as the decode kernels on the bits
@@ -37,7 +37,6 @@ layout already do (the batch-invariant mode runs neither).
 from __future__ import annotations
 
 import os
-import re
 
 import triton
 import triton.language as tl
@@ -48,90 +47,20 @@ from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import Routing
-from gptoss.kernels.moe_tiles import DECODE_MAX_T, DecTiles
+from gptoss.kernels.moe_tiles import DecTiles
 from gptoss.kernels.moe_v3 import _check, _scaled, _tma_runs, _weight_args, weight_descriptors
+from gptoss.kernels.moe_v3_dec_sizes import (
+    batch_tiles,
+    env_dec_tiles,
+    env_tokens,
+    fit_dec_tiles,
+    split_copies_fit,
+)
 from gptoss.kernels.moe_v3_step import _dequant_v3
-
-# The decode batch sizes whose MoE takes the split-K kernels (this down, moe_v3_dec_gu's gate_up; on
-# 20b's two copies, kernel_model.DECODE_ON_LARGE: the v3 copy's). H200, one engine process a model,
-# CUDA graphs, the variants interleaved, 128 -> 512 tokens, tok/s (bench/results v47): 20b batch 2
-# 834.1 -> 938.3, 3 976.5 -> 952.5, 4 1,303.7 -> 1,272.8, 5 1,345.7 -> 1,432.4, 6 1,521.0 ->
-# 1,623.4, 7 1,700.0 -> 1,808.4, 8 1,939.5 -> 2,063.8 (v2's decode kernels -> these); 120b batch 2
-# 579.3 -> 621.0, 4 806.1 -> 788.2, 6 850.2 -> 868.0, 8 1,051.1 -> 1,071.0 (v3's decode tiles ->
-# these). Batches of 3 and 5-7 then replayed the graphs of 4 and 8, so the graphs decided at T 2, 4
-# (BM 4: loses on both models) and 8; 5-7 follow their BM 8. Since v48 every size up to 8 has its
-# graph (decode_graphs.GRAPH_SIZES), and the committed sizes against batch 1 only gave 20b batch 2
-# 829.8 -> 936.9, 5 1,464.4 -> 1,566.7, 7 1,778.4 -> 1,902.1, 8 1,940.0 -> 2,057.4. At 3, 12 and 16
-# they lose in the engine (20b, v53: 1,079.2 against 1,093.1, 1,827.2 / 2,233.1, 2,252.1 / 2,773.0),
-# and from 9 tokens alone in a graph too (moe_gpu.py, M 16: 188.9 against 167.3 us at 20b, 310.1
-# against 279.5 at 120b). Batch 1 since v24 / v36. Batches of 9-16 since v59, on tiles of their own
-# (V3_DOWN_DEC_BIG below, from 8 tokens since v60): those losses were BM 16's.
-SPLIT_K_TOKENS = frozenset({1, 2, *range(5, 17)})
-
-
-def env_tokens(
-    v: str | None, name: str, gemm: str, default: frozenset[int] = SPLIT_K_TOKENS
-) -> frozenset[int]:
-    """The decode batch sizes that take a split-K kernel (variable `name`, value v): unset `default`;
-    N: 1..N (0: none); or a comma list of sizes and ranges (1,2,5-8), each in 1..DECODE_MAX_T."""
-    if v in (None, ""):
-        return default
-    bad = ValueError(
-        f"{name} must say which decode batch sizes take the split-K {gemm}: N for 1..N (0: none, up "
-        f"to {DECODE_MAX_T}) or sizes and ranges such as 1,2,5-8 within 1..{DECODE_MAX_T}, got {v!r}"
-    )
-    if v.isdigit():
-        if int(v) > DECODE_MAX_T:
-            raise bad
-        return frozenset(range(1, int(v) + 1))
-    sizes: set[int] = set()
-    for item in v.split(","):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
-        if m is None or not 1 <= int(m[1]) <= int(m[2] or m[1]) <= DECODE_MAX_T:
-            raise bad
-        sizes.update(range(int(m[1]), int(m[2] or m[1]) + 1))
-    return frozenset(sizes)
 
 
 def _tokens(v: str | None) -> frozenset[int]:
     return env_tokens(v, "GPTOSS_V3_DEC_DOWN", "down")
-
-
-def _tiles_fit(t: DecTiles) -> bool:
-    """Whether a split-K decode kernel can take t: whole 16-row blocks and 64-K chunks a warp."""
-    return not (t.bn % 16 or t.bk % (64 * t.split) or t.bm & (t.bm - 1) or t.split & (t.split - 1))
-
-
-def split_copies_fit(t: DecTiles) -> bool:
-    """Whether a split-K decode kernel can take tiles t's weights by TMA (WTMA) on the GPU: each warp's
-    share of a step (BN/16 row blocks x BK/SPLIT/64 chunks) at least 2 chunks. An H200 faulted
-    ("misaligned address") at BN 16, BK 128 over 2 warps (1 chunk a warp) and ran BN 16 at BK 256 over
-    2, BN 32 at BK 128 over 2 and BN 32 at BK 64 on one (bench/results v58); such tiles take cp.async
-    (the same bits). The interpreter copies any block."""
-    return triton.knobs.runtime.interpret or t.bn // 16 * (t.bk // t.split // 64) >= 2
-
-
-def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
-    """A split-K decode kernel's tiles from the variable `name` ("BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG]",
-    rNREG a register cap; unset or empty: default), for engine A/B runs of tiles the kernel benches
-    found (bench/gptoss_120b_ab_gpu.sh)."""
-    v = os.environ.get(name, "")
-    if not v:
-        return default
-    parts = v.split(",")
-    cap = parts.pop() if len(parts) == 7 and parts[-1].startswith("r") else None
-    counts = parts + ([cap[1:]] if cap else [])
-    if len(parts) != 6 or not all(p.isdigit() and int(p) > 0 for p in counts):
-        raise ValueError(
-            f"{name} must be BM,BN,BK,SPLIT,WARPS,STAGES (six positive counts), then optionally rNREG "
-            f"(a register cap, e.g. r128), got {v!r}"
-        )
-    t = DecTiles(*map(int, parts), maxnreg=int(cap[1:]) if cap else None)
-    if not _tiles_fit(t):
-        raise ValueError(
-            f"{name}: BN a multiple of 16, BK of 64 * SPLIT, BM and SPLIT powers of 2, got {v!r}"
-        )
-    return t
 
 
 TOKENS = _tokens(os.environ.get("GPTOSS_V3_DEC_DOWN"))
@@ -148,28 +77,22 @@ WTMA = os.environ.get("GPTOSS_V3_DEC_WTMA", "1") != "0"
 V3_DOWN_DEC = env_dec_tiles(
     "GPTOSS_V3_DEC_DOWN_TILES", DecTiles(bm=16, bn=32, bk=512, split=4, warps=4, stages=3)
 )
-# Batches of 8-16 tokens (BIG_FROM..) on tiles of their own: an x tile of 8 rows and 64 weight rows a
-# program. At 16 tokens 20b's experts get 2 rows on average (64 choices over 32), so BM 16 mostly
-# multiplied zero rows (K loop 3.82 instructions a value against 3.06 at BM 8, sm_90a); an expert's
-# rows past 8 loop over the same, L2-warm, weights. H200, the whole decode MoE in a CUDA graph, these
-# tiles for both split-K GEMMs against the BM-16 defaults and the engine's v2 slot kernels (bench/
-# results v59, `moe_gpu.py --ms 12,16`), us: 20b M 12 123.2 against 177.8 and 158.5, M 16 143.2 against
-# 204.0 and 218.9; 120b M 12 192.9 / 288.2 / 261.1, M 16 193.8 / 288.9 / 261.4. Under a register cap
-# of 128 (v60; 163 -> 128 registers, 3 -> 4 programs an SM, 6 spills outside the K loop; the gate_up's
-# 110 -> 95, 4 -> 5) the whole MoE is 1-4 % faster at 9-16 tokens and, at 120b, 6 % at 8; in the
-# engine (bench/decode_ab_gpu.py, 128 -> 512, best tok/s) 20b batch 12 2,822.3 -> 2,845.7, 16 3,501.4
-# -> 3,534.8, 8 2,058.5 -> 2,052.8 (-0.3 %, on these tiles from 8); 120b batch 8 1,070.7 -> 1,104.1,
-# 12 1,328.2 -> 1,365.0, 16 1,478.4 -> 1,510.5. Below 8 tokens they do not help (v59: M 1 43.6
-# against 38.3, M 2-7 within +-2 %). GPTOSS_V3_DEC_DOWN_TILES_BIG overrides them.
-BIG_FROM = 8
+# Batches of 8-16 tokens (moe_v3_dec_sizes.BIG_FROM..) on tiles of their own: an x tile of 8 rows and 64
+# weight rows a program. At 16 tokens 20b's experts get 2 rows on average (64 choices over 32), so BM 16
+# mostly multiplied zero rows (K loop 3.82 instructions a value against 3.06 at BM 8, sm_90a); an expert's
+# rows past 8 loop over the same, L2-warm, weights. H200, the whole decode MoE in a CUDA graph, these tiles
+# for both split-K GEMMs against the BM-16 defaults and the engine's v2 slot kernels (bench/results v59,
+# `moe_gpu.py --ms 12,16`), us: 20b M 12 123.2 against 177.8 and 158.5, M 16 143.2 against 204.0 and 218.9;
+# 120b M 12 192.9 / 288.2 / 261.1, M 16 193.8 / 288.9 / 261.4. Under a register cap of 128 (v60; 163 -> 128
+# registers, 3 -> 4 programs an SM, 6 spills outside the K loop; the gate_up's 110 -> 95, 4 -> 5) the whole
+# MoE is 1-4 % faster at 9-16 tokens and, at 120b, 6 % at 8; in the engine (bench/decode_ab_gpu.py, 128 ->
+# 512, best tok/s) 20b batch 12 2,822.3 -> 2,845.7, 16 3,501.4 -> 3,534.8, 8 2,058.5 -> 2,052.8 (-0.3 %, on
+# these tiles from 8); 120b batch 8 1,070.7 -> 1,104.1, 12 1,328.2 -> 1,365.0, 16 1,478.4 -> 1,510.5. Below 8
+# tokens they do not help (v59: M 1 43.6 against 38.3, M 2-7 within +-2 %). GPTOSS_V3_DEC_DOWN_TILES_BIG
+# overrides them.
 V3_DOWN_DEC_BIG = env_dec_tiles(
     "GPTOSS_V3_DEC_DOWN_TILES_BIG", DecTiles(bm=8, bn=64, bk=512, split=4, warps=4, stages=3, maxnreg=128)
 )
-
-
-def batch_tiles(tokens: int, small: DecTiles, big: DecTiles) -> DecTiles:
-    """A split-K kernel's default tiles for a batch of `tokens`: big from BIG_FROM tokens on."""
-    return big if tokens >= BIG_FROM else small
 
 
 @triton.jit
@@ -335,18 +258,9 @@ def _down_v3_dec_kernel(
 
 
 def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None) -> DecTiles:
-    """t (default V3_DOWN_DEC, or V3_DOWN_DEC_BIG from BIG_FROM tokens) fitted to T = tokens and K = k:
-    BM T's power of 2 up to t.bm, BK down toward K padded to 64 (no empty chunks past a short K),
-    SPLIT to BK's chunks; warps = SPLIT; t's register cap kept."""
-    t = batch_tiles(tokens, V3_DOWN_DEC, V3_DOWN_DEC_BIG) if t is None else t
-    if not _tiles_fit(t):
-        raise ValueError(
-            f"down_v3_dec: {t} needs BN a multiple of 16, BK of 64 * SPLIT, BM and SPLIT powers of 2"
-        )
-    bk = max(64, min(t.bk, triton.next_power_of_2(triton.cdiv(k, 64) * 64)))
-    split = min(t.split, bk // 64)
-    bm = min(t.bm, triton.next_power_of_2(max(1, tokens)))
-    return DecTiles(bm, t.bn, bk, split, split if split > 1 else t.warps, t.stages, t.maxnreg)
+    """t (default V3_DOWN_DEC, or V3_DOWN_DEC_BIG from BIG_FROM tokens) fitted to T = tokens and K = k
+    (moe_v3_dec_sizes.fit_dec_tiles)."""
+    return fit_dec_tiles(tokens, k, batch_tiles(tokens, V3_DOWN_DEC, V3_DOWN_DEC_BIG) if t is None else t)
 
 
 def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = None) -> Tensor:

@@ -36,7 +36,7 @@ as v3's gate_up), on a 256-K step (V3_GATE_UP_DEC), 120b batch-1 128 -> 512 on a
 interleaved rounds (v36): 396.9 / 406.1 tok/s against 383.4 / 385.5 on v3's decode tiles (+3.5 /
 +5.3 %); gate_up 588 against 723 us a token. TOKENS (GPTOSS_V3_DEC_GATE_UP: N for 1..N, or sizes and
 ranges such as 1,2,5-8) are the decode batch sizes that take it, by default
-moe_v3_dec.SPLIT_K_TOKENS (1, 2 and 5-16 tokens: the engine measured there, with the split-K down).
+moe_v3_dec_sizes.SPLIT_K_TOKENS (1, 2 and 5-16 tokens: the engine measured there, with the split-K down).
 Its weight and scale words come by TMA (WTMA, GPTOSS_V3_DEC_GATE_UP_WTMA; the same bits,
 interpreter-tested): sm_90a at 120b's T 1 with the routing inside, 128-K steps: 72 registers against
 80, the K loop 238 instructions against 212 (two UTMALDG a step, words and scales, instead of 4
@@ -69,13 +69,12 @@ from gptoss.kernels.moe_routing import (
 )
 from gptoss.kernels.moe_tiles import DecTiles
 from gptoss.kernels.moe_v3 import _check, _route_args, _scaled, _tma_runs, _weight_args, weight_descriptors
-from gptoss.kernels.moe_v3_dec import (
-    _v3_split_ptrs,
-    _v3_split_step,
+from gptoss.kernels.moe_v3_dec import _v3_split_ptrs, _v3_split_step
+from gptoss.kernels.moe_v3_dec_sizes import (
     batch_tiles,
-    dec_tiles_v3,
     env_dec_tiles,
     env_tokens,
+    fit_dec_tiles,
     split_copies_fit,
 )
 
@@ -85,7 +84,7 @@ _ENV = "GPTOSS_V3_DEC_GATE_UP"
 def _tokens(v: str | None) -> frozenset[int]:
     # Batch 1 first: launched without PDL (LAUNCH_PDL) it beats v3's decode tiles in the engine, 588
     # against 723 us a token at 120b on an H200 (bench/results v36; it lost with PDL, v26, v33).
-    # Batches of 2 and 5-8 since v47, 9-16 since v59 (moe_v3_dec.SPLIT_K_TOKENS).
+    # Batches of 2 and 5-8 since v47, 9-16 since v59 (moe_v3_dec_sizes.SPLIT_K_TOKENS).
     return env_tokens(v, _ENV, "gate_up")
 
 
@@ -125,7 +124,7 @@ ROUTE_ONE = common.env_switch("GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE", "1")
 V3_GATE_UP_DEC = env_dec_tiles(
     "GPTOSS_V3_DEC_GATE_UP_TILES", DecTiles(bm=16, bn=32, bk=256, split=2, warps=2, stages=4)
 )
-# Batches of 8-16 tokens (moe_v3_dec.BIG_FROM): an x tile of 8 rows, 64 weight rows (32 act columns)
+# Batches of 8-16 tokens (moe_v3_dec_sizes.BIG_FROM): an x tile of 8 rows, 64 weight rows (32 act columns)
 # a program, a 256-K step over 4 warps of one chunk each, 3 stages, at most 128 registers (95 by
 # ptxas: 5 programs an SM, not 4); timed with the down's V3_DOWN_DEC_BIG (its comment has the
 # figures: 20b M 16's gate_up 87.6 us against 113.3 on the tiles above, v59; the cap 136.3 -> 131.4 at
@@ -262,8 +261,8 @@ def gate_up_v3_dec(
 ) -> Tensor:
     """x [T, H] -> act [T*k, I] in x.dtype, rows in assignment order, act[a] = swiglu(x[a // k] @
     W13_e^T + b13_e) (moe_v3.gate_up_v3's contract without LoRA or sorted rows) on "v3" weights.
-    t: the tiles before dec_tiles_v3 fits them to T and K = H (default V3_GATE_UP_DEC, from
-    moe_v3_dec.BIG_FROM tokens V3_GATE_UP_DEC_BIG; BN counts weight rows, two an act column).
+    t: the tiles before fit_dec_tiles fits them to T and K = H (default V3_GATE_UP_DEC, from
+    moe_v3_dec_sizes.BIG_FROM tokens V3_GATE_UP_DEC_BIG; BN counts weight rows, two an act column).
     logits [T, E]: r's buffers (empty on entry) are filled with their routing for down and the
     combine, by the kernel itself where T fits one x tile (T <= the fitted BM), else by
     route_and_group's launch before it."""
@@ -273,7 +272,7 @@ def gate_up_v3_dec(
     (n_tok, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
     t = batch_tiles(n_tok, V3_GATE_UP_DEC, V3_GATE_UP_DEC_BIG) if t is None else t
-    tiles = dec_tiles_v3(n_tok, h, t)
+    tiles = fit_dec_tiles(n_tok, h, t)
     if logits is not None and n_tok > tiles.bm:  # in the kernel, every row of the batch in one x tile
         route_and_group(logits, k, out=r)
         logits = None

@@ -213,7 +213,7 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
     GPTOSS_ROUTER) and leave the combine to the next add + RMSNorm (moe.v3_decode), so moe.combine
     runs in the prefill step alone."""
     from gptoss import kernel_model
-    from gptoss.kernels import moe, moe_decode, moe_layout, moe_v3_dec, moe_v3_dec_gu
+    from gptoss.kernels import moe, moe_decode, moe_layout, moe_v3_dec_gu, moe_v3_dec_sizes
 
     monkeypatch.setattr(moe_layout, "KERNELS", "v3")
     monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", frozenset({1}))  # 2-token steps on v3's gate_up first
@@ -249,7 +249,7 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
     assert triton_eng.generate(prompts[1:], one) == torch_eng.generate(prompts[1:], one)
     assert ran["v3"] == layers and ran["split-K"] == 2 * layers and ran["rows"] == 2 * layers
     # the default sizes (1, 2, 5-8): the two prompts' 2-token decode steps take the split-K gate_up too
-    monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", moe_v3_dec.SPLIT_K_TOKENS)
+    monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", moe_v3_dec_sizes.SPLIT_K_TOKENS)
     ran.update(dict.fromkeys(ran, 0))
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
     assert ran["v3"] == layers and ran["split-K"] == ran["rows"] == 4 * layers
@@ -313,7 +313,7 @@ def test_decode_on_the_large_copy_gives_the_reference_tokens(
 
 def test_decode_on_large_refuses_a_bad_value_by_name():
     from gptoss import kernel_model
-    from gptoss.kernels.moe_v3_dec import SPLIT_K_TOKENS
+    from gptoss.kernels.moe_v3_dec_sizes import SPLIT_K_TOKENS
 
     parsed = [kernel_model._decode_on_large(v) for v in (None, "", "0", "4", "1-2,8")]
     assert parsed == [SPLIT_K_TOKENS, SPLIT_K_TOKENS, frozenset(), {1, 2, 3, 4}, {1, 2, 8}]

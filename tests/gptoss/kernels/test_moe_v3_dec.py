@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe, moe_v3, moe_v3_dec, moe_v3_dec_gu  # noqa: E402
+from gptoss.kernels import moe, moe_v3, moe_v3_dec, moe_v3_dec_gu, moe_v3_dec_sizes  # noqa: E402
 from gptoss.kernels.moe_routing import Routing, route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles, choose_tiles_v3  # noqa: E402
 from gptoss.mxfp4 import dequantize  # noqa: E402
@@ -207,9 +207,9 @@ def test_expert_rows_v3_takes_the_decode_down_at_its_batch_sizes(sizes, tokens, 
 
 
 def test_the_batch_sizes_come_from_the_environment():
-    assert moe_v3_dec.SPLIT_K_TOKENS == frozenset({1, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+    assert moe_v3_dec_sizes.SPLIT_K_TOKENS == frozenset({1, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
     parsed = [moe_v3_dec._tokens(v) for v in (None, "", "0", "1", "2,8", "16")]
-    assert parsed == [moe_v3_dec.SPLIT_K_TOKENS] * 2 + [frozenset(), {1}, {2, 8}, set(range(1, 17))]
+    assert parsed == [moe_v3_dec_sizes.SPLIT_K_TOKENS] * 2 + [frozenset(), {1}, {2, 8}, set(range(1, 17))]
     assert moe_v3_dec.TOKENS == moe_v3_dec._tokens(os.environ.get("GPTOSS_V3_DEC_DOWN"))
     for bad in ("17", "yes", "-1", "4-3"):
         with pytest.raises(ValueError, match=f"^GPTOSS_V3_DEC_DOWN must say .* split-K down: .* '{bad}'$"):
@@ -254,14 +254,16 @@ def test_decode_tiles_come_from_the_environment(monkeypatch):
             DecTiles(8, 64, 256, 4, 4, 3, 128),
         ),
     ]:
-        assert tiles == moe_v3_dec.env_dec_tiles(name, want)  # the default unless the run sets it
+        assert tiles == moe_v3_dec_sizes.env_dec_tiles(name, want)  # the default unless the run sets it
     default = DecTiles(16, 32, 512, 4, 4, 3)
     monkeypatch.delenv("GPTOSS_X_TILES", raising=False)
-    assert moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default) is default
+    assert moe_v3_dec_sizes.env_dec_tiles("GPTOSS_X_TILES", default) is default
     monkeypatch.setenv("GPTOSS_X_TILES", "16,32,128,2,2,4")
-    assert moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default) == DecTiles(16, 32, 128, 2, 2, 4)
+    assert moe_v3_dec_sizes.env_dec_tiles("GPTOSS_X_TILES", default) == DecTiles(16, 32, 128, 2, 2, 4)
     monkeypatch.setenv("GPTOSS_X_TILES", "8,64,512,4,4,3,r128")  # a register cap
-    assert moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default) == DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128)
+    assert moe_v3_dec_sizes.env_dec_tiles("GPTOSS_X_TILES", default) == DecTiles(
+        8, 64, 512, 4, 4, 3, maxnreg=128
+    )
     for bad, why in [
         ("16,32,128,2,2", "six positive counts"),
         ("16,24,128,2,2,4", "BN a multiple of 16"),
@@ -270,7 +272,7 @@ def test_decode_tiles_come_from_the_environment(monkeypatch):
     ]:
         monkeypatch.setenv("GPTOSS_X_TILES", bad)
         with pytest.raises(ValueError, match=f"GPTOSS_X_TILES.*{why}"):
-            moe_v3_dec.env_dec_tiles("GPTOSS_X_TILES", default)
+            moe_v3_dec_sizes.env_dec_tiles("GPTOSS_X_TILES", default)
 
 
 def test_copies_of_one_chunk_a_warp_go_by_cp_async_on_the_gpu(monkeypatch):
@@ -284,10 +286,10 @@ def test_copies_of_one_chunk_a_warp_go_by_cp_async_on_the_gpu(monkeypatch):
         DecTiles(1, 32, 64, 1, 4, 2),  # ran
         DecTiles(16, 32, 512, 4, 4, 3),  # the down's default
     ]
-    monkeypatch.setattr(moe_v3_dec.triton.knobs.runtime, "interpret", True)
-    assert all(moe_v3_dec.split_copies_fit(t) for t in tiles)
-    monkeypatch.setattr(moe_v3_dec.triton.knobs.runtime, "interpret", False)
-    assert [moe_v3_dec.split_copies_fit(t) for t in tiles] == [False, False, True, True, True, True]
+    monkeypatch.setattr(moe_v3_dec_sizes.triton.knobs.runtime, "interpret", True)
+    assert all(moe_v3_dec_sizes.split_copies_fit(t) for t in tiles)
+    monkeypatch.setattr(moe_v3_dec_sizes.triton.knobs.runtime, "interpret", False)
+    assert [moe_v3_dec_sizes.split_copies_fit(t) for t in tiles] == [False, False, True, True, True, True]
 
 
 def test_the_down_takes_cp_async_where_its_copies_would_not_fit(monkeypatch):

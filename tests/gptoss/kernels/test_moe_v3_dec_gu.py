@@ -25,7 +25,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated by triton.jit
 pytest.importorskip("triton")
 
-from gptoss.kernels import moe, moe_v3, moe_v3_dec, moe_v3_dec_gu  # noqa: E402
+from gptoss.kernels import moe, moe_v3, moe_v3_dec_gu, moe_v3_dec_sizes  # noqa: E402
 from gptoss.kernels.moe_routing import Routing, route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles, choose_tiles_v3  # noqa: E402
 from gptoss.model import swiglu  # noqa: E402
@@ -219,7 +219,7 @@ def test_gate_up_v3_dec_refuses_other_layouts(kernels, layout):
     ],
 )
 def test_expert_rows_v3_takes_the_split_k_gate_up_at_its_batch_sizes(sizes, tokens, calls, monkeypatch):
-    """moe_v3_dec_gu.TOKENS (default moe_v3_dec.SPLIT_K_TOKENS): expert_rows_v3 runs the kernel for
+    """moe_v3_dec_gu.TOKENS (default moe_v3_dec_sizes.SPLIT_K_TOKENS): expert_rows_v3 runs the kernel for
     T in TOKENS only, routing the logits in it when given, and its rows equal v3's tiles' (none)."""
     ref, w, x, logits, r = _case(8, 160, 96, 4, tokens, torch.bfloat16, seed=5)
     monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", frozenset())
@@ -235,7 +235,7 @@ def test_expert_rows_v3_takes_the_split_k_gate_up_at_its_batch_sizes(sizes, toke
 
 def test_the_batch_sizes_come_from_the_environment():
     parse = moe_v3_dec_gu._tokens
-    assert parse(None) == parse("") == frozenset({1, 2, *range(5, 17)}) == moe_v3_dec.SPLIT_K_TOKENS
+    assert parse(None) == parse("") == frozenset({1, 2, *range(5, 17)}) == moe_v3_dec_sizes.SPLIT_K_TOKENS
     assert (parse("0"), parse("5"), parse("16")) == (frozenset(), {1, 2, 3, 4, 5}, frozenset(range(1, 17)))
     assert parse("1,2,5-8") == frozenset({1, 2, 5, 6, 7, 8}) and parse("3,3-4,16") == frozenset({3, 4, 16})
     assert moe_v3_dec_gu.TOKENS == parse(os.environ.get("GPTOSS_V3_DEC_GATE_UP"))
@@ -263,7 +263,7 @@ def test_gate_up_v3_dec_120b_shapes_on_gpu(tokens):
 
 
 def test_the_gate_up_takes_cp_async_where_its_copies_would_not_fit(monkeypatch):
-    """moe_v3_dec.split_copies_fit: TMA copies of 1 chunk a warp faulted on an H200 (v58), so those
+    """moe_v3_dec_sizes.split_copies_fit: TMA copies of 1 chunk a warp faulted on an H200 (v58), so those
     tiles go by cp.async (the bits are the same either way)."""
     ref, w, x, _, r = _case(4, 2880, 96, 2, 5, torch.float32, seed=2)
 
