@@ -8,7 +8,8 @@ top-4), weights and scales by TMA (the engine's WTMA) unless --cp-async, the cou
 given (a batch past one x tile routes by launch). Each tile shape is compiled for both GEMMs; one line
 each: registers, shared memory, spills (in the K loop), the K loop's instructions a weight value, and
 the programs an SM can hold (by registers, shared memory and warps), which is what a register cap
-(rNREG: ptxas .maxnreg) buys. Without --tiles: the engine's defaults up to 8 tokens and from 9.
+(rNREG: ptxas .maxnreg) buys. Without --tiles: the engine's defaults below
+moe_v3_dec_sizes.BIG_FROM tokens and from it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from moe_v3_sass import _wtma  # noqa: E402
 
 from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
+from gptoss.kernels.moe_v3_dec_sizes import parse_dec_tiles  # noqa: E402
 
 SHAPE = dict(N=2880, K=2880, E=32, BE=32, ASM=True, PREC="tf32", PDL=True)
 SIG = dict(w_ptr="*i32", s_ptr="*i32", b_ptr="*fp32", counts_ptr="*i32", rows_ptr="*i32", T="i32")
@@ -58,15 +60,6 @@ def programs_an_sm(regs: int, smem: int, warps: int) -> int:
     return min(SM_REGS // (per_warp * warps), SM_SMEM // max(smem, 1), SM_WARPS // warps)
 
 
-def parse(spec: str) -> DecTiles:
-    parts = spec.split(",")
-    cap = [int(p[1:]) for p in parts if p.startswith("r")]
-    nums = [int(p) for p in parts if not p.startswith("r")]
-    if len(nums) != 6 or len(cap) > 1:
-        raise SystemExit(f"--tiles wants BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG], got {spec!r}")
-    return DecTiles(*nums, maxnreg=cap[0] if cap else None)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -74,11 +67,15 @@ def main() -> None:
     )
     ap.add_argument("--cp-async", action="store_true", help="weights by cp.async instead of TMA")
     args = ap.parse_args()
-    gu_tiles = [parse(s) for s in args.tiles] or [
+    try:
+        given = [parse_dec_tiles(s, "--tiles") for s in args.tiles]
+    except ValueError as e:
+        ap.error(str(e))
+    gu_tiles = given or [
         moe_v3_dec_gu.V3_GATE_UP_DEC,
         moe_v3_dec_gu.V3_GATE_UP_DEC_BIG,
     ]
-    dn_tiles = [parse(s) for s in args.tiles] or [moe_v3_dec.V3_DOWN_DEC, moe_v3_dec.V3_DOWN_DEC_BIG]
+    dn_tiles = given or [moe_v3_dec.V3_DOWN_DEC, moe_v3_dec.V3_DOWN_DEC_BIG]
     for name, build, tiles in (("gate_up", gate_up, gu_tiles), ("down", down, dn_tiles)):
         for t in tiles:
             k = build(t, not args.cp_async)

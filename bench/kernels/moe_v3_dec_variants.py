@@ -118,32 +118,30 @@ V3_DEC_VARIANTS["v3-dd-gu-w-bm8n64"] = Variant(
     wtma=True,
 )
 
-# The 9-16 token tiles (v59's -bm8n64, the defaults since) against neighbours, with their sm_90a
+# The 9-16 token tiles (v59's -bm8n64, the defaults then) against neighbours, with their sm_90a
 # statistics at 20b (`bench/kernels/moe_v3_dec_sass.py --tiles ...`, weights by TMA; K loop
 # instructions a weight value, registers, programs an SM): the defaults gate_up 3.05, 110, 4 and down
 # 2.77, 163, 3, i.e. 12-16 of an SM's 64 warp slots. -cap: register caps for one more program an SM
-# (gate_up r128: 95 registers, 5; down r128: 128, 4, 6 spills outside the loop); -n128: 128 weight
-# rows a program (2.68 a value, 3 an SM); -gk512: the gate_up at BK 512 (2.79, 147, 3); -bm4: x tiles
-# of 4 rows at BK 512 (2.66 a value; 120b's experts get 0.5 rows on average at 16 tokens); -dk256s4:
-# the down at BK 256, 4 stages (3.07, 123, 4; its 6 K steps a program become 12); -s4: both 4 deep.
+# (gate_up r128: 95 registers, 5; down r128: 128, 4, 6 spills outside the loop; the big-batch defaults
+# since v60); -n128: 128 weight rows a program (2.68 a value, 3 an SM); -gk512: the gate_up at BK 512
+# (2.79, 147, 3); -bm4: x tiles of 4 rows at BK 512 (2.66 a value; 120b's experts get 0.5 rows on
+# average at 16 tokens); -dk256s4: the down at BK 256, 4 stages (3.07, 123, 4; its 6 K steps a program
+# become 12); -s4: both 4 deep. After the first sweep (-cap won at every size, 2-4 %): -cap-d96, the
+# down at BK 256 under a cap of 96 (5 programs an SM, 34 spills outside the K loop); -cap-g80, the
+# gate_up at 80 (6 an SM, 10 spills in the loop); -8-cap: the tiles up to 8 tokens at 96 (gate_up (8,
+# 32, 256) 118 -> 96 registers, 8 -> 9 an SM; down (8, 32, 512) 123 -> 96, 4 -> 5, 4 spills outside
+# the loop), their batches many waves long.
 _N64_GU, _N64_DN = DecTiles(8, 64, 256, 4, 4, 3), DecTiles(8, 64, 512, 4, 4, 3)
+_CAP_GU, _CAP_DN = DecTiles(8, 64, 256, 4, 4, 3, maxnreg=128), DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128)
 for _name, _gu, _dn in [
-    ("v3-9-cap", DecTiles(8, 64, 256, 4, 4, 3, maxnreg=128), DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128)),
+    ("v3-9-cap", _CAP_GU, _CAP_DN),
     ("v3-9-n128", DecTiles(8, 128, 256, 4, 4, 3), DecTiles(8, 128, 256, 4, 4, 3)),
     ("v3-9-gk512", DecTiles(8, 64, 512, 4, 4, 3), _N64_DN),
     ("v3-9-bm4", DecTiles(4, 64, 512, 4, 4, 3), DecTiles(4, 64, 512, 4, 4, 3)),
     ("v3-9-dk256s4", _N64_GU, DecTiles(8, 64, 256, 4, 4, 4)),
     ("v3-9-s4", DecTiles(8, 64, 256, 4, 4, 4), DecTiles(8, 64, 512, 4, 4, 4)),
-]:
-    V3_DEC_VARIANTS[_name] = Variant("v3", max_m=16, v3_dec_down=_dn, v3_dec_gate_up=_gu, wtma=True)
-# After the first sweep (-cap won at every size, 2-4 %): the down at BK 256 under a cap of 96 (5
-# programs an SM, 34 spills outside the K loop), the gate_up at 80 (6 an SM, 10 spills in the loop);
-# -8-cap: the tiles up to 8 tokens at 96 (gate_up (8, 32, 256) 118 -> 96 registers, 8 -> 9 an SM;
-# down (8, 32, 512) 123 -> 96, 4 -> 5, 4 spills outside the loop), their batches many waves long.
-_CAP_GU = DecTiles(8, 64, 256, 4, 4, 3, maxnreg=128)
-for _name, _gu, _dn in [
     ("v3-9-cap-d96", _CAP_GU, DecTiles(8, 64, 256, 4, 4, 3, maxnreg=96)),
-    ("v3-9-cap-g80", DecTiles(8, 64, 256, 4, 4, 3, maxnreg=80), DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128)),
+    ("v3-9-cap-g80", DecTiles(8, 64, 256, 4, 4, 3, maxnreg=80), _CAP_DN),
     ("v3-8-cap", DecTiles(16, 32, 256, 2, 2, 4, maxnreg=96), DecTiles(16, 32, 512, 4, 4, 3, maxnreg=96)),
 ]:
     V3_DEC_VARIANTS[_name] = Variant("v3", max_m=16, v3_dec_down=_dn, v3_dec_gate_up=_gu, wtma=True)

@@ -69,13 +69,9 @@ def split_copies_fit(t: DecTiles) -> bool:
     return triton.knobs.runtime.interpret or t.bn // 16 * (t.bk // t.split // 64) >= 2
 
 
-def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
-    """A split-K decode kernel's tiles from the variable `name` ("BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG]",
-    rNREG a register cap; unset or empty: default), for engine A/B runs of tiles the kernel benches
-    found (bench/gptoss_120b_ab_gpu.sh)."""
-    v = os.environ.get(name, "")
-    if not v:
-        return default
+def parse_dec_tiles(v: str, name: str) -> DecTiles:
+    """Tiles from "BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG]" (rNREG a register cap), the value of `name` (a
+    variable, or a bench tool's option), checked as a split-K decode kernel takes them."""
     parts = v.split(",")
     cap = parts.pop() if len(parts) == 7 and parts[-1].startswith("r") else None
     counts = parts + ([cap[1:]] if cap else [])
@@ -90,6 +86,13 @@ def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
             f"{name}: BN a multiple of 16, BK of 64 * SPLIT, BM and SPLIT powers of 2, got {v!r}"
         )
     return t
+
+
+def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
+    """A split-K decode kernel's tiles from the variable `name` (parse_dec_tiles; unset or empty:
+    default), for engine A/B runs of tiles the kernel benches found (bench/gptoss_120b_ab_gpu.sh)."""
+    v = os.environ.get(name, "")
+    return parse_dec_tiles(v, name) if v else default
 
 
 # From BIG_FROM tokens the split-K GEMMs take their big-batch tiles (moe_v3_dec.V3_DOWN_DEC_BIG's

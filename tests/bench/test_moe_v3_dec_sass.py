@@ -8,14 +8,11 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "kernels"))
 
-from moe_v3_dec_sass import parse, programs_an_sm  # noqa: E402
+from moe_v3_dec_sass import programs_an_sm  # noqa: E402
 
-from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
 from tests.bench.gpu_stubs import run_compiler_tool  # noqa: E402
 
 
@@ -27,11 +24,9 @@ def test_programs_an_sm_counts_registers_shared_memory_and_warps():
     assert programs_an_sm(32, 0, 2) == 32  # the 64 warp slots bind
 
 
-def test_tiles_parse_with_and_without_a_cap():
-    assert parse("8,64,512,4,4,3") == DecTiles(8, 64, 512, 4, 4, 3)
-    assert parse("8,64,512,4,4,3,r128") == DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128)
-    with pytest.raises(SystemExit, match="BM,BN,BK,SPLIT,WARPS,STAGES"):
-        parse("8,64,512,4,4")
+def test_bad_tiles_are_refused_with_the_option_named():
+    p = run_compiler_tool("moe_v3_dec_sass.py", "--tiles", "8,64,512,4,4")
+    assert p.returncode == 2 and "--tiles must be BM,BN,BK,SPLIT,WARPS,STAGES" in p.stderr
 
 
 def test_a_register_cap_reaches_both_compiled_kernels():
