@@ -98,7 +98,8 @@ def _prompt(value: object, where: str, vocab_size: int) -> np.ndarray:
                 raise DatasetError(
                     f"{where}: token at position {pos} is {tok!r} ({type(tok).__name__}), not an integer id"
                 )
-        arr = np.asarray([int(t) for t in value], dtype=np.int64)
+        # Python ints, compared as such: one past int64 is still a bad id, not an OverflowError
+        arr = np.asarray([int(t) for t in value], dtype=object)
     if arr.min() < 0:
         pos = int(np.argmax(arr < 0))
         raise DatasetError(f"{where}: token id {int(arr[pos])} at position {pos} is negative")

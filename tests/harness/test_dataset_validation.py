@@ -40,6 +40,16 @@ def _error(path, **kw) -> str:
             "d.pkl: row 0, column 'tok_input': token id 201088 at position 1 is >= the vocabulary size "
             "201088",
         ),
+        # ids past int64 (a list numpy keeps as objects): the same refusal, not an OverflowError
+        (
+            [[1, 2], [-(2**63) - 1]],
+            "d.pkl: row 1, column 'tok_input': token id -9223372036854775809 at position 0 is negative",
+        ),
+        (
+            [[1, 2**70]],
+            "d.pkl: row 0, column 'tok_input': token id 1180591620717411303424 at position 1 is >= the "
+            "vocabulary size 201088",
+        ),
         (
             [[1, 2.5], [3]],
             "d.pkl: row 0, column 'tok_input': token at position 1 is 2.5 (float), not an integer id",
