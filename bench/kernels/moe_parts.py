@@ -4,9 +4,8 @@ precomputed (variant_parts, dec_parts, engine_decode: the engine's decode step).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from functools import partial
 from unittest import mock
 
@@ -61,10 +60,9 @@ def dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -
 
 
 def switches(v: Variant) -> AbstractContextManager:
-    """The module switches a variant needs, restored afterwards (for the engine's only its patch)."""
-    patch = [(importlib.import_module(f"gptoss.kernels.{m}"), a, value) for m, a, value in v.patch]
+    """The module switches a variant needs, restored afterwards (none for the engine's)."""
     if v.engine:
-        return _patched(patch, [])
+        return nullcontext()
     tma_down, tma_x = moe_v3._tma_mode(v.tma)
     every = frozenset(range(1, moe_tiles.DECODE_MAX_T + 1))
     attrs = [
@@ -86,7 +84,7 @@ def switches(v: Variant) -> AbstractContextManager:
         (moe_v3_dec, "WTMA", v.wtma),
         (moe_v3_dec_gu, "WTMA", v.wtma),
     ]
-    return _patched(attrs + patch, [(moe.TILE_OVERRIDE, v.tiles or {})])
+    return _patched(attrs, [(moe.TILE_OVERRIDE, v.tiles or {})])
 
 
 def variant_parts(

@@ -24,5 +24,3 @@ class Variant:
     # Every module switch as the engine leaves it (the fields above unused), and at decode sizes the
     # engine's fused decode MoE (kernel_model.decode_copy / decode_rows) instead of moe_forward
     engine: bool = False
-    # (module of gptoss.kernels, attribute, value) set while the variant runs, engine variants too
-    patch: tuple[tuple[str, str, object], ...] = ()

@@ -191,16 +191,6 @@ VARIANTS["dual"] = Variant("dual")
 # weights on cp.async (the engine: TMA at tiles of <= 128 rows), and batch 1 on v2's decode kernels
 # through moe_forward (the engine: v3's split-K kernels, the gate_up routing the logits).
 VARIANTS["engine"] = Variant("dual", engine=True)
-# The engine with its one-token gate_up warming L2 with the down's weights (GPTOSS_L2_PREFETCH=moe:
-# moe_v3_dec_gu's prefetch_down): -last with the evict_last hint, -half only each down row block's
-# first half, -m2 at 2 tokens too (8 experts' downs, 35 MB: past what L2 keeps beside the gate_up's).
-_PF = (("l2_prefetch", "ON", frozenset({"moe"})),)
-VARIANTS["engine-pf"] = Variant("dual", engine=True, patch=_PF)
-VARIANTS["engine-pf-last"] = Variant("dual", engine=True, patch=(*_PF, ("moe_v3_dec_gu", "PF_LAST", True)))
-VARIANTS["engine-pf-half"] = Variant("dual", engine=True, patch=(*_PF, ("moe_v3_dec_gu", "PF_SHARE", 0.5)))
-VARIANTS["engine-pf-m2"] = Variant(
-    "dual", engine=True, patch=(*_PF, ("l2_prefetch", "MOE_TOKENS", frozenset({1, 2})))
-)
 for _name, _buckets, _gu, _dn, _lo, _hi in [
     ("v3-gu128x256", (128, 512), Tiles(128, 256, 64, 8, 3), None, 1024, 1 << 30),
     ("v3-b32-k64s6", (32,), Tiles(32, 64, 64, 4, 6), Tiles(32, 64, 64, 4, 6), 129, 256),

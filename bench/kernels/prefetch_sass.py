@@ -6,9 +6,7 @@ No GPU needed (as moe_decode_sass.py). Prints, for the standalone prefetch kerne
 order among PREEXIT (griddepcontrol.launch_dependents), UBLKPF (cp.async.bulk.prefetch.L2) and
 ACQBULK (griddepcontrol.wait): dependents released first, the wait last. For 120b's decode gate_up
 (routing in the kernel) with and without PF: UBLKPF count, registers, and the K loop's instructions,
-which the prefetch, issued before the loop, must leave as they are; the same for the split-K
-gate_up (moe_v3_dec_gu) at one token, asking for 1 down row block a program, and for 2 with the
-evict_last hint (its CREATEPOLICY). For decode attention (a full
+which the prefetch, issued before the loop, must leave as they are. For decode attention (a full
 layer's split, bf16, DECODE_CFG) with and without the "kv" prefetch: its line prefetches (CCTL.E.PF2)
 before ACQBULK, and the release (PREEXIT) after it.
 """
@@ -17,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,15 +22,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import moe_v3_dec_sass  # noqa: E402
 from attn_sass import compile_decode  # noqa: E402
 from moe_decode_sass import _compile, disassemble, mma_loops, opcode  # noqa: E402
 from moe_v3_sass import SHAPE, SIG  # noqa: E402
 
-from gptoss.kernels import l2_prefetch, moe_v3_dec_gu, moe_v3_kernels  # noqa: E402
+from gptoss.kernels import l2_prefetch, moe_v3_kernels  # noqa: E402
 from gptoss.kernels.attention_settings import DECODE_CFG  # noqa: E402
 from gptoss.kernels.moe_tiles import _DEC_GU_V3  # noqa: E402
-from gptoss.kernels.moe_v3_dec_sizes import fit_dec_tiles  # noqa: E402
 
 MARKS = ("PREEXIT", "UBLKPF", "ACQBULK")
 
@@ -60,38 +55,6 @@ def gate_up(pf: bool) -> dict:
         "ublkpf": sum("UBLKPF" in x for _, x in ins),
         "k_loop": len(loop),
         "ublkpf_in_loop": sum("UBLKPF" in x for x in loop),
-    }
-
-
-def waterfall(ins: list[tuple[int, str]]) -> list[str]:
-    """The instructions inside loops closed by a BRA.U.ANY back: what ptxas emits to run a
-    warp-uniform instruction (UBLKPF) for each distinct operand its threads hold, one at a time."""
-    spans = [(int(m.group(1), 16), a) for a, x in ins if (m := re.search(r"BRA\.U\.ANY (0x[0-9a-f]+)", x))]
-    return [x for a, x in ins if any(lo <= a <= hi for lo, hi in spans if lo < hi)]
-
-
-def gate_up_dec(pf: int, last: bool = False) -> dict:
-    """The split-K gate_up as the engine runs one token (its default tiles fitted to T 1, weights by
-    TMA, routing one token in the kernel) asking for pf down row blocks a program (0: none)."""
-    t = fit_dec_tiles(1, 2880, moe_v3_dec_gu.V3_GATE_UP_DEC)
-    sig = dict(x_ptr="*bf16", act_ptr="*bf16", **moe_v3_dec_sass.SIG, stride_x="i32", alpha="fp32")
-    sig.update(limit="fp32", logits_ptr="*fp32", ids_ptr="*i32", wts_ptr="*fp32", stride_l="i32")
-    consts = dict(moe_v3_dec_sass.SHAPE, TOP_K=4, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
-    consts.update(ROUTE=True, ONE=True, KP=4, BT=1, PF=pf)
-    if pf:
-        sig.update(w2_ptr="*u8", s2_ptr="*u8", w2_e="i32", s2_e="i32", w2_rb="i32", s2_rb="i32")
-        sig.update(pf_w="i32", pf_s="i32")
-        consts.update(PF_RB=180, PF_LAST=last)
-    _, _, ins = disassemble(
-        moe_v3_dec_sass._build(moe_v3_dec_gu._gate_up_v3_dec_kernel, sig, consts, t, True)
-    )
-    loop = min(mma_loops(ins), key=len)
-    return {
-        "ublkpf": sum("UBLKPF" in x for _, x in ins),
-        "ublkpf_in_loop": sum("UBLKPF" in x for x in loop),
-        "k_loop": len(loop),
-        "hinted": sum("UBLKPF" in x and "desc[" in x for _, x in ins),
-        "waterfall": sum("UBLKPF" in x for x in waterfall(ins)),
     }
 
 
@@ -125,8 +88,6 @@ def main() -> None:
         __doc__,
         lambda: (
             {"standalone": standalone(), "gate_up": gate_up(False), "gate_up_pf": gate_up(True)}
-            | {"gate_up_dec": gate_up_dec(0), "gate_up_dec_pf": gate_up_dec(1)}
-            | {"gate_up_dec_pf2_last": gate_up_dec(2, last=True)}
             | {"attn": attention(0), "attn_kv": attention(l2_prefetch.ATTN_KEYS)}
         ),
     )

@@ -47,8 +47,8 @@ from gptoss.kernels import pdl
 from gptoss.kernels.device_info import sm_count
 
 # GPTOSS_L2_PREFETCH: which prefetches decode steps of up to MAX_T tokens issue, a comma list of
-#   moe  the gate_up GEMM (MOE_TOKENS: one token) warms its share of the same experts' W2 for the
-#        down GEMM after it (v3's gate_up also its own tile of W13; the split-K gate_up only W2)
+#   moe  the gate_up GEMM (one token: 4 experts, ~52 MB at 120b, inside L2's 60 MB) warms its own
+#        tile of W13 and its share of the same expert's W2 for the down GEMM after it
 #   o    a prefetch launch beside attention warms the O projection's weight
 #   qkv  a prefetch launch beside the MoE's down GEMM warms the next layer's QKV weight
 #   kv   a decode attention program, before its PDL wait (while the QKV projection still runs),
@@ -58,9 +58,6 @@ from gptoss.kernels.device_info import sm_count
 PARTS = ("moe", "o", "qkv", "kv")
 ATTN_KEYS = 256  # attention.MIN_SPLIT_KEYS: a batch-1 split's keys, whole
 MAX_T = 16
-# The decode batch sizes whose gate_up warms the down's weights ("moe"): one token's 4 experts' downs
-# (17.6 MB at 20b's and 120b's shapes) fit L2 beside the gate_up's stream; 2 tokens' 8 are 35 MB.
-MOE_TOKENS = frozenset({1})
 
 
 def parse_parts(v: str | None) -> frozenset[str]:
@@ -116,43 +113,6 @@ def prefetch_part(base, nbytes, part, parts, NT: tl.constexpr):
     )
 
 
-# Thread 0's bulk prefetch of $2 bytes at $1 ($2 <= 0: none), with the evict_last hint where $3 is
-# non-zero. The bulk prefetch takes warp-uniform operands, so where every thread holds another range
-# (prefetch_part) the compiler loops over the warp's threads, a prefetch each: 32 a warp.
-_RANGE_ASM: tl.constexpr = tl.constexpr("""
-{
-.reg .pred p, q, l;
-.reg .b32 t;
-.reg .b64 pol;
-mov.u32 t, %tid.x;
-setp.gt.s32 p, $2, 0;
-setp.eq.and.u32 p, t, 0, p;
-setp.ne.and.s32 l, $3, 0, p;
-setp.eq.and.s32 q, $3, 0, p;
-createpolicy.fractional.L2::evict_last.b64 pol, 1.0;
-@q cp.async.bulk.prefetch.L2.global [$1], $2;
-@l cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol;
-mov.u32 $0, 0;
-}
-""")
-
-
-@triton.jit
-def prefetch_range(base, nbytes, LAST: tl.constexpr = False):
-    """One bulk prefetch of the bytes [base, base + nbytes) into L2, by the program's thread 0
-    (nbytes a multiple of 16, base 16-byte aligned; none where nbytes <= 0). LAST: with the
-    evict_last hint."""
-    one = tl.arange(0, 1)
-    tl.inline_asm_elementwise(
-        _RANGE_ASM,
-        "=r,l,r,r",
-        [base.to(tl.pointer_type(tl.uint8)) + one, nbytes + one * 0, one * 0 + LAST],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
 # One L2 prefetch of the line holding $1 where $2 is non-zero (the load/store unit's prefetch: no
 # register or shared-memory destination, no wait).
 _LINE_ASM: tl.constexpr = tl.constexpr("""
@@ -190,14 +150,6 @@ def _prefetch_kernel(ptr, nbytes, NT: tl.constexpr, PDL: tl.constexpr):
 def supported(t: Tensor) -> bool:
     """Whether bulk prefetches run for t's kernels: a compiled CUDA kernel on Hopper or later."""
     return pdl.compiled_on_hopper(t)
-
-
-def ranges_fit(x: Tensor, tensors: tuple[Tensor, ...], offsets: list[int]) -> bool:
-    """Whether a kernel on x's device can bulk-prefetch ranges of `tensors` that start at byte
-    `offsets` from them: `supported`, every tensor contiguous and every address and offset 16-byte
-    aligned (the instruction's rule; the real shapes all are)."""
-    addresses = [t.data_ptr() for t in tensors] + offsets
-    return supported(x) and all(t.is_contiguous() for t in tensors) and all(b % 16 == 0 for b in addresses)
 
 
 def prefetch_l2(t: Tensor) -> None:

@@ -182,16 +182,17 @@ def expert_rows_v3(
     logits [T, E] (a decode batch: v3_decode), gate_up routes them itself and fills r (empty).
     A decode batch of moe_v3_dec.TOKENS tokens on "v3" weights (act in assignment order) runs its
     down on the split-K slot kernel, moe_v3_dec.down_v3_dec; of moe_v3_dec_gu.TOKENS tokens, its
-    gate_up on the split-K gate_up, moe_v3_dec_gu.gate_up_v3_dec. With GPTOSS_L2_PREFETCH's "moe",
-    a batch of l2_prefetch.MOE_TOKENS tokens routed in the kernel has its gate_up (either one) warm
-    L2 with the down's weights (prefetch_down; a token's 4 experts fit L2, a batch's do not)."""
+    gate_up on the split-K gate_up, moe_v3_dec_gu.gate_up_v3_dec. One token routed in the kernel
+    with GPTOSS_L2_PREFETCH's "moe" takes v3's gate_up instead, which warms L2 with the down's
+    weights (gate_up_v3's prefetch_down; a token's 4 experts fit L2, a batch's do not; the split-K
+    gate_up has no prefetch)."""
     if w.layout not in ("v3", "v3ds"):
         raise ValueError(f"expert_rows_v3: weights in the {w.layout!r} layout, not v3 or v3ds")
     (t, _), (e, h, i), k = x.shape, w.shape, r.ids.shape[1]
     srt, tx = moe_v3.tma_plan(x) if logits is None else (False, False)
-    pf = "moe" in l2_prefetch.ON and t in l2_prefetch.MOE_TOKENS and logits is not None
-    if t in moe_v3_dec_gu.TOKENS and w.layout == "v3" and not srt:
-        act = moe_v3_dec_gu.gate_up_v3_dec(x, r, w, alpha, limit, logits=logits, prefetch_down=pf)
+    pf = "moe" in l2_prefetch.ON and t == 1 and logits is not None
+    if t in moe_v3_dec_gu.TOKENS and w.layout == "v3" and not srt and not pf:
+        act = moe_v3_dec_gu.gate_up_v3_dec(x, r, w, alpha, limit, logits=logits)
     else:
         gu = choose_tiles_v3(t, k, e, i, h, gate_up=True)
         act = gate_up_v3(

@@ -270,7 +270,10 @@ def _prefetch_args(x: Tensor, w: MoEWeights, tiles: Tiles) -> dict:
     16-byte aligned with a multiple of 16 bytes (the instruction's rule; real shapes all are); else
     none. The W2 arguments are the uint8 tensors, so the kernel's offsets are bytes."""
     ts = (w.w13, w.s13, w.w2, w.s2)  # uint8: strides are bytes
-    if not l2_prefetch.ranges_fit(x, ts, [t.stride(0) for t in ts] + [16 * t.stride(1) for t in ts[:2]]):
+    offsets = [t.data_ptr() for t in ts] + [t.stride(0) for t in ts] + [16 * t.stride(1) for t in ts[:2]]
+    if not (
+        l2_prefetch.supported(x) and all(t.is_contiguous() for t in ts) and all(b % 16 == 0 for b in offsets)
+    ):
         return {}
     return dict(
         w2_ptr=w.w2,

@@ -55,9 +55,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels import l2_prefetch, pdl
 from gptoss.kernels import moe_common as common
-from gptoss.kernels.l2_prefetch import prefetch_range
+from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import (
@@ -135,39 +134,6 @@ V3_GATE_UP_DEC_BIG = env_dec_tiles(
 )
 
 
-# The down's weights warmed in L2 by this kernel (gate_up_v3_dec's prefetch_down; moe.expert_rows_v3
-# asks for it where l2_prefetch.ON has "moe", at l2_prefetch.MOE_TOKENS): the share of each down row
-# block (its first K chunks) each program asks for, and whether with the evict_last hint. At one
-# token the 4 experts' downs are 17.6 MB beside the gate_up's 35.2 (H200's L2: 50 MB); the gate_up
-# waits on its own instructions more than on bytes (bench/results v58), so the DRAM has room for them.
-PF_SHARE = 1.0
-PF_LAST = False
-
-
-def _pf_down_args(x: Tensor, w: MoEWeights, programs: int) -> dict:
-    """The kernel's PF arguments for the down's weights over `programs` row-block programs, or none
-    where bulk prefetches cannot run (l2_prefetch.ranges_fit) or PF_SHARE leaves nothing to ask."""
-    w2, s2 = w.w2, w.s2  # uint8 [E, H, Kp/2] and [E, H, Kp/32]: strides are bytes
-    w2_rb, s2_rb = 16 * w2.stride(1), 16 * s2.stride(1)  # a 16-row block: [K/64 chunks, ...]
-    pf_w, pf_s = int(w2_rb * PF_SHARE) // 16 * 16, int(s2_rb * PF_SHARE) // 16 * 16
-    if pf_w <= 0 or not l2_prefetch.ranges_fit(x, (w2, s2), [w2.stride(0), s2.stride(0), w2_rb, s2_rb]):
-        return {}
-    rbs = w2.shape[1] // 16
-    return dict(
-        w2_ptr=w2,
-        s2_ptr=s2,
-        w2_e=w2.stride(0),
-        s2_e=s2.stride(0),
-        w2_rb=w2_rb,
-        s2_rb=s2_rb,
-        pf_w=pf_w,
-        pf_s=pf_s,
-        PF=triton.cdiv(rbs, programs),
-        PF_RB=rbs,
-        PF_LAST=PF_LAST,
-    )
-
-
 @triton.jit(do_not_specialize=["T"])  # T changes every step: no recompiles on its value
 def _gate_up_v3_dec_kernel(
     x_ptr,
@@ -208,26 +174,13 @@ def _gate_up_v3_dec_kernel(
     s_desc=None,
     WTMA: tl.constexpr = False,
     ONE: tl.constexpr = False,
-    w2_ptr=None,
-    s2_ptr=None,
-    w2_e=0,
-    s2_e=0,
-    w2_rb=0,
-    s2_rb=0,
-    pf_w=0,
-    pf_s=0,
-    PF: tl.constexpr = 0,
-    PF_RB: tl.constexpr = 0,
-    PF_LAST: tl.constexpr = False,
 ):
     """Program (weight row block, slot): act[rows of the slot's expert, pid_n's BN/2 columns] =
     swiglu(x[rows // k] @ W13_e^T + b13_e); N = I, K = H, BN weight rows. ROUTE: every program
     routes the [T, E] logits in registers (the routing kernel's decisions) instead of loading counts
     and rows; program (0, 0) stores them for down and the combine. WTMA: the weight and scale words
     come by TMA (w_desc, s_desc: moe_v3.weight_descriptors over W13's E * 2N rows), one copy each a
-    K step, as the split-K down takes them. PF > 0: before its K loop the program asks L2 for the
-    first pf_w / pf_s bytes of PF of the expert's PF_RB down row blocks (pid_n, pid_n + grid, ...;
-    w2_rb / s2_rb bytes apart, w2_e / s2_e an expert), so the down finds them there (_pf_down_args)."""
+    K step, as the split-K down takes them."""
     pdl.wait_then_release(PDL)
     pid_n, s = tl.program_id(0), tl.program_id(1)
     if ROUTE and ONE:  # one token: slot s is its j = s-th choice, assignment s (the decode down's)
@@ -256,15 +209,10 @@ def _gate_up_v3_dec_kernel(
         e, n_rows, _ = _slot_expert(cnt, tl.arange(0, BE), s)
         if n_rows == 0:  # past the active experts
             return
-    e64 = e.to(tl.int64)
-    for j in tl.static_range(PF):  # every program a share of the down's row blocks, none twice
-        rb = pid_n + j * tl.num_programs(0)
-        ok = rb < PF_RB
-        prefetch_range(w2_ptr + e64 * w2_e + rb * w2_rb, tl.where(ok, pf_w, 0), PF_LAST)
-        prefetch_range(s2_ptr + e64 * s2_e + rb * s2_rb, tl.where(ok, pf_s, 0), PF_LAST)
     EVEN_K: tl.constexpr = (K + 63) // 64 * 64 % BK == 0  # the rows are padded to 64
     BKS: tl.constexpr = BK // SPLIT
     NC: tl.constexpr = BN // 2  # act columns: each a gate and an up weight row
+    e64 = e.to(tl.int64)
     if WTMA:  # the tile's first 16-row block in the [E * 2N/16, ...] descriptors
         w_t, s_t, c = w_desc, s_desc, e * (2 * N // 16) + pid_n * (BN // 16)
     else:
@@ -310,7 +258,6 @@ def gate_up_v3_dec(
     limit: float,
     t: DecTiles | None = None,
     logits: Tensor | None = None,
-    prefetch_down: bool = False,
 ) -> Tensor:
     """x [T, H] -> act [T*k, I] in x.dtype, rows in assignment order, act[a] = swiglu(x[a // k] @
     W13_e^T + b13_e) (moe_v3.gate_up_v3's contract without LoRA or sorted rows) on "v3" weights.
@@ -318,8 +265,7 @@ def gate_up_v3_dec(
     moe_v3_dec_sizes.BIG_FROM tokens V3_GATE_UP_DEC_BIG; BN counts weight rows, two an act column).
     logits [T, E]: r's buffers (empty on entry) are filled with their routing for down and the
     combine, by the kernel itself where T fits one x tile (T <= the fitted BM), else by
-    route_and_group's launch before it. prefetch_down: the programs warm L2 with the down's weights
-    of their experts (PF_SHARE of each row block; a no-op where bulk prefetches cannot run)."""
+    route_and_group's launch before it."""
     if w.layout != "v3":
         raise ValueError(f"gate_up_v3_dec: weights in the {w.layout!r} layout; it reads the 'v3' layout only")
     _check(x, w)
@@ -336,8 +282,7 @@ def gate_up_v3_dec(
     if x.stride(1) != 1:  # the kernel reads a row's K contiguous (stride_x between rows)
         x = x.contiguous()
     w13, s13, w_strides, s_strides = _weight_args(w.w13, w.s13, True)
-    programs = triton.cdiv(2 * i, tiles.bn)
-    _gate_up_v3_dec_kernel[(programs, min(e, n_tok * k))](
+    _gate_up_v3_dec_kernel[(triton.cdiv(2 * i, tiles.bn), min(e, n_tok * k))](
         x,
         w13,
         s13,
@@ -373,6 +318,5 @@ def gate_up_v3_dec(
             if WTMA and _tma_runs(x) and split_copies_fit(tiles)
             else {}
         ),
-        **(_pf_down_args(x, w, programs) if prefetch_down else {}),
     )
     return act

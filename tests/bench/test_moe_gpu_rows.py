@@ -85,22 +85,6 @@ def test_the_engine_variant_leaves_every_switch_as_the_engine_runs():
     assert state() == before
 
 
-def test_an_engine_variant_sets_only_its_patch_and_restores_it():
-    """engine-pf-m2 is the engine's switches plus the down's prefetch at 1 and 2 tokens."""
-    from moe_parts import switches as _switches
-    from moe_variants import VARIANTS
-
-    from gptoss.kernels import l2_prefetch, moe_v3_dec, moe_v3_dec_gu
-
-    before = (l2_prefetch.ON, l2_prefetch.MOE_TOKENS, moe_v3_dec_gu.PF_LAST, moe_v3_dec.TOKENS)
-    with _switches(VARIANTS["engine-pf-m2"]):
-        now = (l2_prefetch.ON, l2_prefetch.MOE_TOKENS, moe_v3_dec_gu.PF_LAST, moe_v3_dec.TOKENS)
-        assert now == (frozenset({"moe"}), frozenset({1, 2}), before[2], before[3])
-    with _switches(VARIANTS["engine-pf-last"]):
-        assert (l2_prefetch.ON, l2_prefetch.MOE_TOKENS, moe_v3_dec_gu.PF_LAST) == ({"moe"}, {1}, True)
-    assert (l2_prefetch.ON, l2_prefetch.MOE_TOKENS, moe_v3_dec_gu.PF_LAST, moe_v3_dec.TOKENS) == before
-
-
 def test_hbm_shares_read_the_expert_bytes_over_the_moe_and_over_its_gemms():
     """4 experts' bytes (52.8 MB at 20b) at 4.3 TB/s: over a 38.1 us MoE graph ~32 %; over its GEMMs
     alone (14.9 + 8.9 us) ~52 %; a part not timed gives no share."""

@@ -1,7 +1,6 @@
 """The L2 prefetches (gptoss.kernels.l2_prefetch, GPTOSS_L2_PREFETCH): the byte ranges each thread
 asks for tile a tensor exactly, 16-aligned; the sm_90a code releases dependents before prefetching
-and waits last; gate_up's prefetch stays out of its K loop; the split-K gate_up asks for each of
-the down's row blocks once; and the engine with every prefetch on
+and waits last; gate_up's prefetch stays out of its K loop; and the engine with every prefetch on
 gives the reference tokens (on CPU the launches are no-ops, so there the plumbing is what is tested;
 compiled on a GPU the prefetches run and the bits must not move)."""
 
@@ -92,14 +91,6 @@ def test_the_sm90a_code_releases_first_prefetches_then_waits_and_keeps_the_k_loo
     # all before the wait; none without
     from gptoss.kernels.attention import DECODE_CFG
 
-    # the split-K gate_up at one token: one bulk prefetch a range (the down's words, its scales) a
-    # row block, run once by thread 0 (the loop ptxas wraps it in holds it), the evict_last form
-    # with its policy operand; the K loop as long as without
-    dec, pf, pf2 = got["gate_up_dec"], got["gate_up_dec_pf"], got["gate_up_dec_pf2_last"]
-    assert (dec["ublkpf"], pf["ublkpf"], pf2["ublkpf"]) == (0, 2, 4)
-    assert (pf["waterfall"], pf2["waterfall"]) == (2, 4) and (pf["hinted"], pf2["hinted"]) == (0, 4)
-    assert pf["ublkpf_in_loop"] == pf2["ublkpf_in_loop"] == 0
-    assert dec["k_loop"] == pf["k_loop"] == pf2["k_loop"]
     assert got["attn_kv"]["pf_before_wait"] == 2 * l2_prefetch.ATTN_KEYS // (32 * DECODE_CFG[1])
     assert got["attn_kv"]["pf_after_wait"] == 0 and got["attn_kv"]["release_after_wait"]
     assert got["attn"]["pf_before_wait"] == got["attn"]["pf_after_wait"] == 0
@@ -135,63 +126,20 @@ def test_gate_up_with_the_prefetch_gives_the_same_bits_on_gpu():
     assert moe.moe_v3._prefetch_args(x, w, Tiles(16, 32, 128, 4, 4))["PF"]
 
 
-@pytest.mark.parametrize(("bn", "share", "want"), [(32, 1.0, (1, 512, 32)), (64, 0.5, (2, 256, 16))])
-def test_the_split_k_gate_up_asks_for_each_down_row_block_once(monkeypatch, bn, share, want):
-    """_pf_down_args at H = I = 64 (4 down row blocks of 16 rows x 32 bytes of words and 2 of scale
-    bytes): the gate_up's 128 / BN row-block programs cover the 4 once (PF a program), each asking
-    for PF_SHARE of a block's bytes, rounded down to 16; nothing where bulk prefetches cannot run."""
-    from gptoss.kernels import moe_v3_dec_gu
-
-    _, w = make_moe(4, 64, 64, 2, torch.float32, seed=1, kernels="v3")
-    x = torch.zeros(1, 64)
-    monkeypatch.setattr(moe_v3_dec_gu, "PF_SHARE", share)
-    programs = triton.cdiv(2 * 64, bn)
-    assert moe_v3_dec_gu._pf_down_args(x, w, programs) == {}  # on CPU, in the interpreter
-    monkeypatch.setattr(l2_prefetch, "supported", lambda t: True)
-    got = moe_v3_dec_gu._pf_down_args(x, w, programs)
-    assert (got["PF"], got["pf_w"], got["pf_s"]) == want
-    assert (got["PF_RB"], got["w2_rb"], got["s2_rb"], got["w2_e"], got["s2_e"]) == (4, 512, 32, 2048, 128)
-    assert got["w2_ptr"] is w.w2 and got["s2_ptr"] is w.s2 and got["PF_LAST"] is False
-    monkeypatch.setattr(moe_v3_dec_gu, "PF_SHARE", 0.01)  # under 16 bytes of a block: nothing to ask
-    assert moe_v3_dec_gu._pf_down_args(x, w, programs) == {}
-
-
-@gpu
-@pytest.mark.parametrize(("n_tok", "share", "last"), [(1, 1.0, False), (1, 0.5, True), (3, 1.0, True)])
-def test_the_split_k_gate_up_with_the_prefetch_gives_the_same_bits_on_gpu(monkeypatch, n_tok, share, last):
-    """120b's shapes, bf16, routing in the kernel (one token: ONE; three: expert lists): act, ids
-    and counts equal with and without the down's prefetch, and the down after it too."""
-    from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu
-
-    monkeypatch.setattr(moe_v3_dec_gu, "PF_SHARE", share)
-    monkeypatch.setattr(moe_v3_dec_gu, "PF_LAST", last)
-    ref, w = make_moe(128, 2880, 2880, 4, torch.bfloat16, seed=5, kernels="v3")
-    x = torch.randn(n_tok, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(1)).bfloat16()
-    logits = F.linear(x.float(), ref.router_weight.float(), ref.router_bias.float()).contiguous()
-    got = []
-    for pf in (False, True):
-        r = Routing.empty(n_tok, 4, 128, DEV)
-        act = moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, logits=logits, prefetch_down=pf)
-        got.append((act, r.ids.clone(), r.counts.clone(), moe_v3_dec.down_v3_dec(act, r, w)))
-    assert all(torch.equal(a, b) for a, b in zip(got[0], got[1], strict=True))
-    assert moe_v3_dec_gu._pf_down_args(x, w, 180)["PF"] == 1
-
-
 def test_the_engine_with_every_prefetch_gives_the_reference_tokens(kernel_checkpoint, monkeypatch):
     """GPTOSS_L2_PREFETCH=all on one v3 copy: decode steps launch the O prefetch beside attention
     (every layer) and the next layer's QKV beside the down (every layer but the last), ask attention
-    for its K/V prefetch (every layer), and one-token steps (l2_prefetch.MOE_TOKENS) ask the split-K
-    gate_up for the MoE's; prefill steps none. Tokens equal the torch reference's."""
+    for its K/V prefetch (every layer), and one-token steps ask gate_up for the MoE's; prefill steps
+    none. Tokens equal the torch reference's."""
     from gptoss import kernel_model
     from gptoss.kernels import attention, moe_layout, moe_v3_dec_gu
 
     monkeypatch.setattr(moe_layout, "KERNELS", "v3")
     monkeypatch.setattr(l2_prefetch, "ON", frozenset(l2_prefetch.PARTS))
-    # 2-token steps on v3's gate_up (by default they take the split-K one), so that its
-    # prefetch_down is seen off there (2 is no MOE_TOKENS size), and the split-K one's on at one token
+    # 2-token steps on v3's gate_up (by default they take the split-K one, which never prefetches),
+    # so that its prefetch_down is seen off there and on at one token
     monkeypatch.setattr(moe_v3_dec_gu, "TOKENS", frozenset({1}))
     pf_down = record_flag(monkeypatch, moe, "gate_up_v3", "prefetch_down")
-    pf_dec = record_flag(monkeypatch, moe_v3_dec_gu, "gate_up_v3_dec", "prefetch_down")
     pf_kv = record_flag(monkeypatch, kernel_model, "paged_attention", "prefetch_kv")
     calls = count_calls(
         monkeypatch, [(attention, "prefetch_l2", "o"), (kernel_model.l2_prefetch, "prefetch_l2", "qkv")]
@@ -207,13 +155,13 @@ def test_the_engine_with_every_prefetch_gives_the_reference_tokens(kernel_checkp
     params = [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 3)]
     assert eng.generate(prompts, params) == ref.generate(prompts, params)
     assert calls == {"o": 4 * layers, "qkv": 4 * (layers - 1)}
-    assert pf_down == [False] * 5 * layers and pf_dec == []  # no step of one token
+    assert pf_down == [False] * 5 * layers  # no step of one token
     assert pf_kv == [False] * layers + [True] * 4 * layers
-    # one prompt: a prefill step, then 3 decode steps of 1 token, whose split-K gate_up prefetches
+    # one prompt: a prefill step, then 3 decode steps of 1 token, whose gate_up prefetches
     pf_down.clear()
     pf_kv.clear()
     prompts, params = prompts[:1], [SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)]
     assert eng.generate(prompts, params) == ref.generate(prompts, params)
-    assert pf_down == [False] * layers and pf_dec == [True] * 3 * layers
+    assert pf_down == [False] * layers + [True] * 3 * layers
     assert pf_kv == [False] * layers + [True] * 3 * layers
     assert calls == {"o": 7 * layers, "qkv": 7 * (layers - 1)}
