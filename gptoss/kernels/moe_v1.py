@@ -3,6 +3,8 @@ the clamped SwiGLU fused, down with its bias); see gptoss.kernels.moe for the wh
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -268,14 +270,29 @@ def gate_up(
     return act
 
 
+def racy_portable_down(tiles: Tiles) -> bool:
+    """Whether _down_kernel compiled with the portable dequant (moe_common.USE_ASM off) races on these
+    tiles. On an H200 (bench/results v61, bench/kernels/moe_v1_repeat_gpu.py; 20b's shapes, T 4096),
+    choose_tiles' down for 128 rows an expert (BM 128, BN 128, BK 64, 8 warps, 3 stages) gave 9
+    distinct outputs in 10 runs of one input: inf and ~1e37 in 8-column groups of whole tiles' rows,
+    the signature of moe_v3.racy_pointer_down's tiles. One output, close to the PTX dequant's, with
+    the PTX dequant on the same tiles, and portable at BK 128, at 2 stages, at BM 64, on 4 warps or
+    on 64 columns. The cause (Triton's 3-stage cp.async pipeline here) is not found yet."""
+    return tiles.bm == 128 and tiles.bk == 64 and tiles.warps == 8 and tiles.stages >= 3
+
+
 def down(
     act: Tensor, r: Routing, w: MoEWeights, tiles: Tiles, lora: tuple[Tensor, Tensor] | None = None
 ) -> Tensor:
     """act [T*k, I] -> y [T*k, H] in act.dtype, bias added, not yet weighted. lora: (B [E, H, W], the
-    rows' shrunk act [T*k, W]) adds their LoRA delta."""
+    rows' shrunk act [T*k, W]) adds their LoRA delta. Compiled with the portable dequant, tiles that
+    race there (racy_portable_down) run 2 stages deep instead."""
     a, i = act.shape
     e, h, _ = w.shape
     t = r.ids.shape[0]
+    asm = common._use_asm(act)
+    if not asm and act.is_cuda and not triton.knobs.runtime.interpret and racy_portable_down(tiles):
+        tiles = replace(tiles, stages=2)
     y = common._empty((a, h), act.dtype, act.device)
     largs, lkw = _lora_args(lora, act, planes=False)
     _down_kernel[_grid(t, r.ids.shape[1], e, h, tiles)](
@@ -299,7 +316,7 @@ def down(
         BK=tiles.bk,
         EVEN_K=i % tiles.bk == 0,
         PREC=_precision(act),
-        ASM=common._use_asm(act),
+        ASM=asm,
         **lkw,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
