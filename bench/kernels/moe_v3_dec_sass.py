@@ -2,6 +2,7 @@
 for sm_90a on CPU.
 
     python bench/kernels/moe_v3_dec_sass.py [--tiles BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG] ...] [--cp-async]
+        [--ops N]
 
 No GPU needed (as moe_decode_sass.py): the "v3" layout at the 20b shapes (bf16, E 32, H = I = 2880,
 top-4), weights and scales by TMA (the engine's WTMA) unless --cp-async, the counts and row lists
@@ -9,19 +10,23 @@ given (a batch past one x tile routes by launch). Each tile shape is compiled fo
 each: registers, shared memory, spills (in the K loop), the K loop's instructions a weight value, and
 the programs an SM can hold (by registers, shared memory and warps), which is what a register cap
 (rNREG: ptxas .maxnreg) buys. Without --tiles: the engine's defaults below
-moe_v3_dec_sizes.BIG_FROM tokens and from it.
+moe_v3_dec_sizes.BIG_FROM tokens and from it. --ops N: also the K loop's N most frequent opcodes,
+with the dequant's share (IMAD, LOP3, SHF, PRMT and HMUL2: the integer ops and the scale multiply that
+turn a word into 4 bf16x2 registers, with the moves ptxas makes IMADs), to tell where a K step's
+instructions go (bench/results v61).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_decode_sass import _compile, disassemble, stats  # noqa: E402
+from moe_decode_sass import _compile, disassemble, mma_loops, opcode, stats  # noqa: E402
 from moe_v3_sass import _wtma  # noqa: E402
 
 from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
@@ -60,12 +65,29 @@ def programs_an_sm(regs: int, smem: int, warps: int) -> int:
     return min(SM_REGS // (per_warp * warps), SM_SMEM // max(smem, 1), SM_WARPS // warps)
 
 
+DEQUANT_OPS = ("IMAD", "LOP3", "SHF", "PRMT", "HMUL2")
+
+
+def loop_ops(k) -> collections.Counter:
+    """The opcodes of k's K loop (the innermost loop holding its HMMAs), counted."""
+    _, _, ins = disassemble(k)
+    return collections.Counter(opcode(x) for x in min(mma_loops(ins), key=len))
+
+
+def ops_line(ops: collections.Counter, top: int) -> str:
+    n = sum(ops.values())
+    deq = sum(ops[o] for o in DEQUANT_OPS)
+    common = ", ".join(f"{o} {c}" for o, c in ops.most_common(top))
+    return f"    K loop {n} ins, dequant {deq} ({deq / n:.0%}): {common}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--tiles", nargs="*", default=[], help="BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG] for both GEMMs"
     )
     ap.add_argument("--cp-async", action="store_true", help="weights by cp.async instead of TMA")
+    ap.add_argument("--ops", type=int, default=0, help="also the K loop's N most frequent opcodes")
     args = ap.parse_args()
     try:
         given = [parse_dec_tiles(s, "--tiles") for s in args.tiles]
@@ -83,6 +105,8 @@ def main() -> None:
             res, _, _ = disassemble(k)
             regs = int(res.split("REG:")[1].split()[0])
             print(f"    {programs_an_sm(regs, k.metadata.shared, t.warps)} programs an SM")
+            if args.ops:
+                print(ops_line(loop_ops(k), args.ops))
 
 
 if __name__ == "__main__":

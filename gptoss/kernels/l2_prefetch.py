@@ -28,6 +28,12 @@ short of bytes in flight that another kernel could have sent: the prefetch launc
 kernels whose programs fill the SMs (the next kernel starts only once all 132 of the prefetch's
 programs were placed and released it), and the gate_up's extra 17.6 MB of the down's weights slow
 its own stream by more than the down then saves. Off by default; the switch stays for A/B runs.
+v61 (H200, random 20b, batch 1, bench/decode_ab_gpu.py) gave the split-K gate_up that the engine now
+runs the same prefetch of the down's weights, one bulk prefetch a row block by one thread (commit
+34ccb46, reverted): 664.3 tok/s without against 620.3, 614.8 with the evict_last hint, 632.4 for half
+of each row block; the gate_up +3.5 us a layer, the down -0.1 to -0.3. The down does not wait on
+HBM at one token: with its weights in L2 (one weight copy, bench/kernels/moe_ablate_gpu.py --layers 1)
+it takes 9.2 us against 8.6 from HBM; its K loop's instructions hold it (moe_v3_dec_sass.py --ops).
 
 The prefetch is a hint: it changes no value, so a kernel's bits are the same with and without it.
 The interpreter runs no PTX, and GPUs before Hopper lack the instruction, so `supported` is false

@@ -42,3 +42,19 @@ def test_a_register_cap_reaches_both_compiled_kernels():
     for gemm in ("gate_up", "down"):
         assert got[(gemm, "128")][0] <= 128 < got[(gemm, "None")][0]  # uncapped, both take more
         assert got[(gemm, "128")][1] > got[(gemm, "None")][1]  # so the cap fits more programs an SM
+
+
+def test_ops_count_a_k_steps_opcodes_and_the_dequants_share():
+    """--ops: batch 1's gate_up tiles (32 weight rows, a 256-K step over 2 warps) hold 16 HMMAs a step
+    (2 row blocks x 8 k16 steps of a warp's 128 K) and 64 HMUL2s (4 a word of 8 values: 16 words a
+    lane); the dequant's opcodes are most of the loop (v61: 287 of 402), and the shares add up."""
+    p = run_compiler_tool("moe_v3_dec_sass.py", "--tiles", "1,32,256,2,2,4", "--ops", "40")
+    assert p.returncode == 0, p.stderr
+    lines = re.findall(r"^    K loop (\d+) ins, dequant (\d+) \((\d+)%\): (.*)$", p.stdout, re.M)
+    assert len(lines) == 2  # gate_up, down
+    for n, deq, pct, common in lines:
+        ops = {o: int(c) for o, c in (x.rsplit(" ", 1) for x in common.split(", "))}
+        assert ops["HMMA"] == 16 and ops["HMUL2"] == 64
+        assert int(deq) == sum(ops.get(o, 0) for o in ("IMAD", "LOP3", "SHF", "PRMT", "HMUL2"))
+        assert sum(ops.values()) == int(n) and 0.6 < int(deq) / int(n) < 0.8
+        assert int(pct) == round(100 * int(deq) / int(n))
