@@ -42,6 +42,11 @@ def _where(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"{d.shape[0]} values, {span}, cols {cols.min()}..{cols.max()}, max|diff|/max|y| {worst:.2e}"
 
 
+def distinct(outs: list[torch.Tensor]) -> int:
+    """How many bitwise-distinct tensors outs holds (16-bit outputs)."""
+    return len({o.view(torch.int16).flatten().cpu().numpy().tobytes() for o in outs})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
@@ -59,10 +64,9 @@ def main() -> None:
             moe_v3.TMA_W = mode
             outs = [moe.down_v3(act, r, w, dn) for _ in range(args.runs)]
             torch.cuda.synchronize()
-            distinct = len({o.view(torch.int16).flatten().cpu().numpy().tobytes() for o in outs})
             bad = [_where(outs[0], o) for o in outs if not torch.equal(outs[0], o)]
             first[mode] = outs[0]
-            print(f"E {e} T {tokens} {dn} WTMA={mode}: {distinct} distinct of {args.runs}; {bad[:2]}")
+            print(f"E {e} T {tokens} {dn} WTMA={mode}: {distinct(outs)} distinct of {args.runs}; {bad[:2]}")
         print(f"  pointer vs TMA, first runs: {_where(first['0'], first['1'])}")
 
 

@@ -20,6 +20,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe_repeat_gpu import distinct  # noqa: E402
+
 from gptoss.kernels import moe, moe_common  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group  # noqa: E402
 from gptoss.kernels.moe_tiles import Tiles  # noqa: E402
@@ -39,10 +42,6 @@ def _far(a: torch.Tensor, b: torch.Tensor) -> str:
         f"{idx.shape[0]} far: rows {rows.numel()} ({rows[:6].tolist()}..), cols {cols.numel()} "
         f"({cols[:6].tolist()}..), largest |value| there {worst:.2e} (b's largest {b.abs().max().item():.2e})"
     )
-
-
-def _distinct(outs: list[torch.Tensor]) -> int:
-    return len({o.view(torch.int16).flatten().cpu().numpy().tobytes() for o in outs})
 
 
 def main() -> None:
@@ -70,8 +69,8 @@ def main() -> None:
             torch.cuda.synchronize()
             got[asm] = (acts, ys)
             print(
-                f"T {t} asm={asm} gate_up {gu}: {_distinct(acts)} distinct of {args.runs}; "
-                f"down {dn}: {_distinct(ys)} distinct"
+                f"T {t} asm={asm} gate_up {gu}: {distinct(acts)} distinct of {args.runs}; "
+                f"down {dn}: {distinct(ys)} distinct"
             )
         (acts_a, ys_a), (acts_p, ys_p) = got[True], got[False]
         for i in range(args.runs):
@@ -85,7 +84,7 @@ def main() -> None:
                 ys = [moe.down(acts_a[0], r, w, tiles) for _ in range(args.runs)]
                 torch.cuda.synchronize()
                 far = sorted({_far(y, ys_a[0]) for y in ys})
-                print(f"T {t} down {tiles} asm={asm}: {_distinct(ys)} distinct of {args.runs}; {far[:3]}")
+                print(f"T {t} down {tiles} asm={asm}: {distinct(ys)} distinct of {args.runs}; {far[:3]}")
         moe_common.USE_ASM = True
 
 
