@@ -33,7 +33,8 @@ runs the same prefetch of the down's weights, one bulk prefetch a row block by o
 34ccb46, reverted): 664.3 tok/s without against 620.3, 614.8 with the evict_last hint, 632.4 for half
 of each row block; the gate_up +3.5 us a layer, the down -0.1 to -0.3. The down does not wait on
 HBM at one token: with its weights in L2 (one weight copy, bench/kernels/moe_ablate_gpu.py --layers 1)
-it takes 9.2 us against 8.6 from HBM; its K loop's instructions hold it (moe_v3_dec_sass.py --ops).
+it takes 9.2 us against 8.6 from HBM; its instructions and its warps' waits at ~10 warps an SM
+hold it (moe_v3_dec_sass.py --ops; bench/moe_ncu_gpu.sh).
 
 The prefetch is a hint: it changes no value, so a kernel's bits are the same with and without it.
 The interpreter runs no PTX, and GPUs before Hopper lack the instruction, so `supported` is false
