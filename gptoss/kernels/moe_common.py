@@ -22,8 +22,13 @@ def env_switch(name: str, default: str) -> bool:
 USE_ASM = True  # the PTX dequant on CUDA (both paths); False falls back to the portable one everywhere
 
 
+def compiled(x: Tensor) -> bool:
+    """Whether x's kernels run compiled on a GPU, not in the interpreter (which runs no PTX)."""
+    return x.is_cuda and not triton.knobs.runtime.interpret
+
+
 def _use_asm(x: Tensor) -> bool:
-    return USE_ASM and x.is_cuda and not triton.knobs.runtime.interpret
+    return USE_ASM and compiled(x)
 
 
 def _precision(x: Tensor) -> str:

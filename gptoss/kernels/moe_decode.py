@@ -75,7 +75,7 @@ SMS_OFF_GPU = 3  # the interpreter's "SMs": a flat grid of a few programs, so te
 
 
 def _sms(x: Tensor) -> int:
-    if x.is_cuda and not triton.knobs.runtime.interpret:
+    if common.compiled(x):
         return sm_count(x)
     return SMS_OFF_GPU
 
@@ -224,7 +224,7 @@ def tiles_t(x: Tensor) -> int:
     """The T that dec_tiles sizes BM by. BM follows T when compiled (the MMA pads BM to 8 columns and
     sums each alike: batch-invariant); the interpreter's numpy matmul sums in a shape-dependent order,
     so there BM stays fixed."""
-    return x.shape[0] if x.is_cuda and not triton.knobs.runtime.interpret else 1 << 30
+    return x.shape[0] if common.compiled(x) else 1 << 30
 
 
 def experts_dec_logits(

@@ -291,7 +291,7 @@ def down(
     e, h, _ = w.shape
     t = r.ids.shape[0]
     asm = common._use_asm(act)
-    if not asm and act.is_cuda and not triton.knobs.runtime.interpret and racy_portable_down(tiles):
+    if not asm and common.compiled(act) and racy_portable_down(tiles):
         tiles = replace(tiles, stages=2)
     y = common._empty((a, h), act.dtype, act.device)
     largs, lkw = _lora_args(lora, act, planes=False)

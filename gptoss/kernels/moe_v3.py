@@ -172,8 +172,7 @@ def _check(x: Tensor, w: MoEWeights) -> None:
 
 def _scaled(x: Tensor, swz: bool) -> bool:
     """SWZ: the PTX dequant (CUDA); else tl.dot_scaled, whose x operand is "bf16" here."""
-    cuda = x.is_cuda and not triton.knobs.runtime.interpret  # the interpreter runs neither
-    return cuda and (swz or x.dtype == torch.bfloat16)
+    return common.compiled(x) and (swz or x.dtype == torch.bfloat16)  # the interpreter runs neither
 
 
 def _weight_args(blocks: Tensor, scales: Tensor, swz: bool) -> tuple[Tensor, Tensor, list[int], list[int]]:
@@ -321,7 +320,7 @@ def down_v3(
     swz = w.layout == "v3"
     w2, s2, w_strides, s_strides = _weight_args(w.w2, w.s2, swz)
     wtma = _wtma_args(act, w.w2, w.s2, swz, tiles.bn, tiles)
-    if swz and not wtma and racy_pointer_down(tiles) and act.is_cuda and not triton.knobs.runtime.interpret:
+    if swz and not wtma and racy_pointer_down(tiles) and common.compiled(act):
         raise RacyTilesError(
             f"down_v3: {tiles} on the cp.async path gives other values from run to run on the GPU (half "
             "tiles of BM 64-128 at BK 64; bench/kernels/moe_repeat_gpu.py, bench/results v30): take BK 128, "
