@@ -68,9 +68,9 @@ def programs_an_sm(regs: int, smem: int, warps: int) -> int:
 DEQUANT_OPS = ("IMAD", "LOP3", "SHF", "PRMT", "HMUL2")
 
 
-def loop_ops(k) -> collections.Counter:
-    """The opcodes of k's K loop (the innermost loop holding its HMMAs), counted."""
-    _, _, ins = disassemble(k)
+def loop_ops(ins: list[tuple[int, str]]) -> collections.Counter:
+    """The opcodes of a kernel's K loop (the innermost loop holding its HMMAs; ins: disassemble's
+    instructions), counted."""
     return collections.Counter(opcode(x) for x in min(mma_loops(ins), key=len))
 
 
@@ -102,11 +102,11 @@ def main() -> None:
         for t in tiles:
             k = build(t, not args.cp_async)
             stats(k, f"{name} {t}")
-            res, _, _ = disassemble(k)
+            res, _, ins = disassemble(k)
             regs = int(res.split("REG:")[1].split()[0])
             print(f"    {programs_an_sm(regs, k.metadata.shared, t.warps)} programs an SM")
             if args.ops:
-                print(ops_line(loop_ops(k), args.ops))
+                print(ops_line(loop_ops(ins), args.ops))
 
 
 if __name__ == "__main__":
