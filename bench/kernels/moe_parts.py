@@ -61,9 +61,8 @@ def dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -
 
 def switches(v: Variant) -> AbstractContextManager:
     """The module switches a variant needs, restored afterwards (none for the engine's)."""
-    ps = [(moe_v3_dec, "PSCALE", v.pscale)]
     if v.engine:
-        return _patched(ps, []) if v.pscale else nullcontext()
+        return nullcontext()
     tma_down, tma_x = moe_v3._tma_mode(v.tma)
     every = frozenset(range(1, moe_tiles.DECODE_MAX_T + 1))
     attrs = [
@@ -84,7 +83,6 @@ def switches(v: Variant) -> AbstractContextManager:
         (moe_v3, "TMA_W", "1" if v.wtma else "0"),  # "v3": the cp.async path, whatever the default
         (moe_v3_dec, "WTMA", v.wtma),
         (moe_v3_dec_gu, "WTMA", v.wtma),
-        *ps,
     ]
     return _patched(attrs, [(moe.TILE_OVERRIDE, v.tiles or {})])
 

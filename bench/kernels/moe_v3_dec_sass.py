@@ -33,16 +33,7 @@ from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles  # noqa: E402
 from gptoss.kernels.moe_v3_dec_sizes import parse_dec_tiles  # noqa: E402
 
-SHAPE = dict(
-    N=2880,
-    K=2880,
-    E=32,
-    BE=32,
-    ASM=True,
-    PREC="tf32",
-    PDL=True,
-    PSCALE=bool(int(__import__("os").environ.get("PS", "0"))),
-)
+SHAPE = dict(N=2880, K=2880, E=32, BE=32, ASM=True, PREC="tf32", PDL=True)
 SIG = dict(w_ptr="*i32", s_ptr="*i32", b_ptr="*fp32", counts_ptr="*i32", rows_ptr="*i32", T="i32")
 SIG.update({f"stride_{s}": "i32" for s in ("we", "wn", "se", "sn")})
 # H100 / H200 (sm_90): an SM's registers, shared memory (less the 1 KB a block Triton reserves) and warps

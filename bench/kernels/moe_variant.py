@@ -24,6 +24,3 @@ class Variant:
     # Every module switch as the engine leaves it (the fields above unused), and at decode sizes the
     # engine's fused decode MoE (kernel_model.decode_copy / decode_rows) instead of moe_forward
     engine: bool = False
-    pscale: bool = (
-        False  # moe_v3_dec.PSCALE: the split-K GEMMs scale each 32-K group's product (also with engine)
-    )

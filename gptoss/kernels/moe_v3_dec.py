@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -57,7 +56,6 @@ from gptoss.kernels.moe_v3_dec_sizes import (
     fit_dec_tiles,
     split_copies_fit,
 )
-from gptoss.kernels.moe_v3_pscale import X_UP, _dequant_raw, _pscale_dot
 from gptoss.kernels.moe_v3_step import _dequant_v3
 
 
@@ -73,9 +71,6 @@ TOKENS = _tokens(os.environ.get("GPTOSS_V3_DEC_DOWN"))
 # tok/s against 337.0 / 337.3 / 334.7 off (+3.0 % on the means); the down 11.9 -> 9.8 us a layer
 # in the profile (PDL off).
 WTMA = os.environ.get("GPTOSS_V3_DEC_WTMA", "1") != "0"
-# GPTOSS_V3_DEC_PSCALE=1: the split-K GEMMs (this down, moe_v3_dec_gu's gate_up) apply the e8m0 scales
-# to each 32-K group's MMA product in float32 instead of to every weight (moe_v3_pscale), bf16 only.
-PSCALE = common.env_switch("GPTOSS_V3_DEC_PSCALE", "0")
 # The v2 decode down's tiles (moe_tiles.DOWN_DEC_TILES) with BM up to 16 (the x tile; T's power of
 # 2 at launch): 32 weight rows, a 512-K step split over 4 warps of 128 K (2 chunks each), 3 stages.
 # GPTOSS_V3_DEC_DOWN_TILES overrides them.
@@ -152,7 +147,6 @@ def _v3_split_step(
     ASM: tl.constexpr,
     PREC: tl.constexpr,
     WTMA: tl.constexpr = False,
-    PSCALE: tl.constexpr = False,
 ):
     """acc [SPLIT, BN, BM] += W [SPLIT, BN, BK/SPLIT] @ x [SPLIT, BK/SPLIT, BM], warp s's K slice
     k0 + s*BK/SPLIT.. (c: the pointers' chunk indices in a step). WTMA: w_ptrs and s_ptrs are
@@ -175,29 +169,13 @@ def _v3_split_step(
     # The split folded into the row blocks: row 16 (s RB + rb) + r of the result is warp s's row 16 rb + r.
     w = tl.reshape(w, (SPLIT * RB, KCS, 8, 4, 4))
     s = tl.reshape(s, (SPLIT * RB, KCS, 8))
-    if PSCALE:  # the scales after the MMA (moe_v3_pscale): words as e2m1 * 2^-126, x times 2^XS
-        wd = _dequant_raw(w, SPLIT * RB, KCS, ASM)
-        x = x * X_UP if ASM else (x.to(tl.float32) * X_UP).to(x.dtype)  # the interpreter has no bf16 constant
-    else:
-        wd = _dequant_v3(w, s, SPLIT * RB, KCS, x.dtype, ASM)  # K 16 j + 8q + 2t + nib: lane t, reg 2q + h
+    wd = _dequant_v3(w, s, SPLIT * RB, KCS, x.dtype, ASM)  # K 16 j + 8q + 2t + nib: lane t, reg 2q + h
     # Both operands in K order 16 j + 4t + 2q + nib (the same sum). Triton gives mma.sync's 16-bit
     # operands 4 consecutive K a lane (kWidth 4), so in this order the dequantized registers are the
     # A fragment as they stand and x's reorder is ldmatrix addressing (sm_90a TTGIR); in _dequant_v3's
     # order A went through shared memory: 716 instructions in the K loop at BM 1 against 368.
     wd = tl.permute(tl.reshape(wd, (SPLIT, BN, KCS * 4, 2, 4, 2)), (0, 1, 2, 4, 3, 5))
     x = tl.permute(tl.reshape(x, (SPLIT, KCS * 4, 2, 4, 2, BM)), (0, 1, 3, 2, 4, 5))
-    if PSCALE:
-        return _pscale_dot(
-            acc,
-            tl.reshape(wd, (SPLIT, BN, KCS * 64)),
-            tl.reshape(x, (SPLIT, KCS * 64, BM)),
-            s,
-            BM,
-            BN,
-            SPLIT,
-            KCS,
-            ASM,
-        )
     return tl.dot(
         tl.reshape(wd, (SPLIT, BN, KCS * 64)), tl.reshape(x, (SPLIT, KCS * 64, BM)), acc, input_precision=PREC
     )
@@ -233,7 +211,6 @@ def _down_v3_dec_kernel(
     WTMA: tl.constexpr = False,
     ids_ptr=None,
     ONE_TOKEN: tl.constexpr = False,
-    PSCALE: tl.constexpr = False,
 ):
     """Program (column block, slot): y[rows of the slot's expert, block] = act[rows] @ W2_e^T + b2_e;
     N = H, K = I; act and y rows in assignment order (rows_ptr: each expert's list). ONE_TOKEN (T 1,
@@ -272,9 +249,7 @@ def _down_v3_dec_kernel(
         acc = tl.zeros([SPLIT, BN, BM], tl.float32)
         for k0 in range(0, K, BK):
             at = tl.load(a_t + k0, mask=valid[None, None, :] & ((k0 + kx) < K), other=0.0)
-            acc = _v3_split_step(
-                acc, at, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC, WTMA, PSCALE
-            )
+            acc = _v3_split_step(acc, at, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC, WTMA)
         tl.store(
             y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
             (tl.sum(acc, 0) + bias).to(y_ptr.dtype.element_ty),  # [BN, BM]
@@ -336,6 +311,5 @@ def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = Non
         ),
         ids_ptr=r.ids,
         ONE_TOKEN=n_tok == 1 and r.ids.stride(-1) == 1,
-        PSCALE=PSCALE and act.dtype == torch.bfloat16,
     )
     return y

@@ -51,13 +51,12 @@ from __future__ import annotations
 
 import os
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from gptoss.kernels import moe_common as common
-from gptoss.kernels import moe_v3_dec, pdl
+from gptoss.kernels import pdl
 from gptoss.kernels.moe_common import _precision, _slot_expert
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import (
@@ -175,7 +174,6 @@ def _gate_up_v3_dec_kernel(
     s_desc=None,
     WTMA: tl.constexpr = False,
     ONE: tl.constexpr = False,
-    PSCALE: tl.constexpr = False,
 ):
     """Program (weight row block, slot): act[rows of the slot's expert, pid_n's BN/2 columns] =
     swiglu(x[rows // k] @ W13_e^T + b13_e); N = I, K = H, BN weight rows. ROUTE: every program
@@ -238,9 +236,7 @@ def _gate_up_v3_dec_kernel(
         acc = tl.zeros([SPLIT, BN, BM], tl.float32)
         for k0 in range(0, K, BK):
             xt = tl.load(x_t + k0, mask=valid[None, None, :] & ((k0 + kx) < K), other=0.0)
-            acc = _v3_split_step(
-                acc, xt, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC, WTMA, PSCALE
-            )
+            acc = _v3_split_step(acc, xt, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC, WTMA)
         pre = tl.sum(acc, 0) + bias  # [BN, BM]
         # rows 16b + 8h + g -> [b, g, BM, h], split on h: _gate_up_v3_tile's epilogue
         gate, up = tl.split(tl.permute(tl.reshape(pre, (BN // 16, 2, 8, BM)), (0, 2, 3, 1)))
@@ -317,7 +313,6 @@ def gate_up_v3_dec(
         maxnreg=tiles.maxnreg,
         **pdl.args(x, LAUNCH_PDL),
         ONE=ROUTE_ONE and n_tok == 1 and logits is not None,
-        PSCALE=moe_v3_dec.PSCALE and x.dtype == torch.bfloat16,
         **(
             weight_descriptors(w.w13, w.s13, tiles.bn, tiles.bk)
             if WTMA and _tma_runs(x) and split_copies_fit(tiles)
