@@ -1,6 +1,6 @@
 """Which decode batches the split-K MoE GEMMs (moe_v3_dec's down, moe_v3_dec_gu's gate_up) take, and on
 which tiles: the batch sizes (SPLIT_K_TOKENS, or a variable's list), the tile variables, the switch to
-the big-batch tiles (BIG_FROM), a tile set fitted to a batch and K, and whether its weights may come
+the big-batch tiles (BIG_FROM, BIG_ALSO), a tile set fitted to a batch and K, and whether its weights may come
 by TMA. The kernels and their launches are in those two modules; each keeps its own variables'
 defaults (TOKENS, V3_DOWN_DEC / V3_GATE_UP_DEC and their _BIG tiles).
 """
@@ -27,8 +27,12 @@ from gptoss.kernels.moe_tiles import DECODE_MAX_T, DecTiles
 # they lose in the engine (20b, v53: 1,079.2 against 1,093.1, 1,827.2 / 2,233.1, 2,252.1 / 2,773.0),
 # and from 9 tokens alone in a graph too (moe_gpu.py, M 16: 188.9 against 167.3 us at 20b, 310.1
 # against 279.5 at 120b). Batch 1 since v24 / v36. Batches of 9-16 since v59, on tiles of their own
-# (moe_v3_dec.V3_DOWN_DEC_BIG, from 8 tokens since v60): those losses were BM 16's.
-SPLIT_K_TOKENS = frozenset({1, 2, *range(5, 17)})
+# (moe_v3_dec.V3_DOWN_DEC_BIG, from 8 tokens since v60): those losses were BM 16's. Batches of 3 and 4
+# since v62, on the big-batch tiles (BIG_ALSO; v47's losses were BM 4 on the small ones): H200, 128 ->
+# 512 tokens, tok/s, best of 2 interleaved rounds, old (20b: v2's decode kernels on the bits copy;
+# 120b: v3's decode tiles) -> these: 20b batch 3 1,107.8 -> 1,146.0, 4 1,296.7 -> 1,333.9; 120b batch 3
+# 690.6 -> 733.0, 4 803.3 -> 835.4; on the small tiles (BM 4) 20b batch 3 lost (1,086.9).
+SPLIT_K_TOKENS = frozenset(range(1, 17))
 
 
 def env_tokens(
@@ -98,11 +102,16 @@ def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
 # From BIG_FROM tokens the split-K GEMMs take their big-batch tiles (moe_v3_dec.V3_DOWN_DEC_BIG's
 # comment has the figures): from 9 since v59, from 8 since v60 (120b batch 8 +3.1 %, 20b -0.3 %).
 BIG_FROM = 8
+# And at BIG_ALSO's batches (v62, SPLIT_K_TOKENS' comment): an x tile of 4 rows there. Not at 5-7: 20b
+# on the big tiles from 3 tokens, batch 5 1,558.6 -> 1,528.1 tok/s, 6 1,734.0 -> 1,708.6, 7 1,895.5 ->
+# 1,880.7 (H200, as there).
+BIG_ALSO = frozenset({3, 4})
 
 
 def batch_tiles(tokens: int, small: DecTiles, big: DecTiles) -> DecTiles:
-    """A split-K kernel's default tiles for a batch of `tokens`: big from BIG_FROM tokens on."""
-    return big if tokens >= BIG_FROM else small
+    """A split-K kernel's default tiles for a batch of `tokens`: big from BIG_FROM tokens on and at
+    BIG_ALSO's."""
+    return big if tokens >= BIG_FROM or tokens in BIG_ALSO else small
 
 
 def fit_dec_tiles(tokens: int, k: int, t: DecTiles) -> DecTiles:

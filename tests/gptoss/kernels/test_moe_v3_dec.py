@@ -128,10 +128,19 @@ def test_down_v3_dec_tiles_and_the_k_2880_tail(tiles):
 def test_dec_tiles_v3_fit_t_and_k():
     fit = moe_v3_dec.dec_tiles_v3
     assert fit(1, 2880) == DecTiles(1, 32, 512, 4, 4, 3)
+    assert fit(2, 2880) == DecTiles(2, 32, 512, 4, 4, 3)
     assert fit(5, 2880) == fit(7, 2880) == DecTiles(8, 32, 512, 4, 4, 3)
     # from 8 tokens V3_DOWN_DEC_BIG's: an x tile of 8 rows, 64 weight rows, at most 128 registers
     big = DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128)
     assert fit(8, 2880) == fit(9, 2880) == fit(16, 2880) == fit(17, 2880) == big
+    # and at 3 and 4 tokens (BIG_ALSO), on an x tile of 4 rows
+    assert fit(3, 2880) == fit(4, 2880) == DecTiles(4, 64, 512, 4, 4, 3, maxnreg=128)
+    assert moe_v3_dec_sizes.batch_tiles(
+        4, moe_v3_dec_gu.V3_GATE_UP_DEC, moe_v3_dec_gu.V3_GATE_UP_DEC_BIG
+    ) == (moe_v3_dec_gu.V3_GATE_UP_DEC_BIG)
+    assert moe_v3_dec_sizes.batch_tiles(
+        5, moe_v3_dec_gu.V3_GATE_UP_DEC, moe_v3_dec_gu.V3_GATE_UP_DEC_BIG
+    ) == (moe_v3_dec_gu.V3_GATE_UP_DEC)
     assert fit(16, 160) == DecTiles(8, 64, 256, 4, 4, 3, maxnreg=128)  # K 160 padded to 192: BK 256
     assert fit(16, 96) == DecTiles(8, 64, 128, 2, 2, 3, maxnreg=128)  # 2 chunks: 2 warps
     assert fit(16, 160, DecTiles(16, 32, 512, 4, 4, 3)) == DecTiles(16, 32, 256, 4, 4, 3)
@@ -207,7 +216,7 @@ def test_expert_rows_v3_takes_the_decode_down_at_its_batch_sizes(sizes, tokens, 
 
 
 def test_the_batch_sizes_come_from_the_environment():
-    assert moe_v3_dec_sizes.SPLIT_K_TOKENS == frozenset({1, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+    assert moe_v3_dec_sizes.SPLIT_K_TOKENS == frozenset(range(1, 17))  # every decode batch size since v62
     parsed = [moe_v3_dec._tokens(v) for v in (None, "", "0", "1", "2,8", "16")]
     assert parsed == [moe_v3_dec_sizes.SPLIT_K_TOKENS] * 2 + [frozenset(), {1}, {2, 8}, set(range(1, 17))]
     assert moe_v3_dec.TOKENS == moe_v3_dec._tokens(os.environ.get("GPTOSS_V3_DEC_DOWN"))
