@@ -102,9 +102,9 @@ def env_dec_tiles(name: str, default: DecTiles) -> DecTiles:
 # From BIG_FROM tokens the split-K GEMMs take their big-batch tiles (moe_v3_dec.V3_DOWN_DEC_BIG's
 # comment has the figures): from 9 since v59, from 8 since v60 (120b batch 8 +3.1 %, 20b -0.3 %).
 BIG_FROM = 8
-# And at BIG_ALSO's batches (v62, SPLIT_K_TOKENS' comment): an x tile of 4 rows there. Not at 5-7: 20b
-# on the big tiles from 3 tokens, batch 5 1,558.6 -> 1,528.1 tok/s, 6 1,734.0 -> 1,708.6, 7 1,895.5 ->
-# 1,880.7 (H200, as there).
+# And at BIG_ALSO's batches (v62, SPLIT_K_TOKENS' comment): an x tile of 4 rows there. Not at 2 or 5-7:
+# 20b on the big tiles, batch 2 922.1 -> 867.2 tok/s, 5 1,558.6 -> 1,528.1, 6 1,734.0 -> 1,708.6, 7
+# 1,895.5 -> 1,880.7 (H200, as there).
 BIG_ALSO = frozenset({3, 4})
 
 
