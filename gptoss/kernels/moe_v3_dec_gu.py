@@ -36,7 +36,7 @@ as v3's gate_up), on a 256-K step (V3_GATE_UP_DEC), 120b batch-1 128 -> 512 on a
 interleaved rounds (v36): 396.9 / 406.1 tok/s against 383.4 / 385.5 on v3's decode tiles (+3.5 /
 +5.3 %); gate_up 588 against 723 us a token. TOKENS (GPTOSS_V3_DEC_GATE_UP: N for 1..N, or sizes and
 ranges such as 1,2,5-8) are the decode batch sizes that take it, by default
-moe_v3_dec_sizes.SPLIT_K_TOKENS (1, 2 and 5-16 tokens: the engine measured there, with the split-K down).
+moe_v3_dec_sizes.SPLIT_K_TOKENS (every size 1-16 since v62: the engine measured there, with the split-K down).
 Its weight and scale words come by TMA (WTMA, GPTOSS_V3_DEC_GATE_UP_WTMA; the same bits,
 interpreter-tested): sm_90a at 120b's T 1 with the routing inside, 128-K steps: 72 registers against
 80, the K loop 238 instructions against 212 (two UTMALDG a step, words and scales, instead of 4
