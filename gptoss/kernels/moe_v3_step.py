@@ -11,7 +11,10 @@ from gptoss.kernels.moe_v1 import _dequant
 
 # A v3 word (v2's bits layout of bytes j = 2q + h: row g + 8h, K 2t + 8q + (0, 1)) and the bf16x2
 # factors 2^(s-1) of rows g (f0) and g + 8 (f1) -> the 4 bf16x2 registers of one k16 MMA fragment:
-# v2's 9 integer ops, then registers 0 and 2 (h = 0) times f0, 1 and 3 times f1.
+# v2's 9 integer ops, then registers 0 and 2 (h = 0) times f0, 1 and 3 times f1. The multiplies
+# stay here: scaling each 32-K group's MMA product in float32 instead (x times 2^64, one FFMA a group
+# and accumulator register) cut batch 1's split-K K loop from 402 to 347 instructions and ran 7-21 %
+# slower, each group's product waiting on the tensor core (bench/results v62).
 _V3_ASM: tl.constexpr = tl.constexpr("""
 {
 .reg .b32 a, b, c, d, e, f, g;
