@@ -277,7 +277,10 @@ def racy_portable_down(tiles: Tiles) -> bool:
     distinct outputs in 10 runs of one input: inf and ~1e37 in 8-column groups of whole tiles' rows,
     the signature of moe_v3.racy_pointer_down's tiles. One output, close to the PTX dequant's, with
     the PTX dequant on the same tiles, and portable at BK 128, at 2 stages, at BM 64, on 4 warps or
-    on 64 columns. The cause (Triton's 3-stage cp.async pipeline here) is not found yet."""
+    on 64 columns. The cause (Triton's 3-stage cp.async pipeline here) is not found yet: the sm_90a PTX of
+    this compile and of the safe ones (the PTX dequant; 2 stages) has the same barriers, cp.async groups
+    and wgmma waits, and its one layout conversion in the loop (the scales) stays inside each warp
+    (bench/results v62), so no barrier Triton placed is missing."""
     return tiles.bm == 128 and tiles.bk == 64 and tiles.warps == 8 and tiles.stages >= 3
 
 
