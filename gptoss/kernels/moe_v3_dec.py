@@ -78,19 +78,19 @@ V3_DOWN_DEC = env_dec_tiles(
     "GPTOSS_V3_DEC_DOWN_TILES", DecTiles(bm=16, bn=32, bk=512, split=4, warps=4, stages=3)
 )
 # Batches of 8-16 tokens (moe_v3_dec_sizes.BIG_FROM..), and of 3-4 (BIG_ALSO, v62), on tiles of their own: an
-# x tile of 8 rows and 64 weight rows a program. At 16 tokens 20b's experts get 2 rows on average (64 choices
-# over 32), so BM 16 mostly multiplied zero rows (K loop 3.82 instructions a value against 3.06 at BM 8,
-# sm_90a); an expert's rows past 8 loop over the same, L2-warm, weights. H200, the whole decode MoE in a CUDA
-# graph, these tiles for both split-K GEMMs against the BM-16 defaults and the engine's v2 slot kernels
-# (bench/results v59, `moe_gpu.py --ms 12,16`), us: 20b M 12 123.2 against 177.8 and 158.5, M 16 143.2 against
-# 204.0 and 218.9; 120b M 12 192.9 / 288.2 / 261.1, M 16 193.8 / 288.9 / 261.4. Under a register cap of 128
-# (v60; 163 -> 128 registers, 3 -> 4 programs an SM, 6 spills outside the K loop; the gate_up's 110 -> 95, 4
-# -> 5) the whole MoE is 1-4 % faster at 9-16 tokens and, at 120b, 6 % at 8; in the engine
-# (bench/decode_ab_gpu.py, 128 -> 512, best tok/s) 20b batch 12 2,822.3 -> 2,845.7, 16 3,501.4 -> 3,534.8, 8
-# 2,058.5 -> 2,052.8 (-0.3 %, on these tiles from 8); 120b batch 8 1,070.7 -> 1,104.1, 12 1,328.2 -> 1,365.0,
-# 16 1,478.4 -> 1,510.5. Below 8 tokens they did not help alone in a graph (v59: M 1 43.6 against 38.3, M 2-7
-# within +-2 %); in the engine they do at 3-4 (v62, moe_v3_dec_sizes.SPLIT_K_TOKENS' comment), where the
-# small tiles' BM 4 lost. GPTOSS_V3_DEC_DOWN_TILES_BIG overrides them.
+# x tile of 8 rows (4 at 3-4 tokens, fitted) and 64 weight rows a program. At 16 tokens 20b's experts get 2
+# rows on average (64 choices over 32), so BM 16 mostly multiplied zero rows (K loop 3.82 instructions a value
+# against 3.06 at BM 8, sm_90a); an expert's rows past 8 loop over the same, L2-warm, weights. H200, the whole
+# decode MoE in a CUDA graph, these tiles for both split-K GEMMs against the BM-16 defaults and the engine's
+# v2 slot kernels (bench/results v59, `moe_gpu.py --ms 12,16`), us: 20b M 12 123.2 against 177.8 and 158.5, M
+# 16 143.2 against 204.0 and 218.9; 120b M 12 192.9 / 288.2 / 261.1, M 16 193.8 / 288.9 / 261.4. Under a
+# register cap of 128 (v60; 163 -> 128 registers, 3 -> 4 programs an SM, 6 spills outside the K loop; the
+# gate_up's 110 -> 95, 4 -> 5) the whole MoE is 1-4 % faster at 9-16 tokens and, at 120b, 6 % at 8; in the
+# engine (bench/decode_ab_gpu.py, 128 -> 512, best tok/s) 20b batch 12 2,822.3 -> 2,845.7, 16 3,501.4 ->
+# 3,534.8, 8 2,058.5 -> 2,052.8 (-0.3 %, on these tiles from 8); 120b batch 8 1,070.7 -> 1,104.1, 12 1,328.2
+# -> 1,365.0, 16 1,478.4 -> 1,510.5. Below 8 tokens they did not help alone in a graph (v59: M 1 43.6 against
+# 38.3, M 2-7 within +-2 %); in the engine they do at 3-4 (v62, moe_v3_dec_sizes.SPLIT_K_TOKENS' comment),
+# where the small tiles' BM 4 lost. GPTOSS_V3_DEC_DOWN_TILES_BIG overrides them.
 V3_DOWN_DEC_BIG = env_dec_tiles(
     "GPTOSS_V3_DEC_DOWN_TILES_BIG", DecTiles(bm=8, bn=64, bk=512, split=4, warps=4, stages=3, maxnreg=128)
 )

@@ -124,11 +124,11 @@ ROUTE_ONE = common.env_switch("GPTOSS_V3_DEC_GATE_UP_ROUTE_ONE", "1")
 V3_GATE_UP_DEC = env_dec_tiles(
     "GPTOSS_V3_DEC_GATE_UP_TILES", DecTiles(bm=16, bn=32, bk=256, split=2, warps=2, stages=4)
 )
-# Batches of 8-16 tokens (moe_v3_dec_sizes.BIG_FROM) and 3-4 (BIG_ALSO, v62): an x tile of 8 rows, 64 weight
-# rows (32 act columns) a program, a 256-K step over 4 warps of one chunk each, 3 stages, at most 128
-# registers (95 by ptxas: 5 programs an SM, not 4); timed with the down's V3_DOWN_DEC_BIG (its comment has the
-# figures: 20b M 16's gate_up 87.6 us against 113.3 on the tiles above, v59; the cap 136.3 -> 131.4 at 120b's
-# M 16, v60). GPTOSS_V3_DEC_GATE_UP_TILES_BIG overrides them.
+# Batches of 8-16 tokens (moe_v3_dec_sizes.BIG_FROM) and 3-4 (BIG_ALSO, v62): an x tile of 8 rows (4 there),
+# 64 weight rows (32 act columns) a program, a 256-K step over 4 warps of one chunk each, 3 stages, at most
+# 128 registers (95 by ptxas: 5 programs an SM, not 4); timed with the down's V3_DOWN_DEC_BIG (its comment has
+# the figures: 20b M 16's gate_up 87.6 us against 113.3 on the tiles above, v59; the cap 136.3 -> 131.4 at
+# 120b's M 16, v60). GPTOSS_V3_DEC_GATE_UP_TILES_BIG overrides them.
 V3_GATE_UP_DEC_BIG = env_dec_tiles(
     "GPTOSS_V3_DEC_GATE_UP_TILES_BIG", DecTiles(bm=8, bn=64, bk=256, split=4, warps=4, stages=3, maxnreg=128)
 )
