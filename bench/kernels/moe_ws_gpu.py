@@ -1,0 +1,136 @@
+"""The warp-specialized batch-1 GEMM (moe_ws, Gluon) beside the engine's split-K decode GEMMs and
+moe_ablate's "full" copy of them (the same product, no bias or SwiGLU), as CUDA-graph replays.
+
+    python3 bench/kernels/moe_ws_gpu.py [--layers 24] [--ws BK,NBUF,REGS,MAXNREG,NACC,KPARTS;...]
+
+One token, bf16, E 32, H = I = 2880, top-4 on distinct experts; LAYERS distinct weight copies read in
+turn (each call from HBM). Each ws variant is first checked against the "full" kernel's output (the
+engine's K step; relative norm of the difference ≤ 1e-3, else the row says failed and the bench
+exits 1), then timed (kparts > 1: the kernel's partial sums, not their sum, as moe_ablate; NACC 0:
+the copies alone, unchecked). Rows: µs a call, share of the copy bandwidth on the bytes read, time
+against the engine's kernel for the same GEMM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import hbm  # noqa: E402
+import moe_ablate  # noqa: E402
+import moe_ws  # noqa: E402
+from timing import case_failed, graph_us, print_table, report  # noqa: E402
+
+from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
+from gptoss.kernels.moe_routing import Routing  # noqa: E402
+from tests.gptoss.kernels.moekit import ALPHA, LIMIT, make_moe  # noqa: E402
+
+H = I = 2880
+TOP_K = 4
+TOL = 1e-3
+
+
+def _variants(spec: str) -> list[tuple[int, ...]]:
+    return [tuple(map(int, item.split(","))) for item in filter(None, spec.split(";"))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument(
+        "--ws", default="256,4,96,64,1,1;256,4,96,64,2,1;256,4,96,64,2,2;256,4,72,48,2,2;256,4,72,48,2,3"
+    )
+    args = ap.parse_args()
+    layers = []
+    for seed in range(args.layers):
+        ref, w = make_moe(args.experts, H, I, TOP_K, torch.bfloat16, seed=seed, kernels="v3")
+        x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
+        logits = F.linear(x, ref.router_weight, ref.router_bias).contiguous()
+        ids = torch.randperm(args.experts, device="cuda")[:TOP_K].to(torch.int32)
+        layers.append((w, x, logits, ids))
+        del ref
+    r = Routing.empty(1, TOP_K, args.experts, torch.device("cuda"))
+    a1 = torch.randn(1, I, device="cuda", dtype=torch.bfloat16)
+    act = a1.expand(TOP_K, I).contiguous()
+    layer = itertools.cycle(layers).__next__
+
+    down_mb = TOP_K * H * (I // 2 + I // 32) / 1e6
+    gu_t = moe_v3_dec.dec_tiles_v3(1, H, moe_v3_dec_gu.V3_GATE_UP_DEC)
+    dn_t = moe_v3_dec.dec_tiles_v3(1, I)
+    gemms = {
+        "gate_up": (gu_t, 2 * down_mb, H, lambda w: (w.w13, w.s13), lambda x: x),
+        "down": (dn_t, down_mb, I, lambda w: (w.w2, w.s2), lambda x: a1),
+    }
+
+    def gate_up():
+        w, x, logits, _ = layer()
+        return moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, logits=logits)
+
+    engine = {"gate_up": gate_up, "down": lambda: moe_v3_dec.down_v3_dec(act, r, layer()[0])}
+    rows: list[str] = []
+    for name, (tiles, mb, k, words, xin) in gemms.items():
+        base = graph_us(engine[name], args.layers)
+        rows.append(
+            f"| {name} | engine {tiles} | {base:.2f} | {hbm.share(mb * 1e6, base) * 100:.1f} % | 1.00 | – |"
+        )
+
+        def full(tiles=tiles, k=k, words=words, xin=xin):
+            w, x, _, ids = layer()
+            return moe_ablate.ablate(xin(x), ids, *words(w), k, tiles, "full")
+
+        us = graph_us(full, args.layers)
+        share = hbm.share(mb * 1e6, us) * 100
+        rows.append(f"| {name} | ablate full | {us:.2f} | {share:.1f} % | {us / base:.2f} | – |")
+        for bk, nbuf, regs, maxnreg, nacc, kparts in _variants(args.ws):
+            what = f"ws BK {bk} NBUF {nbuf} regs {regs} maxnreg {maxnreg} acc {nacc} kparts {kparts}"
+            what += " (loads only)" if nacc == 0 else ""
+            opts = (bk, nbuf, regs, maxnreg, nacc, kparts)
+
+            def call(opts=opts, k=k, words=words, xin=xin):
+                w, x, _, ids = layer()
+                return moe_ws.ws_gemv(xin(x), ids, *words(w), k, *opts)
+
+            try:
+                err = float("nan")
+                if nacc:  # 0: the copies alone, no product to check
+                    w, x, _, ids = layers[0]
+                    want = moe_ablate.ablate(xin(x), ids, *words(w), k, tiles, "full")[0]
+                    got = moe_ws.ws_gemv(xin(x), ids, *words(w), k, *opts).sum(0)
+                    err = ((got - want).norm() / want.norm()).item()
+                    if not err <= TOL:
+                        raise AssertionError(
+                            f"relative error {err:.3g} against the full kernel (limit {TOL})"
+                        )
+                us = graph_us(call, args.layers)
+            except Exception as e:  # noqa: BLE001 - counted by case_failed; the bench exits 1 after its table
+                case_failed(f"{name} {what}", e)
+                rows.append(f"| {name} | {what} | failed: {type(e).__name__} | – | – | – |")
+                continue
+            share = hbm.share(mb * 1e6, us) * 100
+            rows.append(
+                f"| {name} | {what} | {us:.2f} | {share:.1f} % | {us / base:.2f} | {err:.1e} |".replace(
+                    "nan", "–"
+                )
+            )
+            print(rows[-1], file=sys.stderr, flush=True)  # partial results survive a lost run
+    title = f"batch-1 decode GEMMs, warp-specialized (Gluon) against the engine's, E {args.experts}, "
+    print_table(
+        title + f"{args.layers} weight copies, bf16, " + torch.cuda.get_device_name(),
+        ["GEMM", "kernel", "µs a call", "share of a copy", "against the engine", "rel. err"],
+        rows,
+    )
+    if report():
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
