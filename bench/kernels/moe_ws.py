@@ -21,6 +21,9 @@ against torch on a GPU (the same test file, and moe_ws_gpu.py before timing).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -29,7 +32,9 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from gptoss.kernels.moe_v3_step import _V3_ASM
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from gptoss.kernels.moe_v3_step import _V3_ASM  # noqa: E402
 
 
 @gluon.constexpr_function
@@ -293,8 +298,6 @@ def main() -> None:
     import argparse
     import collections
     import re
-    import sys
-    from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from moe_decode_sass import disassemble, mma_loops, opcode
