@@ -1,18 +1,18 @@
 """A batch-1 decode MoE GEMM with a warp group of its own issuing the weight copies (Gluon, Hopper):
 the experiment v61 left open, since Triton 3.6 does not warp-specialize the split-K kernels' loops.
-Timed in bench/results v63: it loses to the engine's kernels (gate_up 1.15x, down 1.23x their time).
+Timed in bench/results v63 against the engine's kernels.
 
-ws_gemv(x, ids, w, s, k, bk, nbuf, regs, maxnreg, nacc, kparts) -> [kparts, slots, N] float32,
-partial sums of W_e @ x for each slot's expert e (no bias, no SwiGLU: moe_ablate's "full" product).
-One program a (4 16-row blocks, slot, K part):
+ws_gemv(x, ids, w, s, k, bk, nbuf, regs, maxnreg, kparts, rbw, pf, loads_only) -> [kparts, slots, N]
+float32, partial sums of W_e @ x for each slot's expert e (no bias, no SwiGLU: moe_ablate's "full"
+product). One program a (4 16-row blocks, slot, K part):
 - the default partition (4 warps, 24 registers) copies each K step's words [1, BK/64, 128] and scale
   words [1, BK/64, 8] of each row block by TMA into a ring of NBUF buffers, each with a "ready" (the
   copies' bytes) and an "empty" barrier;
-- 4 consumer partitions of one warp each, one 16-row block each: wait "ready", read their words (16
-  bytes a lane, the v3 layout's mma.sync A fragments) and scale words, arrive on "empty" at once,
-  decode (moe_v3_step's PTX), mma.sync with x in every column of the B fragment (x read from global
-  memory); NACC accumulators over the halves of a step (0: the copies alone, out holds an XOR);
-  no block barrier in their loop.
+- 4 / RBW consumer partitions of one warp each, RBW 16-row blocks each: wait "ready", read their words
+  (16 bytes a lane, the v3 layout's mma.sync A fragments) and scale words into registers, arrive on
+  "empty" at once, decode (moe_v3_step's PTX), mma.sync with x in every column of the B fragment (x
+  read from global memory, shared by the warp's row blocks); PF reads the next step's words before
+  this step's MMAs; no block barrier in their loop. loads_only: the copies alone (out holds an XOR).
 
 Gluon kernels have no interpreter: `python bench/kernels/moe_ws.py` compiles the kernel for sm_90a
 on CPU and prints its consumer loop's opcodes (tests/bench/test_moe_ws.py); the product is checked
@@ -102,56 +102,71 @@ def _x_part(x_ptr, k0, K: gl.constexpr, BKP: gl.constexpr, B_L: gl.constexpr):
 
 
 @gluon.jit
+def _step_words(w_bufs, s_bufs, ready, empty, j, rb0, KSTEPS: gl.constexpr, NBUF: gl.constexpr,
+                KC: gl.constexpr, RBW: gl.constexpr):  # fmt: skip
+    """K step j's words of row blocks rb0 (and rb0 + 1 if RBW 2) into registers, then the buffer given
+    back. Past the last step (the prefetch's last turn) nothing is waited on or given back; the words
+    read then are never used."""
+    live = j < KSTEPS
+    idx = j % NBUF
+    mbarrier.wait(ready.index(idx), (j // NBUF) & 1, pred=live)
+    wa, sa = _words(w_bufs.index(idx).slice(rb0, 1), s_bufs.index(idx).slice(rb0, 1), 0, KC)
+    wb, sb = wa, sa
+    if RBW == 2:
+        wb, sb = _words(w_bufs.index(idx).slice(rb0 + 1, 1), s_bufs.index(idx).slice(rb0 + 1, 1), 0, KC)
+    fence_async_shared()  # the reads above before the next copy into this buffer
+    mbarrier.arrive(empty.index(idx), pred=live)
+    return wa, sa, wb, sb
+
+
+@gluon.jit
 def _xor(a, b):
     return a ^ b
 
 
 @gluon.jit
-def _consumer(x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, rb, row0, slot, N: gl.constexpr, K: gl.constexpr,
-              KSTEPS: gl.constexpr, NBUF: gl.constexpr, BK: gl.constexpr, NACC: gl.constexpr):  # fmt: skip
-    """NACC accumulators, each over its own part of a K step: NACC chains of mma.sync a step instead of
-    one chain of BK/16 dependent MMAs. NACC 0: the copies' structure alone (each step's words and
-    scale words read and XORed, no dequant, no MMA; out holds the XOR, not a product)."""
-    KCP: gl.constexpr = BK // 64 // max(NACC, 1)
-    BKP: gl.constexpr = KCP * 64
-    W_L: gl.constexpr = _words_layout(KCP)
+def _consumer(x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, rb0, row0, slot, N: gl.constexpr, K: gl.constexpr,
+              KSTEPS: gl.constexpr, NBUF: gl.constexpr, BK: gl.constexpr, MODE: gl.constexpr,
+              RBW: gl.constexpr, PF: gl.constexpr):  # fmt: skip
+    """RBW row blocks from rb0 (each its own accumulator; x's fragment shared). The next K step's words
+    come into registers before this step's MMAs if PF (a step's shared-memory reads off the MMAs'
+    chain), else after them. MODE 0: the copies' structure alone (the words XORed, no dequant, no
+    MMA; out holds the XOR, not a product)."""
+    KC: gl.constexpr = BK // 64
+    W_L: gl.constexpr = _words_layout(KC)
     I_L: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, W_L)))
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     s_idx = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=I_L), 0), 0), 0)
-    acc0 = gl.zeros([16, 8], gl.float32, MMA)
-    acc1 = gl.zeros([16, 8], gl.float32, MMA)
-    chk = gl.zeros([KCP, 8, 4, 4], gl.uint32, W_L)
-    gl.static_assert(NACC == 0 or NACC == 1 or NACC == 2, "no, one or two accumulators")
+    acc_a = gl.zeros([16, 8], gl.float32, MMA)
+    acc_b = gl.zeros([16, 8], gl.float32, MMA)
+    chk = gl.zeros([KC, 8, 4, 4], gl.uint32, W_L)
+    gl.static_assert(RBW == 1 or RBW == 2, "one or two row blocks a consumer warp")
     p0 = gl.program_id(2) * KSTEPS  # this program's first K step (KPARTS programs share a row tile's K)
+    wa, sa, wb, sb = _step_words(w_bufs, s_bufs, ready, empty, 0, rb0, KSTEPS, NBUF, KC, RBW)
     for i in range(KSTEPS):
-        k0 = (p0 + i) * BK
-        if NACC > 0:
-            x0 = _x_part(x_ptr, k0, K, BKP, B_L)
-        if NACC == 2:
-            x1 = _x_part(x_ptr, k0 + BKP, K, BKP, B_L)
-        idx = i % NBUF
-        mbarrier.wait(ready.index(idx), (i // NBUF) & 1)
-        w_buf = w_bufs.index(idx).slice(rb, 1)
-        s_buf = s_bufs.index(idx).slice(rb, 1)
-        w0, s0 = _words(w_buf, s_buf, 0, KCP)
-        if NACC == 2:
-            w1, s1 = _words(w_buf, s_buf, 1, KCP)
-        fence_async_shared()  # the reads above before the next copy into this buffer
-        mbarrier.arrive(empty.index(idx))
-        if NACC == 0:
-            chk = chk ^ w0 ^ s0
+        x0 = _x_part(x_ptr, (p0 + i) * BK, K, BK, B_L)
+        if PF:
+            na, nsa, nb, nsb = _step_words(w_bufs, s_bufs, ready, empty, i + 1, rb0, KSTEPS, NBUF, KC, RBW)
+        if MODE == 0:
+            chk = chk ^ wa ^ sa ^ wb ^ sb
         else:
-            acc0 = mma_v2(_decode(w0, s0, s_idx, KCP, A_L), x0, acc0)
-        if NACC == 2:
-            acc1 = mma_v2(_decode(w1, s1, s_idx, KCP, A_L), x1, acc1)
-    acc = acc0 + acc1
-    col = gl.sum(gl.where(gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))[None, :] == 0, acc, 0.0), axis=1)
-    if NACC == 0:
-        col += gl.reduce(gl.reshape(chk, (KCP * 128,)), 0, _xor).to(gl.float32)
-    rows = row0 + rb * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, MMA))
-    gl.store(out_ptr + (gl.program_id(2) * gl.num_programs(1) + slot) * N + rows, col)
+            acc_a = mma_v2(_decode(wa, sa, s_idx, KC, A_L), x0, acc_a)
+            if RBW == 2:
+                acc_b = mma_v2(_decode(wb, sb, s_idx, KC, A_L), x0, acc_b)
+        if not PF:
+            na, nsa, nb, nsb = _step_words(w_bufs, s_bufs, ready, empty, i + 1, rb0, KSTEPS, NBUF, KC, RBW)
+        wa, sa, wb, sb = na, nsa, nb, nsb
+    n_l = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))[None, :]
+    rows = row0 + rb0 * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, MMA))
+    out = out_ptr + (gl.program_id(2) * gl.num_programs(1) + slot) * N + rows
+    col_a = gl.sum(gl.where(n_l == 0, acc_a, 0.0), axis=1)
+    if MODE == 0:
+        col_a += gl.reduce(gl.reshape(chk, (KC * 128,)), 0, _xor).to(gl.float32)
+    gl.store(out, col_a)
+    if RBW == 2:
+        gl.store(out + 16, gl.sum(gl.where(n_l == 0, acc_b, 0.0), axis=1))
 
 
 @gluon.jit
@@ -171,8 +186,8 @@ def _producer(w_desc, s_desc, w_bufs, s_bufs, ready, empty, c, CW: gl.constexpr,
 
 @gluon.jit
 def _ws_kernel(x_ptr, ids_ptr, out_ptr, w_desc, s_desc, N: gl.constexpr, K: gl.constexpr, CW: gl.constexpr,
-               BK: gl.constexpr, NBUF: gl.constexpr, REGS: gl.constexpr, NACC: gl.constexpr,
-               KPARTS: gl.constexpr):  # fmt: skip
+               BK: gl.constexpr, NBUF: gl.constexpr, REGS: gl.constexpr, MODE: gl.constexpr,
+               KPARTS: gl.constexpr, RBW: gl.constexpr, PF: gl.constexpr):  # fmt: skip
     pid_n = gl.program_id(0)
     slot = gl.program_id(1)
     e = gl.load(ids_ptr + slot)
@@ -184,34 +199,39 @@ def _ws_kernel(x_ptr, ids_ptr, out_ptr, w_desc, s_desc, N: gl.constexpr, K: gl.c
     empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(NBUF):
         mbarrier.init(ready.index(j), count=1)
-        mbarrier.init(empty.index(j), count=CW)  # one arrival a consumer warp
+        mbarrier.init(empty.index(j), count=CW // RBW)  # one arrival a consumer warp
     row0 = pid_n * CW * 16
     # The default partition (num_warps, a multiple of 4) issues the copies; each consumer is a worker
     # partition of one warp. The arguments are written out whole: tuples built here lose constexprs.
-    gl.static_assert(CW == 4, "one consumer warp a 16-row block, 4 of them")
-    gl.warp_specialize(
-        [
-            (_producer, (w_desc, s_desc, w_bufs, s_bufs, ready, empty, c, CW, KSTEPS, NBUF, BK)),
-            (
-                _consumer,
-                (x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, 0, row0, slot, N, K, KSTEPS, NBUF, BK, NACC),
-            ),
-            (
-                _consumer,
-                (x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, 1, row0, slot, N, K, KSTEPS, NBUF, BK, NACC),
-            ),
-            (
-                _consumer,
-                (x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, 2, row0, slot, N, K, KSTEPS, NBUF, BK, NACC),
-            ),
-            (
-                _consumer,
-                (x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, 3, row0, slot, N, K, KSTEPS, NBUF, BK, NACC),
-            ),
-        ],
-        [1, 1, 1, 1],
-        [REGS, REGS, REGS, REGS],
-    )
+    gl.static_assert(CW == 4, "4 16-row blocks a program")
+    if RBW == 1:
+        gl.warp_specialize(
+            [
+                (_producer, (w_desc, s_desc, w_bufs, s_bufs, ready, empty, c, CW, KSTEPS, NBUF, BK)),
+                (_consumer, (x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, 0, row0, slot, N, K, KSTEPS, NBUF,
+                             BK, MODE, RBW, PF)),
+                (_consumer, (x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, 1, row0, slot, N, K, KSTEPS, NBUF,
+                             BK, MODE, RBW, PF)),
+                (_consumer, (x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, 2, row0, slot, N, K, KSTEPS, NBUF,
+                             BK, MODE, RBW, PF)),
+                (_consumer, (x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, 3, row0, slot, N, K, KSTEPS, NBUF,
+                             BK, MODE, RBW, PF)),
+            ],
+            [1, 1, 1, 1],
+            [REGS, REGS, REGS, REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_producer, (w_desc, s_desc, w_bufs, s_bufs, ready, empty, c, CW, KSTEPS, NBUF, BK)),
+                (_consumer, (x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, 0, row0, slot, N, K, KSTEPS, NBUF,
+                             BK, MODE, RBW, PF)),
+                (_consumer, (x_ptr, out_ptr, w_bufs, s_bufs, ready, empty, 2, row0, slot, N, K, KSTEPS, NBUF,
+                             BK, MODE, RBW, PF)),
+            ],
+            [1, 1],
+            [REGS, REGS],
+        )  # fmt: skip
 
 
 def smem_layout() -> gl.NVMMASharedLayout:
@@ -229,8 +249,10 @@ def ws_gemv(
     nbuf: int = 4,
     regs: int = 96,
     maxnreg: int = 64,
-    nacc: int = 1,
     kparts: int = 1,
+    rbw: int = 1,
+    pf: bool = False,
+    loads_only: bool = False,
 ) -> torch.Tensor:
     """x [1, K] bf16 one token, ids [slots] int32, w / s a "v3" GEMM's words [E, N, Kp/2] uint8 and
     scales [E, N, Kp/32] -> [kparts, slots, N] float32, the product's partial sums over each part of K
@@ -241,9 +263,9 @@ def ws_gemv(
             f"ws_gemv: N {n} must be a multiple of 64 (4 16-row blocks), BK {bk} 64 times a power of 2, "
             f"x one bf16 row of K {k}; got x {tuple(x.shape)} {x.dtype}"
         )
-    if triton.cdiv(k, bk) % kparts or nacc not in (0, 1, 2):
+    if triton.cdiv(k, bk) % kparts or rbw not in (1, 2):
         raise ValueError(
-            f"ws_gemv: kparts {kparts} must divide the {triton.cdiv(k, bk)} K steps, nacc {nacc} be 0, 1 or 2"
+            f"ws_gemv: kparts {kparts} must divide the {triton.cdiv(k, bk)} K steps, rbw {rbw} be 1 or 2"
         )
     words = w.view(torch.int32).reshape(e * n // 16, kb // 32, 128)
     s_words = s.reshape(-1).view(torch.int32).reshape(e * n // 16, kb // 32, 8)
@@ -263,7 +285,9 @@ def ws_gemv(
         BK=bk,
         NBUF=nbuf,
         REGS=regs,
-        NACC=nacc,
+        MODE=0 if loads_only else 1,
+        RBW=rbw,
+        PF=pf,
         KPARTS=kparts,
         num_warps=4,
         maxnreg=maxnreg,
@@ -272,7 +296,7 @@ def ws_gemv(
 
 
 def compile_sm90(n: int = 5760, k: int = 2880, bk: int = 256, nbuf: int = 4, regs: int = 96,
-                 maxnreg: int = 64, nacc: int = 1, kparts: int = 1):  # fmt: skip
+                 maxnreg: int = 64, kparts: int = 1, rbw: int = 1, pf: bool = False):  # fmt: skip
     """_ws_kernel compiled for sm_90a without a GPU (ptxas runs on CPU), at 20b's gate_up by default."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -283,7 +307,7 @@ def compile_sm90(n: int = 5760, k: int = 2880, bk: int = 256, nbuf: int = 4, reg
         "w_desc": f"tensordesc<i32[1,{bk // 64},128],{lay}>",
         "s_desc": f"tensordesc<i32[1,{bk // 64},8],{lay}>",
     }
-    consts = dict(N=n, K=k, CW=4, BK=bk, NBUF=nbuf, REGS=regs, NACC=nacc, KPARTS=kparts)
+    consts = dict(N=n, K=k, CW=4, BK=bk, NBUF=nbuf, REGS=regs, MODE=1, KPARTS=kparts, RBW=rbw, PF=pf)
     idx = _ws_kernel.arg_names.index
     src = GluonASTSource(
         _ws_kernel,
@@ -308,14 +332,17 @@ def main() -> None:
         ("nbuf", 4),
         ("regs", 96),
         ("maxnreg", 64),
-        ("nacc", 1),
+        ("rbw", 1),
+        ("pf", 0),
         ("kparts", 1),
     ):
         ap.add_argument(f"--{name}", type=int, default=default)
     a = ap.parse_args()
-    if a.nacc not in (1, 2):
-        ap.error("--nacc must be 1 or 2 (the consumer loop is the one holding the MMAs)")
-    kern = compile_sm90(bk=a.bk, nbuf=a.nbuf, regs=a.regs, maxnreg=a.maxnreg, nacc=a.nacc, kparts=a.kparts)
+    if a.rbw not in (1, 2):
+        ap.error("--rbw must be 1 or 2 (row blocks a consumer warp)")
+    kern = compile_sm90(
+        bk=a.bk, nbuf=a.nbuf, regs=a.regs, maxnreg=a.maxnreg, kparts=a.kparts, rbw=a.rbw, pf=bool(a.pf)
+    )
     res, _, ins = disassemble(kern)
     loop = collections.Counter(opcode(x) for x in min(mma_loops(ins), key=len))
     regs = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", kern.asm["ptx"])))

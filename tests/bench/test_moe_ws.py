@@ -2,7 +2,8 @@
 compiled for sm_90a on CPU, its consumer loop holds a step's 16 mma.sync and 64 scale multiplies with
 no block barrier (the copies are another partition's), the copy partition gives its registers back,
 and bad arguments are refused before any launch. On a GPU its product equals the dequantized weights
-times x in float64 (relative 1e-5), at one and two K parts and with one or two accumulators."""
+times x in float64 (relative 1e-5), at one and two K parts, one or two row blocks a consumer warp,
+its words read before or after the MMAs."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _consumer_loop(stdout: str) -> dict[str, int]:
 
 
 def test_the_consumer_loop_has_the_mmas_and_no_block_barrier():
-    p = run_compiler_tool("moe_ws.py", "--nacc", "2", "--regs", "72", "--maxnreg", "48")
+    p = run_compiler_tool("moe_ws.py", "--regs", "72", "--maxnreg", "48")
     assert p.returncode == 0, p.stderr
     assert re.search(r"^warps 8, regs 48,", p.stdout, re.M)  # 4 copy warps + 4 consumers, capped at 48
     assert re.search(r"^setmaxnreg dec 24, inc 72; spills 0$", p.stdout, re.M)
@@ -49,20 +50,22 @@ def test_bad_arguments_are_refused_before_a_launch():
     ids = torch.tensor([0, 1], dtype=torch.int32)
     with pytest.raises(ValueError, match="N 96 must be a multiple of 64 \\(4 16-row blocks\\)"):
         moe_ws.ws_gemv(x, ids, w.w13[:, :96], w.s13[:, :96], 128)
-    with pytest.raises(ValueError, match="kparts 2 must divide the 1 K steps, nacc 1 be 0, 1 or 2"):
+    with pytest.raises(ValueError, match="kparts 2 must divide the 1 K steps, rbw 1 be 1 or 2"):
         moe_ws.ws_gemv(x, ids, w.w13, w.s13, 128, kparts=2)
+    with pytest.raises(ValueError, match="kparts 1 must divide the 1 K steps, rbw 3 be 1 or 2"):
+        moe_ws.ws_gemv(x, ids, w.w13, w.s13, 128, rbw=3)
     with pytest.raises(ValueError, match="x one bf16 row of K 128; got x \\(1, 128\\) torch.float32"):
         moe_ws.ws_gemv(x.float(), ids, w.w13, w.s13, 128)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels run on a GPU only")
-@pytest.mark.parametrize(("nacc", "kparts"), [(1, 1), (2, 1), (2, 2)])
-def test_the_product_matches_the_dequantized_weights(nacc, kparts):
+@pytest.mark.parametrize(("kparts", "rbw", "pf"), [(1, 1, False), (2, 1, True), (1, 2, False), (2, 2, True)])
+def test_the_product_matches_the_dequantized_weights(kparts, rbw, pf):
     e, h, i = 4, 320, 64  # gate_up: N = 2I = 128 (2 row tiles), K 320 (the 2nd step past K is zeros)
     ref, w = make_moe(e, h, i, 2, torch.bfloat16, seed=5, kernels="v3")
     x = torch.randn(1, h, generator=torch.Generator().manual_seed(6)).to("cuda", torch.bfloat16)
     ids = torch.tensor([3, 1, 0], dtype=torch.int32, device="cuda")
-    got = moe_ws.ws_gemv(x, ids, w.w13, w.s13, h, nacc=nacc, kparts=kparts)
+    got = moe_ws.ws_gemv(x, ids, w.w13, w.s13, h, kparts=kparts, rbw=rbw, pf=pf)
     assert got.shape == (kparts, 3, 2 * i)
     ex = ref.experts
     for j, ex_id in enumerate(ids.tolist()):
