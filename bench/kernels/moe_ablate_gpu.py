@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,27 +49,19 @@ def _tiles(spec: str) -> list[DecTiles]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--experts", type=int, default=32)
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--kparts", default="1,2,3,4")
-    ap.add_argument("--stages", default="", help="extra stage counts for the kparts-1 rows, e.g. 2,6")
-    ap.add_argument("--modes", default="full,nodeq,dequant,loads")
-    ap.add_argument("--gu-tiles", default="", help="more gate_up tiles, BN,BK,SPLIT,STAGES;.. (full, loads)")
-    ap.add_argument("--dn-tiles", default="", help="more down tiles, as --gu-tiles")
-    args = ap.parse_args()
-    kparts = [int(p) for p in args.kparts.split(",")]
-    stages = [int(s) for s in args.stages.split(",") if s]
+def batch1_cases(experts: int, n_layers: int) -> tuple[list, Callable, dict, dict]:
+    """Batch 1's two decode GEMMs as these benches time them: n_layers weight copies (w, x, logits, ids)
+    read in turn by layer(), and for "gate_up" / "down" (tiles, MB read, K, the GEMM's words of w, its
+    x) and the engine's kernel (a call)."""
     layers = []
-    for seed in range(args.layers):
-        ref, w = make_moe(args.experts, H, I, K, torch.bfloat16, seed=seed, kernels="v3")
+    for seed in range(n_layers):
+        ref, w = make_moe(experts, H, I, K, torch.bfloat16, seed=seed, kernels="v3")
         x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
         logits = F.linear(x, ref.router_weight, ref.router_bias).contiguous()
-        ids = torch.randperm(args.experts, device="cuda")[:K].to(torch.int32)
+        ids = torch.randperm(experts, device="cuda")[:K].to(torch.int32)
         layers.append((w, x, logits, ids))
         del ref
-    r = Routing.empty(1, K, args.experts, torch.device("cuda"))
+    r = Routing.empty(1, K, experts, torch.device("cuda"))
     act = torch.randn(K, I, device="cuda", dtype=torch.bfloat16)
     a1 = act[:1].contiguous()
     layer = itertools.cycle(layers).__next__  # the next copy a call: each read from HBM
@@ -86,6 +79,24 @@ def main() -> None:
         return moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, logits=logits)
 
     engine = {"gate_up": gate_up, "down": lambda: moe_v3_dec.down_v3_dec(act, r, layer()[0])}
+    return layers, layer, gemms, engine
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--kparts", default="1,2,3,4")
+    ap.add_argument("--stages", default="", help="extra stage counts for the kparts-1 rows, e.g. 2,6")
+    ap.add_argument("--modes", default="full,nodeq,dequant,loads")
+    ap.add_argument("--gu-tiles", default="", help="more gate_up tiles, BN,BK,SPLIT,STAGES;.. (full, loads)")
+    ap.add_argument("--dn-tiles", default="", help="more down tiles, as --gu-tiles")
+    args = ap.parse_args()
+    kparts = [int(p) for p in args.kparts.split(",")]
+    stages = [int(s) for s in args.stages.split(",") if s]
+    layers, layer, gemms, engine = batch1_cases(args.experts, args.layers)
+    r = Routing.empty(1, K, args.experts, torch.device("cuda"))
+    down_mb = gemms["down"][1]
     rows: list[str] = []
     extra = {"gate_up": _tiles(args.gu_tiles), "down": _tiles(args.dn_tiles)}
     for name, (tiles, mb, k, words, xin) in gemms.items():

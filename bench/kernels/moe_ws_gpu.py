@@ -15,12 +15,10 @@ GEMM.
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,14 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hbm  # noqa: E402
 import moe_ablate  # noqa: E402
 import moe_ws  # noqa: E402
+from moe_ablate_gpu import batch1_cases  # noqa: E402
 from timing import case_failed, graph_us, print_table, report  # noqa: E402
 
-from gptoss.kernels import moe_v3_dec, moe_v3_dec_gu  # noqa: E402
-from gptoss.kernels.moe_routing import Routing  # noqa: E402
-from tests.gptoss.kernels.moekit import ALPHA, LIMIT, make_moe  # noqa: E402
-
-H = I = 2880
-TOP_K = 4
 TOL = 1e-3
 
 
@@ -52,32 +45,7 @@ def main() -> None:
         default="256,4,96,64,1,1,0;256,4,96,64,1,1,1;256,4,96,64,1,2,0;256,4,96,64,1,2,1;256,4,96,64,2,2,1",
     )
     args = ap.parse_args()
-    layers = []
-    for seed in range(args.layers):
-        ref, w = make_moe(args.experts, H, I, TOP_K, torch.bfloat16, seed=seed, kernels="v3")
-        x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
-        logits = F.linear(x, ref.router_weight, ref.router_bias).contiguous()
-        ids = torch.randperm(args.experts, device="cuda")[:TOP_K].to(torch.int32)
-        layers.append((w, x, logits, ids))
-        del ref
-    r = Routing.empty(1, TOP_K, args.experts, torch.device("cuda"))
-    a1 = torch.randn(1, I, device="cuda", dtype=torch.bfloat16)
-    act = a1.expand(TOP_K, I).contiguous()
-    layer = itertools.cycle(layers).__next__
-
-    down_mb = TOP_K * H * (I // 2 + I // 32) / 1e6
-    gu_t = moe_v3_dec.dec_tiles_v3(1, H, moe_v3_dec_gu.V3_GATE_UP_DEC)
-    dn_t = moe_v3_dec.dec_tiles_v3(1, I)
-    gemms = {
-        "gate_up": (gu_t, 2 * down_mb, H, lambda w: (w.w13, w.s13), lambda x: x),
-        "down": (dn_t, down_mb, I, lambda w: (w.w2, w.s2), lambda x: a1),
-    }
-
-    def gate_up():
-        w, x, logits, _ = layer()
-        return moe_v3_dec_gu.gate_up_v3_dec(x, r, w, ALPHA, LIMIT, logits=logits)
-
-    engine = {"gate_up": gate_up, "down": lambda: moe_v3_dec.down_v3_dec(act, r, layer()[0])}
+    layers, layer, gemms, engine = batch1_cases(args.experts, args.layers)
     rows: list[str] = []
     for name, (tiles, mb, k, words, xin) in gemms.items():
         base = graph_us(engine[name], args.layers)
