@@ -258,10 +258,12 @@ def _down_v3_dec_kernel(
         )
 
 
-def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None) -> DecTiles:
-    """t (default V3_DOWN_DEC, or V3_DOWN_DEC_BIG at moe_v3_dec_sizes.batch_tiles' sizes) fitted to
-    T = tokens and K = k (moe_v3_dec_sizes.fit_dec_tiles)."""
-    return fit_dec_tiles(tokens, k, batch_tiles(tokens, V3_DOWN_DEC, V3_DOWN_DEC_BIG) if t is None else t)
+def dec_tiles_v3(tokens: int, k: int, t: DecTiles | None = None, experts: int = 0) -> DecTiles:
+    """t (default V3_DOWN_DEC, or V3_DOWN_DEC_BIG at moe_v3_dec_sizes.batch_tiles' sizes for `experts`)
+    fitted to T = tokens and K = k (moe_v3_dec_sizes.fit_dec_tiles)."""
+    if t is None:
+        t = batch_tiles(tokens, V3_DOWN_DEC, V3_DOWN_DEC_BIG, experts)
+    return fit_dec_tiles(tokens, k, t)
 
 
 def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = None) -> Tensor:
@@ -277,7 +279,7 @@ def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = Non
     y = common._empty((a, h), act.dtype, act.device)
     if a == 0:
         return y
-    tiles = dec_tiles_v3(n_tok, i, t)
+    tiles = dec_tiles_v3(n_tok, i, t, e)
     act = act.contiguous()  # row stride I
     w2, s2, w_strides, s_strides = _weight_args(w.w2, w.s2, True)
     _down_v3_dec_kernel[(triton.cdiv(h, tiles.bn), min(e, a))](

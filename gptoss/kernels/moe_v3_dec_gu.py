@@ -271,7 +271,7 @@ def gate_up_v3_dec(
     _check(x, w)
     (n_tok, h), k = x.shape, r.ids.shape[1]
     e, _, i = w.shape
-    t = batch_tiles(n_tok, V3_GATE_UP_DEC, V3_GATE_UP_DEC_BIG) if t is None else t
+    t = batch_tiles(n_tok, V3_GATE_UP_DEC, V3_GATE_UP_DEC_BIG, e) if t is None else t
     tiles = fit_dec_tiles(n_tok, h, t)
     if logits is not None and n_tok > tiles.bm:  # in the kernel, every row of the batch in one x tile
         route_and_group(logits, k, out=r)

@@ -106,12 +106,19 @@ BIG_FROM = 8
 # 20b on the big tiles, batch 2 922.1 -> 867.2 tok/s, 5 1,558.6 -> 1,528.1, 6 1,734.0 -> 1,708.6, 7
 # 1,895.5 -> 1,880.7 (H200, as there).
 BIG_ALSO = frozenset({3, 4})
+# With MANY_EXPERTS or more (120b's 128), 5-7 tokens take the big tiles too (v63, 120b on the big
+# tiles, batch 5 901.7 -> 912.3 tok/s, 6 966.8 -> 989.5, 7 1,011.9 -> 1,037.4; v62: 5 911.1 -> 915.2,
+# 7 1,022.7 -> 1,048.8): their 20-28 routed rows land on as many experts, one row each, where 20b's 32
+# experts share some (and lose, above).
+MANY_EXPERTS = 128
+BIG_MANY = frozenset({5, 6, 7})
 
 
-def batch_tiles(tokens: int, small: DecTiles, big: DecTiles) -> DecTiles:
-    """A split-K kernel's default tiles for a batch of `tokens`: big from BIG_FROM tokens on and at
-    BIG_ALSO's."""
-    return big if tokens >= BIG_FROM or tokens in BIG_ALSO else small
+def batch_tiles(tokens: int, small: DecTiles, big: DecTiles, experts: int = 0) -> DecTiles:
+    """A split-K kernel's default tiles for a batch of `tokens` over `experts` experts: big from
+    BIG_FROM tokens on, at BIG_ALSO's, and at BIG_MANY's with MANY_EXPERTS or more."""
+    many = experts >= MANY_EXPERTS and tokens in BIG_MANY
+    return big if tokens >= BIG_FROM or tokens in BIG_ALSO or many else small
 
 
 def fit_dec_tiles(tokens: int, k: int, t: DecTiles) -> DecTiles:

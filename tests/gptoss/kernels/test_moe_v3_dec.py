@@ -135,9 +135,13 @@ def test_dec_tiles_v3_fit_t_and_k():
     assert fit(8, 2880) == fit(9, 2880) == fit(16, 2880) == fit(17, 2880) == big
     # and at 3 and 4 tokens (BIG_ALSO), on an x tile of 4 rows
     assert fit(3, 2880) == fit(4, 2880) == DecTiles(4, 64, 512, 4, 4, 3, maxnreg=128)
+    # with 128 experts (120b) at 5-7 tokens too (BIG_MANY), on the x tile of 8 rows that 8 tokens take
+    assert fit(5, 2880, experts=128) == fit(7, 2880, experts=128) == big
+    assert fit(5, 2880, experts=32) == fit(7, 2880, experts=64) == DecTiles(8, 32, 512, 4, 4, 3)
     small, big_gu = moe_v3_dec_gu.V3_GATE_UP_DEC, moe_v3_dec_gu.V3_GATE_UP_DEC_BIG  # the gate_up's alike
-    picks = [moe_v3_dec_sizes.batch_tiles(t, small, big_gu) for t in range(1, 17)]
-    assert [t for t, p in enumerate(picks, 1) if p == big_gu] == [3, 4, *range(8, 17)]
+    for experts, want in ((32, [3, 4, *range(8, 17)]), (128, list(range(3, 17)))):
+        picks = [moe_v3_dec_sizes.batch_tiles(t, small, big_gu, experts) for t in range(1, 17)]
+        assert [t for t, p in enumerate(picks, 1) if p == big_gu] == want
     assert fit(16, 160) == DecTiles(8, 64, 256, 4, 4, 3, maxnreg=128)  # K 160 padded to 192: BK 256
     assert fit(16, 96) == DecTiles(8, 64, 128, 2, 2, 3, maxnreg=128)  # 2 chunks: 2 warps
     assert fit(16, 160, DecTiles(16, 32, 512, 4, 4, 3)) == DecTiles(16, 32, 256, 4, 4, 3)
@@ -181,6 +185,32 @@ def test_both_split_k_launches_take_the_tiles_register_cap(monkeypatch):
         ("_down_v3_dec_kernel", 128),
         ("_down_v3_dec_kernel", None),
     ]
+    assert _rel(got, _want(ref, r, act)) <= 1e-5
+
+
+@pytest.mark.parametrize(("experts", "cap"), [(32, None), (128, 128)])
+def test_five_tokens_take_the_big_tiles_with_many_experts(experts, cap, monkeypatch):
+    """Both GEMMs pass the weights' expert count to batch_tiles: at 5 tokens 128 experts (120b) launch the
+    big-batch tiles (their 128-register cap), 32 (20b) the small ones (no cap); the product is right."""
+    ref, w, r, act = _case(experts, 64, 64, 4, 5, torch.float32, seed=3)
+    seen = []
+
+    class Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append(kw["maxnreg"])
+                return self.kernel[grid](*args, **kw)
+
+            return launch
+
+    monkeypatch.setattr(moe_v3_dec, "_down_v3_dec_kernel", Spy(moe_v3_dec._down_v3_dec_kernel))
+    monkeypatch.setattr(moe_v3_dec_gu, "_gate_up_v3_dec_kernel", Spy(moe_v3_dec_gu._gate_up_v3_dec_kernel))
+    moe_v3_dec_gu.gate_up_v3_dec(torch.randn(5, 64, device=DEV), r, w, 1.702, 7.0)
+    got = moe_v3_dec.down_v3_dec(act, r, w)
+    assert seen == [cap, cap]
     assert _rel(got, _want(ref, r, act)) <= 1e-5
 
 
