@@ -157,10 +157,8 @@ def test_dec_tiles_v3_fit_t_and_k():
             fit(1, 2880, bad)
 
 
-def test_both_split_k_launches_take_the_tiles_register_cap(monkeypatch):
-    """A DecTiles.maxnreg reaches ptxas through each launch (Triton's maxnreg option), so a capped tile
-    is what runs; uncapped tiles launch with None (no cap)."""
-    ref, w, r, act = _case(4, 96, 2880, 2, 5, torch.float32, seed=2)
+def _spy_launches(monkeypatch) -> list[tuple[str, int | None]]:
+    """Both split-K kernels' launches from now on, recorded as (kernel, its maxnreg option) as they run."""
     seen = []
 
     class Spy:
@@ -176,6 +174,14 @@ def test_both_split_k_launches_take_the_tiles_register_cap(monkeypatch):
 
     monkeypatch.setattr(moe_v3_dec, "_down_v3_dec_kernel", Spy(moe_v3_dec._down_v3_dec_kernel))
     monkeypatch.setattr(moe_v3_dec_gu, "_gate_up_v3_dec_kernel", Spy(moe_v3_dec_gu._gate_up_v3_dec_kernel))
+    return seen
+
+
+def test_both_split_k_launches_take_the_tiles_register_cap(monkeypatch):
+    """A DecTiles.maxnreg reaches ptxas through each launch (Triton's maxnreg option), so a capped tile
+    is what runs; uncapped tiles launch with None (no cap)."""
+    ref, w, r, act = _case(4, 96, 2880, 2, 5, torch.float32, seed=2)
+    seen = _spy_launches(monkeypatch)
     x = torch.randn(5, 96, device=DEV)
     moe_v3_dec_gu.gate_up_v3_dec(x, r, w, 1.702, 7.0, DecTiles(8, 32, 128, 2, 2, 3, maxnreg=96))
     got = moe_v3_dec.down_v3_dec(act, r, w, DecTiles(8, 64, 512, 4, 4, 3, maxnreg=128))
@@ -193,24 +199,10 @@ def test_five_tokens_take_the_big_tiles_with_many_experts(experts, cap, monkeypa
     """Both GEMMs pass the weights' expert count to batch_tiles: at 5 tokens 128 experts (120b) launch the
     big-batch tiles (their 128-register cap), 32 (20b) the small ones (no cap); the product is right."""
     ref, w, r, act = _case(experts, 64, 64, 4, 5, torch.float32, seed=3)
-    seen = []
-
-    class Spy:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                seen.append(kw["maxnreg"])
-                return self.kernel[grid](*args, **kw)
-
-            return launch
-
-    monkeypatch.setattr(moe_v3_dec, "_down_v3_dec_kernel", Spy(moe_v3_dec._down_v3_dec_kernel))
-    monkeypatch.setattr(moe_v3_dec_gu, "_gate_up_v3_dec_kernel", Spy(moe_v3_dec_gu._gate_up_v3_dec_kernel))
+    seen = _spy_launches(monkeypatch)
     moe_v3_dec_gu.gate_up_v3_dec(torch.randn(5, 64, device=DEV), r, w, 1.702, 7.0)
     got = moe_v3_dec.down_v3_dec(act, r, w)
-    assert seen == [cap, cap]
+    assert seen == [("_gate_up_v3_dec_kernel", cap), ("_down_v3_dec_kernel", cap)]
     assert _rel(got, _want(ref, r, act)) <= 1e-5
 
 
