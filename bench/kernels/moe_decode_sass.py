@@ -23,6 +23,7 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -44,7 +45,7 @@ def _compile(kernel, sig: dict[str, str], consts: dict, warps: int, stages: int,
         for k, t in sig.items()
         if t[0] == "*" or k.startswith("stride") or k == "K"  # as Triton specializes 2880 at run time
     }
-    src = ASTSource(
+    src = (GluonASTSource if kernel.is_gluon() else ASTSource)(
         kernel,
         {**sig, **dict.fromkeys(consts, "constexpr")},
         constexprs={(idx(k),): v for k, v in consts.items()},

@@ -33,7 +33,9 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # moe_decode_sass, for the sm_90a compile
 
+from gptoss.kernels.moe_v3 import weight_words  # noqa: E402
 from gptoss.kernels.moe_v3_step import _V3_ASM  # noqa: E402
 
 
@@ -79,14 +81,14 @@ def _decode(w, sw, s_idx, KC: gl.constexpr, A_L: gl.constexpr):
 
 
 @gluon.jit
-def _words(w_buf, s_buf, j, KCP: gl.constexpr):
-    """Part j of a row block's K step (chunks j KCP ..): words [KCP, 8, 4, 4], scale words [KCP, 8, 1, 1]."""
-    W_L: gl.constexpr = _words_layout(KCP)
-    w = w_buf.slice(j * KCP, KCP, dim=1).load(gl.BlockedLayout([1, 1, 4], [1, 1, 32], [1, 1, 1], [2, 1, 0]))
-    w = gl.convert_layout(gl.reshape(w, (KCP, 8, 4, 4)), W_L, assert_trivial=True)
-    sw = s_buf.slice(j * KCP, KCP, dim=1).load(_scales_layout(KCP))
+def _words(w_buf, s_buf, KC: gl.constexpr):
+    """A row block's K step from its buffers: words [KC, 8, 4, 4], scale words [KC, 8, 1, 1]."""
+    W_L: gl.constexpr = _words_layout(KC)
+    w = w_buf.load(gl.BlockedLayout([1, 1, 4], [1, 1, 32], [1, 1, 1], [2, 1, 0]))
+    w = gl.convert_layout(gl.reshape(w, (KC, 8, 4, 4)), W_L, assert_trivial=True)
+    sw = s_buf.load(_scales_layout(KC))
     sw = gl.convert_layout(
-        gl.reshape(sw, (KCP, 8)), gl.SliceLayout(2, gl.SliceLayout(3, W_L)), assert_trivial=True
+        gl.reshape(sw, (KC, 8)), gl.SliceLayout(2, gl.SliceLayout(3, W_L)), assert_trivial=True
     )
     return w.to(gl.uint32, bitcast=True), sw.to(gl.uint32, bitcast=True)[:, :, None, None]
 
@@ -110,10 +112,10 @@ def _step_words(w_bufs, s_bufs, ready, empty, j, rb0, KSTEPS: gl.constexpr, NBUF
     live = j < KSTEPS
     idx = j % NBUF
     mbarrier.wait(ready.index(idx), (j // NBUF) & 1, pred=live)
-    wa, sa = _words(w_bufs.index(idx).slice(rb0, 1), s_bufs.index(idx).slice(rb0, 1), 0, KC)
+    wa, sa = _words(w_bufs.index(idx).slice(rb0, 1), s_bufs.index(idx).slice(rb0, 1), KC)
     wb, sb = wa, sa
     if RBW == 2:
-        wb, sb = _words(w_bufs.index(idx).slice(rb0 + 1, 1), s_bufs.index(idx).slice(rb0 + 1, 1), 0, KC)
+        wb, sb = _words(w_bufs.index(idx).slice(rb0 + 1, 1), s_bufs.index(idx).slice(rb0 + 1, 1), KC)
     fence_async_shared()  # the reads above before the next copy into this buffer
     mbarrier.arrive(empty.index(idx), pred=live)
     return wa, sa, wb, sb
@@ -257,7 +259,7 @@ def ws_gemv(
     """x [1, K] bf16 one token, ids [slots] int32, w / s a "v3" GEMM's words [E, N, Kp/2] uint8 and
     scales [E, N, Kp/32] -> [kparts, slots, N] float32, the product's partial sums over each part of K
     (kparts programs a row tile, each a shorter chain; see the module's doc)."""
-    e, n, kb = w.shape
+    n = w.shape[1]
     if n % 64 or bk % 64 or (bk // 64) & (bk // 64 - 1) or x.shape != (1, k) or x.dtype != torch.bfloat16:
         raise ValueError(
             f"ws_gemv: N {n} must be a multiple of 64 (4 16-row blocks), BK {bk} 64 times a power of 2, "
@@ -267,8 +269,7 @@ def ws_gemv(
         raise ValueError(
             f"ws_gemv: kparts {kparts} must divide the {triton.cdiv(k, bk)} K steps, rbw {rbw} be 1 or 2"
         )
-    words = w.view(torch.int32).reshape(e * n // 16, kb // 32, 128)
-    s_words = s.reshape(-1).view(torch.int32).reshape(e * n // 16, kb // 32, 8)
+    words, s_words = weight_words(w, s)
     w_desc = TensorDescriptor.from_tensor(words, [1, bk // 64, 128], smem_layout())
     s_desc = TensorDescriptor.from_tensor(s_words, [1, bk // 64, 8], smem_layout())
     out = torch.empty((kparts, ids.numel(), n), dtype=torch.float32, device=x.device)
@@ -298,8 +299,7 @@ def ws_gemv(
 def compile_sm90(n: int = 5760, k: int = 2880, bk: int = 256, nbuf: int = 4, regs: int = 96,
                  maxnreg: int = 64, kparts: int = 1, rbw: int = 1, pf: bool = False):  # fmt: skip
     """_ws_kernel compiled for sm_90a without a GPU (ptxas runs on CPU), at 20b's gate_up by default."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from moe_decode_sass import _compile
 
     lay = repr(smem_layout())
     sig = {"x_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*fp32"}
@@ -308,14 +308,7 @@ def compile_sm90(n: int = 5760, k: int = 2880, bk: int = 256, nbuf: int = 4, reg
         "s_desc": f"tensordesc<i32[1,{bk // 64},8],{lay}>",
     }
     consts = dict(N=n, K=k, CW=4, BK=bk, NBUF=nbuf, REGS=regs, MODE=1, KPARTS=kparts, RBW=rbw, PF=pf)
-    idx = _ws_kernel.arg_names.index
-    src = GluonASTSource(
-        _ws_kernel,
-        {**sig, **dict.fromkeys(consts, "constexpr")},
-        constexprs={(idx(c),): v for c, v in consts.items()},
-        attrs={(idx(a),): [["tt.divisibility", 16]] for a in ("x_ptr", "ids_ptr", "out_ptr")},
-    )
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
+    return _compile(_ws_kernel, sig, consts, 4, 1, maxnreg)  # Gluon has no num_stages: its loops are ours
 
 
 def main() -> None:
@@ -323,7 +316,6 @@ def main() -> None:
     import collections
     import re
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from moe_decode_sass import disassemble, mma_loops, opcode
 
     ap = argparse.ArgumentParser(description="moe_ws's kernel compiled for sm_90a on CPU: its consumer loop")

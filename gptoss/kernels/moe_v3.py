@@ -90,6 +90,15 @@ def _tma_runs(x: Tensor) -> bool:
     )
 
 
+def weight_words(blocks: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    """The "v3" words [E, N, Kp/2] uint8 and scales [E, N, Kp/32] (contiguous, N % 16 == 0, whole 64-K
+    chunks) viewed as int32 words [E*N/16, Kp/64, 128] and scale words [E*N/16, Kp/64, 8]: each
+    16-row block's 64-K chunk is one row of 128 words and one of 8."""
+    e, n, kb = blocks.shape
+    words = blocks.view(torch.int32).reshape(e * n // 16, kb // 32, 128)
+    return words, scales.reshape(-1).view(torch.int32).reshape(e * n // 16, kb // 32, 8)
+
+
 def weight_descriptors(blocks: Tensor, scales: Tensor, rows: int, bk: int) -> dict:
     """The "v3" words [E, N, Kp/2] uint8 and scales [E, N, Kp/32] as TMA descriptors for the kernels'
     WTMA: words [E*N/16, Kp/64, 128] int32 in blocks [rows/16, BK/64, 128], scale words
@@ -100,9 +109,7 @@ def weight_descriptors(blocks: Tensor, scales: Tensor, rows: int, bk: int) -> di
             f"weight_descriptors: contiguous v3 words with N % 16 == 0 and whole 64-K chunks, rows % 16 == 0 "
             f"and BK % 64 == 0, got words {tuple(blocks.shape)}, rows {rows}, BK {bk}"
         )
-    kc = kb // 32
-    words = blocks.view(torch.int32).reshape(e * n // 16, kc, 128)
-    s_words = scales.reshape(-1).view(torch.int32).reshape(e * n // 16, kc, 8)
+    words, s_words = weight_words(blocks, scales)
     return {
         "w_desc": TensorDescriptor.from_tensor(words, [rows // 16, bk // 64, 128]),
         "s_desc": TensorDescriptor.from_tensor(s_words, [rows // 16, bk // 64, 8]),
