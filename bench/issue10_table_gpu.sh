@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU side, detached (issue 10's table in one run): the compiled tests named in TESTS first, then,
+# once bench/vllm_peer_install.sh has run in a later call and touched $HOME/vllm_ready, the kernel
+# table beside vLLM 0.26.0 (bench/kernels_gpu.py) and what a pure read of the decode MoE's bytes
+# reaches (bench/kernels/read_ceiling_gpu.py): the ceiling the table's HBM column is judged against.
+#   RES=$HOME/i10 TESTS="tests/..." setsid nohup bash bench/issue10_table_gpu.sh > $HOME/i10.log 2>&1 &
+# READ_MB: the byte counts read (MB), default a 20b expert's gate_up (8.81 MB) and down (4.41 MB) at
+# 4, 8, 16 and 28 distinct experts (one token to ~16: what the table's M <= 16 rows hit).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+RES=${RES:-$HOME/issue10}
+. bench/gpu_detached.sh
+nvidia-smi -L
+bash bench/harness_wheels.sh
+if [ -n "${TESTS:-}" ]; then
+  say "compiled tests: $TESTS"
+  # shellcheck disable=SC2086  # TESTS is a list of paths
+  TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider -n 0 -rfX $TESTS > "$RES/tests.log" 2>&1
+  row "compiled tests" "$(tail -1 "$RES/tests.log")"
+fi
+wait_vllm || exit 1
+say "kernel table"
+python3 bench/kernels_gpu.py --only "${PARTS:-moe,attn,ops}" --out "$RES" > "$RES/table.log" 2>&1
+row "kernels_gpu exit" "$?"
+say "read ceiling"
+python3 bench/kernels/read_ceiling_gpu.py --mbytes "${READ_MB:-17.6,35.2,70.5,141.0,123.4,246.7}" \
+  > "$RES/ceiling.log" 2>&1
+row "read_ceiling exit" "$?"
+finish
+echo "== kernel table"; sed -n '/^kernel /,$p' "$RES/table.log"
+echo "== read ceiling"; sed -n '/ MB case/,$p' "$RES/ceiling.log"
