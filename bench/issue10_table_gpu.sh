@@ -9,6 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/issue10}
+# shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
 nvidia-smi -L
 bash bench/harness_wheels.sh
