@@ -24,7 +24,7 @@ from gptoss.decode_graphs import DecodeGraph, DecodeGraphs
 from gptoss.kernel_model import KernelModel, StepMeta
 from gptoss.kernel_warm import warm_moe
 from gptoss.kernels.decode_advance import greedy_advance, tail_argmax
-from gptoss.kernels.sampling import sample
+from gptoss.kernels.sampling import sample, top_k_cap
 from gptoss.model import GptOss
 from gptoss.scheduler import Batch
 from gptoss.sequence import Sequence, Status
@@ -192,21 +192,23 @@ class KernelRunner:
     def _sample(self, logits: Tensor, seqs: list[Sequence]) -> Tensor:
         if all(s.params.greedy for s in seqs):
             return _greedy(logits)
-        f, i, filtered = self._sampling_params(seqs)
-        return sample(logits, f[0], i[0].to(torch.int32), f[1], i[1], i[2], filtered=filtered)
+        f, i, rows = self._sampling_params(seqs)
+        k_cap = top_k_cap([s.params.top_k for s in seqs], rows)
+        return sample(logits, f[0], i[0].to(torch.int32), f[1], i[1], i[2], filtered=any(rows), k_cap=k_cap)
 
-    def _sampling_params(self, seqs: list[Sequence]) -> tuple[Tensor, Tensor, bool]:
-        """Device tensors: float32 [2, N] (temperature, top_p), int64 [3, N] (top_k, seed, offset)."""
+    def _sampling_params(self, seqs: list[Sequence]) -> tuple[Tensor, Tensor, list[bool]]:
+        """Device tensors: float32 [2, N] (temperature, top_p), int64 [3, N] (top_k, seed, offset);
+        and which rows are filtered (sampled with top_k > 0 or top_p < 1)."""
         f32 = np.empty((2, len(seqs)), dtype=np.float32)
         i64 = np.empty((3, len(seqs)), dtype=np.int64)
-        filtered = False
+        filtered = [False] * len(seqs)
         for j, s in enumerate(seqs):
             p = s.params
             f32[0, j] = 0.0 if p.greedy else p.temperature
             f32[1, j] = p.top_p
             seed = p.seed if p.seed is not None else (self.engine_seed * _SEED_MIX + s.seq_id) % (1 << 62)
             i64[0, j], i64[1, j], i64[2, j] = p.top_k, seed, len(s.token_ids)
-            filtered |= not p.greedy and (p.top_k > 0 or p.top_p < 1.0)
+            filtered[j] = not p.greedy and (p.top_k > 0 or p.top_p < 1.0)
         f = torch.from_numpy(f32).to(self.device, non_blocking=True)
         i = torch.from_numpy(i64).to(self.device, non_blocking=True)
         return f, i, filtered

@@ -151,8 +151,16 @@ def sample_cases(B: int) -> list[dict]:
     drawn = timed_us(partial(sample, logits, ones, no_k, ones, seeds, offsets, filtered=False), f"B={B} T=1")
     top_k = torch.full((B,), 50, dtype=torch.int32, device="cuda")
     top_p = torch.full((B,), 0.9, device="cuda")
+    # top_k 50 on the engine's path (mask_within_top_k, k_cap from sampling.top_k_cap), its peer the
+    # vocabulary sort every filtered batch took before (and a top-p-only batch still takes)
     filt = timed_us(
-        partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True), f"B={B} top-k/p"
+        partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True, k_cap=50), f"B={B} top-k/p"
+    )
+    filt_sort = timed_us(
+        partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True), f"B={B} top-k/p sort"
+    )
+    top_p_only = timed_us(
+        partial(sample, logits, ones, no_k, top_p, seeds, offsets, filtered=True), f"B={B} top-p"
     )
     return [
         _row(
@@ -171,7 +179,8 @@ def sample_cases(B: int) -> list[dict]:
             timed_us(torch_multinomial, f"B={B} multinomial"),
             nbytes,
         ),
-        _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, None, nbytes),
+        _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, filt_sort, nbytes),
+        _row("sample", f"B={B} T=1 top_p=0.9", top_p_only, None, None, nbytes),
     ]
 
 

@@ -222,6 +222,51 @@ def mask_top_k_top_p(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: 
     return logits.masked_fill(drop & ~torch.isnan(logits), float("-inf"))
 
 
+# The most top_k a batch may ask for and still be filtered by mask_within_top_k (a top-k of this many
+# per row, not a sort of the vocabulary); past it, or with a pure top-p row, mask_top_k_top_p sorts.
+TOP_K_FAST_MAX = 1024
+
+
+def top_k_cap(top_ks: list[int], filtered: list[bool]) -> int:
+    """The k_cap that lets sample() take mask_within_top_k for a batch (host values, no device
+    work): the largest top_k of its filtered rows when every one of them has 0 < top_k <=
+    TOP_K_FAST_MAX, else 0 (a row with top_p alone can keep most of the vocabulary)."""
+    ks = [k for k, f in zip(top_ks, filtered, strict=True) if f]
+    return max(ks) if ks and all(0 < k <= TOP_K_FAST_MAX for k in ks) else 0
+
+
+def mask_within_top_k(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, k_cap: int
+) -> Tensor:
+    """mask_top_k_top_p's result for a batch whose filtered rows all have 0 < top_k <= k_cap (rows
+    with top_k == 0 must have top_p >= 1: top_k_cap says when), without sorting the vocabulary.
+
+    The rule keeps a prefix of the stable descending order, which a top-k of k_cap values per row
+    holds: its length n (top-k, then top-p's mass over the k softmax-ed values, summed in that same
+    order) names the last kept value tau, and the kept set is every logit above tau plus the first
+    n - #(above tau) logits equal to tau by index (where the stable sort put ties). So the same
+    tokens go, up to the float32 rounding of the softmax's sum (k terms here, V with zeros there).
+    Cost: a top-k and ~5 [B, V] passes (one an int32 cumsum) against a [B, V] sort.
+    """
+    v = logits.shape[1]
+    kmax = min(k_cap, v)
+    sampled = temperature > 0  # [B]
+    k = torch.where(sampled & (top_k > 0), top_k.to(torch.int64).clamp(max=kmax), 0)  # [B] 0: untouched
+    vals = logits.topk(kmax, dim=-1).values  # [B, kmax] descending, NaN first as in the sort
+    in_k = torch.arange(kmax, device=logits.device)[None, :] < k[:, None]  # [B, kmax]
+    t = torch.where(sampled, temperature, 1.0)  # [B]
+    probs = torch.softmax(vals.masked_fill(~in_k, float("-inf")) / t[:, None], dim=-1)  # [B, kmax]
+    p = torch.where(sampled & (top_p < 1), top_p, float("inf"))  # [B]
+    # The kept positions are a prefix (the mass before a position never falls): n of them.
+    n = (in_k & ((probs.cumsum(-1) - probs) < p[:, None])).sum(-1, keepdim=True)  # [B, 1]
+    tau = vals.gather(1, (n - 1).clamp(min=0))  # [B, 1] the last kept value (n = 0: none is kept)
+    ties = n - (vals > tau).sum(-1, keepdim=True)  # [B, 1] how many logits equal to tau stay
+    eq = logits == tau  # [B, V]
+    keep = (logits > tau) | (eq & (eq.cumsum(-1, dtype=torch.int32) <= ties))  # ties by index
+    drop = (k > 0)[:, None] & ~keep
+    return logits.masked_fill(drop & ~torch.isnan(logits), float("-inf"))
+
+
 def sample(
     logits: Tensor,
     temperature: Tensor,
@@ -231,13 +276,15 @@ def sample(
     offsets: Tensor,
     *,
     filtered: bool,
+    k_cap: int = 0,
 ) -> Tensor:
     """logits [B, V] float32; temperature, top_p [B] f32; top_k [B] int; seeds, offsets [B] int64.
 
     Returns ids [B] int64. temperature 0 = greedy (first index of the maximum); top_k 0 = off.
     `filtered` says (host-side, from the request params) whether any row has top_k > 0 or
-    top_p < 1; when False those columns are ignored. A row with a NaN logit yields -1. No host sync:
-    safe in a CUDA graph.
+    top_p < 1; when False those columns are ignored. k_cap > 0 (top_k_cap's, host-side too) filters
+    by mask_within_top_k instead of sorting the vocabulary: the same draws. A row with a NaN logit
+    yields -1. No host sync: safe in a CUDA graph.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         raise ValueError(
@@ -257,6 +304,8 @@ def sample(
                 f"{name} must be [{B}] {dtypes} on {logits.device}, got "
                 f"{tuple(x.shape)} {x.dtype} on {x.device}"
             )
-    if filtered:
+    if filtered and k_cap > 0:
+        logits = mask_within_top_k(logits, temperature, top_k, top_p, k_cap)
+    elif filtered:
         logits = mask_top_k_top_p(logits, temperature, top_k, top_p)
     return gumbel_argmax(logits, temperature.contiguous(), seeds.contiguous(), offsets.contiguous())

@@ -130,6 +130,35 @@ def test_triton_sampling_is_seeded(engines):
     assert triton_eng.generate(prompts[:1], [other])[0] != first[0]
 
 
+def test_top_k_requests_are_filtered_without_a_sort_and_draw_the_same(engines, monkeypatch):
+    """A batch whose sampled requests all ask a small top_k filters by mask_within_top_k (k_cap = the
+    largest top_k), a top-p-only request sends the batch to the sort; the tokens are the sort's."""
+    import gptoss.kernel_runner as kr
+
+    triton_eng, _ = engines
+    prompts = prompts_of([12, 30, 7], seed=5)
+    sp = [
+        SamplingParams(max_new_tokens=4, temperature=0.9, top_k=k, top_p=p, seed=s, ignore_eos=True)
+        for k, p, s in ((20, 1.0, 1), (5, 0.8, 2), (0, 1.0, 3))
+    ]
+    caps = []
+    real = kr.sample
+    monkeypatch.setattr(kr, "sample", lambda *a, **kw: caps.append(kw["k_cap"]) or real(*a, **kw))
+    fast = triton_eng.generate(prompts, sp)
+    assert caps and set(caps) == {20}  # the unfiltered third request does not count
+    caps.clear()
+    monkeypatch.setattr(kr, "top_k_cap", lambda *_: 0)  # the sort, as before
+    assert triton_eng.generate(prompts, sp) == fast
+    assert set(caps) == {0}
+    monkeypatch.undo()
+    monkeypatch.setattr(kr, "sample", lambda *a, **kw: caps.append(kw["k_cap"]) or real(*a, **kw))
+    caps.clear()
+    top_k = SamplingParams(max_new_tokens=2, temperature=0.9, top_k=20, seed=1, ignore_eos=True)
+    top_p_only = SamplingParams(max_new_tokens=2, temperature=0.9, top_p=0.5, seed=4, ignore_eos=True)
+    triton_eng.generate(prompts[:2], [top_k, top_p_only])  # every step holds both
+    assert caps and set(caps) == {0}
+
+
 # On an H100 the logits of one sequence differ by ~1.5e-5 (of a std of 4) between a batch of 3 and
 # alone (float32; the MoE tiles and cuBLAS kernels depend on the batch size), and that flipped a
 # Gumbel draw at the second token in every run so far; in the interpreter the test passes.

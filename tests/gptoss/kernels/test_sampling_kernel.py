@@ -145,6 +145,75 @@ def test_top_p_keeps_the_head() -> None:
     assert set(mixed.tolist()) == {0, 1}
 
 
+def _mixed_rows(g: torch.Generator, V: int, ties: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """12 rows: a greedy one, an unfiltered sampled one, the rest top-k (1-60) with top-p in (0, 1.2)."""
+    logits = torch.randn(12, V, generator=g) * 3
+    if ties == "bf16":  # the lm_head's bf16 values: many logits equal
+        logits = logits.bfloat16().float()
+    elif ties == "int":
+        logits = logits.round()
+    p = params(12, seed=3)
+    p["temperature"] = torch.rand(12, generator=g) + 0.2
+    p["temperature"][0] = 0.0
+    p["top_k"] = torch.randint(1, 61, (12,), generator=g, dtype=torch.int32)
+    p["top_k"][1] = 0
+    p["top_p"] = torch.rand(12, generator=g) * 1.2
+    p["top_p"][1] = 1.0
+    logits[3, :5] = float("-inf")
+    return logits.to(DEV), {k: v.to(DEV) for k, v in p.items()}
+
+
+@pytest.mark.parametrize("ties", ["none", "bf16", "int"])
+def test_within_top_k_masks_what_the_sort_masks(ties: str) -> None:
+    g = torch.Generator().manual_seed(11)
+    for V in (61, 200, 397):
+        logits, p = _mixed_rows(g, V, ties)
+        k_cap = int(p["top_k"].max())
+        want = sampling.mask_top_k_top_p(logits, p["temperature"], p["top_k"], p["top_p"])
+        got = sampling.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
+        assert torch.equal(got, want), (V, (got != want).any(-1).nonzero().flatten().tolist())
+        assert torch.equal(got[:2], logits[:2])  # the greedy and the unfiltered row are untouched
+        both = {k: v for k, v in p.items() if k in ("temperature", "top_k", "top_p", "seeds", "offsets")}
+        assert torch.equal(
+            sample(logits, **both, filtered=True, k_cap=k_cap), sample(logits, **both, filtered=True)
+        )
+
+
+def test_within_top_k_splits_a_tie_run_by_index() -> None:
+    logits = torch.tensor([[1.0, 3.0, 5.0, 3.0, 3.0, 3.0, 0.5]], device=DEV)
+    p = params(1, top_k=3)
+    got = sampling.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], 3)
+    inf = float("-inf")
+    assert got.tolist() == [[inf, 3.0, 5.0, 3.0, inf, inf, inf]]  # 5, then the first two 3s by index
+    # top-p over those three (probs 0.78, 0.11, 0.11): 0.8 needs the first 3 as well, not the second
+    p["top_p"][:] = 0.8
+    got = sampling.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], 3)
+    assert got.tolist() == [[inf, 3.0, 5.0, inf, inf, inf, inf]]
+
+
+def test_within_top_k_leaves_a_nan_row_to_fail() -> None:
+    logits = torch.randn(2, 50, device=DEV)
+    logits[0, 9] = float("nan")
+    p = params(2, top_k=4, top_p=0.8)
+    got = sampling.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], 4)
+    assert bool(torch.isnan(got[0, 9])) and int(torch.isfinite(got[1]).sum()) >= 1
+    assert sample(logits, **p, filtered=True, k_cap=4).tolist()[0] == -1
+
+
+@pytest.mark.parametrize(
+    ("top_ks", "filtered", "cap"),
+    [
+        ([50, 20, 0], [True, True, False], 50),  # the unfiltered row's 0 does not count
+        ([50, 0], [True, True], 0),  # a top-p-only row: the sort
+        ([sampling.TOP_K_FAST_MAX + 1], [True], 0),
+        ([sampling.TOP_K_FAST_MAX, 3], [True, True], sampling.TOP_K_FAST_MAX),
+        ([7, 7], [False, False], 0),  # nothing filtered
+    ],
+)
+def test_top_k_cap_takes_the_fast_mask_only_when_every_filtered_row_has_a_small_top_k(top_ks, filtered, cap):
+    assert sampling.top_k_cap(top_ks, filtered) == cap
+
+
 @pytest.mark.parametrize("filtered", [False, True])
 def test_nan_row_returns_minus_one(filtered: bool) -> None:
     logits = torch.randn(3, 100, device=DEV)
