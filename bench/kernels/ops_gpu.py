@@ -28,7 +28,7 @@ from timing import peer_failed, timed_us  # noqa: E402
 from gptoss.config import PRESETS
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
-from gptoss.kernels.sampling import sample
+from gptoss.kernels.sampling import filter_cut, gumbel_argmax, sample
 from gptoss.model import Rope, apply_rope, rms_norm
 
 CFG = PRESETS["20b"]
@@ -159,6 +159,11 @@ def sample_cases(B: int) -> list[dict]:
     filt_sort = timed_us(
         partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True), f"B={B} top-k/p sort"
     )
+    # the cut (sampling.USE_CUT, off by default until timed here): sample()'s path with it on
+    filt_cut = timed_us(
+        lambda: gumbel_argmax(logits, ones, seeds, offsets, filter_cut(logits, ones, top_k, top_p, 50)),
+        f"B={B} top-k/p cut",
+    )
     top_p_only = timed_us(
         partial(sample, logits, ones, no_k, top_p, seeds, offsets, filtered=True), f"B={B} top-p"
     )
@@ -180,6 +185,7 @@ def sample_cases(B: int) -> list[dict]:
             nbytes,
         ),
         _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, filt_sort, nbytes),
+        _row("sample", f"B={B} T=1 top_k=50 top_p=0.9 cut", filt_cut, None, filt, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9", top_p_only, None, None, nbytes),
     ]
 

@@ -68,6 +68,74 @@ def _gumbel(idx, k0, k1):
 
 
 @triton.jit
+def _chunk_winner(
+    logits_ptr,
+    stride_row,
+    temp_ptr,
+    seed_ptr,
+    off_ptr,
+    rows,
+    rmask,
+    V,
+    tau,
+    cut,
+    CHUNK,
+    BLOCK,
+    CUT: tl.constexpr,
+):
+    """Rows [R] of chunk program_id(1), in [R, BLOCK] steps -> (max z [R], its first index, has NaN).
+    CUT: only logits above the row's tau [R, 1], or equal to it at an index <= its cut [R, 1], or
+    NaN, take part (filter_cut's cut: what mask_within_top_k's masked copy keeps, read in place)."""
+    temp = tl.load(temp_ptr + rows, mask=rmask, other=0.0)  # [R]
+    sampled = temp > 0
+    any_sampled = tl.max(sampled.to(tl.int32), axis=0) > 0
+    temp = tl.where(sampled, temp, 1.0)[:, None]  # [R, 1], 1 where unused
+    sampled = sampled[:, None]
+    k0, k1 = _row_keys(seed_ptr, off_ptr, rows, rmask)
+    k0, k1 = k0[:, None], k1[:, None]
+    start = tl.program_id(1) * CHUNK
+    lanes = tl.arange(0, BLOCK)[None, :]  # [1, BLOCK]
+    best = tl.full([rows.shape[0], BLOCK], float("-inf"), tl.float32)
+    # An all -inf chunk yields its first index, as torch.argmax does.
+    best_i = tl.zeros([rows.shape[0], BLOCK], tl.int32) + start + lanes
+    nan = tl.zeros([rows.shape[0], BLOCK], tl.int32)
+    for s in range(start, tl.minimum(start + CHUNK, V), BLOCK):  # the last chunk stops at V
+        idx = s + lanes  # [1, BLOCK]
+        x = tl.load(
+            logits_ptr + rows[:, None] * stride_row + idx,
+            mask=rmask[:, None] & (idx < V),
+            other=float("-inf"),
+        )  # [R, BLOCK]
+        is_nan = x != x  # noqa: PLR0124 (NaN test)
+        nan |= is_nan.to(tl.int32)
+        if CUT:  # NaN stays (the row then yields -1, as unfiltered)
+            x = tl.where((x > tau) | ((x == tau) & (idx <= cut)) | is_nan, x, float("-inf"))
+        z = x
+        if any_sampled:  # a uniform branch: all-greedy batches skip the hash and the logs
+            z = tl.where(sampled, x / temp + _gumbel(idx, k0, k1), x)
+        # Strict >: a lane sees increasing indices, so it keeps the first of equal maxima.
+        better = z > best
+        best = tl.where(better, z, best)
+        best_i = tl.where(better, idx, best_i)
+    top = tl.max(best, axis=1)  # [R]
+    top_i = tl.min(tl.where(best == top[:, None], best_i, 2147483647), axis=1)
+    return top, top_i, tl.max(nan, axis=1) > 0
+
+
+@triton.jit
+def _store_winner(
+    top, top_i, has_nan, pval_ptr, pidx_ptr, out_ptr, rows, rmask, n_chunks, SINGLE: tl.constexpr
+):
+    """SINGLE (the chunk is the whole row): the id (or -1 on NaN) to out_ptr, skipping pass 2."""
+    if SINGLE:
+        tl.store(out_ptr + rows, tl.where(has_nan, -1, top_i).to(tl.int64), mask=rmask)
+    else:
+        top = tl.where(has_nan, float("nan"), top)
+        tl.store(pval_ptr + rows * n_chunks + tl.program_id(1), top, mask=rmask)
+        tl.store(pidx_ptr + rows * n_chunks + tl.program_id(1), top_i, mask=rmask)
+
+
+@triton.jit
 def _sample_chunk_kernel(
     logits_ptr,
     stride_row,
@@ -85,51 +153,46 @@ def _sample_chunk_kernel(
     BLOCK: tl.constexpr,
     SINGLE: tl.constexpr,
 ):
-    """A [ROWS, CHUNK] tile in [ROWS, BLOCK] steps -> each row's (max z, first index) of the chunk.
-
-    SINGLE (the chunk is the whole row): write the id (or -1 on NaN) to out_ptr, skipping pass 2.
-    """
+    """A [ROWS, CHUNK] tile in [ROWS, BLOCK] steps -> each row's (max z, first index) of the chunk."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R]
     rmask = rows < B
     rows = rows.to(tl.int64)
-    chunk = tl.program_id(1)
-    temp = tl.load(temp_ptr + rows, mask=rmask, other=0.0)  # [R]
-    sampled = temp > 0
-    any_sampled = tl.max(sampled.to(tl.int32), axis=0) > 0
-    temp = tl.where(sampled, temp, 1.0)[:, None]  # [R, 1], 1 where unused
-    sampled = sampled[:, None]
-    k0, k1 = _row_keys(seed_ptr, off_ptr, rows, rmask)
-    k0, k1 = k0[:, None], k1[:, None]
-    start = chunk * CHUNK
-    lanes = tl.arange(0, BLOCK)[None, :]  # [1, BLOCK]
-    best = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)
-    # An all -inf chunk yields its first index, as torch.argmax does.
-    best_i = tl.zeros([ROWS, BLOCK], tl.int32) + start + lanes
-    nan = tl.zeros([ROWS, BLOCK], tl.int32)
-    for s in range(start, tl.minimum(start + CHUNK, V), BLOCK):  # the last chunk stops at V
-        idx = s + lanes  # [1, BLOCK]
-        x = tl.load(
-            logits_ptr + rows[:, None] * stride_row + idx,
-            mask=rmask[:, None] & (idx < V),
-            other=float("-inf"),
-        )  # [R, BLOCK]
-        nan |= (x != x).to(tl.int32)  # noqa: PLR0124 (NaN test)
-        z = x
-        if any_sampled:  # a uniform branch: all-greedy batches skip the hash and the logs
-            z = tl.where(sampled, x / temp + _gumbel(idx, k0, k1), x)
-        # Strict >: a lane sees increasing indices, so it keeps the first of equal maxima.
-        better = z > best
-        best = tl.where(better, z, best)
-        best_i = tl.where(better, idx, best_i)
-    top = tl.max(best, axis=1)  # [R]
-    top_i = tl.min(tl.where(best == top[:, None], best_i, 2147483647), axis=1)
-    has_nan = tl.max(nan, axis=1) > 0
-    if SINGLE:
-        tl.store(out_ptr + rows, tl.where(has_nan, -1, top_i).to(tl.int64), mask=rmask)
-    else:
-        top = tl.where(has_nan, float("nan"), top)
-        tl.store(pval_ptr + rows * n_chunks + chunk, top, mask=rmask)
-        tl.store(pidx_ptr + rows * n_chunks + chunk, top_i, mask=rmask)
+    top, top_i, has_nan = _chunk_winner(
+        logits_ptr, stride_row, temp_ptr, seed_ptr, off_ptr, rows, rmask, V, 0.0, 0, CHUNK, BLOCK, False
+    )
+    _store_winner(top, top_i, has_nan, pval_ptr, pidx_ptr, out_ptr, rows, rmask, n_chunks, SINGLE)
+
+
+@triton.jit
+def _sample_chunk_cut_kernel(
+    logits_ptr,
+    stride_row,
+    temp_ptr,
+    seed_ptr,
+    off_ptr,
+    pval_ptr,
+    pidx_ptr,
+    out_ptr,
+    B,
+    V,
+    n_chunks,
+    tau_ptr,
+    cut_ptr,
+    ROWS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SINGLE: tl.constexpr,
+):
+    """_sample_chunk_kernel with filter_cut's (tau, cut) applied as the rows are read."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R]
+    rmask = rows < B
+    rows = rows.to(tl.int64)
+    tau = tl.load(tau_ptr + rows, mask=rmask, other=float("-inf"))[:, None]  # [R, 1]
+    cut = tl.load(cut_ptr + rows, mask=rmask, other=-1)[:, None]
+    top, top_i, has_nan = _chunk_winner(
+        logits_ptr, stride_row, temp_ptr, seed_ptr, off_ptr, rows, rmask, V, tau, cut, CHUNK, BLOCK, True
+    )
+    _store_winner(top, top_i, has_nan, pval_ptr, pidx_ptr, out_ptr, rows, rmask, n_chunks, SINGLE)
 
 
 @triton.jit
@@ -155,8 +218,15 @@ def _chunk_size(b: int, v: int) -> int:
     return min(16384, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
 
 
-def gumbel_argmax(logits: Tensor, temperature: Tensor, seeds: Tensor, offsets: Tensor) -> Tensor:
-    """logits [B, V] float32 (may hold -inf), temperature [B] (0 = greedy) -> ids [B] int64, -1 on NaN."""
+def gumbel_argmax(
+    logits: Tensor,
+    temperature: Tensor,
+    seeds: Tensor,
+    offsets: Tensor,
+    cut: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """logits [B, V] float32 (may hold -inf), temperature [B] (0 = greedy) -> ids [B] int64, -1 on NaN.
+    cut: filter_cut's (tau [B] float32, cut [B] int32), applied as the rows are read."""
     B, V = logits.shape
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     if B == 0:
@@ -170,24 +240,12 @@ def gumbel_argmax(logits: Tensor, temperature: Tensor, seeds: Tensor, offsets: T
     single = n_chunks == 1
     pval = out if single else torch.empty(B, n_chunks, dtype=torch.float32, device=logits.device)
     pidx = out if single else torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
-    _sample_chunk_kernel[grid](
-        logits,
-        logits.stride(0),
-        temperature,
-        seeds,
-        offsets,
-        pval,
-        pidx,
-        out,
-        B,
-        V,
-        n_chunks,
-        ROWS=rows,
-        CHUNK=chunk,
-        BLOCK=block,
-        SINGLE=single,
-        num_warps=4,
-    )
+    args = (logits, logits.stride(0), temperature, seeds, offsets, pval, pidx, out, B, V, n_chunks)
+    consts = dict(ROWS=rows, CHUNK=chunk, BLOCK=block, SINGLE=single, num_warps=4)
+    if cut is None:
+        _sample_chunk_kernel[grid](*args, **consts)
+    else:
+        _sample_chunk_cut_kernel[grid](*args, *cut, **consts)
     if not single:
         chunks = triton.next_power_of_2(n_chunks)
         rows = max(1, 256 // chunks)
@@ -235,6 +293,26 @@ def top_k_cap(top_ks: list[int], filtered: list[bool]) -> int:
     return max(ks) if ks and all(0 < k <= TOP_K_FAST_MAX for k in ks) else 0
 
 
+def _top_k_prefix(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, k_cap: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The kept prefix of each row as (filtered [B, 1] bool, tau [B, 1], ties [B, 1] int64): the
+    last kept value and how many logits equal to it stay, by index (see mask_within_top_k)."""
+    kmax = min(k_cap, logits.shape[1])
+    sampled = temperature > 0  # [B]
+    k = torch.where(sampled & (top_k > 0), top_k.to(torch.int64).clamp(max=kmax), 0)  # [B] 0: untouched
+    vals = logits.topk(kmax, dim=-1).values  # [B, kmax] descending, NaN first as in the sort
+    in_k = torch.arange(kmax, device=logits.device)[None, :] < k[:, None]  # [B, kmax]
+    t = torch.where(sampled, temperature, 1.0)  # [B]
+    probs = torch.softmax(vals.masked_fill(~in_k, float("-inf")) / t[:, None], dim=-1)  # [B, kmax]
+    p = torch.where(sampled & (top_p < 1), top_p, float("inf"))  # [B]
+    # The kept positions are a prefix (the mass before a position never falls): n of them.
+    n = (in_k & ((probs.cumsum(-1) - probs) < p[:, None])).sum(-1, keepdim=True)  # [B, 1]
+    tau = vals.gather(1, (n - 1).clamp(min=0))  # [B, 1] the last kept value (n = 0: none is kept)
+    ties = n - (vals > tau).sum(-1, keepdim=True)  # [B, 1] how many logits equal to tau stay
+    return (k > 0)[:, None], tau, ties
+
+
 def mask_within_top_k(
     logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, k_cap: int
 ) -> Tensor:
@@ -249,23 +327,53 @@ def mask_within_top_k(
     Cost: a top-k and ~10 elementwise [B, V] passes (masks, an int32 cumsum, the masked copy) against
     a [B, V] sort: 1.35-2.79x faster on an H200 at B 1-1024 (bench/results v64).
     """
-    v = logits.shape[1]
-    kmax = min(k_cap, v)
-    sampled = temperature > 0  # [B]
-    k = torch.where(sampled & (top_k > 0), top_k.to(torch.int64).clamp(max=kmax), 0)  # [B] 0: untouched
-    vals = logits.topk(kmax, dim=-1).values  # [B, kmax] descending, NaN first as in the sort
-    in_k = torch.arange(kmax, device=logits.device)[None, :] < k[:, None]  # [B, kmax]
-    t = torch.where(sampled, temperature, 1.0)  # [B]
-    probs = torch.softmax(vals.masked_fill(~in_k, float("-inf")) / t[:, None], dim=-1)  # [B, kmax]
-    p = torch.where(sampled & (top_p < 1), top_p, float("inf"))  # [B]
-    # The kept positions are a prefix (the mass before a position never falls): n of them.
-    n = (in_k & ((probs.cumsum(-1) - probs) < p[:, None])).sum(-1, keepdim=True)  # [B, 1]
-    tau = vals.gather(1, (n - 1).clamp(min=0))  # [B, 1] the last kept value (n = 0: none is kept)
-    ties = n - (vals > tau).sum(-1, keepdim=True)  # [B, 1] how many logits equal to tau stay
+    filtered, tau, ties = _top_k_prefix(logits, temperature, top_k, top_p, k_cap)
     eq = logits == tau  # [B, V]
     keep = (logits > tau) | (eq & (eq.cumsum(-1, dtype=torch.int32) <= ties))  # ties by index
-    drop = (k > 0)[:, None] & ~keep
-    return logits.masked_fill(drop & ~torch.isnan(logits), float("-inf"))
+    return logits.masked_fill(filtered & ~keep & ~torch.isnan(logits), float("-inf"))
+
+
+@triton.jit
+def _cut_index_kernel(logits_ptr, stride_row, tau_ptr, ties_ptr, cut_ptr, V, BLOCK: tl.constexpr):
+    """One row a program, in index order: the index of its ties-th logit equal to tau (-1: none)."""
+    row = tl.program_id(0).to(tl.int64)
+    tau = tl.load(tau_ptr + row)
+    ties = tl.load(ties_ptr + row).to(tl.int32)
+    lanes = tl.arange(0, BLOCK)
+    seen = 0
+    cut = -1
+    for s in range(0, V, BLOCK):
+        x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < V, other=float("nan"))
+        eq = (x == tau).to(tl.int32)
+        rank = tl.cumsum(eq, axis=0) + seen  # 1-based among the row's ties so far
+        cut = tl.maximum(cut, tl.max(tl.where((eq > 0) & (rank <= ties), s + lanes, -1), axis=0))
+        seen += tl.sum(eq, axis=0)
+    tl.store(cut_ptr + row, cut)
+
+
+def filter_cut(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, k_cap: int
+) -> tuple[Tensor, Tensor]:
+    """mask_within_top_k's kept set as a cut that gumbel_argmax applies while it reads: (tau [B]
+    float32, cut [B] int32), keeping the logits above tau and those equal to it at an index <= cut
+    (untouched rows: -inf and V). One row scan for the cut instead of the masks and the masked copy.
+    (USE_CUT turns it on in sample(); off until timed on a GPU.)"""
+    b, v = logits.shape
+    filtered, tau, ties = _top_k_prefix(logits, temperature, top_k, top_p, k_cap)
+    tau, ties = tau.squeeze(1).contiguous(), ties.squeeze(1).contiguous()
+    cut = torch.empty(b, dtype=torch.int32, device=logits.device)
+    if b:
+        _cut_index_kernel[(b,)](
+            logits, logits.stride(0), tau, ties, cut, v, BLOCK=min(_BLOCK, triton.next_power_of_2(v))
+        )
+    keep_all = ~filtered.squeeze(1)
+    tau = torch.where(keep_all, float("-inf"), tau)
+    return tau, torch.where(keep_all, v, cut).to(torch.int32)
+
+
+# sample() filters a k_cap batch by filter_cut + the draw's in-place cut instead of
+# mask_within_top_k's masked copy: the same draws (tests), not yet timed on a GPU.
+USE_CUT = False
 
 
 def sample(
@@ -305,6 +413,9 @@ def sample(
                 f"{name} must be [{B}] {dtypes} on {logits.device}, got "
                 f"{tuple(x.shape)} {x.dtype} on {x.device}"
             )
+    if filtered and k_cap > 0 and USE_CUT:
+        cut = filter_cut(logits, temperature, top_k, top_p, k_cap)
+        return gumbel_argmax(logits, temperature.contiguous(), seeds.contiguous(), offsets.contiguous(), cut)
     if filtered and k_cap > 0:
         logits = mask_within_top_k(logits, temperature, top_k, top_p, k_cap)
     elif filtered:

@@ -179,6 +179,27 @@ def test_within_top_k_masks_what_the_sort_masks(ties: str) -> None:
         )
 
 
+@pytest.mark.parametrize("ties", ["bf16", "int"])
+def test_the_cut_keeps_what_the_masked_copy_keeps(ties: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(12)
+    for V in (61, 397, 1500):  # 1500: the cut scan crosses its 1024-wide blocks
+        logits, p = _mixed_rows(g, V, ties)
+        logits[4, 100 % V] = float("nan")
+        k_cap = int(p["top_k"].max())
+        masked = sampling.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
+        tau, cut = sampling.filter_cut(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
+        idx = torch.arange(V, device=DEV)[None, :]
+        kept = (logits > tau[:, None]) | ((logits == tau[:, None]) & (idx <= cut[:, None])) | logits.isnan()
+        gone = logits == float("-inf")  # -inf logits cannot be drawn either way
+        assert torch.equal(kept | gone, (masked != float("-inf")) | gone)
+        assert cut[:2].tolist() == [V, V]  # the greedy and the unfiltered row keep everything
+        want = sample(logits, **p, filtered=True, k_cap=k_cap)
+        monkeypatch.setattr(sampling, "USE_CUT", True)
+        assert torch.equal(sample(logits, **p, filtered=True, k_cap=k_cap), want)
+        monkeypatch.setattr(sampling, "USE_CUT", False)
+        assert want[4].item() == -1
+
+
 def test_within_top_k_splits_a_tie_run_by_index() -> None:
     logits = torch.tensor([[1.0, 3.0, 5.0, 3.0, 3.0, 3.0, 0.5]], device=DEV)
     p = params(1, top_k=3)
