@@ -24,7 +24,8 @@ from gptoss.decode_graphs import DecodeGraph, DecodeGraphs
 from gptoss.kernel_model import KernelModel, StepMeta
 from gptoss.kernel_warm import warm_moe
 from gptoss.kernels.decode_advance import greedy_advance, tail_argmax
-from gptoss.kernels.sampling import sample, top_k_cap
+from gptoss.kernels.sampling import sample
+from gptoss.kernels.sampling_filter import top_k_cap
 from gptoss.model import GptOss
 from gptoss.scheduler import Batch
 from gptoss.sequence import Sequence, Status

@@ -28,7 +28,8 @@ from timing import peer_failed, timed_us  # noqa: E402
 from gptoss.config import PRESETS
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
-from gptoss.kernels.sampling import filter_cut, gumbel_argmax, sample
+from gptoss.kernels.sampling import gumbel_argmax, sample
+from gptoss.kernels.sampling_filter import filter_cut
 from gptoss.model import Rope, apply_rope, rms_norm
 
 CFG = PRESETS["20b"]

@@ -5,6 +5,7 @@ logits [B, V] float32 -> ids [B] int64. Two kernels: pass 1 splits each row into
     z_i = logits_i / T + g_i   (sampled rows, T > 0)      or      z_i = logits_i   (T == 0),
 pass 2 reduces the chunk winners of a row (largest z, then the smallest index). Bytes moved:
 4*B*V read once (804 KB per row at V = 201088) plus 8 bytes per chunk; at B = 1024 about 824 MB.
+Top-k / top-p rows are filtered first (gptoss.kernels.sampling_filter), or as the draw reads (a cut).
 
 Why Gumbel-max samples softmax(logits/T): with E_i iid Exp(1), P(E_i/p_i is the smallest) =
 p_i / sum_j p_j (a race of exponential clocks with rates p_j), and argmin_i E_i/p_i =
@@ -29,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from gptoss.kernels.sampling_filter import filter_cut, mask_top_k_top_p, mask_within_top_k
 
 _BLOCK = 1024  # elements per loop step of a pass-1 program
 
@@ -255,122 +258,6 @@ def gumbel_argmax(
     return out
 
 
-def mask_top_k_top_p(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """logits [B, V] -> a copy with -inf outside each sampled row's top-k, then top-p, set.
-
-    Same rule as gptoss.sampler: top-k first; then top-p keeps the smallest prefix (by descending
-    prob of softmax(logits/T) over the top-k) whose mass reaches top_p. Greedy rows and rows with
-    top_k == 0 and top_p >= 1 are left untouched, so they pick exactly what the unfiltered path
-    picks. A stable sort ranks ties by index, so top_k=1 keeps the first maximum. NaN stays NaN.
-    Cost: a [B, V] sort plus a few [B, V] passes (~10 bytes/elt each) and ~4 [B, V] temporaries.
-    """
-    V = logits.shape[1]
-    sampled = temperature > 0  # [B]
-    vals, ids = logits.sort(dim=-1, descending=True, stable=True)  # [B, V] each
-    rank = torch.arange(V, device=logits.device)  # [V]
-    k = torch.where(sampled & (top_k > 0), top_k.to(torch.int64), V)  # [B]
-    out_k = rank[None, :] >= k[:, None]  # [B, V]
-    vals = vals.masked_fill(out_k, float("-inf"))
-    t = torch.where(sampled, temperature, 1.0)  # [B]
-    probs = torch.softmax(vals / t[:, None], dim=-1)  # [B, V]
-    p = torch.where(sampled & (top_p < 1), top_p, float("inf"))  # [B]
-    # Drop a token once the mass strictly before it already reaches top_p.
-    drop_sorted = out_k | ((probs.cumsum(-1) - probs) >= p[:, None])  # [B, V]
-    drop = torch.empty_like(drop_sorted).scatter_(1, ids, drop_sorted)  # [B, V] in vocab order
-    return logits.masked_fill(drop & ~torch.isnan(logits), float("-inf"))
-
-
-# The most top_k a batch may ask for and still be filtered by mask_within_top_k (a top-k of this many
-# per row, not a sort of the vocabulary); past it, or with a pure top-p row, mask_top_k_top_p sorts.
-TOP_K_FAST_MAX = 1024
-
-
-def top_k_cap(top_ks: list[int], filtered: list[bool]) -> int:
-    """The k_cap that lets sample() take mask_within_top_k for a batch (host values, no device
-    work): the largest top_k of its filtered rows when every one of them has 0 < top_k <=
-    TOP_K_FAST_MAX, else 0 (a row with top_p alone can keep most of the vocabulary)."""
-    ks = [k for k, f in zip(top_ks, filtered, strict=True) if f]
-    return max(ks) if ks and all(0 < k <= TOP_K_FAST_MAX for k in ks) else 0
-
-
-def _top_k_prefix(
-    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, k_cap: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The kept prefix of each row as (filtered [B, 1] bool, tau [B, 1], ties [B, 1] int64): the
-    last kept value and how many logits equal to it stay, by index (see mask_within_top_k)."""
-    kmax = min(k_cap, logits.shape[1])
-    sampled = temperature > 0  # [B]
-    k = torch.where(sampled & (top_k > 0), top_k.to(torch.int64).clamp(max=kmax), 0)  # [B] 0: untouched
-    vals = logits.topk(kmax, dim=-1).values  # [B, kmax] descending, NaN first as in the sort
-    in_k = torch.arange(kmax, device=logits.device)[None, :] < k[:, None]  # [B, kmax]
-    t = torch.where(sampled, temperature, 1.0)  # [B]
-    probs = torch.softmax(vals.masked_fill(~in_k, float("-inf")) / t[:, None], dim=-1)  # [B, kmax]
-    p = torch.where(sampled & (top_p < 1), top_p, float("inf"))  # [B]
-    # The kept positions are a prefix (the mass before a position never falls): n of them.
-    n = (in_k & ((probs.cumsum(-1) - probs) < p[:, None])).sum(-1, keepdim=True)  # [B, 1]
-    tau = vals.gather(1, (n - 1).clamp(min=0))  # [B, 1] the last kept value (n = 0: none is kept)
-    ties = n - (vals > tau).sum(-1, keepdim=True)  # [B, 1] how many logits equal to tau stay
-    return (k > 0)[:, None], tau, ties
-
-
-def mask_within_top_k(
-    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, k_cap: int
-) -> Tensor:
-    """mask_top_k_top_p's result for a batch whose filtered rows all have 0 < top_k <= k_cap (rows
-    with top_k == 0 must have top_p >= 1: top_k_cap says when), without sorting the vocabulary.
-
-    The rule keeps a prefix of the stable descending order, which a top-k of k_cap values per row
-    holds: its length n (top-k, then top-p's mass over the k softmax-ed values, summed in that same
-    order) names the last kept value tau, and the kept set is every logit above tau plus the first
-    n - #(above tau) logits equal to tau by index (where the stable sort put ties). So the same
-    tokens go, up to the float32 rounding of the softmax's sum (k terms here, V with zeros there).
-    Cost: a top-k and ~10 elementwise [B, V] passes (masks, an int32 cumsum, the masked copy) against
-    a [B, V] sort: 1.35-2.79x faster on an H200 at B 1-1024 (bench/results v64).
-    """
-    filtered, tau, ties = _top_k_prefix(logits, temperature, top_k, top_p, k_cap)
-    eq = logits == tau  # [B, V]
-    keep = (logits > tau) | (eq & (eq.cumsum(-1, dtype=torch.int32) <= ties))  # ties by index
-    return logits.masked_fill(filtered & ~keep & ~torch.isnan(logits), float("-inf"))
-
-
-@triton.jit
-def _cut_index_kernel(logits_ptr, stride_row, tau_ptr, ties_ptr, cut_ptr, V, BLOCK: tl.constexpr):
-    """One row a program, in index order: the index of its ties-th logit equal to tau (-1: none)."""
-    row = tl.program_id(0).to(tl.int64)
-    tau = tl.load(tau_ptr + row)
-    ties = tl.load(ties_ptr + row).to(tl.int32)
-    lanes = tl.arange(0, BLOCK)
-    seen = 0
-    cut = -1
-    for s in range(0, V, BLOCK):
-        x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < V, other=float("nan"))
-        eq = (x == tau).to(tl.int32)
-        rank = tl.cumsum(eq, axis=0) + seen  # 1-based among the row's ties so far
-        cut = tl.maximum(cut, tl.max(tl.where((eq > 0) & (rank <= ties), s + lanes, -1), axis=0))
-        seen += tl.sum(eq, axis=0)
-    tl.store(cut_ptr + row, cut)
-
-
-def filter_cut(
-    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, k_cap: int
-) -> tuple[Tensor, Tensor]:
-    """mask_within_top_k's kept set as a cut that gumbel_argmax applies while it reads: (tau [B]
-    float32, cut [B] int32), keeping the logits above tau and those equal to it at an index <= cut
-    (untouched rows: -inf and V). One row scan for the cut instead of the masks and the masked copy.
-    (USE_CUT turns it on in sample(); off until timed on a GPU.)"""
-    b, v = logits.shape
-    filtered, tau, ties = _top_k_prefix(logits, temperature, top_k, top_p, k_cap)
-    tau, ties = tau.squeeze(1).contiguous(), ties.squeeze(1).contiguous()
-    cut = torch.empty(b, dtype=torch.int32, device=logits.device)
-    if b:
-        _cut_index_kernel[(b,)](
-            logits, logits.stride(0), tau, ties, cut, v, BLOCK=min(_BLOCK, triton.next_power_of_2(v))
-        )
-    keep_all = ~filtered.squeeze(1)
-    tau = torch.where(keep_all, float("-inf"), tau)
-    return tau, torch.where(keep_all, v, cut).to(torch.int32)
-
-
 # sample() filters a k_cap batch by filter_cut + the draw's in-place cut instead of
 # mask_within_top_k's masked copy: the same draws (tests), not yet timed on a GPU.
 USE_CUT = False
@@ -413,11 +300,11 @@ def sample(
                 f"{name} must be [{B}] {dtypes} on {logits.device}, got "
                 f"{tuple(x.shape)} {x.dtype} on {x.device}"
             )
+    cut = None
     if filtered and k_cap > 0 and USE_CUT:
         cut = filter_cut(logits, temperature, top_k, top_p, k_cap)
-        return gumbel_argmax(logits, temperature.contiguous(), seeds.contiguous(), offsets.contiguous(), cut)
-    if filtered and k_cap > 0:
+    elif filtered and k_cap > 0:
         logits = mask_within_top_k(logits, temperature, top_k, top_p, k_cap)
     elif filtered:
         logits = mask_top_k_top_p(logits, temperature, top_k, top_p)
-    return gumbel_argmax(logits, temperature.contiguous(), seeds.contiguous(), offsets.contiguous())
+    return gumbel_argmax(logits, temperature.contiguous(), seeds.contiguous(), offsets.contiguous(), cut)

