@@ -215,14 +215,9 @@ class KernelRunner:
         return f, i, filtered
 
     def can_multi_step(self, batch: Batch) -> bool:
-        """A pure decode batch that a captured graph covers and whose sampling needs no filtering."""
-        return (
-            all(n == 1 for n in batch.num_new)
-            and self.graphs.for_batch(len(batch.seqs)) is not None
-            and not any(
-                not s.params.greedy and (s.params.top_k > 0 or s.params.top_p < 1.0) for s in batch.seqs
-            )
-        )
+        """A pure decode batch that a captured graph covers. Top-k / top-p requests may join: their
+        filters need no host sync (sampling_filter), so a burst draws them as a step would."""
+        return all(n == 1 for n in batch.num_new) and self.graphs.for_batch(len(batch.seqs)) is not None
 
     @torch.inference_mode()
     def launch_multi(self, batch: Batch, k: int, ahead: int = 0) -> Burst:
@@ -248,8 +243,9 @@ class KernelRunner:
         # A greedy burst's last step advances the inputs too when the next position has a table column.
         carried = greedy and max(s.num_computed for s in seqs) + ahead + k < self.full_tab.shape[1] * self.bs
         if not greedy:
-            f, i, _ = self._sampling_params(seqs)
+            f, i, filtered = self._sampling_params(seqs)
             temp, top_k, top_p, seeds = f[0], i[0].to(torch.int32), f[1], i[1]
+            k_cap = top_k_cap([s.params.top_k for s in seqs], filtered)
         out = torch.empty(k, n, dtype=torch.int64, device=self.device)
         tabs = (self.full_tab, self.ring_tab, self.bs, self.ring_len)
         for j in range(k):
@@ -263,7 +259,7 @@ class KernelRunner:
                 del logits
                 continue
             logits = self.model.logits(hidden)
-            ids = sample(logits, temp, top_k, top_p, seeds, pos + 1, filtered=False)
+            ids = sample(logits, temp, top_k, top_p, seeds, pos + 1, filtered=any(filtered), k_cap=k_cap)
             out[j] = ids
             # Freed before the next step's logits exist: two [n, V] float32 at once are more than
             # step_workspace_bytes reserves (an fp8 cache's ~1,800-row batch of 120b ran out of memory).

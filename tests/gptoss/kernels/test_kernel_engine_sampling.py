@@ -69,3 +69,40 @@ def test_triton_sampling_is_batch_invariant(triton_eng):
     together = triton_eng.generate(prompts, sp)
     alone = [triton_eng.generate([p], [s])[0] for p, s in zip(prompts, sp, strict=True)]
     assert together == alone
+
+
+def test_top_k_and_top_p_requests_decode_in_bursts_with_the_single_step_draws(
+    triton_eng, kernel_checkpoint, monkeypatch
+):
+    """A batch holding filtered requests runs multi-step bursts (its filters need no host sync), each
+    step drawn as an ordinary step draws it: the same k_cap, the same tokens as decode_steps=1."""
+    import gptoss.kernel_runner as runner
+
+    kr = triton_eng.runner.kernel_runner
+    assert triton_eng.config.decode_steps > 1
+    bursts, caps = [], []
+    real_multi, real_sample = kr.launch_multi, runner.sample
+    monkeypatch.setattr(
+        kr, "launch_multi", lambda b, k, ahead=0: bursts.append(k) or real_multi(b, k, ahead=ahead)
+    )
+    monkeypatch.setattr(
+        runner,
+        "sample",
+        lambda *a, **kw: caps.append((kw["filtered"], kw["k_cap"])) or real_sample(*a, **kw),
+    )
+    prompts = prompts_of([11, 6], seed=7)
+    small_k = [
+        SamplingParams(max_new_tokens=7, temperature=0.9, top_k=k, top_p=p, seed=s, ignore_eos=True)
+        for k, p, s in ((20, 0.8, 1), (5, 1.0, 2))
+    ]
+    with_top_p = [
+        small_k[0],
+        SamplingParams(max_new_tokens=7, temperature=0.9, top_p=0.5, seed=3, ignore_eos=True),
+    ]
+    got = [triton_eng.generate(prompts, sp) for sp in (small_k, with_top_p)]
+    assert bursts and all(k > 1 for k in bursts)
+    # every draw filtered: by the per-row top-k at the batch's largest top_k, or the sort (k_cap 0)
+    assert set(caps) == {(True, 20), (True, 0)}
+    single = make_engine(kernel_checkpoint, "triton", decode_steps=1)
+    assert [single.generate(prompts, sp) for sp in (small_k, with_top_p)] == got
+    assert [len(t) for t in got[0] + got[1]] == [7, 7, 7, 7]
