@@ -25,7 +25,7 @@ from gptoss.kernel_model import KernelModel, StepMeta
 from gptoss.kernel_warm import warm_moe
 from gptoss.kernels.decode_advance import greedy_advance, tail_argmax
 from gptoss.kernels.sampling import sample
-from gptoss.kernels.sampling_filter import top_k_cap
+from gptoss.kernels.sampling_filter import filter_plan
 from gptoss.model import GptOss
 from gptoss.scheduler import Batch
 from gptoss.sequence import Sequence, Status
@@ -194,8 +194,18 @@ class KernelRunner:
         if all(s.params.greedy for s in seqs):
             return _greedy(logits)
         f, i, rows = self._sampling_params(seqs)
-        k_cap = top_k_cap([s.params.top_k for s in seqs], rows)
-        return sample(logits, f[0], i[0].to(torch.int32), f[1], i[1], i[2], filtered=any(rows), k_cap=k_cap)
+        k_cap, search = filter_plan([s.params.top_k for s in seqs], rows)
+        return sample(
+            logits,
+            f[0],
+            i[0].to(torch.int32),
+            f[1],
+            i[1],
+            i[2],
+            filtered=any(rows),
+            k_cap=k_cap,
+            top_p_search=search,
+        )
 
     def _sampling_params(self, seqs: list[Sequence]) -> tuple[Tensor, Tensor, list[bool]]:
         """Device tensors: float32 [2, N] (temperature, top_p), int64 [3, N] (top_k, seed, offset);
@@ -245,7 +255,7 @@ class KernelRunner:
         if not greedy:
             f, i, filtered = self._sampling_params(seqs)
             temp, top_k, top_p, seeds = f[0], i[0].to(torch.int32), f[1], i[1]
-            k_cap = top_k_cap([s.params.top_k for s in seqs], filtered)
+            k_cap, search = filter_plan([s.params.top_k for s in seqs], filtered)
         out = torch.empty(k, n, dtype=torch.int64, device=self.device)
         tabs = (self.full_tab, self.ring_tab, self.bs, self.ring_len)
         for j in range(k):
@@ -259,7 +269,17 @@ class KernelRunner:
                 del logits
                 continue
             logits = self.model.logits(hidden)
-            ids = sample(logits, temp, top_k, top_p, seeds, pos + 1, filtered=any(filtered), k_cap=k_cap)
+            ids = sample(
+                logits,
+                temp,
+                top_k,
+                top_p,
+                seeds,
+                pos + 1,
+                filtered=any(filtered),
+                k_cap=k_cap,
+                top_p_search=search,
+            )
             out[j] = ids
             # Freed before the next step's logits exist: two [n, V] float32 at once are more than
             # step_workspace_bytes reserves (an fp8 cache's ~1,800-row batch of 120b ran out of memory).

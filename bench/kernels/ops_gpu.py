@@ -30,6 +30,7 @@ from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.kernels.sampling import gumbel_argmax, sample
 from gptoss.kernels.sampling_filter import filter_cut
+from gptoss.kernels.sampling_top_p import top_p_cut
 from gptoss.model import Rope, apply_rope, rms_norm
 
 CFG = PRESETS["20b"]
@@ -168,6 +169,16 @@ def sample_cases(B: int) -> list[dict]:
     top_p_only = timed_us(
         partial(sample, logits, ones, no_k, top_p, seeds, offsets, filtered=True), f"B={B} top-p"
     )
+    # top_p alone by sampling_top_p's search (sampling_filter.TOP_P_SEARCH, off until timed here):
+    # sample()'s path with it on (the masked copy), and with the draw applying the cut too (USE_CUT)
+    top_p_search = timed_us(
+        partial(sample, logits, ones, no_k, top_p, seeds, offsets, filtered=True, top_p_search=True),
+        f"B={B} top-p search",
+    )
+    top_p_search_cut = timed_us(
+        lambda: gumbel_argmax(logits, ones, seeds, offsets, top_p_cut(logits, ones, top_p)),
+        f"B={B} top-p search cut",
+    )
     return [
         _row(
             "sample",
@@ -188,6 +199,8 @@ def sample_cases(B: int) -> list[dict]:
         _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, filt_sort, nbytes),
         _row("sample", f"B={B} T=1 top_k=50 top_p=0.9 cut", filt_cut, None, filt, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9", top_p_only, None, None, nbytes),
+        _row("sample", f"B={B} T=1 top_p=0.9 search", top_p_search, None, top_p_only, nbytes),
+        _row("sample", f"B={B} T=1 top_p=0.9 search cut", top_p_search_cut, None, top_p_only, nbytes),
     ]
 
 

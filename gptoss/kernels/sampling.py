@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels.sampling_filter import filter_cut, mask_top_k_top_p, mask_within_top_k
+from gptoss.kernels.sampling_filter import apply_cut, filter_cut, mask_top_k_top_p, mask_within_top_k
+from gptoss.kernels.sampling_top_p import top_p_cut
 
 _BLOCK = 1024  # elements per loop step of a pass-1 program
 
@@ -273,14 +274,17 @@ def sample(
     *,
     filtered: bool,
     k_cap: int = 0,
+    top_p_search: bool = False,
 ) -> Tensor:
     """logits [B, V] float32; temperature, top_p [B] f32; top_k [B] int; seeds, offsets [B] int64.
 
     Returns ids [B] int64. temperature 0 = greedy (first index of the maximum); top_k 0 = off.
     `filtered` says (host-side, from the request params) whether any row has top_k > 0 or
     top_p < 1; when False those columns are ignored. k_cap > 0 (top_k_cap's, host-side too) filters
-    by mask_within_top_k instead of sorting the vocabulary: the same draws. A row with a NaN logit
-    yields -1. No host sync: safe in a CUDA graph.
+    by mask_within_top_k instead of sorting the vocabulary: the same draws. top_p_search
+    (sampling_filter.filter_plan's): the rows with top_k 0 by top_p_cut's search, the others by
+    filter_cut at k_cap (k_cap >= every top_k). A row with a NaN logit yields -1. No host sync:
+    safe in a CUDA graph.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         raise ValueError(
@@ -301,10 +305,27 @@ def sample(
                 f"{tuple(x.shape)} {x.dtype} on {x.device}"
             )
     cut = None
-    if filtered and k_cap > 0 and USE_CUT:
+    if filtered and top_p_search:
+        cut = _searched_cut(logits, temperature, top_k, top_p, k_cap)
+        if not USE_CUT:
+            logits, cut = apply_cut(logits, *cut), None
+    elif filtered and k_cap > 0 and USE_CUT:
         cut = filter_cut(logits, temperature, top_k, top_p, k_cap)
     elif filtered and k_cap > 0:
         logits = mask_within_top_k(logits, temperature, top_k, top_p, k_cap)
     elif filtered:
         logits = mask_top_k_top_p(logits, temperature, top_k, top_p)
     return gumbel_argmax(logits, temperature.contiguous(), seeds.contiguous(), offsets.contiguous(), cut)
+
+
+def _searched_cut(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, k_cap: int
+) -> tuple[Tensor, Tensor]:
+    """Each filtered row's (tau, cut): top_p_cut's for rows with top_k 0 (the others left whole by
+    it), filter_cut's for the rest (which leaves the top_k 0 rows whole)."""
+    only_p = top_k <= 0
+    tau, cut = top_p_cut(logits, temperature, torch.where(only_p, top_p, 1.0))
+    if k_cap > 0:
+        tau_k, cut_k = filter_cut(logits, temperature, top_k, top_p, k_cap)
+        tau, cut = torch.where(only_p, tau, tau_k), torch.where(only_p, cut, cut_k)
+    return tau, cut

@@ -4,7 +4,8 @@ Three forms of one rule (gptoss.sampler's: top-k first, then top-p's smallest pr
 descending order whose mass reaches top_p; greedy and unfiltered rows untouched; NaN stays NaN):
 mask_top_k_top_p sorts the vocabulary; mask_within_top_k finds the same prefix from a per-row top-k
 when every filtered row asks a small top_k (top_k_cap says when, on the host); filter_cut gives that
-prefix as a (tau, cut) pair the draw applies while it reads the row (sampling.USE_CUT).
+prefix as a (tau, cut) pair the draw applies while it reads the row (sampling.USE_CUT) or apply_cut
+copies. A top-p-only row's prefix: sampling_top_p.top_p_cut (TOP_P_SEARCH; filter_plan says when).
 """
 
 from __future__ import annotations
@@ -53,6 +54,31 @@ def top_k_cap(top_ks: list[int], filtered: list[bool]) -> int:
     TOP_K_FAST_MAX, else 0 (a row with top_p alone can keep most of the vocabulary)."""
     ks = [k for k, f in zip(top_ks, filtered, strict=True) if f]
     return max(ks) if ks and all(0 < k <= TOP_K_FAST_MAX for k in ks) else 0
+
+
+# sample() may find a top-p-only row's kept set by sampling_top_p.top_p_cut's search instead of the
+# vocabulary sort: the same tokens (tests), not yet timed on a GPU, so off.
+TOP_P_SEARCH = False
+
+
+def filter_plan(top_ks: list[int], filtered: list[bool]) -> tuple[int, bool]:
+    """(k_cap, top_p_search) for sample(), from host values: top_k_cap's, unless TOP_P_SEARCH is on
+    and the batch's filtered rows mix top_p alone (top_k 0) with top_k <= TOP_K_FAST_MAX: then the
+    largest top_k (0 if none) and True, the top-p-only rows searched, the others by filter_cut."""
+    cap = top_k_cap(top_ks, filtered)
+    ks = [k for k, f in zip(top_ks, filtered, strict=True) if f]
+    if cap or not TOP_P_SEARCH or not ks or any(k > TOP_K_FAST_MAX for k in ks):
+        return cap, False
+    return max(ks), True
+
+
+def apply_cut(logits: Tensor, tau: Tensor, cut: Tensor) -> Tensor:
+    """A masked copy of logits [B, V] keeping what a (tau [B], cut [B]) pair keeps (filter_cut's,
+    top_p_cut's): the logits above tau, those equal to it at an index <= cut, and NaN."""
+    idx = torch.arange(logits.shape[1], device=logits.device)[None, :]
+    tau, cut = tau[:, None], cut[:, None]
+    keep = (logits > tau) | ((logits == tau) & (idx <= cut)) | torch.isnan(logits)
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def _top_k_prefix(

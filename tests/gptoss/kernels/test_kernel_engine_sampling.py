@@ -30,7 +30,8 @@ def test_triton_sampling_is_seeded(triton_eng):
 
 def test_top_k_requests_are_filtered_without_a_sort_and_draw_the_same(triton_eng, monkeypatch):
     """A batch whose sampled requests all ask a small top_k filters by mask_within_top_k (k_cap = the
-    largest top_k), a top-p-only request sends the batch to the sort; the tokens are the sort's."""
+    largest top_k), a top-p-only request sends the batch to the sort, or with TOP_P_SEARCH on to the
+    search; the tokens are the sort's."""
     import gptoss.kernel_runner as kr
 
     prompts = prompts_of([12, 30, 7], seed=5)
@@ -44,7 +45,7 @@ def test_top_k_requests_are_filtered_without_a_sort_and_draw_the_same(triton_eng
     fast = triton_eng.generate(prompts, sp)
     assert caps and set(caps) == {20}  # the unfiltered third request does not count
     caps.clear()
-    monkeypatch.setattr(kr, "top_k_cap", lambda *_: 0)  # the sort, as before
+    monkeypatch.setattr(kr, "filter_plan", lambda *_: (0, False))  # the sort, as before
     assert triton_eng.generate(prompts, sp) == fast
     assert set(caps) == {0}
     monkeypatch.undo()
@@ -52,8 +53,19 @@ def test_top_k_requests_are_filtered_without_a_sort_and_draw_the_same(triton_eng
     caps.clear()
     top_k = SamplingParams(max_new_tokens=2, temperature=0.9, top_k=20, seed=1, ignore_eos=True)
     top_p_only = SamplingParams(max_new_tokens=2, temperature=0.9, top_p=0.5, seed=4, ignore_eos=True)
-    triton_eng.generate(prompts[:2], [top_k, top_p_only])  # every step holds both
+    sorted_ = triton_eng.generate(prompts[:2], [top_k, top_p_only])  # every step holds both
     assert caps and set(caps) == {0}
+    # with the search on (sampling_filter.TOP_P_SEARCH): the top-p row searched, the top-k row cut at
+    # k_cap 20, the sort's tokens
+    from gptoss.kernels import sampling_filter
+
+    monkeypatch.setattr(sampling_filter, "TOP_P_SEARCH", True)
+    plans = []
+    monkeypatch.setattr(
+        kr, "sample", lambda *a, **kw: plans.append((kw["k_cap"], kw["top_p_search"])) or real(*a, **kw)
+    )
+    assert triton_eng.generate(prompts[:2], [top_k, top_p_only]) == sorted_
+    assert plans and set(plans) == {(20, True)}
 
 
 # On an H100 the logits of one sequence differ by ~1.5e-5 (of a std of 4) between a batch of 3 and

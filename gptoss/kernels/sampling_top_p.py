@@ -1,0 +1,340 @@
+"""Top-p without sorting the vocabulary: each row's kept set found by a search over its values.
+
+gptoss.sampler's top-p rule (no top-k) keeps the smallest prefix of the stable descending order whose
+mass reaches top_p: a token stays while the mass strictly before it is below top_p. With G(t) the
+softmax mass of the logits whose order key exceeds t (keys: the float32 bits made monotone, -0.0 as
++0.0), the last kept value tau is the one at the smallest key t* with G(t*) < top_p: every logit above
+it stays, every one below goes, and of its ties the first `ties` by index stay, where the j-th (from 0)
+stays while G(t*) + j * q < top_p (q: their common probability). So the answer is filter_cut's (tau,
+cut) pair, which the draw applies as it reads (or sampling.apply_cut as a masked copy).
+
+t* is found in the 2^32 keys by a 17-way search: each pass evaluates G at 16 keys spread over the
+interval (lo, hi] that holds t* (G(lo) >= top_p > G(hi)), in one read of the row, and keeps the sub-
+interval where G crosses top_p; 8 passes leave hi - lo = 1 and t* = hi. No sort, no atomics, a fixed
+launch sequence (CUDA-graph safe, no host sync): every pass is a [B, chunks] launch writing partial
+sums and a [B] launch summing them in a fixed order, so a row's answer depends on its own logits and
+the chunk size alone. Rows with temperature 0, top_p >= 1, a NaN or no finite logit are left whole
+(tau -inf, cut V).
+
+Against the sort (sampling_filter.mask_top_k_top_p) the kept set is the same up to float32 rounding
+of the mass sums, which are added in another order: a row whose cumulative mass lands within ~1e-6 of
+top_p at a token boundary may keep one token more or less. Cost: ~11 reads of the row (statistics, 8
+passes, the ties) and 16 compares a logit a pass, against a [B, V] sort and its passes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+_W = 16  # keys tried a pass: the interval shrinks 17-fold, so 8 passes cover 2^32 keys (17^8 > 2^32)
+PASSES = 8
+_BLOCK = 256  # elements a loop step of the [B, chunks] kernels ([_BLOCK, _W] partial sums in registers)
+_LOG2E = 1.4426950408889634
+_KEY_FLOOR = -(2**31)  # below every non-NaN key (-inf's is -2139095041)
+
+
+@triton.jit
+def _key(x):
+    """float32 -> int32 whose order is the floats' (-0.0 and +0.0 alike; NaN excluded by the caller)."""
+    b = tl.where(x == 0.0, 0, x.to(tl.int32, bitcast=True))
+    return tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _row_params(temp_ptr, top_p_ptr, row):
+    """(searched: temperature > 0 and top_p < 1, log2(e) / T)"""
+    t = tl.load(temp_ptr + row)
+    p = tl.load(top_p_ptr + row)
+    searched = tl.where(t > 0, p < 1, False)  # not (t > 0) & (p < 1): the interpreter's 0-d & fails
+    return searched, 1.4426950408889634 / tl.where(t > 0, t, 1.0)
+
+
+@triton.jit
+def _stats_kernel(
+    logits_ptr,
+    stride_row,
+    temp_ptr,
+    top_p_ptr,
+    pm_ptr,
+    ps_ptr,
+    pnan_ptr,
+    V,
+    n_chunks,
+    CHUNK,
+    BLOCK: tl.constexpr,
+):
+    """Chunk program_id(1) of row program_id(0) -> its max, sum of 2^((x - max) * scale), NaN seen."""
+    row = tl.program_id(0).to(tl.int64)
+    ch = tl.program_id(1)
+    searched, scale = _row_params(temp_ptr, top_p_ptr, row)
+    if searched:
+        lanes = tl.arange(0, BLOCK)
+        mx = tl.full([BLOCK], float("-inf"), tl.float32)
+        sm = tl.zeros([BLOCK], tl.float32)
+        nan = tl.zeros([BLOCK], tl.int32)
+        end = tl.minimum(ch * CHUNK + CHUNK, V)
+        for s in range(ch * CHUNK, end, BLOCK):
+            x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("-inf"))
+            is_nan = x != x  # noqa: PLR0124 (NaN test)
+            nan |= is_nan.to(tl.int32)
+            x = tl.where(is_nan, float("-inf"), x)
+            new = tl.maximum(mx, x)
+            ref = tl.where(new > float("-inf"), new, 0.0)  # an all -inf lane so far: sums 0, no -inf - -inf
+            sm = sm * tl.exp2((mx - ref) * scale) + tl.exp2((x - ref) * scale)
+            mx = new
+        cm = tl.max(mx, axis=0)
+        cs = tl.sum(sm * tl.exp2((mx - tl.where(cm > float("-inf"), cm, 0.0)) * scale), axis=0)
+        i = row * n_chunks + ch
+        tl.store(pm_ptr + i, cm)
+        tl.store(ps_ptr + i, cs)
+        tl.store(pnan_ptr + i, tl.max(nan, axis=0))
+
+
+@triton.jit
+def _init_kernel(
+    temp_ptr,
+    top_p_ptr,
+    pm_ptr,
+    ps_ptr,
+    pnan_ptr,
+    m_ptr,
+    thr_ptr,
+    lo_ptr,
+    hi_ptr,
+    n_chunks,
+    CHUNKS: tl.constexpr,
+):
+    """A row's chunks -> its max m, the mass threshold top_p * sum(2^((x - m) * scale)), and the
+    search interval (lo, hi] = (below every key, key(m)]; hi = lo marks a row left whole."""
+    row = tl.program_id(0).to(tl.int64)
+    searched, scale = _row_params(temp_ptr, top_p_ptr, row)
+    c = tl.arange(0, CHUNKS)
+    cm = c < n_chunks
+    pm = tl.load(pm_ptr + row * n_chunks + c, mask=cm & searched, other=float("-inf"))
+    ps = tl.load(ps_ptr + row * n_chunks + c, mask=cm & searched, other=0.0)
+    nan = tl.max(tl.load(pnan_ptr + row * n_chunks + c, mask=cm & searched, other=0), axis=0)
+    m = tl.max(pm, axis=0)
+    searched = searched & (nan == 0) & (m > float("-inf"))
+    m = tl.where(searched, m, 0.0)
+    s = tl.sum(tl.where(pm > float("-inf"), ps * tl.exp2((pm - m) * scale), 0.0), axis=0)
+    tl.store(m_ptr + row, m)
+    tl.store(thr_ptr + row, tl.load(top_p_ptr + row) * s)
+    lo = -2147483648
+    tl.store(lo_ptr + row, lo)
+    tl.store(hi_ptr + row, tl.where(searched, _key(m).to(tl.int64), lo))
+
+
+@triton.jit
+def _candidates(lo, hi, W: tl.constexpr):
+    """W keys splitting (lo, hi] into W + 1 parts (int32: all lie in [lo, hi])."""
+    j = tl.arange(0, W).to(tl.int64)
+    return (lo + (hi - lo) * (j + 1) // (W + 1)).to(tl.int32)
+
+
+@triton.jit
+def _mass_kernel(
+    logits_ptr,
+    stride_row,
+    temp_ptr,
+    top_p_ptr,
+    m_ptr,
+    lo_ptr,
+    hi_ptr,
+    pg_ptr,
+    V,
+    n_chunks,
+    CHUNK,
+    BLOCK: tl.constexpr,
+    W: tl.constexpr,
+):
+    """Chunk program_id(1) of a row still searching -> G at each of the W candidate keys, partial."""
+    row = tl.program_id(0).to(tl.int64)
+    ch = tl.program_id(1)
+    lo = tl.load(lo_ptr + row)
+    hi = tl.load(hi_ptr + row)
+    if hi - lo > 1:
+        _, scale = _row_params(temp_ptr, top_p_ptr, row)
+        m = tl.load(m_ptr + row)
+        c = _candidates(lo, hi, W)[None, :]  # [1, W]
+        lanes = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK, W], tl.float32)
+        end = tl.minimum(ch * CHUNK + CHUNK, V)
+        for s in range(ch * CHUNK, end, BLOCK):
+            x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("-inf"))
+            e = tl.exp2((x - m) * scale)[:, None]  # 0 at -inf
+            acc += tl.where(_key(x)[:, None] > c, e, 0.0)
+        j = tl.arange(0, W)
+        tl.store(pg_ptr + (row * n_chunks + ch) * W + j, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _narrow_kernel(thr_ptr, lo_ptr, hi_ptr, pg_ptr, n_chunks, CHUNKS: tl.constexpr, W: tl.constexpr):
+    """A row's partial G -> the sub-interval where G crosses the threshold (G falls as keys rise)."""
+    row = tl.program_id(0).to(tl.int64)
+    lo = tl.load(lo_ptr + row)
+    hi = tl.load(hi_ptr + row)
+    if hi - lo > 1:
+        c = tl.arange(0, CHUNKS)[:, None]
+        j = tl.arange(0, W)[None, :]
+        pg = tl.load(pg_ptr + (row * n_chunks + c) * W + j, mask=c < n_chunks, other=0.0)  # [CHUNKS, W]
+        g = tl.sum(pg, axis=0)  # [W]
+        cand = _candidates(lo, hi, W).to(tl.int64)
+        reach = g >= tl.load(thr_ptr + row)
+        tl.store(lo_ptr + row, tl.max(tl.where(reach, cand, lo), axis=0))
+        tl.store(hi_ptr + row, tl.min(tl.where(reach, hi, cand), axis=0))
+
+
+@triton.jit
+def _tie_count_kernel(
+    logits_ptr,
+    stride_row,
+    temp_ptr,
+    top_p_ptr,
+    m_ptr,
+    lo_ptr,
+    hi_ptr,
+    pg_ptr,
+    pcnt_ptr,
+    V,
+    n_chunks,
+    CHUNK,
+    BLOCK: tl.constexpr,
+):
+    """Chunk program_id(1) of a searched row -> G(t*) and the count of logits at key t* = hi, partial."""
+    row = tl.program_id(0).to(tl.int64)
+    ch = tl.program_id(1)
+    lo = tl.load(lo_ptr + row)
+    hi = tl.load(hi_ptr + row)
+    if hi > lo:
+        _, scale = _row_params(temp_ptr, top_p_ptr, row)
+        m = tl.load(m_ptr + row)
+        t = hi.to(tl.int32)
+        lanes = tl.arange(0, BLOCK)
+        g = tl.zeros([BLOCK], tl.float32)
+        n = tl.zeros([BLOCK], tl.int32)
+        end = tl.minimum(ch * CHUNK + CHUNK, V)
+        for s in range(ch * CHUNK, end, BLOCK):
+            x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("-inf"))
+            k = _key(x)
+            g += tl.where(k > t, tl.exp2((x - m) * scale), 0.0)
+            n += ((k == t) & (s + lanes < end)).to(tl.int32)
+        i = row * n_chunks + ch
+        tl.store(pg_ptr + i, tl.sum(g, axis=0))
+        tl.store(pcnt_ptr + i, tl.sum(n, axis=0))
+
+
+@triton.jit
+def _resolve_kernel(
+    temp_ptr,
+    top_p_ptr,
+    m_ptr,
+    thr_ptr,
+    lo_ptr,
+    hi_ptr,
+    pg_ptr,
+    pcnt_ptr,
+    tau_ptr,
+    cut_ptr,
+    at_ptr,
+    V,
+    n_chunks,
+    CHUNKS: tl.constexpr,
+):
+    """A row's t*, G(t*) and tie counts -> tau, and either its cut (V: every tie stays; rows left
+    whole: tau -inf) or, when only some ties stay, the chunk and rank of the last one (at_ptr: [2])."""
+    row = tl.program_id(0).to(tl.int64)
+    lo = tl.load(lo_ptr + row)
+    hi = tl.load(hi_ptr + row)
+    c = tl.arange(0, CHUNKS)
+    cm = (c < n_chunks) & (hi > lo)
+    g = tl.sum(tl.load(pg_ptr + row * n_chunks + c, mask=cm, other=0.0), axis=0)
+    cnt_c = tl.load(pcnt_ptr + row * n_chunks + c, mask=cm, other=0)
+    cnt = tl.sum(cnt_c, axis=0)
+    b = hi.to(tl.int32)
+    tau = tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    _, scale = _row_params(temp_ptr, top_p_ptr, row)
+    q = tl.exp2((tau - tl.load(m_ptr + row)) * scale)  # each tie's mass
+    d = (tl.load(thr_ptr + row) - g) / tl.where(q > 0, q, 1.0)
+    # tie j (from 0) stays while g + j * q < threshold: ceil(d) of them, at least the first
+    ties = tl.where(q > 0, tl.minimum(tl.maximum(tl.ceil(d), 1.0), cnt.to(tl.float32)).to(tl.int32), cnt)
+    whole = cnt == 0  # left whole (or no key at t*: the mass never reached top_p, so all stay)
+    tl.store(tau_ptr + row, tl.where(whole, float("-inf"), tau))
+    tl.store(cut_ptr + row, tl.where(whole | (ties >= cnt), V, -1))
+    cum = tl.cumsum(cnt_c, axis=0)
+    at = tl.min(tl.where(cum >= ties, c, CHUNKS), axis=0)  # the chunk holding the last kept tie
+    before = tl.sum(tl.where(c < at, cnt_c, 0), axis=0)
+    tl.store(at_ptr + row * 2, tl.where(whole | (ties >= cnt), -1, at))
+    tl.store(at_ptr + row * 2 + 1, ties - before)
+
+
+@triton.jit
+def _tie_index_kernel(logits_ptr, stride_row, tau_ptr, cut_ptr, at_ptr, V, CHUNK, BLOCK: tl.constexpr):
+    """A row whose ties are cut: the index of its rank-th logit equal to tau in chunk `at`."""
+    row = tl.program_id(0).to(tl.int64)
+    at = tl.load(at_ptr + row * 2)
+    if at >= 0:
+        rank = tl.load(at_ptr + row * 2 + 1)
+        tau = tl.load(tau_ptr + row)
+        lanes = tl.arange(0, BLOCK)
+        seen = 0
+        cut = -1
+        end = tl.minimum(at * CHUNK + CHUNK, V)
+        for s in range(at * CHUNK, end, BLOCK):
+            x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("nan"))
+            eq = (x == tau).to(tl.int32)
+            r = tl.cumsum(eq, axis=0) + seen
+            cut = tl.maximum(cut, tl.max(tl.where((eq > 0) & (r == rank), s + lanes, -1), axis=0))
+            seen += tl.sum(eq, axis=0)
+        tl.store(cut_ptr + row, cut)
+
+
+def chunk_size(b: int, v: int) -> int:
+    """Aim for >= ~1000 programs a pass (132 SMs), chunks of 2K..16K logits (a multiple of _BLOCK)."""
+    return min(16384, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
+
+
+def top_p_cut(logits: Tensor, temperature: Tensor, top_p: Tensor, chunk: int = 0) -> tuple[Tensor, Tensor]:
+    """logits [B, V] float32, temperature and top_p [B] float32 -> (tau [B] float32, cut [B] int32):
+    the top-p rule's kept set on every row with temperature > 0 and top_p < 1, as filter_cut gives it
+    (keep the logits above tau, those equal to it at an index <= cut, and NaN). Other rows: (-inf, V).
+    chunk: logits a program of a pass (0: chunk_size's; tests pass small ones)."""
+    b, v = logits.shape
+    dev = logits.device
+    tau = torch.empty(b, dtype=torch.float32, device=dev)
+    cut = torch.empty(b, dtype=torch.int32, device=dev)
+    if b == 0:
+        return tau, cut
+    chunk = chunk or chunk_size(b, v)
+    if chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of two, got {chunk}")
+    block = min(_BLOCK, triton.next_power_of_2(v), chunk)
+    n = triton.cdiv(v, chunk)
+    chunks = triton.next_power_of_2(n)
+    f32 = dict(dtype=torch.float32, device=dev)
+    pm, ps, pg = torch.empty(b, n, **f32), torch.empty(b, n, **f32), torch.empty(b, n, _W, **f32)
+    pnan, pcnt = (torch.empty(b, n, dtype=torch.int32, device=dev) for _ in range(2))
+    m, thr = torch.empty(b, **f32), torch.empty(b, **f32)
+    lo, hi = (torch.empty(b, dtype=torch.int64, device=dev) for _ in range(2))
+    at = torch.empty(b, 2, dtype=torch.int32, device=dev)
+    row = (logits, logits.stride(0))
+    params = (temperature.contiguous(), top_p.contiguous())
+    grid = (b, n)
+    _stats_kernel[grid](
+        *row, *params, pm, ps, pnan, v, n, chunk, BLOCK=min(1024, triton.next_power_of_2(chunk))
+    )
+    _init_kernel[(b,)](*params, pm, ps, pnan, m, thr, lo, hi, n, CHUNKS=chunks)
+    for _ in range(PASSES):
+        _mass_kernel[grid](*row, *params, m, lo, hi, pg, v, n, chunk, BLOCK=block, W=_W)
+        _narrow_kernel[(b,)](thr, lo, hi, pg, n, CHUNKS=chunks, W=_W)
+    _tie_count_kernel[grid](*row, *params, m, lo, hi, pg, pcnt, v, n, chunk, BLOCK=block)
+    _resolve_kernel[(b,)](*params, m, thr, lo, hi, pg, pcnt, tau, cut, at, v, n, CHUNKS=chunks)
+    _tie_index_kernel[(b,)](*row, tau, cut, at, v, chunk, BLOCK=block)
+    return tau, cut
+
+
+assert (_W + 1) ** PASSES >= 2**32 and math.log2(_W) % 1 == 0
