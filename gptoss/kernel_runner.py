@@ -194,18 +194,17 @@ class KernelRunner:
         if all(s.params.greedy for s in seqs):
             return _greedy(logits)
         f, i, rows = self._sampling_params(seqs)
-        k_cap, search = filter_plan([s.params.top_k for s in seqs], rows)
-        return sample(
-            logits,
-            f[0],
-            i[0].to(torch.int32),
-            f[1],
-            i[1],
-            i[2],
-            filtered=any(rows),
-            k_cap=k_cap,
-            top_p_search=search,
-        )
+        return sample(logits, f[0], i[0].to(torch.int32), f[1], i[1], i[2], **self._filter_args(seqs, rows))
+
+    def _filter_args(self, seqs: list[Sequence], filtered: list[bool]) -> dict:
+        """sample()'s filter arguments, from host values: which path (filter_plan), and the filtered
+        rows' indices when they are at most half the batch (the rest drawn unfiltered)."""
+        k_cap, search = filter_plan([s.params.top_k for s in seqs], filtered)
+        picked = [j for j, f in enumerate(filtered) if f]
+        rows = None
+        if 0 < len(picked) <= len(seqs) // 2:
+            rows = torch.from_numpy(np.array(picked, dtype=np.int64)).to(self.device, non_blocking=True)
+        return dict(filtered=bool(picked), k_cap=k_cap, top_p_search=search, rows=rows)
 
     def _sampling_params(self, seqs: list[Sequence]) -> tuple[Tensor, Tensor, list[bool]]:
         """Device tensors: float32 [2, N] (temperature, top_p), int64 [3, N] (top_k, seed, offset);
@@ -255,7 +254,7 @@ class KernelRunner:
         if not greedy:
             f, i, filtered = self._sampling_params(seqs)
             temp, top_k, top_p, seeds = f[0], i[0].to(torch.int32), f[1], i[1]
-            k_cap, search = filter_plan([s.params.top_k for s in seqs], filtered)
+            how = self._filter_args(seqs, filtered)
         out = torch.empty(k, n, dtype=torch.int64, device=self.device)
         tabs = (self.full_tab, self.ring_tab, self.bs, self.ring_len)
         for j in range(k):
@@ -269,17 +268,7 @@ class KernelRunner:
                 del logits
                 continue
             logits = self.model.logits(hidden)
-            ids = sample(
-                logits,
-                temp,
-                top_k,
-                top_p,
-                seeds,
-                pos + 1,
-                filtered=any(filtered),
-                k_cap=k_cap,
-                top_p_search=search,
-            )
+            ids = sample(logits, temp, top_k, top_p, seeds, pos + 1, **how)
             out[j] = ids
             # Freed before the next step's logits exist: two [n, V] float32 at once are more than
             # step_workspace_bytes reserves (an fp8 cache's ~1,800-row batch of 120b ran out of memory).

@@ -262,6 +262,12 @@ def gumbel_argmax(
 # sample() filters a k_cap batch by filter_cut + the draw's in-place cut instead of
 # mask_within_top_k's masked copy: the same draws (tests), not yet timed on a GPU.
 USE_CUT = False
+# Rows the vocabulary sort (mask_top_k_top_p) takes at a time. Its temporaries are ~25-30 bytes a
+# logit (values, int64 ids, probabilities, their cumsum, masks; CPU profile 25.1), 6 GB for 1024 rows
+# of 201,088: more than a step's workspace keeps (model_runner.step_workspace_bytes: one masked
+# float32 copy and the activations, free by the draw). 128 rows keep them under 0.8 GB, at a cost
+# of ~1.1x the one-call sort at B 1024 (v64's per-row times: 29 us at B 64, 24 at B 1024).
+SORT_ROWS = 128
 
 
 def sample(
@@ -275,6 +281,7 @@ def sample(
     filtered: bool,
     k_cap: int = 0,
     top_p_search: bool = False,
+    rows: Tensor | None = None,
 ) -> Tensor:
     """logits [B, V] float32; temperature, top_p [B] f32; top_k [B] int; seeds, offsets [B] int64.
 
@@ -283,8 +290,10 @@ def sample(
     top_p < 1; when False those columns are ignored. k_cap > 0 (top_k_cap's, host-side too) filters
     by mask_within_top_k instead of sorting the vocabulary: the same draws. top_p_search
     (sampling_filter.filter_plan's): the rows with top_k 0 by top_p_cut's search, the others by
-    filter_cut at k_cap (k_cap >= every top_k). A row with a NaN logit yields -1. No host sync:
-    safe in a CUDA graph.
+    filter_cut at k_cap (k_cap >= every top_k). rows (int64 [R] on the device, host-chosen): the
+    only rows that need filtering; the others are drawn unfiltered, the same ids (a row's draw
+    depends on its own logits and params alone) without filtering B rows for R. A row with a NaN
+    logit yields -1. No host sync: safe in a CUDA graph.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         raise ValueError(
@@ -304,18 +313,47 @@ def sample(
                 f"{name} must be [{B}] {dtypes} on {logits.device}, got "
                 f"{tuple(x.shape)} {x.dtype} on {x.device}"
             )
+    params = (temperature.contiguous(), top_k, top_p, seeds.contiguous(), offsets.contiguous())
+    if not filtered:
+        return gumbel_argmax(logits, params[0], params[3], params[4])
+    if rows is None:
+        return _draw_filtered(logits, *params, k_cap, top_p_search)
+    if rows.dim() != 1 or rows.dtype != torch.int64 or rows.device != logits.device:
+        raise ValueError(f"rows must be int64 [R] on {logits.device}, got {tuple(rows.shape)} {rows.dtype}")
+    ids = gumbel_argmax(logits, params[0], params[3], params[4])  # the filtered rows' ids replaced below
+    some = [x.index_select(0, rows) for x in params]
+    return ids.index_copy_(0, rows, _draw_filtered(logits.index_select(0, rows), *some, k_cap, top_p_search))
+
+
+def _draw_filtered(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seeds: Tensor,
+    offsets: Tensor,
+    k_cap: int,
+    top_p_search: bool,
+) -> Tensor:
+    """sample()'s filtered draw of every row of logits: its filter (as sample() says), then the draw."""
     cut = None
-    if filtered and top_p_search:
+    if top_p_search:
         cut = _searched_cut(logits, temperature, top_k, top_p, k_cap)
         if not USE_CUT:
             logits, cut = apply_cut(logits, *cut), None
-    elif filtered and k_cap > 0 and USE_CUT:
+    elif k_cap > 0 and USE_CUT:
         cut = filter_cut(logits, temperature, top_k, top_p, k_cap)
-    elif filtered and k_cap > 0:
+    elif k_cap > 0:
         logits = mask_within_top_k(logits, temperature, top_k, top_p, k_cap)
-    elif filtered:
+    elif logits.shape[0] <= SORT_ROWS:
         logits = mask_top_k_top_p(logits, temperature, top_k, top_p)
-    return gumbel_argmax(logits, temperature.contiguous(), seeds.contiguous(), offsets.contiguous(), cut)
+    else:  # in blocks of rows: each row's mask is its own
+        masked = torch.empty_like(logits)
+        for a in range(0, logits.shape[0], SORT_ROWS):
+            b = slice(a, a + SORT_ROWS)
+            masked[b] = mask_top_k_top_p(logits[b], temperature[b], top_k[b], top_p[b])
+        logits = masked
+    return gumbel_argmax(logits, temperature, seeds, offsets, cut)
 
 
 def _searched_cut(

@@ -118,3 +118,23 @@ def test_top_k_and_top_p_requests_decode_in_bursts_with_the_single_step_draws(
     single = make_engine(kernel_checkpoint, "triton", decode_steps=1)
     assert [single.generate(prompts, sp) for sp in (small_k, with_top_p)] == got
     assert [len(t) for t in got[0] + got[1]] == [7, 7, 7, 7]
+
+
+def test_a_batch_filters_only_its_filtered_rows(triton_eng, monkeypatch):
+    """One top-p request among three: sample() gets its row's index (the other two drawn unfiltered),
+    in single steps and bursts alike, and the tokens are those of filtering every row."""
+    import gptoss.kernel_runner as runner
+
+    prompts = prompts_of([9, 14, 5], seed=8)
+    sp = [
+        SamplingParams(max_new_tokens=6, temperature=1.0, seed=11, ignore_eos=True),
+        SamplingParams(max_new_tokens=6, temperature=0.8, top_p=0.5, seed=12, ignore_eos=True),
+        SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True),
+    ]
+    real = runner.sample
+    seen = []
+    monkeypatch.setattr(runner, "sample", lambda *a, **kw: seen.append(kw["rows"]) or real(*a, **kw))
+    got = triton_eng.generate(prompts, sp)
+    assert seen and all(r is not None and r.tolist() == [1] for r in seen)
+    monkeypatch.setattr(runner, "sample", lambda *a, **kw: real(*a, **(kw | {"rows": None})))
+    assert triton_eng.generate(prompts, sp) == got

@@ -252,6 +252,48 @@ def test_sample_checks_its_inputs() -> None:
     p["seeds"] = p["seeds"].int()
     with pytest.raises(ValueError, match="seeds must be"):
         sample(torch.zeros(2, 10, device=DEV), **p, filtered=False)
+    p = params(2)
+    with pytest.raises(ValueError, match="rows must be int64"):
+        sample(torch.zeros(2, 10, device=DEV), **p, filtered=True, rows=torch.tensor([1], device=DEV).int())
+
+
+def _ten_rows(g: torch.Generator) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[int]]:
+    """10 rows of 300 bf16-valued logits: greedy, unfiltered, NaN and filtered ones; the filtered rows."""
+    logits = (torch.randn(10, 300, generator=g) * 2).bfloat16().float().to(DEV)
+    p = params(10, seed=5)
+    p["temperature"] = torch.tensor([0.0, 1.0, 0.9, 1.0, 0.7, 1.1, 1.0, 0.8, 1.3, 1.0], device=DEV)
+    p["top_k"] = torch.tensor([0, 0, 7, 0, 3, 0, 0, 12, 0, 0], dtype=torch.int32, device=DEV)
+    p["top_p"] = torch.tensor([1.0, 1.0, 0.8, 0.6, 1.0, 1.0, 1.0, 0.5, 0.9, 1.0], device=DEV)
+    logits[7, 3] = logits[9, 4] = float("nan")  # a filtered row and an unfiltered one fail
+    return logits, p, [2, 3, 4, 7, 8]
+
+
+@pytest.mark.parametrize(("k_cap", "search"), [(0, False), (12, True)])  # the sort; the search + top-k
+def test_filtering_only_the_filtered_rows_draws_the_same_ids(k_cap: int, search: bool) -> None:
+    g = torch.Generator().manual_seed(31)
+    logits, p, picked = _ten_rows(g)
+    rows = torch.tensor(picked, device=DEV)
+    for offset in (0, 50):
+        p["offsets"] += offset
+        want = sample(logits, **p, filtered=True)  # every row through the sort
+        got = sample(logits, **p, filtered=True, k_cap=k_cap, top_p_search=search, rows=rows)
+        assert torch.equal(got, want) and got[7].item() == got[9].item() == -1
+    only_k = {**p, "top_k": torch.where(p["top_k"] > 0, p["top_k"], 0), "top_p": torch.ones(10, device=DEV)}
+    rows_k = torch.tensor([2, 4, 7], device=DEV)  # the top-k rows alone: mask_within_top_k
+    want = sample(logits, **only_k, filtered=True)
+    assert torch.equal(sample(logits, **only_k, filtered=True, k_cap=12, rows=rows_k), want)
+
+
+def test_the_sort_takes_a_large_batch_in_blocks_of_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(32)
+    logits, p, _ = _ten_rows(g)
+    want = sample(logits, **p, filtered=True)
+    seen: list[int] = []
+    real = sampling.mask_top_k_top_p
+    monkeypatch.setattr(sampling, "mask_top_k_top_p", lambda x, *a: seen.append(x.shape[0]) or real(x, *a))
+    monkeypatch.setattr(sampling, "SORT_ROWS", 4)
+    assert torch.equal(sample(logits, **p, filtered=True), want)
+    assert seen == [4, 4, 2]
 
 
 @gpu
