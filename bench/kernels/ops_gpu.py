@@ -29,7 +29,7 @@ from gptoss.config import PRESETS
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.kernels.sampling import gumbel_argmax, sample
-from gptoss.kernels.sampling_filter import filter_cut
+from gptoss.kernels.sampling_filter import filter_cut, mask_top_k_top_p
 from gptoss.kernels.sampling_top_p import top_p_cut
 from gptoss.model import Rope, apply_rope, rms_norm
 
@@ -179,6 +179,22 @@ def sample_cases(B: int) -> list[dict]:
         lambda: gumbel_argmax(logits, ones, seeds, offsets, top_p_cut(logits, ones, top_p)),
         f"B={B} top-p search cut",
     )
+    # the sort in one call over B rows, as before sampling.SORT_ROWS blocks (the row above's peer)
+    one_sort = timed_us(
+        lambda: gumbel_argmax(logits, ones, seeds, offsets, mask_top_k_top_p(logits, ones, no_k, top_p)),
+        f"B={B} top-p one sort",
+    )
+    # a batch with B // 16 top-p rows: the engine's subset (sample's rows=) against filtering every row
+    few_p = torch.where(torch.arange(B, device="cuda") % 16 == 0, top_p, 1.0)
+    few_rows = torch.arange(0, B, 16, device="cuda")
+    few = timed_us(
+        partial(sample, logits, ones, no_k, few_p, seeds, offsets, filtered=True, rows=few_rows),
+        f"B={B} 1/16 top-p rows",
+    )
+    few_all = timed_us(
+        partial(sample, logits, ones, no_k, few_p, seeds, offsets, filtered=True),
+        f"B={B} 1/16 top-p, all rows",
+    )
     return [
         _row(
             "sample",
@@ -201,6 +217,8 @@ def sample_cases(B: int) -> list[dict]:
         _row("sample", f"B={B} T=1 top_p=0.9", top_p_only, None, None, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9 search", top_p_search, None, top_p_only, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9 search cut", top_p_search_cut, None, top_p_only, nbytes),
+        _row("sample", f"B={B} T=1 top_p=0.9 sort blocks", top_p_only, None, one_sort, nbytes),
+        _row("sample", f"B={B} T=1 top_p=0.9 on 1/16 rows", few, None, few_all, nbytes),
     ]
 
 
