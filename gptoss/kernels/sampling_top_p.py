@@ -11,15 +11,17 @@ cut) pair, which the draw applies as it reads (or sampling.apply_cut as a masked
 t* is found in the 2^32 keys by a 17-way search: each pass evaluates G at 16 keys spread over the
 interval (lo, hi] that holds t* (G(lo) >= top_p > G(hi)), in one read of the row, and keeps the sub-
 interval where G crosses top_p; 8 passes leave hi - lo = 1 and t* = hi. No sort, no atomics, a fixed
-launch sequence (CUDA-graph safe, no host sync): every pass is a [B, chunks] launch writing partial
-sums and a [B] launch summing them in a fixed order, so a row's answer depends on its own logits and
-the chunk size alone. Rows with temperature 0, top_p >= 1, a NaN or no finite logit are left whole
-(tau -inf, cut V).
+launch sequence (CUDA-graph safe, no host sync): every pass is one [B, chunks] launch writing partial
+sums, whose programs first add the previous pass's partials of their row in a fixed order (each the
+same sum, so none waits for another), so a row's answer depends on its own logits and the chunk size
+alone. 11 launches in all: the row statistics, their sum, 8 passes, the tie counts, and the cut.
+Rows with temperature 0, top_p >= 1, a NaN or no finite logit are left whole (tau -inf, cut V).
 
 Against the sort (sampling_filter.mask_top_k_top_p) the kept set is the same up to float32 rounding
 of the mass sums, which are added in another order: a row whose cumulative mass lands within ~1e-6 of
-top_p at a token boundary may keep one token more or less. Cost: ~11 reads of the row (statistics, 8
-passes, the ties) and 16 compares a logit a pass, against a [B, V] sort and its passes.
+top_p at a token boundary may keep one token more or less. Cost: ~10 reads of the row (statistics, 8
+passes, the ties; then one chunk for the cut) and 16 compares a logit a pass, against a [B, V] sort
+and its passes.
 """
 
 from __future__ import annotations
@@ -97,20 +99,10 @@ def _stats_kernel(
 
 @triton.jit
 def _init_kernel(
-    temp_ptr,
-    top_p_ptr,
-    pm_ptr,
-    ps_ptr,
-    pnan_ptr,
-    m_ptr,
-    thr_ptr,
-    lo_ptr,
-    hi_ptr,
-    n_chunks,
-    CHUNKS: tl.constexpr,
+    temp_ptr, top_p_ptr, pm_ptr, ps_ptr, pnan_ptr, m_ptr, thr_ptr, span_ptr, n_chunks, CHUNKS: tl.constexpr
 ):
     """A row's chunks -> its max m, the mass threshold top_p * sum(2^((x - m) * scale)), and the
-    search interval (lo, hi] = (below every key, key(m)]; hi = lo marks a row left whole."""
+    search interval (lo, hi] = (below every key, key(m)] at span_ptr; hi = lo marks a row left whole."""
     row = tl.program_id(0).to(tl.int64)
     searched, scale = _row_params(temp_ptr, top_p_ptr, row)
     c = tl.arange(0, CHUNKS)
@@ -125,8 +117,8 @@ def _init_kernel(
     tl.store(m_ptr + row, m)
     tl.store(thr_ptr + row, tl.load(top_p_ptr + row) * s)
     lo = -2147483648
-    tl.store(lo_ptr + row, lo)
-    tl.store(hi_ptr + row, tl.where(searched, _key(m).to(tl.int64), lo))
+    tl.store(span_ptr + row * 2, lo)
+    tl.store(span_ptr + row * 2 + 1, tl.where(searched, _key(m).to(tl.int64), lo))
 
 
 @triton.jit
@@ -137,26 +129,55 @@ def _candidates(lo, hi, W: tl.constexpr):
 
 
 @triton.jit
+def _narrowed(thr_ptr, span_ptr, pg_ptr, row, n_chunks, CHUNKS: tl.constexpr, W: tl.constexpr):
+    """A row's (lo, hi) after the pass that used span_ptr's interval and wrote pg_ptr's partial G:
+    the sub-interval where G crosses the threshold (G falls as keys rise). Every program of the row
+    computes it alike (the same loads, the same fixed-order sum), so none waits for another."""
+    lo = tl.load(span_ptr + row * 2)
+    hi = tl.load(span_ptr + row * 2 + 1)
+    if hi - lo > 1:
+        c = tl.arange(0, CHUNKS)[:, None]
+        j = tl.arange(0, W)[None, :]
+        pg = tl.load(pg_ptr + (row * n_chunks + c) * W + j, mask=c < n_chunks, other=0.0)  # [CHUNKS, W]
+        cand = _candidates(lo, hi, W).to(tl.int64)
+        reach = tl.sum(pg, axis=0) >= tl.load(thr_ptr + row)  # [W]
+        lo, hi = tl.max(tl.where(reach, cand, lo), axis=0), tl.min(tl.where(reach, hi, cand), axis=0)
+    return lo, hi
+
+
+@triton.jit
 def _mass_kernel(
     logits_ptr,
     stride_row,
     temp_ptr,
     top_p_ptr,
     m_ptr,
-    lo_ptr,
-    hi_ptr,
-    pg_ptr,
+    thr_ptr,
+    span_in,
+    pg_in,
+    span_out,
+    pg_out,
     V,
     n_chunks,
     CHUNK,
     BLOCK: tl.constexpr,
     W: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    NARROW: tl.constexpr,
 ):
-    """Chunk program_id(1) of a row still searching -> G at each of the W candidate keys, partial."""
+    """Chunk program_id(1) of a row still searching -> G at each of the W candidate keys of its
+    interval, partial, to pg_out. NARROW: the interval is the previous pass's (span_in, pg_in),
+    narrowed here (chunk 0 stores it to span_out); else span_in's as it is (the first pass)."""
     row = tl.program_id(0).to(tl.int64)
     ch = tl.program_id(1)
-    lo = tl.load(lo_ptr + row)
-    hi = tl.load(hi_ptr + row)
+    if NARROW:
+        lo, hi = _narrowed(thr_ptr, span_in, pg_in, row, n_chunks, CHUNKS, W)
+        if ch == 0:
+            tl.store(span_out + row * 2, lo)
+            tl.store(span_out + row * 2 + 1, hi)
+    else:
+        lo = tl.load(span_in + row * 2)
+        hi = tl.load(span_in + row * 2 + 1)
     if hi - lo > 1:
         _, scale = _row_params(temp_ptr, top_p_ptr, row)
         m = tl.load(m_ptr + row)
@@ -169,24 +190,7 @@ def _mass_kernel(
             e = tl.exp2((x - m) * scale)[:, None]  # 0 at -inf
             acc += tl.where(_key(x)[:, None] > c, e, 0.0)
         j = tl.arange(0, W)
-        tl.store(pg_ptr + (row * n_chunks + ch) * W + j, tl.sum(acc, axis=0))
-
-
-@triton.jit
-def _narrow_kernel(thr_ptr, lo_ptr, hi_ptr, pg_ptr, n_chunks, CHUNKS: tl.constexpr, W: tl.constexpr):
-    """A row's partial G -> the sub-interval where G crosses the threshold (G falls as keys rise)."""
-    row = tl.program_id(0).to(tl.int64)
-    lo = tl.load(lo_ptr + row)
-    hi = tl.load(hi_ptr + row)
-    if hi - lo > 1:
-        c = tl.arange(0, CHUNKS)[:, None]
-        j = tl.arange(0, W)[None, :]
-        pg = tl.load(pg_ptr + (row * n_chunks + c) * W + j, mask=c < n_chunks, other=0.0)  # [CHUNKS, W]
-        g = tl.sum(pg, axis=0)  # [W]
-        cand = _candidates(lo, hi, W).to(tl.int64)
-        reach = g >= tl.load(thr_ptr + row)
-        tl.store(lo_ptr + row, tl.max(tl.where(reach, cand, lo), axis=0))
-        tl.store(hi_ptr + row, tl.min(tl.where(reach, hi, cand), axis=0))
+        tl.store(pg_out + (row * n_chunks + ch) * W + j, tl.sum(acc, axis=0))
 
 
 @triton.jit
@@ -196,20 +200,27 @@ def _tie_count_kernel(
     temp_ptr,
     top_p_ptr,
     m_ptr,
-    lo_ptr,
-    hi_ptr,
-    pg_ptr,
-    pcnt_ptr,
+    thr_ptr,
+    span_in,
+    pg_in,
+    span_out,
+    g_ptr,
+    cnt_ptr,
     V,
     n_chunks,
     CHUNK,
     BLOCK: tl.constexpr,
+    W: tl.constexpr,
+    CHUNKS: tl.constexpr,
 ):
-    """Chunk program_id(1) of a searched row -> G(t*) and the count of logits at key t* = hi, partial."""
+    """Chunk program_id(1) of a searched row: the last pass's narrowing gives t* = hi (chunk 0 stores
+    the final (lo, hi) to span_out) -> G(t*) and the count of logits at key t*, partial."""
     row = tl.program_id(0).to(tl.int64)
     ch = tl.program_id(1)
-    lo = tl.load(lo_ptr + row)
-    hi = tl.load(hi_ptr + row)
+    lo, hi = _narrowed(thr_ptr, span_in, pg_in, row, n_chunks, CHUNKS, W)
+    if ch == 0:
+        tl.store(span_out + row * 2, lo)
+        tl.store(span_out + row * 2 + 1, hi)
     if hi > lo:
         _, scale = _row_params(temp_ptr, top_p_ptr, row)
         m = tl.load(m_ptr + row)
@@ -224,36 +235,38 @@ def _tie_count_kernel(
             g += tl.where(k > t, tl.exp2((x - m) * scale), 0.0)
             n += ((k == t) & (s + lanes < end)).to(tl.int32)
         i = row * n_chunks + ch
-        tl.store(pg_ptr + i, tl.sum(g, axis=0))
-        tl.store(pcnt_ptr + i, tl.sum(n, axis=0))
+        tl.store(g_ptr + i, tl.sum(g, axis=0))
+        tl.store(cnt_ptr + i, tl.sum(n, axis=0))
 
 
 @triton.jit
 def _resolve_kernel(
+    logits_ptr,
+    stride_row,
     temp_ptr,
     top_p_ptr,
     m_ptr,
     thr_ptr,
-    lo_ptr,
-    hi_ptr,
-    pg_ptr,
-    pcnt_ptr,
+    span_ptr,
+    g_ptr,
+    cnt_ptr,
     tau_ptr,
     cut_ptr,
-    at_ptr,
     V,
     n_chunks,
+    CHUNK,
+    BLOCK: tl.constexpr,
     CHUNKS: tl.constexpr,
 ):
-    """A row's t*, G(t*) and tie counts -> tau, and either its cut (V: every tie stays; rows left
-    whole: tau -inf) or, when only some ties stay, the chunk and rank of the last one (at_ptr: [2])."""
+    """A row's t*, G(t*) and tie counts -> tau and cut: V when every tie stays (rows left whole: tau
+    -inf), else the index of the last kept tie, found by a scan of the one chunk that holds it."""
     row = tl.program_id(0).to(tl.int64)
-    lo = tl.load(lo_ptr + row)
-    hi = tl.load(hi_ptr + row)
+    lo = tl.load(span_ptr + row * 2)
+    hi = tl.load(span_ptr + row * 2 + 1)
     c = tl.arange(0, CHUNKS)
     cm = (c < n_chunks) & (hi > lo)
-    g = tl.sum(tl.load(pg_ptr + row * n_chunks + c, mask=cm, other=0.0), axis=0)
-    cnt_c = tl.load(pcnt_ptr + row * n_chunks + c, mask=cm, other=0)
+    g = tl.sum(tl.load(g_ptr + row * n_chunks + c, mask=cm, other=0.0), axis=0)
+    cnt_c = tl.load(cnt_ptr + row * n_chunks + c, mask=cm, other=0)
     cnt = tl.sum(cnt_c, axis=0)
     b = hi.to(tl.int32)
     tau = tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
@@ -264,22 +277,11 @@ def _resolve_kernel(
     ties = tl.where(q > 0, tl.minimum(tl.maximum(tl.ceil(d), 1.0), cnt.to(tl.float32)).to(tl.int32), cnt)
     whole = cnt == 0  # left whole (or no key at t*: the mass never reached top_p, so all stay)
     tl.store(tau_ptr + row, tl.where(whole, float("-inf"), tau))
-    tl.store(cut_ptr + row, tl.where(whole | (ties >= cnt), V, -1))
-    cum = tl.cumsum(cnt_c, axis=0)
-    at = tl.min(tl.where(cum >= ties, c, CHUNKS), axis=0)  # the chunk holding the last kept tie
-    before = tl.sum(tl.where(c < at, cnt_c, 0), axis=0)
-    tl.store(at_ptr + row * 2, tl.where(whole | (ties >= cnt), -1, at))
-    tl.store(at_ptr + row * 2 + 1, ties - before)
-
-
-@triton.jit
-def _tie_index_kernel(logits_ptr, stride_row, tau_ptr, cut_ptr, at_ptr, V, CHUNK, BLOCK: tl.constexpr):
-    """A row whose ties are cut: the index of its rank-th logit equal to tau in chunk `at`."""
-    row = tl.program_id(0).to(tl.int64)
-    at = tl.load(at_ptr + row * 2)
-    if at >= 0:
-        rank = tl.load(at_ptr + row * 2 + 1)
-        tau = tl.load(tau_ptr + row)
+    cut = V
+    if ties < cnt:
+        cum = tl.cumsum(cnt_c, axis=0)
+        at = tl.min(tl.where(cum >= ties, c, CHUNKS), axis=0)  # the chunk holding the last kept tie
+        rank = ties - tl.sum(tl.where(c < at, cnt_c, 0), axis=0)  # its rank among that chunk's ties
         lanes = tl.arange(0, BLOCK)
         seen = 0
         cut = -1
@@ -290,7 +292,7 @@ def _tie_index_kernel(logits_ptr, stride_row, tau_ptr, cut_ptr, at_ptr, V, CHUNK
             r = tl.cumsum(eq, axis=0) + seen
             cut = tl.maximum(cut, tl.max(tl.where((eq > 0) & (r == rank), s + lanes, -1), axis=0))
             seen += tl.sum(eq, axis=0)
-        tl.store(cut_ptr + row, cut)
+    tl.store(cut_ptr + row, cut)
 
 
 def chunk_size(b: int, v: int) -> int:
@@ -316,24 +318,33 @@ def top_p_cut(logits: Tensor, temperature: Tensor, top_p: Tensor, chunk: int = 0
     n = triton.cdiv(v, chunk)
     chunks = triton.next_power_of_2(n)
     f32 = dict(dtype=torch.float32, device=dev)
-    pm, ps, pg = torch.empty(b, n, **f32), torch.empty(b, n, **f32), torch.empty(b, n, _W, **f32)
-    pnan, pcnt = (torch.empty(b, n, dtype=torch.int32, device=dev) for _ in range(2))
-    m, thr = torch.empty(b, **f32), torch.empty(b, **f32)
-    lo, hi = (torch.empty(b, dtype=torch.int64, device=dev) for _ in range(2))
-    at = torch.empty(b, 2, dtype=torch.int32, device=dev)
+    pm, ps, pg = torch.empty(b, n, **f32), torch.empty(b, n, **f32), torch.empty(2, b, n, _W, **f32)
+    pnan, cnt = (torch.empty(b, n, dtype=torch.int32, device=dev) for _ in range(2))
+    m, thr, g = torch.empty(b, **f32), torch.empty(b, **f32), torch.empty(b, n, **f32)
+    span = torch.empty(2, b, 2, dtype=torch.int64, device=dev)  # (lo, hi) of a row, two slots
     row = (logits, logits.stride(0))
     params = (temperature.contiguous(), top_p.contiguous())
     grid = (b, n)
     _stats_kernel[grid](
         *row, *params, pm, ps, pnan, v, n, chunk, BLOCK=min(1024, triton.next_power_of_2(chunk))
     )
-    _init_kernel[(b,)](*params, pm, ps, pnan, m, thr, lo, hi, n, CHUNKS=chunks)
-    for _ in range(PASSES):
-        _mass_kernel[grid](*row, *params, m, lo, hi, pg, v, n, chunk, BLOCK=block, W=_W)
-        _narrow_kernel[(b,)](thr, lo, hi, pg, n, CHUNKS=chunks, W=_W)
-    _tie_count_kernel[grid](*row, *params, m, lo, hi, pg, pcnt, v, n, chunk, BLOCK=block)
-    _resolve_kernel[(b,)](*params, m, thr, lo, hi, pg, pcnt, tau, cut, at, v, n, CHUNKS=chunks)
-    _tie_index_kernel[(b,)](*row, tau, cut, at, v, chunk, BLOCK=block)
+    _init_kernel[(b,)](*params, pm, ps, pnan, m, thr, span[0], n, CHUNKS=chunks)
+    consts = dict(BLOCK=block, W=_W, CHUNKS=chunks)
+    # pass i reads slot (i - 1) % 2 (the interval it narrows, the partials that narrow it) and writes
+    # slot i % 2: no launch writes what its own programs read
+    for i in range(PASSES):
+        old, new = span[(i - 1) % 2], span[i % 2]
+        pg_old, pg_new = pg[(i - 1) % 2], pg[i % 2]
+        _mass_kernel[grid](
+            *row, *params, m, thr, old if i else new, pg_old, new, pg_new, v, n, chunk, NARROW=i > 0, **consts
+        )
+    last = (PASSES - 1) % 2
+    _tie_count_kernel[grid](
+        *row, *params, m, thr, span[last], pg[last], span[1 - last], g, cnt, v, n, chunk, **consts
+    )
+    _resolve_kernel[(b,)](
+        *row, *params, m, thr, span[1 - last], g, cnt, tau, cut, v, n, chunk, BLOCK=block, CHUNKS=chunks
+    )
     return tau, cut
 
 
