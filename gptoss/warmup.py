@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 SHORT_LENS = (17, 33, 5) + (3,) * 61
 SHORT_OUT = 6
 GREEDY = SamplingParams(max_new_tokens=SHORT_OUT, temperature=0.0, ignore_eos=True)
-# One token: it samples at its prefill's end. A filtered request in a batch stops decode bursts.
+# One token: it samples at its prefill's end (filtered), and is gone before the decode bursts, which
+# then take the greedy path they warm (a filtered request would join them and draw each step).
 SAMPLED = SamplingParams(max_new_tokens=1, temperature=0.8, top_p=0.9, top_k=20, seed=1, ignore_eos=True)
 ROUND_PROMPT = 3  # the second phase's short prompts
 ROUND_LONG = 37  # and the prefill beside their decodes
