@@ -317,25 +317,18 @@ def sample(
     if not filtered:
         return gumbel_argmax(logits, params[0], params[3], params[4])
     if rows is None:
-        return _draw_filtered(logits, *params, k_cap, top_p_search)
+        return _draw_filtered(logits, params, k_cap, top_p_search)
     if rows.dim() != 1 or rows.dtype != torch.int64 or rows.device != logits.device:
         raise ValueError(f"rows must be int64 [R] on {logits.device}, got {tuple(rows.shape)} {rows.dtype}")
     ids = gumbel_argmax(logits, params[0], params[3], params[4])  # the filtered rows' ids replaced below
-    some = [x.index_select(0, rows) for x in params]
-    return ids.index_copy_(0, rows, _draw_filtered(logits.index_select(0, rows), *some, k_cap, top_p_search))
+    some = tuple(x.index_select(0, rows) for x in params)
+    return ids.index_copy_(0, rows, _draw_filtered(logits.index_select(0, rows), some, k_cap, top_p_search))
 
 
-def _draw_filtered(
-    logits: Tensor,
-    temperature: Tensor,
-    top_k: Tensor,
-    top_p: Tensor,
-    seeds: Tensor,
-    offsets: Tensor,
-    k_cap: int,
-    top_p_search: bool,
-) -> Tensor:
-    """sample()'s filtered draw of every row of logits: its filter (as sample() says), then the draw."""
+def _draw_filtered(logits: Tensor, params: tuple[Tensor, ...], k_cap: int, top_p_search: bool) -> Tensor:
+    """sample()'s filtered draw of every row of logits: its filter (as sample() says), then the draw.
+    params: the rows' (temperature, top_k, top_p, seeds, offsets)."""
+    temperature, top_k, top_p, seeds, offsets = params
     cut = None
     if top_p_search:
         cut = _searched_cut(logits, temperature, top_k, top_p, k_cap)

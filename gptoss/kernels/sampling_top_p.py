@@ -14,7 +14,7 @@ interval where G crosses top_p; 8 passes leave hi - lo = 1 and t* = hi. No sort,
 launch sequence (CUDA-graph safe, no host sync): every pass is one [B, chunks] launch writing partial
 sums, whose programs first add the previous pass's partials of their row in a fixed order (each the
 same sum, so none waits for another), so a row's answer depends on its own logits and the chunk size
-alone. 11 launches in all: the row statistics, their sum, 8 passes, the tie counts, and the cut.
+alone. 12 launches in all: the row statistics, their sum, 8 passes, the tie counts, and the cut.
 Rows with temperature 0, top_p >= 1, a NaN or no finite logit are left whole (tau -inf, cut V).
 
 Against the sort (sampling_filter.mask_top_k_top_p) the kept set is the same up to float32 rounding
@@ -146,7 +146,7 @@ def _narrowed(thr_ptr, span_ptr, pg_ptr, row, n_chunks, CHUNKS: tl.constexpr, W:
 
 
 @triton.jit
-def _mass_kernel(
+def _pass_kernel(
     logits_ptr,
     stride_row,
     temp_ptr,
@@ -157,86 +157,60 @@ def _mass_kernel(
     pg_in,
     span_out,
     pg_out,
+    cnt_out,
     V,
     n_chunks,
     CHUNK,
     BLOCK: tl.constexpr,
     W: tl.constexpr,
     CHUNKS: tl.constexpr,
-    NARROW: tl.constexpr,
+    MODE: tl.constexpr,
 ):
-    """Chunk program_id(1) of a row still searching -> G at each of the W candidate keys of its
-    interval, partial, to pg_out. NARROW: the interval is the previous pass's (span_in, pg_in),
-    narrowed here (chunk 0 stores it to span_out); else span_in's as it is (the first pass)."""
+    """Chunk program_id(1) of a row. Its interval: span_in's as it is (MODE 0, the first pass), or
+    narrowed here from the previous pass's (span_in, pg_in) (chunk 0 stores it to span_out). MODE
+    0 / 1, while the row still searches: G at each of the W candidate keys of the interval, partial,
+    to pg_out [B, n, W]. MODE 2 (after the last pass, t* = hi): G(t*) to pg_out [B, n] and the count
+    of logits at key t* to cnt_out, partial."""
     row = tl.program_id(0).to(tl.int64)
     ch = tl.program_id(1)
-    if NARROW:
+    if MODE == 0:
+        lo = tl.load(span_in + row * 2)
+        hi = tl.load(span_in + row * 2 + 1)
+    else:
         lo, hi = _narrowed(thr_ptr, span_in, pg_in, row, n_chunks, CHUNKS, W)
         if ch == 0:
             tl.store(span_out + row * 2, lo)
             tl.store(span_out + row * 2 + 1, hi)
-    else:
-        lo = tl.load(span_in + row * 2)
-        hi = tl.load(span_in + row * 2 + 1)
-    if hi - lo > 1:
+    go = hi > lo if MODE == 2 else hi - lo > 1  # a key at t* to count; or a search not done
+    if go:
         _, scale = _row_params(temp_ptr, top_p_ptr, row)
         m = tl.load(m_ptr + row)
-        c = _candidates(lo, hi, W)[None, :]  # [1, W]
         lanes = tl.arange(0, BLOCK)
-        acc = tl.zeros([BLOCK, W], tl.float32)
         end = tl.minimum(ch * CHUNK + CHUNK, V)
-        for s in range(ch * CHUNK, end, BLOCK):
-            x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("-inf"))
-            e = tl.exp2((x - m) * scale)[:, None]  # 0 at -inf
-            acc += tl.where(_key(x)[:, None] > c, e, 0.0)
-        j = tl.arange(0, W)
-        tl.store(pg_out + (row * n_chunks + ch) * W + j, tl.sum(acc, axis=0))
-
-
-@triton.jit
-def _tie_count_kernel(
-    logits_ptr,
-    stride_row,
-    temp_ptr,
-    top_p_ptr,
-    m_ptr,
-    thr_ptr,
-    span_in,
-    pg_in,
-    span_out,
-    g_ptr,
-    cnt_ptr,
-    V,
-    n_chunks,
-    CHUNK,
-    BLOCK: tl.constexpr,
-    W: tl.constexpr,
-    CHUNKS: tl.constexpr,
-):
-    """Chunk program_id(1) of a searched row: the last pass's narrowing gives t* = hi (chunk 0 stores
-    the final (lo, hi) to span_out) -> G(t*) and the count of logits at key t*, partial."""
-    row = tl.program_id(0).to(tl.int64)
-    ch = tl.program_id(1)
-    lo, hi = _narrowed(thr_ptr, span_in, pg_in, row, n_chunks, CHUNKS, W)
-    if ch == 0:
-        tl.store(span_out + row * 2, lo)
-        tl.store(span_out + row * 2 + 1, hi)
-    if hi > lo:
-        _, scale = _row_params(temp_ptr, top_p_ptr, row)
-        m = tl.load(m_ptr + row)
-        t = hi.to(tl.int32)
-        lanes = tl.arange(0, BLOCK)
-        g = tl.zeros([BLOCK], tl.float32)
-        n = tl.zeros([BLOCK], tl.int32)
-        end = tl.minimum(ch * CHUNK + CHUNK, V)
-        for s in range(ch * CHUNK, end, BLOCK):
-            x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("-inf"))
-            k = _key(x)
-            g += tl.where(k > t, tl.exp2((x - m) * scale), 0.0)
-            n += ((k == t) & (s + lanes < end)).to(tl.int32)
         i = row * n_chunks + ch
-        tl.store(g_ptr + i, tl.sum(g, axis=0))
-        tl.store(cnt_ptr + i, tl.sum(n, axis=0))
+        if MODE == 2:
+            t = hi.to(tl.int32)
+            g = tl.zeros([BLOCK], tl.float32)
+            n = tl.zeros([BLOCK], tl.int32)
+            for s in range(ch * CHUNK, end, BLOCK):
+                x = tl.load(
+                    logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("-inf")
+                )
+                k = _key(x)
+                g += tl.where(k > t, tl.exp2((x - m) * scale), 0.0)
+                n += ((k == t) & (s + lanes < end)).to(tl.int32)
+            tl.store(pg_out + i, tl.sum(g, axis=0))
+            tl.store(cnt_out + i, tl.sum(n, axis=0))
+        else:
+            c = _candidates(lo, hi, W)[None, :]  # [1, W]
+            acc = tl.zeros([BLOCK, W], tl.float32)
+            for s in range(ch * CHUNK, end, BLOCK):
+                x = tl.load(
+                    logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("-inf")
+                )
+                e = tl.exp2((x - m) * scale)[:, None]  # 0 at -inf
+                acc += tl.where(_key(x)[:, None] > c, e, 0.0)
+            tl.store(pg_out + i * W + tl.arange(0, W), tl.sum(acc, axis=0))
 
 
 @triton.jit
@@ -332,18 +306,14 @@ def top_p_cut(logits: Tensor, temperature: Tensor, top_p: Tensor, chunk: int = 0
     consts = dict(BLOCK=block, W=_W, CHUNKS=chunks)
     # pass i reads slot (i - 1) % 2 (the interval it narrows, the partials that narrow it) and writes
     # slot i % 2: no launch writes what its own programs read
-    for i in range(PASSES):
-        old, new = span[(i - 1) % 2], span[i % 2]
-        pg_old, pg_new = pg[(i - 1) % 2], pg[i % 2]
-        _mass_kernel[grid](
-            *row, *params, m, thr, old if i else new, pg_old, new, pg_new, v, n, chunk, NARROW=i > 0, **consts
-        )
-    last = (PASSES - 1) % 2
-    _tie_count_kernel[grid](
-        *row, *params, m, thr, span[last], pg[last], span[1 - last], g, cnt, v, n, chunk, **consts
-    )
+    for i in range(PASSES + 1):  # the search's passes, then the ties' (MODE 2)
+        mode = 0 if i == 0 else 1 if i < PASSES else 2
+        span_in = span[0] if i == 0 else span[(i - 1) % 2]
+        out = g if mode == 2 else pg[i % 2]
+        args = (m, thr, span_in, pg[(i - 1) % 2], span[i % 2], out, cnt, v, n, chunk)
+        _pass_kernel[grid](*row, *params, *args, MODE=mode, **consts)
     _resolve_kernel[(b,)](
-        *row, *params, m, thr, span[1 - last], g, cnt, tau, cut, v, n, chunk, BLOCK=block, CHUNKS=chunks
+        *row, *params, m, thr, span[PASSES % 2], g, cnt, tau, cut, v, n, chunk, BLOCK=block, CHUNKS=chunks
     )
     return tau, cut
 
