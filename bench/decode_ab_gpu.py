@@ -3,7 +3,8 @@ engine, its CUDA graphs captured again for each variant, the variants interleave
 
     python bench/decode_ab_gpu.py --model-path CKPT --variant default= --variant rp=moe_v3.ROUTE_PDL=True \
         --variant gu=moe_v3_dec_gu.TOKENS=frozenset()+moe_v3_dec.WTMA=False \
-        [--rounds 2] [--decode 128x512] [--batch 1 | --batch 2,3,5] [--profile-tokens 64]
+        [--rounds 2] [--decode 128x512] [--batch 1 | --batch 2,3,5] [--profile-tokens 64] \
+        [--sampling greedy | --sampling temperature=1,top_p=0.9[,top_k=..,seed=..]]
 
 Why: a 120b engine takes ~40 s to start, so one process a variant (bench/gptoss_gpu.py) spends most of
 a device call loading weights. The switches here are module attributes that the kernels' Python
@@ -11,12 +12,12 @@ wrappers read at call time (gptoss.kernels.MOD.ATTR, or an item of a dict there;
 for the engine's own modules), so a fresh capture
 puts them in the decode graphs; weights and KV cache stay as built. A variant NAME= runs the defaults.
 
-Per variant and round: output tok/s of --batch IN-token prompts decoding OUT greedy tokens together
-(best of 3, prefill included; at batch 1 gptoss_gpu.py's batch-1 row), then with --profile-tokens N
-that many decode steps after the prefill under torch.profiler: each kernel's µs a step as the
-stream runs it (profile_gpu.chain's "added": its cost in the chain with PDL on; a step is a token
-at batch 1) and the idle time. Last, one table: a row a variant, its tok/s by round, the best, and
-the five kernels that add the most a step.
+Per variant and round: output tok/s of --batch IN-token prompts decoding OUT tokens together, greedy
+or as --sampling asks (best of 3, prefill included; at batch 1 gptoss_gpu.py's batch-1 row), then
+with --profile-tokens N that many decode steps after the prefill under torch.profiler: each kernel's
+µs a step as the stream runs it (profile_gpu.chain's "added": its cost in the chain with PDL on; a
+step is a token at batch 1) and the idle time. Last, one table: a row a variant, its tok/s by round,
+the best, and the five kernels that add the most a step.
 """
 
 from __future__ import annotations
@@ -118,31 +119,66 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
 
 
+SAMPLING_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "seed": int}
+
+
+def parse_sampling(text: str) -> dict[str, float | int]:
+    """--sampling: greedy (the default), or KEY=VALUE[,...] of temperature, top_p, top_k, seed: what
+    the timed and profiled requests ask (a top-k / top-p decode times the engine's filtered draw)."""
+    if text == "greedy":
+        return {}
+    out: dict[str, float | int] = {}
+    for item in text.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or key not in SAMPLING_FIELDS:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected greedy or KEY=VALUE[,...] of {', '.join(SAMPLING_FIELDS)}"
+            )
+        try:
+            out[key] = SAMPLING_FIELDS[key](value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{item!r}: {e}") from None
+    try:
+        SamplingParams(max_new_tokens=1, **out)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return out
+
+
+def requests(n: int, sampling: dict[str, float | int] | None) -> SamplingParams:
+    """n tokens a prompt, ignoring EOS: greedy, or as --sampling says."""
+    return SamplingParams(max_new_tokens=n, ignore_eos=True, **sampling) if sampling else greedy(n)
+
+
 def sync() -> None:
     """Wait for the GPU, where there is one (the step accounting is tested on CPU)."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
 
-def decode_tok_s(eng: LLMEngine, prompts: list[list[int]], out_len: int) -> float:
+def decode_tok_s(
+    eng: LLMEngine, prompts: list[list[int]], out_len: int, sampling: dict[str, float | int] | None = None
+) -> float:
     """Output tokens a second of the prompts decoding together, best of 3, prefill included."""
-    eng.generate(prompts, greedy(8))
+    eng.generate(prompts, requests(8, sampling))
     best = None
     for _ in range(3):
         sync()
         t = time.perf_counter()
-        outs = eng.generate(prompts, greedy(out_len))
+        outs = eng.generate(prompts, requests(out_len, sampling))
         dt = time.perf_counter() - t
         best = dt if best is None else min(best, dt)
     return sum(map(len, outs)) / best
 
 
-def profile_steps(eng: LLMEngine, prompts: list[list[int]], n: int) -> tuple[dict[str, float], float]:
+def profile_steps(
+    eng: LLMEngine, prompts: list[list[int]], n: int, sampling: dict[str, float | int] | None = None
+) -> tuple[dict[str, float], float]:
     """Kernel -> added µs a decode step of all the prompts together (a token a prompt), and idle µs a
     step, over n steps after their prefill."""
     seqs = []
     for i, p in enumerate(prompts):
-        eng.add(f"profiled-{i}", p, greedy(n + 16))
+        eng.add(f"profiled-{i}", p, requests(n + 16, sampling))
         seqs.append(eng.seqs[f"profiled-{i}"])
     while any(s.num_computed < s.num_prompt_tokens for s in seqs):
         eng.step()
@@ -174,6 +210,12 @@ def main() -> None:
         help="prompts decoding together (a decode batch); a list (2,3,5) times each size in turn",
     )
     ap.add_argument("--profile-tokens", type=int, default=64, help="0: no profile")
+    ap.add_argument(
+        "--sampling",
+        type=parse_sampling,
+        default={},
+        help="greedy, or the timed requests' temperature=,top_p=,top_k=,seed= (e.g. temperature=1,top_p=0.9)",
+    )
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument(
@@ -218,17 +260,18 @@ def time_batch(eng, runner, switches, variants, args, batch: int, lin: int, lout
         for name, sets in variants.items():
             switches.apply(sets)
             runner.graphs.build()
-            tok_s[name].append(decode_tok_s(eng, prompts, lout))
+            tok_s[name].append(decode_tok_s(eng, prompts, lout, args.sampling))
             print(f"batch {batch} round {rnd + 1} {name}: {tok_s[name][-1]:.1f} tok/s", flush=True)
             if rnd == 0 and args.profile_tokens:
-                per, idle = profile_steps(eng, prompts, args.profile_tokens)
+                per, idle = profile_steps(eng, prompts, args.profile_tokens, args.sampling)
                 added[name] = per
                 print(f"  {name}: kernels added {sum(per.values()):.1f} us a step, idle {idle:.1f}")
                 for k, us in sorted(per.items(), key=lambda kv: -kv[1])[:12]:
                     print(f"    {k:60} {us:8.1f}")
     switches.apply([])
+    how = ",".join(f"{k}={v}" for k, v in args.sampling.items()) or "greedy"
     lines = [
-        f"batch {batch}, {lin} -> {lout} tokens, tok/s (best of 3 a round); top kernels, µs added a step"
+        f"batch {batch}, {lin} -> {lout} tokens, {how}, tok/s (best of 3 a round); top kernels, µs a step"
     ]
     for name in variants:
         runs = " / ".join(f"{x:.1f}" for x in tok_s[name])

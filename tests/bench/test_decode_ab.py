@@ -166,7 +166,7 @@ def test_each_batch_times_every_variant_on_graphs_built_under_its_switches(monke
     )
     timed: list[tuple[int, list[int]]] = []
 
-    def fake_tok_s(eng, prompts, out_len):
+    def fake_tok_s(eng, prompts, out_len, sampling):
         timed.append((len(prompts), built[-1]))
         return 100.0 * len(prompts)
 
@@ -174,14 +174,45 @@ def test_each_batch_times_every_variant_on_graphs_built_under_its_switches(monke
     variants = dict(
         parse_variant(v) for v in ("default=", "l4=gptoss.decode_graphs.GRAPH_SIZES=(1,2,4,8,12,16)")
     )
-    args = SimpleNamespace(rounds=2, profile_tokens=0, show=[])
+    args = SimpleNamespace(rounds=2, profile_tokens=0, show=[], sampling={})
     switches = Switches(variants)
     tables = [decode_ab_gpu.time_batch(None, runner, switches, variants, args, b, 128, 16) for b in (3, 5)]
     every, old = list(range(1, 9)), [1, 2, 4, 8]
     assert timed == [(3, every), (3, old), (3, every), (3, old), (5, every), (5, old), (5, every), (5, old)]
     assert decode_graphs.GRAPH_SIZES[:8] == (1, 2, 3, 4, 5, 6, 7, 8)  # restored after each size
-    assert tables[0].splitlines()[0].startswith("batch 3, 128 -> 16 tokens")
+    assert tables[0].splitlines()[0].startswith("batch 3, 128 -> 16 tokens, greedy")
     assert [line.split()[:4] for line in tables[1].splitlines()[1:]] == [
         ["default", "500.0", "/", "500.0"],
         ["l4", "500.0", "/", "500.0"],
     ]
+
+
+def test_sampling_is_greedy_or_the_requests_own_filters(tiny_checkpoint):
+    """--sampling: greedy by default, else each timed request's temperature / top_p / top_k / seed
+    (checked as SamplingParams checks them); decode_tok_s asks them of every timed request."""
+    import argparse
+
+    from decode_ab_gpu import decode_tok_s, parse_sampling
+
+    from gptoss.engine import EngineConfig, LLMEngine
+
+    assert parse_sampling("greedy") == {}
+    assert parse_sampling("temperature=1,top_p=0.9,top_k=20,seed=3") == {
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "top_k": 20,
+        "seed": 3,
+    }
+    for bad, msg in (
+        ("top_p=1.5", "top_p must be in"),
+        ("min_p=0.1", "expected greedy"),
+        ("top_k=x", "'top_k=x'"),
+    ):
+        with pytest.raises(argparse.ArgumentTypeError, match=msg):
+            parse_sampling(bad)
+    eng = LLMEngine(EngineConfig(model_path=tiny_checkpoint, device="cpu", max_model_len=256))
+    seen = []
+    generate = eng.generate
+    eng.generate = lambda ps, sp: seen.append((sp.temperature, sp.top_p, sp.ignore_eos)) or generate(ps, sp)
+    assert decode_tok_s(eng, [[5, 6, 7]], 4, parse_sampling("temperature=0.8,top_p=0.5")) > 0
+    assert seen == [(0.8, 0.5, True)] * 4
