@@ -36,8 +36,6 @@ from torch import Tensor
 _W = 16  # keys tried a pass: the interval shrinks 17-fold, so 8 passes cover 2^32 keys (17^8 > 2^32)
 PASSES = 8
 _BLOCK = 256  # elements a loop step of the [B, chunks] kernels ([_BLOCK, _W] partial sums in registers)
-_LOG2E = 1.4426950408889634
-_KEY_FLOOR = -(2**31)  # below every non-NaN key (-inf's is -2139095041)
 
 
 @triton.jit
@@ -53,7 +51,7 @@ def _row_params(temp_ptr, top_p_ptr, row):
     t = tl.load(temp_ptr + row)
     p = tl.load(top_p_ptr + row)
     searched = tl.where(t > 0, p < 1, False)  # not (t > 0) & (p < 1): the interpreter's 0-d & fails
-    return searched, 1.4426950408889634 / tl.where(t > 0, t, 1.0)
+    return searched, 1.4426950408889634 / tl.where(t > 0, t, 1.0)  # log2(e) / T
 
 
 @triton.jit
@@ -116,7 +114,7 @@ def _init_kernel(
     s = tl.sum(tl.where(pm > float("-inf"), ps * tl.exp2((pm - m) * scale), 0.0), axis=0)
     tl.store(m_ptr + row, m)
     tl.store(thr_ptr + row, tl.load(top_p_ptr + row) * s)
-    lo = -2147483648
+    lo = -2147483648  # below every non-NaN key (-inf's is -2139095041)
     tl.store(span_ptr + row * 2, lo)
     tl.store(span_ptr + row * 2 + 1, tl.where(searched, _key(m).to(tl.int64), lo))
 
