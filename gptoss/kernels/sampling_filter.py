@@ -122,21 +122,29 @@ def mask_within_top_k(
 
 
 @triton.jit
-def _cut_index_kernel(logits_ptr, stride_row, tau_ptr, ties_ptr, cut_ptr, V, BLOCK: tl.constexpr):
-    """One row a program, in index order: the index of its ties-th logit equal to tau (-1: none)."""
-    row = tl.program_id(0).to(tl.int64)
-    tau = tl.load(tau_ptr + row)
-    ties = tl.load(ties_ptr + row).to(tl.int32)
+def nth_equal(row_ptr, tau, n, start, end, BLOCK: tl.constexpr):
+    """In index order over [start, end) of a row: the index of its n-th (from 1) value equal to tau
+    (the last one if fewer; -1: none, or n < 1). The cut of a tie run: filter_cut's, top_p_cut's."""
     lanes = tl.arange(0, BLOCK)
     seen = 0
-    cut = -1
-    for s in range(0, V, BLOCK):
-        x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < V, other=float("nan"))
+    at = -1
+    for s in range(start, end, BLOCK):
+        x = tl.load(row_ptr + s + lanes, mask=s + lanes < end, other=float("nan"))
         eq = (x == tau).to(tl.int32)
-        rank = tl.cumsum(eq, axis=0) + seen  # 1-based among the row's ties so far
-        cut = tl.maximum(cut, tl.max(tl.where((eq > 0) & (rank <= ties), s + lanes, -1), axis=0))
+        rank = tl.cumsum(eq, axis=0) + seen  # 1-based among the ties so far
+        at = tl.maximum(at, tl.max(tl.where((eq > 0) & (rank <= n), s + lanes, -1), axis=0))
         seen += tl.sum(eq, axis=0)
-    tl.store(cut_ptr + row, cut)
+    return at
+
+
+@triton.jit
+def _cut_index_kernel(logits_ptr, stride_row, tau_ptr, ties_ptr, cut_ptr, V, BLOCK: tl.constexpr):
+    """One row a program: the index of its ties-th logit equal to tau (-1: none)."""
+    row = tl.program_id(0).to(tl.int64)
+    ties = tl.load(ties_ptr + row).to(tl.int32)
+    tl.store(
+        cut_ptr + row, nth_equal(logits_ptr + row * stride_row, tl.load(tau_ptr + row), ties, 0, V, BLOCK)
+    )
 
 
 def filter_cut(

@@ -33,6 +33,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gptoss.kernels.sampling_filter import nth_equal
+
 _W = 16  # keys tried a pass: the interval shrinks 17-fold, so 8 passes cover 2^32 keys (17^8 > 2^32)
 PASSES = 8
 _BLOCK = 256  # elements a loop step of the [B, chunks] kernels ([_BLOCK, _W] partial sums in registers)
@@ -254,16 +256,8 @@ def _resolve_kernel(
         cum = tl.cumsum(cnt_c, axis=0)
         at = tl.min(tl.where(cum >= ties, c, CHUNKS), axis=0)  # the chunk holding the last kept tie
         rank = ties - tl.sum(tl.where(c < at, cnt_c, 0), axis=0)  # its rank among that chunk's ties
-        lanes = tl.arange(0, BLOCK)
-        seen = 0
-        cut = -1
         end = tl.minimum(at * CHUNK + CHUNK, V)
-        for s in range(at * CHUNK, end, BLOCK):
-            x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("nan"))
-            eq = (x == tau).to(tl.int32)
-            r = tl.cumsum(eq, axis=0) + seen
-            cut = tl.maximum(cut, tl.max(tl.where((eq > 0) & (r == rank), s + lanes, -1), axis=0))
-            seen += tl.sum(eq, axis=0)
+        cut = nth_equal(logits_ptr + row * stride_row, tau, rank, at * CHUNK, end, BLOCK)
     tl.store(cut_ptr + row, cut)
 
 
