@@ -263,8 +263,8 @@ def gumbel_argmax(
 # mask_within_top_k's masked copy: the same draws (tests), not yet timed on a GPU.
 USE_CUT = False
 # Rows the vocabulary sort (mask_top_k_top_p) takes at a time. Its temporaries are ~25-30 bytes a
-# logit (values, int64 ids, probabilities, their cumsum, masks; CPU profile 25.1), 6 GB for 1024 rows
-# of 201,088: more than a step's workspace keeps (model_runner.step_workspace_bytes: one masked
+# logit (values, int64 ids, probabilities, their cumsum, masks; bench/sampling_memory.py: 25.1 on
+# CPU), 6 GB for 1024 rows of 201,088: more than a step's workspace keeps (step_workspace_bytes: one masked
 # float32 copy and the activations, free by the draw). 128 rows keep them under 0.8 GB, at a cost
 # of ~1.1x the one-call sort at B 1024 (v64's per-row times: 29 us at B 64, 24 at B 1024).
 SORT_ROWS = 128
