@@ -133,12 +133,13 @@ def rope_case(T: int, vops) -> dict:
     return _row("rope_qkv", f"T={T} +kv write", ours, vl, timed_us(torch_fn, f"rope T={T} torch"), nbytes)
 
 
-def sample_cases(B: int) -> list[dict]:
-    logits = torch.randn(B, V, device="cuda") * 3
-    no_k = torch.zeros(B, dtype=torch.int32, device="cuda")
-    ones, zeros = torch.ones(B, device="cuda"), torch.zeros(B, device="cuda")
-    seeds, offsets = torch.arange(B, device="cuda"), torch.full((B,), 1000, device="cuda")
-    nbytes = B * V * 4
+def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
+    """The sampling rows at batch B (device and vocab: a CPU test runs every case small)."""
+    logits = torch.randn(B, vocab, device=device) * 3
+    no_k = torch.zeros(B, dtype=torch.int32, device=device)
+    ones, zeros = torch.ones(B, device=device), torch.zeros(B, device=device)
+    seeds, offsets = torch.arange(B, device=device), torch.full((B,), 1000, device=device)
+    nbytes = B * vocab * 4
 
     def torch_multinomial():
         return torch.multinomial(torch.softmax(logits / ones[:, None], -1), 1)
@@ -151,8 +152,8 @@ def sample_cases(B: int) -> list[dict]:
         partial(sample, logits, zeros, no_k, ones, seeds, offsets, filtered=False), f"B={B} greedy"
     )
     drawn = timed_us(partial(sample, logits, ones, no_k, ones, seeds, offsets, filtered=False), f"B={B} T=1")
-    top_k = torch.full((B,), 50, dtype=torch.int32, device="cuda")
-    top_p = torch.full((B,), 0.9, device="cuda")
+    top_k = torch.full((B,), 50, dtype=torch.int32, device=device)
+    top_p = torch.full((B,), 0.9, device=device)
     # top_k 50 on the engine's path (mask_within_top_k, k_cap from sampling.top_k_cap), its peer the
     # vocabulary sort every filtered batch took before (and a top-p-only batch still takes)
     filt = timed_us(
@@ -181,12 +182,12 @@ def sample_cases(B: int) -> list[dict]:
     )
     # the sort in one call over B rows, as before sampling.SORT_ROWS blocks (the row above's peer)
     one_sort = timed_us(
-        lambda: gumbel_argmax(logits, ones, seeds, offsets, mask_top_k_top_p(logits, ones, no_k, top_p)),
+        lambda: gumbel_argmax(mask_top_k_top_p(logits, ones, no_k, top_p), ones, seeds, offsets),
         f"B={B} top-p one sort",
     )
     # a batch with B // 16 top-p rows: the engine's subset (sample's rows=) against filtering every row
-    few_p = torch.where(torch.arange(B, device="cuda") % 16 == 0, top_p, 1.0)
-    few_rows = torch.arange(0, B, 16, device="cuda")
+    few_p = torch.where(torch.arange(B, device=device) % 16 == 0, top_p, 1.0)
+    few_rows = torch.arange(0, B, 16, device=device)
     few = timed_us(
         partial(sample, logits, ones, no_k, few_p, seeds, offsets, filtered=True, rows=few_rows),
         f"B={B} 1/16 top-p rows",

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# GPU side, one H200, no vLLM: the sampling filters compiled and timed. While the random 20b is
+# written, the compiled sampling tests run beside it; then bench/kernels_gpu.py --only ops (the
+# top-p search against the sort, the sort in blocks against one call, a batch's filtered rows alone
+# against all of them), then bench/decode_ab_gpu.py on the 20b: a top-p decode with the sort, the
+# search, and the search drawn through the cut (USE_CUT); a top-k + top-p decode with the masked copy
+# and with the cut; greedy as the peer. Everything under RES ($OUT by default); the table last.
+#   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 by default)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+RES=${RES:-${OUT:-$HOME/sampling_gpu}}
+# shellcheck source-path=SCRIPTDIR/..
+. bench/gpu_detached.sh
+BATCH=${BATCH:-1,64,256}
+DECODE=${DECODE:-128x256}
+TESTS=${TESTS:-tests/gptoss/kernels/test_sampling_kernel.py tests/gptoss/kernels/test_sampling_top_p.py
+  tests/gptoss/kernels/test_kernel_engine_sampling.py}
+nvidia-smi -L
+if [ "$TESTS" != none ]; then
+  say "compiled sampling tests (beside the checkpoint)"
+  # shellcheck disable=SC2086  # TESTS is a list of paths
+  (timeout "${TESTS_LIMIT:-300}" python3 -m pytest -q -n 0 -p no:cacheprovider -rf $TESTS \
+    > "$RES/tests.txt" 2>&1) &
+fi
+gpu_prereqs
+wait
+[ "$TESTS" != none ] && { tail -8 "$RES/tests.txt"; row "compiled tests" "$(tail -1 "$RES/tests.txt")"; }
+if [ "${OPS:-1}" = 1 ]; then
+  say "ops"
+  timeout 300 python3 bench/kernels_gpu.py --only ops > "$RES/ops.txt" 2>&1
+  grep -E "^(kernel|sample)" "$RES/ops.txt" | tee -a "$RES/table.txt"
+fi
+decode() {  # NAME SAMPLING VARIANT...
+  local name=$1 sampling=$2; shift 2
+  say "decode $name ($sampling)"
+  local flags=(); for v in "$@"; do flags+=(--variant "$v"); done
+  timeout "${DECODE_LIMIT:-420}" python3 bench/decode_ab_gpu.py --model-path "$CKPT" --batch "$BATCH" \
+    --max-num-seqs 256 --decode "$DECODE" --profile-tokens "${PROFILE_TOKENS:-16}" --sampling "$sampling" \
+    "${flags[@]}" > "$RES/decode_$name.txt" 2>&1
+  echo "== decode $name ($sampling)" >> "$RES/table.txt"
+  sed -n '/^batch [0-9]*, /,$p' "$RES/decode_$name.txt" | grep -v '^$' >> "$RES/table.txt"
+  tail -30 "$RES/decode_$name.txt"
+}
+decode top_p temperature=1,top_p=0.9,seed=7 sort= "search=sampling_filter.TOP_P_SEARCH=True" \
+  "search_cut=sampling_filter.TOP_P_SEARCH=True+sampling.USE_CUT=True"
+decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 mask= "cut=sampling.USE_CUT=True"
+decode greedy greedy default=
+finish
