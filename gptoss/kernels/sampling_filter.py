@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-_BLOCK = 1024  # elements per loop step of _cut_index_kernel
+_BLOCK = 1024  # elements per loop step of the tie count and the cut scan, at the most
 
 
 def mask_top_k_top_p(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
@@ -138,29 +138,78 @@ def nth_equal(row_ptr, tau, n, start, end, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _cut_index_kernel(logits_ptr, stride_row, tau_ptr, ties_ptr, cut_ptr, V, BLOCK: tl.constexpr):
-    """One row a program: the index of its ties-th logit equal to tau (-1: none)."""
+def _tie_count_kernel(logits_ptr, stride_row, tau_ptr, cnt_ptr, V, n_chunks, CHUNK, BLOCK: tl.constexpr):
+    """Chunk program_id(1) of row program_id(0) -> how many of its logits equal the row's tau."""
     row = tl.program_id(0).to(tl.int64)
-    ties = tl.load(ties_ptr + row).to(tl.int32)
-    tl.store(
-        cut_ptr + row, nth_equal(logits_ptr + row * stride_row, tl.load(tau_ptr + row), ties, 0, V, BLOCK)
-    )
+    ch = tl.program_id(1)
+    tau = tl.load(tau_ptr + row)
+    lanes = tl.arange(0, BLOCK)
+    n = tl.zeros([BLOCK], tl.int32)
+    end = tl.minimum(ch * CHUNK + CHUNK, V)
+    for s in range(ch * CHUNK, end, BLOCK):
+        x = tl.load(logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("nan"))
+        n += (x == tau).to(tl.int32)
+    tl.store(cnt_ptr + row * n_chunks + ch, tl.sum(n, axis=0))
+
+
+@triton.jit
+def _cut_index_kernel(
+    logits_ptr,
+    stride_row,
+    tau_ptr,
+    ties_ptr,
+    cnt_ptr,
+    cut_ptr,
+    V,
+    n_chunks,
+    CHUNK,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """One row a program: the index of its ties-th logit equal to tau (the last if fewer; -1: none),
+    from the chunks' tie counts and a scan of the one chunk that holds it."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, CHUNKS)
+    cnt_c = tl.load(cnt_ptr + row * n_chunks + c, mask=c < n_chunks, other=0)
+    n = tl.minimum(tl.load(ties_ptr + row).to(tl.int32), tl.sum(cnt_c, axis=0))
+    cut = -1
+    if n > 0:
+        cum = tl.cumsum(cnt_c, axis=0)
+        at = tl.min(tl.where(cum >= n, c, CHUNKS), axis=0)
+        rank = n - tl.sum(tl.where(c < at, cnt_c, 0), axis=0)
+        end = tl.minimum(at * CHUNK + CHUNK, V)
+        cut = nth_equal(logits_ptr + row * stride_row, tl.load(tau_ptr + row), rank, at * CHUNK, end, BLOCK)
+    tl.store(cut_ptr + row, cut)
+
+
+def chunk_size(b: int, v: int) -> int:
+    """Logits a program of a [B, chunks] row kernel: aim for >= ~1000 programs (132 SMs), chunks of
+    2K..16K logits (a multiple of the kernels' blocks)."""
+    return min(16384, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
 
 
 def filter_cut(
-    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, k_cap: int
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, k_cap: int, chunk: int = 0
 ) -> tuple[Tensor, Tensor]:
     """mask_within_top_k's kept set as a cut that gumbel_argmax applies while it reads: (tau [B]
     float32, cut [B] int32), keeping the logits above tau and those equal to it at an index <= cut
-    (untouched rows: -inf and V). One row scan for the cut instead of the masks and the masked copy.
-    (USE_CUT turns it on in sample(); off until timed on a GPU.)"""
+    (untouched rows: -inf and V). The ties are counted by [B, chunks] programs and the cut found in
+    the one chunk that holds it, instead of the masks and the masked copy (a single program a row
+    scanning it whole took 131 us at B 1 on an H200, v66). chunk: logits a program (0: chunk_size's;
+    a power of two; tests pass small ones). (USE_CUT turns it on in sample().)"""
     b, v = logits.shape
     filtered, tau, ties = _top_k_prefix(logits, temperature, top_k, top_p, k_cap)
     tau, ties = tau.squeeze(1).contiguous(), ties.squeeze(1).contiguous()
     cut = torch.empty(b, dtype=torch.int32, device=logits.device)
     if b:
+        chunk = chunk or chunk_size(b, v)
+        block = min(_BLOCK, triton.next_power_of_2(v), chunk)
+        n = triton.cdiv(v, chunk)
+        cnt = torch.empty(b, n, dtype=torch.int32, device=logits.device)
+        row = (logits, logits.stride(0), tau)
+        _tie_count_kernel[(b, n)](*row, cnt, v, n, chunk, BLOCK=block)
         _cut_index_kernel[(b,)](
-            logits, logits.stride(0), tau, ties, cut, v, BLOCK=min(_BLOCK, triton.next_power_of_2(v))
+            *row, ties, cnt, cut, v, n, chunk, BLOCK=block, CHUNKS=triton.next_power_of_2(n)
         )
     keep_all = ~filtered.squeeze(1)
     tau = torch.where(keep_all, float("-inf"), tau)

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels.sampling_filter import nth_equal
+from gptoss.kernels.sampling_filter import chunk_size, nth_equal
 
 _W = 16  # keys tried a pass: the interval shrinks 17-fold, so 8 passes cover 2^32 keys (17^8 > 2^32)
 PASSES = 8
@@ -259,11 +259,6 @@ def _resolve_kernel(
         end = tl.minimum(at * CHUNK + CHUNK, V)
         cut = nth_equal(logits_ptr + row * stride_row, tau, rank, at * CHUNK, end, BLOCK)
     tl.store(cut_ptr + row, cut)
-
-
-def chunk_size(b: int, v: int) -> int:
-    """Aim for >= ~1000 programs a pass (132 SMs), chunks of 2K..16K logits (a multiple of _BLOCK)."""
-    return min(16384, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
 
 
 def top_p_cut(logits: Tensor, temperature: Tensor, top_p: Tensor, chunk: int = 0) -> tuple[Tensor, Tensor]:

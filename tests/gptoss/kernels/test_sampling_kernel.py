@@ -188,6 +188,11 @@ def test_the_cut_keeps_what_the_masked_copy_keeps(ties: str, monkeypatch: pytest
         k_cap = int(p["top_k"].max())
         masked = sampling_filter.mask_within_top_k(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
         tau, cut = sampling_filter.filter_cut(logits, p["temperature"], p["top_k"], p["top_p"], k_cap)
+        chunked = sampling_filter.filter_cut(
+            logits, p["temperature"], p["top_k"], p["top_p"], k_cap, chunk=64
+        )
+        assert torch.equal(chunked[1], cut)  # the ties counted over chunks: the same cut
+        torch.testing.assert_close(chunked[0], tau, rtol=0, atol=0, equal_nan=True)
         idx = torch.arange(V, device=DEV)[None, :]
         kept = (logits > tau[:, None]) | ((logits == tau[:, None]) & (idx <= cut[:, None])) | logits.isnan()
         gone = logits == float("-inf")  # -inf logits cannot be drawn either way
@@ -198,6 +203,19 @@ def test_the_cut_keeps_what_the_masked_copy_keeps(ties: str, monkeypatch: pytest
         assert torch.equal(sample(logits, **p, filtered=True, k_cap=k_cap), want)
         monkeypatch.setattr(sampling, "USE_CUT", False)
         assert want[4].item() == -1
+
+
+@pytest.mark.parametrize("chunk", [0, 64, 16])
+def test_the_cut_falls_inside_a_tie_run_that_crosses_chunks(chunk: int) -> None:
+    """10 logits of 5.0, then 91 ties of 2.0 every third index from 20: top_k 47 keeps the first 37
+    of them by index, so the cut is the 37th's index (20 + 36 * 3), however the row is chunked."""
+    logits = torch.full((2, 300), -5.0)
+    logits[:, :10] = 5.0
+    logits[:, 20:293:3] = 2.0
+    p = params(2, top_k=47)
+    p["top_k"][1] = 0  # left whole: tau -inf, cut V
+    tau, cut = sampling_filter.filter_cut(logits.to(DEV), p["temperature"], p["top_k"], p["top_p"], 47, chunk)
+    assert tau.tolist() == [2.0, float("-inf")] and cut.tolist() == [128, 300]
 
 
 def test_within_top_k_splits_a_tie_run_by_index() -> None:
