@@ -4,7 +4,9 @@
 # top-p search against the sort, the sort in blocks against one call, a batch's filtered rows alone
 # against all of them), then bench/decode_ab_gpu.py on the 20b: a top-p decode with the sort, the
 # search, and the search drawn through the cut (USE_CUT); a top-k + top-p decode with the masked copy
-# and with the cut; greedy as the peer. Everything under RES ($OUT by default); the table last.
+# and with the cut; greedy as the peer (RUNS: which of top_p, top_k_p, greedy). With TILES (a
+# --tiles list), bench/kernels/top_p_gpu.py times the search's pass tiles before them. OPS=0 skips
+# the ops, TESTS=none the tests. Everything under RES ($OUT by default); the table last.
 #   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 by default)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -41,8 +43,18 @@ decode() {  # NAME SAMPLING VARIANT...
   sed -n '/^batch [0-9]*, /,$p' "$RES/decode_$name.txt" | grep -v '^$' >> "$RES/table.txt"
   tail -30 "$RES/decode_$name.txt"
 }
-decode top_p temperature=1,top_p=0.9,seed=7 sort= "search=sampling_filter.TOP_P_SEARCH=True" \
-  "search_cut=sampling_filter.TOP_P_SEARCH=True+sampling.USE_CUT=True"
-decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 mask= "cut=sampling.USE_CUT=True"
-decode greedy greedy default=
+if [ -n "${TILES:-}" ]; then
+  say "top-p search tiles ($TILES)"
+  timeout 300 python3 bench/kernels/top_p_gpu.py --tiles "$TILES" > "$RES/top_p_tiles.txt" 2>&1
+  sed -n '/^top-p 0.9 over/,$p' "$RES/top_p_tiles.txt" | tee -a "$RES/table.txt"
+fi
+for run in ${RUNS:-top_p top_k_p greedy}; do
+  case $run in
+    top_p) decode top_p temperature=1,top_p=0.9,seed=7 sort= "search=sampling_filter.TOP_P_SEARCH=True" \
+      "search_cut=sampling_filter.TOP_P_SEARCH=True+sampling.USE_CUT=True" ;;
+    top_k_p) decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 mask= "cut=sampling.USE_CUT=True" ;;
+    greedy) decode greedy greedy default= ;;
+    *) say "unknown run $run (top_p, top_k_p, greedy)"; exit 2 ;;
+  esac
+done
 finish

@@ -37,7 +37,11 @@ from gptoss.kernels.sampling_filter import chunk_size, nth_equal
 
 _W = 16  # keys tried a pass: the interval shrinks 17-fold, so 8 passes cover 2^32 keys (17^8 > 2^32)
 PASSES = 8
-_BLOCK = 256  # elements a loop step of the [B, chunks] kernels ([_BLOCK, _W] partial sums in registers)
+_BLOCK = 256  # elements a loop step of the tie count and the cut scan
+# The search passes' (BLOCK, UNROLL, num_warps), read at each call: BLOCK logits a loop step
+# ([BLOCK, _W] partial sums in registers), UNROLL loads of BLOCK issued before their compares.
+# bench/kernels/top_p_gpu.py times the choices.
+PASS_TILE = (256, 1, 4)
 
 
 @triton.jit
@@ -146,6 +150,13 @@ def _narrowed(thr_ptr, span_ptr, pg_ptr, row, n_chunks, CHUNKS: tl.constexpr, W:
 
 
 @triton.jit
+def _mass_above(acc, x, c, m, scale):
+    """acc [BLOCK, W] + each logit's mass 2^((x - m) * scale) where its key exceeds candidate c[W]."""
+    e = tl.exp2((x - m) * scale)[:, None]  # 0 at -inf
+    return acc + tl.where(_key(x)[:, None] > c, e, 0.0)
+
+
+@triton.jit
 def _pass_kernel(
     logits_ptr,
     stride_row,
@@ -165,6 +176,7 @@ def _pass_kernel(
     W: tl.constexpr,
     CHUNKS: tl.constexpr,
     MODE: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     """Chunk program_id(1) of a row. Its interval: span_in's as it is (MODE 0, the first pass), or
     narrowed here from the previous pass's (span_in, pg_in) (chunk 0 stores it to span_out). MODE
@@ -204,12 +216,16 @@ def _pass_kernel(
         else:
             c = _candidates(lo, hi, W)[None, :]  # [1, W]
             acc = tl.zeros([BLOCK, W], tl.float32)
-            for s in range(ch * CHUNK, end, BLOCK):
-                x = tl.load(
-                    logits_ptr + row * stride_row + s + lanes, mask=s + lanes < end, other=float("-inf")
-                )
-                e = tl.exp2((x - m) * scale)[:, None]  # 0 at -inf
-                acc += tl.where(_key(x)[:, None] > c, e, 0.0)
+            x_ptr = logits_ptr + row * stride_row
+            for s in range(ch * CHUNK, end, BLOCK * UNROLL):
+                # UNROLL loads issued before the compares: more bytes in flight a warp
+                x = tl.load(x_ptr + s + lanes, mask=s + lanes < end, other=float("-inf"))
+                if UNROLL == 2:
+                    s2 = s + BLOCK + lanes
+                    x2 = tl.load(x_ptr + s2, mask=s2 < end, other=float("-inf"))
+                acc = _mass_above(acc, x, c, m, scale)
+                if UNROLL == 2:
+                    acc = _mass_above(acc, x2, c, m, scale)
             tl.store(pg_out + i * W + tl.arange(0, W), tl.sum(acc, axis=0))
 
 
@@ -290,7 +306,9 @@ def top_p_cut(logits: Tensor, temperature: Tensor, top_p: Tensor, chunk: int = 0
         *row, *params, pm, ps, pnan, v, n, chunk, BLOCK=min(1024, triton.next_power_of_2(chunk))
     )
     _init_kernel[(b,)](*params, pm, ps, pnan, m, thr, span[0], n, CHUNKS=chunks)
-    consts = dict(BLOCK=block, W=_W, CHUNKS=chunks)
+    pass_block, unroll, warps = PASS_TILE
+    pass_block = min(pass_block, triton.next_power_of_2(v), chunk)
+    consts = dict(BLOCK=pass_block, W=_W, CHUNKS=chunks, UNROLL=unroll, num_warps=warps)
     # pass i reads slot (i - 1) % 2 (the interval it narrows, the partials that narrow it) and writes
     # slot i % 2: no launch writes what its own programs read
     for i in range(PASSES + 1):  # the search's passes, then the ties' (MODE 2)
