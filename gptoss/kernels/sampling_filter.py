@@ -182,10 +182,20 @@ def _cut_index_kernel(
     tl.store(cut_ptr + row, cut)
 
 
+MIN_CHUNK = 2048
+
+
 def chunk_size(b: int, v: int) -> int:
     """Logits a program of a [B, chunks] row kernel: aim for >= ~1000 programs (132 SMs), chunks of
     2K..16K logits (a multiple of the kernels' blocks)."""
-    return min(16384, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
+    return min(16384, max(MIN_CHUNK, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
+
+
+def chunks_bound(v: int, chunk: int) -> int:
+    """The kernels' CHUNKS constexpr (a power of two >= the chunks of a row): the same for every
+    chunk_size, so one compile serves every batch size (a warm-up's or the precompile manifest's);
+    the loads beyond a row's chunks are masked off."""
+    return triton.next_power_of_2(triton.cdiv(v, min(chunk, MIN_CHUNK)))
 
 
 def filter_cut(
@@ -208,9 +218,7 @@ def filter_cut(
         cnt = torch.empty(b, n, dtype=torch.int32, device=logits.device)
         row = (logits, logits.stride(0), tau)
         _tie_count_kernel[(b, n)](*row, cnt, v, n, chunk, BLOCK=block)
-        _cut_index_kernel[(b,)](
-            *row, ties, cnt, cut, v, n, chunk, BLOCK=block, CHUNKS=triton.next_power_of_2(n)
-        )
+        _cut_index_kernel[(b,)](*row, ties, cnt, cut, v, n, chunk, BLOCK=block, CHUNKS=chunks_bound(v, chunk))
     keep_all = ~filtered.squeeze(1)
     tau = torch.where(keep_all, float("-inf"), tau)
     return tau, torch.where(keep_all, v, cut).to(torch.int32)

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels.sampling_filter import chunk_size, nth_equal
+from gptoss.kernels.sampling_filter import chunk_size, chunks_bound, nth_equal
 
 _W = 16  # keys tried a pass: the interval shrinks 17-fold, so 8 passes cover 2^32 keys (17^8 > 2^32)
 PASSES = 8
@@ -293,7 +293,7 @@ def top_p_cut(logits: Tensor, temperature: Tensor, top_p: Tensor, chunk: int = 0
         raise ValueError(f"chunk must be a power of two, got {chunk}")
     block = min(_BLOCK, triton.next_power_of_2(v), chunk)
     n = triton.cdiv(v, chunk)
-    chunks = triton.next_power_of_2(n)
+    chunks = chunks_bound(v, chunk)
     f32 = dict(dtype=torch.float32, device=dev)
     pm, ps, pg = torch.empty(b, n, **f32), torch.empty(b, n, **f32), torch.empty(2, b, n, _W, **f32)
     pnan, cnt = (torch.empty(b, n, dtype=torch.int32, device=dev) for _ in range(2))

@@ -140,3 +140,15 @@ def test_gpu_search_on_full_vocab_keeps_what_the_sort_keeps() -> None:
     top_p = torch.rand(64, device="cuda", generator=g)
     tau, cut = top_p_cut(logits, temperature, top_p)
     assert torch.equal(kept_by_cut(logits, tau, cut), kept_by_sort(logits, temperature, top_p))
+
+
+def test_one_chunks_bound_serves_every_batch_size():
+    """CHUNKS, a constexpr, must not follow the batch (chunk_size does): else each batch size
+    compiles the search again, which no warm-up or precompile manifest can cover."""
+    from gptoss.kernels.sampling_filter import chunk_size, chunks_bound
+
+    v = 201_088
+    sizes = {chunk_size(b, v) for b in range(1, 4097)}
+    assert sizes == {2048, 4096, 8192, 16384}
+    assert {chunks_bound(v, c) for c in sizes} == {128}
+    assert chunks_bound(1500, 64) == 32  # a test's small chunks: as many as they make
