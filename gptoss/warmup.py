@@ -6,7 +6,7 @@ integer argument is 1 or a multiple of 16. The start-up path (the MoE at powers 
 graphs) sees only round token counts, so a first Offline run on a fresh machine compiled 9 more
 kernels inside its timing: 14.8 s of 215.7 s at 120b on an H200 (bench/results v48). Here real
 requests run through the real scheduler, in two phases:
-1. a full budget's step, steps of odd token counts, prefill chunks beside decodes, a sampled request
+1. a full budget's step, steps of odd token counts, prefill chunks beside decodes, two sampled requests (top-k, top-p)
    (and one on each LoRA adapter);
 2. rounds of S decodes beside a prefill chunk, then a decode burst of S + 1 rows. A mixed step's
    decodes attend in one eager launch whose split count (a constexpr, and an int Triton specializes
@@ -39,9 +39,12 @@ if TYPE_CHECKING:
 SHORT_LENS = (17, 33, 5) + (3,) * 61
 SHORT_OUT = 6
 GREEDY = SamplingParams(max_new_tokens=SHORT_OUT, temperature=0.0, ignore_eos=True)
-# One token: it samples at its prefill's end (filtered), and is gone before the decode bursts, which
-# then take the greedy path they warm (a filtered request would join them and draw each step).
+# One token each: they sample at their prefill's end (filtered), and are gone before the decode
+# bursts, which then take the greedy path they warm (a filtered request would join them and draw each
+# step). Drawn in one step, a top-k row beside a top-p-only one compiles both filters: filter_cut at
+# the top_k and top_p_cut's search (sampling_filter.filter_plan).
 SAMPLED = SamplingParams(max_new_tokens=1, temperature=0.8, top_p=0.9, top_k=20, seed=1, ignore_eos=True)
+SAMPLED_P = SamplingParams(max_new_tokens=1, temperature=0.8, top_p=0.9, seed=2, ignore_eos=True)
 ROUND_PROMPT = 3  # the second phase's short prompts
 ROUND_LONG = 37  # and the prefill beside their decodes
 LONG = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
@@ -70,7 +73,7 @@ def warmup_prompts(
     out: list[tuple[list[int], SamplingParams]] = []
     for i, n in enumerate(SHORT_LENS[: max_num_seqs - 1]):
         n = max(1, min(n, max_model_len - SHORT_OUT - 1))
-        out.append((ids(n), SAMPLED if i == 1 else GREEDY))
+        out.append((ids(n), {1: SAMPLED, 2: SAMPLED_P}.get(i, GREEDY)))
     long_len = max(1, min(max_model_len - 9, budget + 37))
     total = sum(len(p) for p, _ in out)
     while total <= budget + 37 and len(out) < max_num_seqs:
