@@ -6,8 +6,8 @@ integer argument is 1 or a multiple of 16. The start-up path (the MoE at powers 
 graphs) sees only round token counts, so a first Offline run on a fresh machine compiled 9 more
 kernels inside its timing: 14.8 s of 215.7 s at 120b on an H200 (bench/results v48). Here real
 requests run through the real scheduler, in two phases:
-1. a full budget's step, steps of odd token counts, prefill chunks beside decodes, two sampled requests (top-k, top-p)
-   (and one on each LoRA adapter);
+1. a full budget's step, steps of odd token counts, prefill chunks beside decodes, two sampled
+   requests (top-k, top-p) (and one on each LoRA adapter);
 2. rounds of S decodes beside a prefill chunk, then a decode burst of S + 1 rows. A mixed step's
    decodes attend in one eager launch whose split count (a constexpr, and an int Triton specializes
    at 1 and at multiples of 16) follows S: round_sizes takes the first S of each. A burst of an odd
