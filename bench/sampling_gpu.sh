@@ -2,11 +2,12 @@
 # GPU side, one H200, no vLLM: the sampling filters compiled and timed. While the random 20b is
 # written, the compiled sampling tests run beside it; then bench/kernels_gpu.py --only ops (the
 # top-p search against the sort, the sort in blocks against one call, a batch's filtered rows alone
-# against all of them), then bench/decode_ab_gpu.py on the 20b: a top-p decode with the sort, the
-# search, and the search drawn through the cut (USE_CUT); a top-k + top-p decode with the masked copy
-# and with the cut; greedy as the peer (RUNS: which of top_p, top_k_p, greedy). With TILES (a
-# --tiles list), bench/kernels/top_p_gpu.py times the search's pass tiles before them. OPS=0 skips
-# the ops, TESTS=none the tests. Everything under RES ($OUT by default); the table last.
+# against all of them); with TILES (a --tiles list) bench/kernels/top_p_gpu.py (the search's pass
+# tiles); then bench/decode_ab_gpu.py on the 20b, RUNS of: top_p (the sort, the search with a masked
+# copy, the search drawn through the cut: the default), top_k_p (top_k 50 + top_p with the masked
+# copy, and with the cut: the default), greedy (the peer). OPS=0 skips the ops, TESTS=none the
+# tests; RECORD=1 records the precompile manifest last. Everything under RES ($OUT by default); the
+# table last.
 #   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 by default)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -50,11 +51,18 @@ if [ -n "${TILES:-}" ]; then
 fi
 for run in ${RUNS:-top_p top_k_p greedy}; do
   case $run in
-    top_p) decode top_p temperature=1,top_p=0.9,seed=7 sort= "search=sampling_filter.TOP_P_SEARCH=True" \
-      "search_cut=sampling_filter.TOP_P_SEARCH=True+sampling.USE_CUT=True" ;;
-    top_k_p) decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 mask= "cut=sampling.USE_CUT=True" ;;
+    top_p) decode top_p temperature=1,top_p=0.9,seed=7 "sort=sampling_filter.TOP_P_SEARCH=False" \
+      "search=sampling.USE_CUT=False" search_cut= ;;
+    top_k_p) decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 "mask=sampling.USE_CUT=False" cut= ;;
     greedy) decode greedy greedy default= ;;
     *) say "unknown run $run (top_p, top_k_p, greedy)"; exit 2 ;;
   esac
 done
+if [ "${RECORD:-0}" = 1 ]; then  # the precompile manifest: what the 20b meets at 4,096 keys, added to
+  say "record_specs"              # the committed one, which comes back as $RES/cuda-90.json
+  timeout 300 python3 -m gptoss.tools.record_specs --model-path "$CKPT" --max-model-len 4096 \
+    > "$RES/record_specs.txt" 2>&1
+  tail -3 "$RES/record_specs.txt"; row "record_specs" "$(tail -1 "$RES/record_specs.txt")"
+  cp gptoss/kernels/specs/cuda-90.json "$RES/"
+fi
 finish

@@ -26,6 +26,7 @@ from hbm import share  # noqa: E402
 from timing import peer_failed, timed_us  # noqa: E402
 
 from gptoss.config import PRESETS
+from gptoss.kernels import sampling
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.kernels.sampling import gumbel_argmax, sample
@@ -133,6 +134,19 @@ def rope_case(T: int, vops) -> dict:
     return _row("rope_qkv", f"T={T} +kv write", ours, vl, timed_us(torch_fn, f"rope T={T} torch"), nbytes)
 
 
+def _masked(fn: Callable[[], object]) -> Callable[[], object]:
+    """fn with sampling.USE_CUT off while it runs (a capture records the masked copy's launches)."""
+
+    def run():
+        old, sampling.USE_CUT = sampling.USE_CUT, False
+        try:
+            return fn()
+        finally:
+            sampling.USE_CUT = old
+
+    return run
+
+
 def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
     """The sampling rows at batch B (device and vocab: a CPU test runs every case small)."""
     logits = torch.randn(B, vocab, device=device) * 3
@@ -157,12 +171,13 @@ def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
     # top_k 50 on the engine's path (mask_within_top_k, k_cap from sampling.top_k_cap), its peer the
     # vocabulary sort every filtered batch took before (and a top-p-only batch still takes)
     filt = timed_us(
-        partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True, k_cap=50), f"B={B} top-k/p"
+        _masked(partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True, k_cap=50)),
+        f"B={B} top-k/p",
     )
     filt_sort = timed_us(
         partial(sample, logits, ones, top_k, top_p, seeds, offsets, filtered=True), f"B={B} top-k/p sort"
     )
-    # the cut (sampling.USE_CUT, off by default until timed here): sample()'s path with it on
+    # the cut (sampling.USE_CUT, on by default since v66): sample()'s path with it on
     filt_cut = timed_us(
         lambda: gumbel_argmax(logits, ones, seeds, offsets, filter_cut(logits, ones, top_k, top_p, 50)),
         f"B={B} top-k/p cut",
@@ -170,10 +185,10 @@ def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
     top_p_only = timed_us(
         partial(sample, logits, ones, no_k, top_p, seeds, offsets, filtered=True), f"B={B} top-p"
     )
-    # top_p alone by sampling_top_p's search (sampling_filter.TOP_P_SEARCH, off until timed here):
-    # sample()'s path with it on (the masked copy), and with the draw applying the cut too (USE_CUT)
+    # top_p alone by sampling_top_p's search (sampling_filter.TOP_P_SEARCH, on since v66) with the
+    # masked copy (USE_CUT off), and with the draw applying the cut (the default)
     top_p_search = timed_us(
-        partial(sample, logits, ones, no_k, top_p, seeds, offsets, filtered=True, top_p_search=True),
+        _masked(partial(sample, logits, ones, no_k, top_p, seeds, offsets, filtered=True, top_p_search=True)),
         f"B={B} top-p search",
     )
     top_p_search_cut = timed_us(

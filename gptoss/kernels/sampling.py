@@ -259,9 +259,11 @@ def gumbel_argmax(
     return out
 
 
-# sample() filters a k_cap batch by filter_cut + the draw's in-place cut instead of
-# mask_within_top_k's masked copy: the same draws (tests), not yet timed on a GPU.
-USE_CUT = False
+# sample() applies a filter's (tau, cut) as the draw reads the row (filter_cut's for a k_cap batch,
+# top_p_cut's for a searched one) instead of a masked copy (mask_within_top_k, apply_cut): the same
+# draws (tests). A 20b decode on an H200 (bench/sampling_gpu.sh, v66), top_p 0.9: +3.5 / +4.1 / +6.0 %
+# at batch 1 / 64 / 256 over the searched masked copy; top_k 50 + top_p 0.9: see v66.
+USE_CUT = True
 # Rows the vocabulary sort (mask_top_k_top_p) takes at a time. Its temporaries are ~25-30 bytes a
 # logit (values, int64 ids, probabilities, their cumsum, masks; bench/sampling_memory.py: 25.1 on
 # CPU), 6 GB for 1024 rows of 201,088: more than a step's workspace keeps (step_workspace_bytes: one masked

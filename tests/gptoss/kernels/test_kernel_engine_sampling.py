@@ -30,8 +30,8 @@ def test_triton_sampling_is_seeded(triton_eng):
 
 def test_top_k_requests_are_filtered_without_a_sort_and_draw_the_same(triton_eng, monkeypatch):
     """A batch whose sampled requests all ask a small top_k filters by mask_within_top_k (k_cap = the
-    largest top_k), a top-p-only request sends the batch to the sort, or with TOP_P_SEARCH on to the
-    search; the tokens are the sort's."""
+    largest top_k), a top-p-only request sends the batch to the search (TOP_P_SEARCH), or with it off
+    to the sort; the tokens are the sort's."""
     import gptoss.kernel_runner as kr
 
     prompts = prompts_of([12, 30, 7], seed=5)
@@ -53,12 +53,13 @@ def test_top_k_requests_are_filtered_without_a_sort_and_draw_the_same(triton_eng
     caps.clear()
     top_k = SamplingParams(max_new_tokens=2, temperature=0.9, top_k=20, seed=1, ignore_eos=True)
     top_p_only = SamplingParams(max_new_tokens=2, temperature=0.9, top_p=0.5, seed=4, ignore_eos=True)
-    sorted_ = triton_eng.generate(prompts[:2], [top_k, top_p_only])  # every step holds both
-    assert caps and set(caps) == {0}
-    # with the search on (sampling_filter.TOP_P_SEARCH): the top-p row searched, the top-k row cut at
-    # k_cap 20, the sort's tokens
     from gptoss.kernels import sampling_filter
 
+    monkeypatch.setattr(sampling_filter, "TOP_P_SEARCH", False)  # the sort, as before the search
+    sorted_ = triton_eng.generate(prompts[:2], [top_k, top_p_only])  # every step holds both
+    assert caps and set(caps) == {0}
+    # with the search on (sampling_filter.TOP_P_SEARCH, the default): the top-p row searched, the
+    # top-k row cut at k_cap 20, the sort's tokens
     monkeypatch.setattr(sampling_filter, "TOP_P_SEARCH", True)
     plans = []
     monkeypatch.setattr(
@@ -100,7 +101,9 @@ def test_top_k_and_top_p_requests_decode_in_bursts_with_the_single_step_draws(
     monkeypatch.setattr(
         runner,
         "sample",
-        lambda *a, **kw: caps.append((kw["filtered"], kw["k_cap"])) or real_sample(*a, **kw),
+        lambda *a, **kw: (
+            caps.append((kw["filtered"], kw["k_cap"], kw["top_p_search"])) or real_sample(*a, **kw)
+        ),
     )
     prompts = prompts_of([11, 6], seed=7)
     small_k = [
@@ -113,8 +116,9 @@ def test_top_k_and_top_p_requests_decode_in_bursts_with_the_single_step_draws(
     ]
     got = [triton_eng.generate(prompts, sp) for sp in (small_k, with_top_p)]
     assert bursts and all(k > 1 for k in bursts)
-    # every draw filtered: by the per-row top-k at the batch's largest top_k, or the sort (k_cap 0)
-    assert set(caps) == {(True, 20), (True, 0)}
+    # every draw filtered: by the per-row top-k at the batch's largest top_k; with the top-p-only
+    # request, its row by the search and the top-k row by filter_cut at that top_k
+    assert set(caps) == {(True, 20, False), (True, 20, True)}
     single = make_engine(kernel_checkpoint, "triton", decode_steps=1)
     assert [single.generate(prompts, sp) for sp in (small_k, with_top_p)] == got
     assert [len(t) for t in got[0] + got[1]] == [7, 7, 7, 7]

@@ -198,6 +198,7 @@ def test_the_cut_keeps_what_the_masked_copy_keeps(ties: str, monkeypatch: pytest
         gone = logits == float("-inf")  # -inf logits cannot be drawn either way
         assert torch.equal(kept | gone, (masked != float("-inf")) | gone)
         assert cut[:2].tolist() == [V, V]  # the greedy and the unfiltered row keep everything
+        monkeypatch.setattr(sampling, "USE_CUT", False)  # the masked copy
         want = sample(logits, **p, filtered=True, k_cap=k_cap)
         monkeypatch.setattr(sampling, "USE_CUT", True)
         assert torch.equal(sample(logits, **p, filtered=True, k_cap=k_cap), want)
