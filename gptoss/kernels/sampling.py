@@ -268,7 +268,8 @@ USE_CUT = True
 # logit (values, int64 ids, probabilities, their cumsum, masks; bench/sampling_memory.py: 25.1 on
 # CPU), 6 GB for 1024 rows of 201,088: more than a step's workspace keeps (step_workspace_bytes: one masked
 # float32 copy and the activations, free by the draw). 128 rows keep them under 0.8 GB, at a cost
-# of ~1.1x the one-call sort at B 1024 (v64's per-row times: 29 us at B 64, 24 at B 1024).
+# of 1.35x / 1.39x the one-call sort at B 256 / 1024 (an H200, v66). Only rows with a top_k above
+# sampling_filter.TOP_K_FAST_MAX sort since the top-p search (v66), so memory wins here.
 SORT_ROWS = 128
 
 

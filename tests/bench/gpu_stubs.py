@@ -32,6 +32,12 @@ case "$*" in
       [ -e "$STUB_TESTS_SEE" ] || { echo "1 failed: no $STUB_TESTS_SEE"; exit 1; }
     fi
     echo "14 passed in 1.0s" ;;
+  # sampling_gpu.sh's benches: the lines its table keeps, saying what they were asked
+  *"kernels_gpu.py --only ops"*) echo "kernel         case  ours us"; echo "sample         B=1 greedy  3.4" ;;
+  *top_p_gpu.py*) echo "top-p 0.9 over [B, 201088] float32, stub; µs a call"; echo "    1 search ${*: -1}" ;;
+  *decode_ab_gpu.py*) echo "batch 1 round 1 x: 1.0 tok/s"; echo
+    echo "batch 1, 128 -> 256 tokens, $(sed -E 's/.*--sampling ([^ ]*).*/\1/' <<< "$*"), tok/s"
+    grep -oE -- "--variant [^ ]*" <<< "$*" | sed 's/--variant //' ;;
   *moe_gpu.py*--no-vllm*)
     echo "     M variant       graph us   gate_up      down  eager us    HBM"
     echo "  1024 v3               805.8     520.8     275.0     815.9  17.5%"

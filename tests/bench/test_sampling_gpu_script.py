@@ -1,0 +1,76 @@
+"""bench/sampling_gpu.sh (the sampling filters' device call) end to end on CPU under the stub
+binaries: which benches it runs in which order, with which variants (they follow the defaults:
+the masked copy and the sort are the switched-off ones), and an unknown run stops it with its name."""
+
+from __future__ import annotations
+
+from tests.bench.gpu_stubs import run_script
+
+
+def test_runs_tests_ops_tiles_then_the_decodes_and_records_last(stubs, tmp_path):
+    res = tmp_path / "sg"
+    p = run_script(
+        "sampling_gpu.sh",
+        stubs,
+        RES=str(res),
+        RUNS="top_k_p top_p",
+        TILES="256x2x4",
+        RECORD="1",
+        SPECS=str(tmp_path),
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    order = [
+        next(i for i, c in enumerate(calls) if key in c)
+        for key in (
+            "-m pytest",
+            "make_checkpoint",
+            "kernels_gpu.py --only ops",
+            "top_p_gpu.py --tiles 256x2x4",
+            "top_k=50",
+            "--sampling temperature=1,top_p=0.9,seed=7",
+            "record_specs",
+        )
+    ]
+    assert order == sorted(order), calls
+    top_k = next(c for c in calls if "top_k=50" in c)
+    assert top_k.endswith("--variant mask=sampling.USE_CUT=False --variant cut=")
+    assert "--batch 1,64,256 --max-num-seqs 256 --decode 128x256" in top_k
+    top_p = next(c for c in calls if "decode_ab_gpu.py" in c and "top_k" not in c)
+    assert top_p.endswith(
+        "--variant sort=sampling_filter.TOP_P_SEARCH=False --variant search=sampling.USE_CUT=False "
+        "--variant search_cut="
+    )
+    assert "--max-model-len 4096" in next(c for c in calls if "record_specs" in c)
+    table = (res / "table.txt").read_text().splitlines()
+    assert table[0] == "compiled tests | 14 passed in 1.0s"
+    assert "sample         B=1 greedy  3.4" in table
+    assert "    1 search 256x2x4" in table
+    i = table.index("== decode top_k_p (temperature=1,top_k=50,top_p=0.9,seed=7)")
+    assert table[i + 1 : i + 4] == [
+        "batch 1, 128 -> 256 tokens, temperature=1,top_k=50,top_p=0.9,seed=7, tok/s",
+        "mask=sampling.USE_CUT=False",
+        "cut=",
+    ]
+    assert table[-1].startswith("record_specs | 9 specializations")
+    assert (res / "done").exists()
+
+
+def test_an_unknown_run_stops_the_call_and_says_which(stubs, tmp_path):
+    res = tmp_path / "sg"
+    p = run_script(
+        "sampling_gpu.sh",
+        stubs,
+        RES=str(res),
+        RUNS="greedy bogus top_p",
+        OPS="0",
+        TESTS="none",
+        RECORD="1",
+        SPECS=str(tmp_path),
+    )
+    assert p.returncode == 2
+    assert "unknown run bogus (top_p, top_k_p, greedy)" in p.stdout
+    calls = (tmp_path / "calls.log").read_text()
+    assert "--sampling greedy --variant default=" in calls
+    assert "top_p=0.9" not in calls and "record_specs" not in calls and "-m pytest" not in calls
+    assert (res / "done").exists()  # the poll's marker, however the script ends
