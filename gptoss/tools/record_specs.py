@@ -6,10 +6,12 @@ this GPU, into the manifest gptoss.precompile compiles from at start-up (gptoss/
         [--max-model-len 4096 8192]
     python -m gptoss.tools.record_specs --prune   # after a kernel's parameters change, on any machine
 
-Run it on a GPU once a model (the random 20b and 120b checkpoints have the released shapes) after a
-change to the kernels, and commit the manifest: entries are added to what is there, each with the
-union of its tags; a manifest of another Triton version is replaced. Recording works on a warm disk
-cache as on a cold one (in a new process every specialization passes Triton's post-compile hook).
+A quarter of the recorded run's requests sample with top_p alone and a quarter with top_k + top_p,
+so the sampling filters are recorded too. Run it on a GPU once a model (the random 20b and 120b
+checkpoints have the released shapes) after a change to the kernels, and commit the manifest:
+entries are added to what is there, each with the union of its tags; a manifest of another Triton
+version is replaced. Recording works on a warm disk cache as on a cold one (in a new process every
+specialization passes Triton's post-compile hook).
 
 The decode attention's split count, a constexpr, follows the static key bound: a power of two up to
 attention_settings.MAX_SPLITS, reached at 8,192 keys. So one length misses what another meets (2026-12-03,
@@ -62,6 +64,26 @@ def record_each(args: argparse.Namespace, run=subprocess.run) -> int:
     for n, rc in failed:
         print(f"record_specs: the recording at --max-model-len {n} failed (exit {rc})", file=sys.stderr)
     return failed[0][1] if failed else 0
+
+
+def recording_params(n: int, max_tokens: int) -> list[SamplingParams]:
+    """The recorded run's requests: greedy, but every fourth (from the second) with top_p alone and
+    every fourth (from the fourth) with top_k + top_p. So batches of many sizes draw filtered, and
+    the manifest holds the filters' and the cut draw's specializations (the draw's chunk, a
+    constexpr, follows the batch size) beside the greedy path's."""
+
+    def params(i: int) -> SamplingParams:
+        if i % 4 == 1:
+            return SamplingParams(
+                max_new_tokens=max_tokens, temperature=1.0, top_p=0.9, seed=i, ignore_eos=True
+            )
+        if i % 4 == 3:
+            return SamplingParams(
+                max_new_tokens=max_tokens, temperature=1.0, top_k=20, top_p=0.9, seed=i, ignore_eos=True
+            )
+        return SamplingParams(max_new_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    return [params(i) for i in range(n)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             [rng.randrange(cfg.vocab_size) for _ in range(rng.randrange(1, 2049))]
             for _ in range(args.prompts)
         ]
-        eng.generate(
-            prompts, SamplingParams(max_new_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-        )
+        eng.generate(prompts, recording_params(len(prompts), args.max_tokens))
     new = save_specs(out, model_tag(cfg), rec.specs)
     print(
         f"{len(rec.specs)} specializations of our kernels met at {model_tag(cfg)} in "

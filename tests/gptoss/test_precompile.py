@@ -259,6 +259,16 @@ def test_record_specs_passes_the_engines_default_sequence_count_to_each_recordin
     assert argv[argv.index("--max-num-seqs") + 1] == "256"
 
 
+def test_record_specs_samples_a_quarter_with_top_p_and_a_quarter_with_top_k():
+    from gptoss.tools import record_specs
+
+    got = record_specs.recording_params(8, 5)
+    kinds = [(p.temperature, p.top_k, p.top_p) for p in got]
+    assert kinds == [(0.0, 0, 1.0), (1.0, 0, 0.9), (0.0, 0, 1.0), (1.0, 20, 0.9)] * 2
+    assert {p.max_new_tokens for p in got} == {5} and all(p.ignore_eos for p in got)
+    assert [p.seed for p in got if p.temperature > 0] == [1, 3, 5, 7]
+
+
 def test_record_specs_records_each_key_bound_in_its_own_process_and_says_which_failed(tmp_path, capsys):
     """The decode attention's split count follows --max-model-len, so the default records at two; a
     recording that fails is named with its exit status, and the tool exits with it."""
