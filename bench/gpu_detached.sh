@@ -54,4 +54,11 @@ vllm_engine() {  # vLLM's batch-1 and Offline rows (bench/gptoss_gpu.py --engine
   row "vllm b1 + offline" "$(sed -n '/^workload/,$p' "$RES/vllm.txt" | tr '\n' ' ')"
 }
 
-finish() { say "done"; echo "== table"; cat "$RES/table.txt"; }
+# A step whose exit status was not 0: said now, listed after the table, and finish's status (so a
+# script that records its steps' failures with it exits 1 when one failed, 0 otherwise).
+FAILED=()
+failed() { FAILED+=("$1"); say "FAILED: $1"; }
+finish() {
+  say "done"; echo "== table"; cat "$RES/table.txt"
+  [ ${#FAILED[@]} -eq 0 ] || { echo "${#FAILED[@]} step(s) failed: $(IFS=,; echo "${FAILED[*]}")"; return 1; }
+}

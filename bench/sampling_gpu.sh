@@ -7,7 +7,7 @@
 # copy, the search drawn through the cut: the default), top_k_p (top_k 50 + top_p with the masked
 # copy, and with the cut: the default), greedy (the peer). OPS=0 skips the ops, TESTS=none the
 # tests; RECORD=1 records the precompile manifest last. Everything under RES ($OUT by default); the
-# table last.
+# table last, then the steps that failed (each with its exit status; the script's then 1).
 #   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 by default)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -24,13 +24,16 @@ if [ "$TESTS" != none ]; then
   # shellcheck disable=SC2086  # TESTS is a list of paths
   (timeout "${TESTS_LIMIT:-300}" python3 -m pytest -q -n 0 -p no:cacheprovider -rf $TESTS \
     > "$RES/tests.txt" 2>&1) &
+  tests_pid=$!
 fi
 gpu_prereqs
-wait
-[ "$TESTS" != none ] && { tail -8 "$RES/tests.txt"; row "compiled tests" "$(tail -1 "$RES/tests.txt")"; }
+if [ "$TESTS" != none ]; then
+  wait "$tests_pid" || failed "compiled tests (exit $?)"
+  tail -8 "$RES/tests.txt"; row "compiled tests" "$(tail -1 "$RES/tests.txt")"
+fi
 if [ "${OPS:-1}" = 1 ]; then
   say "ops"
-  timeout 300 python3 bench/kernels_gpu.py --only ops > "$RES/ops.txt" 2>&1
+  timeout 300 python3 bench/kernels_gpu.py --only ops > "$RES/ops.txt" 2>&1 || failed "ops (exit $?)"
   grep -E "^(kernel|sample)" "$RES/ops.txt" | tee -a "$RES/table.txt"
 fi
 decode() {  # NAME SAMPLING VARIANT...
@@ -39,14 +42,15 @@ decode() {  # NAME SAMPLING VARIANT...
   local flags=(); for v in "$@"; do flags+=(--variant "$v"); done
   timeout "${DECODE_LIMIT:-420}" python3 bench/decode_ab_gpu.py --model-path "$CKPT" --batch "$BATCH" \
     --max-num-seqs 256 --decode "$DECODE" --profile-tokens "${PROFILE_TOKENS:-16}" --sampling "$sampling" \
-    "${flags[@]}" > "$RES/decode_$name.txt" 2>&1
+    "${flags[@]}" > "$RES/decode_$name.txt" 2>&1 || failed "decode $name (exit $?)"
   echo "== decode $name ($sampling)" >> "$RES/table.txt"
   sed -n '/^batch [0-9]*, /,$p' "$RES/decode_$name.txt" | grep -v '^$' >> "$RES/table.txt"
   tail -30 "$RES/decode_$name.txt"
 }
 if [ -n "${TILES:-}" ]; then
   say "top-p search tiles ($TILES)"
-  timeout 300 python3 bench/kernels/top_p_gpu.py --tiles "$TILES" > "$RES/top_p_tiles.txt" 2>&1
+  timeout 300 python3 bench/kernels/top_p_gpu.py --tiles "$TILES" > "$RES/top_p_tiles.txt" 2>&1 \
+    || failed "tiles (exit $?)"
   sed -n '/^top-p 0.9 over/,$p' "$RES/top_p_tiles.txt" | tee -a "$RES/table.txt"
 fi
 for run in ${RUNS:-top_p top_k_p greedy}; do
@@ -61,7 +65,7 @@ done
 if [ "${RECORD:-0}" = 1 ]; then  # the precompile manifest: what the 20b meets at 4,096 keys, added to
   say "record_specs"              # the committed one, which comes back as $RES/cuda-90.json
   timeout 300 python3 -m gptoss.tools.record_specs --model-path "$CKPT" --max-model-len 4096 \
-    > "$RES/record_specs.txt" 2>&1
+    > "$RES/record_specs.txt" 2>&1 || failed "record_specs (exit $?)"
   tail -3 "$RES/record_specs.txt"; row "record_specs" "$(tail -1 "$RES/record_specs.txt")"
   cp gptoss/kernels/specs/cuda-90.json "$RES/"
 fi

@@ -17,6 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON_STUB = r"""#!/usr/bin/env bash
 last=${*: -1}
 echo "$*" >> "$STUB_LOG"
+# STUB_FAIL: a call whose words hold it fails (exit 4), as a crashed bench would
+[ -n "${STUB_FAIL:-}" ] && [[ $* == *"$STUB_FAIL"* ]] && { echo "stub python3: failing $*" >&2; exit 4; }
 case "$*" in
   *mlperf_loadgen*) exit 0 ;;  # harness_wheels.sh's probe: the wheels are in
   -|"- "*) exec "$REAL_PYTHON" "$@" ;;  # the scripts' inline tables, read from stdin

@@ -74,3 +74,24 @@ def test_an_unknown_run_stops_the_call_and_says_which(stubs, tmp_path):
     assert "--sampling greedy --variant default=" in calls
     assert "top_p=0.9" not in calls and "record_specs" not in calls and "-m pytest" not in calls
     assert (res / "done").exists()  # the poll's marker, however the script ends
+
+
+def test_a_failed_step_is_listed_after_the_table_and_fails_the_script(stubs, tmp_path):
+    """call 1 of v66: the ops part crashed and the script still said nothing and exited 0."""
+    res = tmp_path / "sg"
+    p = run_script(
+        "sampling_gpu.sh",
+        stubs,
+        RES=str(res),
+        RUNS="greedy top_k_p",
+        STUB_FAIL="top_k=50",
+        TILES="256x2x4",
+    )
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "FAILED: decode top_k_p (exit 4)" in p.stdout
+    assert p.stdout.splitlines()[-1] == "1 step(s) failed: decode top_k_p (exit 4)"
+    assert "--sampling greedy --variant default=" in (tmp_path / "calls.log").read_text()  # the others ran
+    # the compiled tests run in the background beside the checkpoint: their status is waited for too
+    p = run_script("sampling_gpu.sh", stubs, RES=str(res), RUNS="greedy", STUB_FAIL="-m pytest")
+    assert p.returncode == 1
+    assert p.stdout.splitlines()[-1] == "1 step(s) failed: compiled tests (exit 4)"
