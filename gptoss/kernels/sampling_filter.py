@@ -139,6 +139,17 @@ def nth_equal(row_ptr, tau, n, start, end, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def nth_equal_in_chunks(row_ptr, tau, n, cnt_c, V, CHUNK, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
+    """The index of a row's n-th (from 1, at most their total) value equal to tau, from cnt_c [CHUNKS]
+    (how many each CHUNK-wide chunk holds): a scan of the one chunk holding it. filter_cut's and
+    top_p_cut's cut."""
+    c = tl.arange(0, CHUNKS)
+    at = tl.min(tl.where(tl.cumsum(cnt_c, axis=0) >= n, c, CHUNKS), axis=0)
+    rank = n - tl.sum(tl.where(c < at, cnt_c, 0), axis=0)  # its rank among that chunk's ties
+    return nth_equal(row_ptr, tau, rank, at * CHUNK, tl.minimum(at * CHUNK + CHUNK, V), BLOCK)
+
+
+@triton.jit
 def _tie_count_kernel(logits_ptr, stride_row, tau_ptr, cnt_ptr, V, n_chunks, CHUNK, BLOCK: tl.constexpr):
     """Chunk program_id(1) of row program_id(0) -> how many of its logits equal the row's tau."""
     row = tl.program_id(0).to(tl.int64)
@@ -175,11 +186,8 @@ def _cut_index_kernel(
     n = tl.minimum(tl.load(ties_ptr + row).to(tl.int32), tl.sum(cnt_c, axis=0))
     cut = -1
     if n > 0:
-        cum = tl.cumsum(cnt_c, axis=0)
-        at = tl.min(tl.where(cum >= n, c, CHUNKS), axis=0)
-        rank = n - tl.sum(tl.where(c < at, cnt_c, 0), axis=0)
-        end = tl.minimum(at * CHUNK + CHUNK, V)
-        cut = nth_equal(logits_ptr + row * stride_row, tl.load(tau_ptr + row), rank, at * CHUNK, end, BLOCK)
+        row_ptr = logits_ptr + row * stride_row
+        cut = nth_equal_in_chunks(row_ptr, tl.load(tau_ptr + row), n, cnt_c, V, CHUNK, BLOCK, CHUNKS)
     tl.store(cut_ptr + row, cut)
 
 

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels.sampling_filter import chunk_size, chunks_bound, nth_equal
+from gptoss.kernels.sampling_filter import chunk_size, chunks_bound, nth_equal_in_chunks
 
 _W = 16  # keys tried a pass: the interval shrinks 17-fold, so 8 passes cover 2^32 keys (17^8 > 2^32)
 PASSES = 8
@@ -271,12 +271,8 @@ def _resolve_kernel(
     whole = cnt == 0  # left whole (or no key at t*: the mass never reached top_p, so all stay)
     tl.store(tau_ptr + row, tl.where(whole, float("-inf"), tau))
     cut = V
-    if ties < cnt:
-        cum = tl.cumsum(cnt_c, axis=0)
-        at = tl.min(tl.where(cum >= ties, c, CHUNKS), axis=0)  # the chunk holding the last kept tie
-        rank = ties - tl.sum(tl.where(c < at, cnt_c, 0), axis=0)  # its rank among that chunk's ties
-        end = tl.minimum(at * CHUNK + CHUNK, V)
-        cut = nth_equal(logits_ptr + row * stride_row, tau, rank, at * CHUNK, end, BLOCK)
+    if ties < cnt:  # the last kept tie's index
+        cut = nth_equal_in_chunks(logits_ptr + row * stride_row, tau, ties, cnt_c, V, CHUNK, BLOCK, CHUNKS)
     tl.store(cut_ptr + row, cut)
 
 
