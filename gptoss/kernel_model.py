@@ -201,7 +201,15 @@ class KernelModel:
             slots = meta.ring_slots if ring else meta.full_slots
             write_first = not ring or meta.decode_only
             rows = input_ids if i == 0 and EMBED_IN_NORM else None
-            h, residual = fused_add_rms_norm(x, residual, lay.ln1, self.eps, combine=pending, rows=rows)
+            h, residual = fused_add_rms_norm(
+                x,
+                residual,
+                lay.ln1,
+                self.eps,
+                combine=pending,
+                rows=rows,
+                batch_invariant=self.batch_invariant,
+            )
             rope = None  # set: attention ropes q, k and writes the cache itself
             if self._qkv_fused(h, lay, write_first):
                 q, k, v = qkv_rope(
@@ -229,7 +237,7 @@ class KernelModel:
                 lora_add(x, o.view(t, -1), *lay.lora_o, mask, fused=not self.batch_invariant)
             pending = None
             if self.batch_invariant:
-                h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
+                h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps, batch_invariant=True)
                 x = bi.moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
             elif FUSED_DECODE and (w := decode_copy(x, lay.moe, lay.lora_moe is not None)) is not None:
                 x, residual, pending = self._decode_moe(x, residual, lay, w, lora_index)
@@ -251,7 +259,9 @@ class KernelModel:
             else:
                 h, residual = fused_add_rms_norm(x, residual, lay.ln2, self.eps)
                 x = moe_forward(h, lay.router_w, lay.router_b, self.top_k, lay.moe, self.alpha, self.limit)
-        out, _ = fused_add_rms_norm(x, residual, self.norm, self.eps, combine=pending)
+        out, _ = fused_add_rms_norm(
+            x, residual, self.norm, self.eps, combine=pending, batch_invariant=self.batch_invariant
+        )
         return out
 
     def _decode_moe(

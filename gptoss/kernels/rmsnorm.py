@@ -27,6 +27,26 @@ from torch import Tensor
 from gptoss.kernels import pdl
 from gptoss.kernels.rounding import round_to
 
+# Warps a row from LARGE_T tokens on (None: the same launch at every T). One row a program of 16
+# warps (H 2880) gives batch 1 its latency, but from a few hundred rows on the programs run in waves
+# (4 of 512 threads an SM), each a load, a cross-warp sum and a store, and vLLM's op ran 1.45x ours at
+# T 1024 (H200, v64: 4.9 vs 7.1 us). Fewer warps a row keep every row of a big batch in flight at
+# once. The sum's order follows the warps, so a row's last bit may move with T: batch-invariant
+# callers ask for the launch of T 1 at every T.
+LARGE_T: int | None = None
+LARGE_WARPS = 4
+
+
+def num_warps(T: int, block: int, batch_invariant: bool = False) -> int:
+    """The launch's warps for T rows of a BLOCK-wide row: 16 at H 2880 (one warp a 256 wide slice),
+    LARGE_WARPS at most from LARGE_T rows on, unless batch_invariant."""
+    # At 120b's batch 1 (H200, v38) 4 warps added 228 us a token against 130, 32 the same 131: the
+    # per-thread chain of loads and sums sets a lone row's latency.
+    warps = min(16, max(1, block // 256))
+    if LARGE_T is not None and T >= LARGE_T and not batch_invariant:
+        warps = min(warps, LARGE_WARPS)
+    return warps
+
 
 @triton.jit
 def combine_rows(y_ptr, w_ptr, t, cols, mask, stride_y, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
@@ -95,6 +115,7 @@ def fused_add_rms_norm(
     eps: float,
     combine: Tensor | None = None,
     rows: Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """x [T, H], residual [T, H] | None, weight [H] float32 -> (out [T, H], r [T, H]).
 
@@ -102,7 +123,8 @@ def fused_add_rms_norm(
     With combine [T, k] float32 (needs a residual), x is the MoE's y [T*k, H], combined first.
     With rows [T] int64 (no residual, no combine), x is an embedding table [V, H] and the input is
     F.embedding(rows, x), which r holds (a new tensor); the ids must lie in [0, V) (the engine's
-    check_prompt and its sampler keep them there).
+    check_prompt and its sampler keep them there). batch_invariant: the launch of T 1 at every T, so
+    a row's bits do not depend on the rows beside it (num_warps).
     """
     if rows is not None and (
         residual is not None or combine is not None or rows.dim() != 1 or rows.dtype != torch.int64
@@ -153,9 +175,7 @@ def fused_add_rms_norm(
         HAS_RESIDUAL=residual is not None,
         TOP_K=top_k,
         BLOCK=block,
-        # 16 warps at H 2880. At 120b's batch 1 (H200, v38) 4 warps added 228 us a token against 130,
-        # 32 the same 131: the per-thread chain of loads and sums sets its latency.
-        num_warps=min(16, max(1, block // 256)),
+        num_warps=num_warps(T, block, batch_invariant),
         **pdl.args(x),
         ids_ptr=None if rows is None else rows.contiguous(),
         GATHER=rows is not None,

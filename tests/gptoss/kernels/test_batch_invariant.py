@@ -7,15 +7,19 @@ so each case crosses those sizes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from gptoss import kernel_model as km  # noqa: E402
 from gptoss.engine import EngineConfig, LLMEngine  # noqa: E402
 from gptoss.kernels import batch_invariant as bi  # noqa: E402
 from gptoss.kernels.attention import decode_splits  # noqa: E402
+from gptoss.kernels.rmsnorm import fused_add_rms_norm  # noqa: E402
 from gptoss.sampling import SamplingParams  # noqa: E402
 from tests.gptoss.kernels.moekit import (  # noqa: E402, F401 - the autouse fixtures apply here too
     ALPHA,
@@ -111,6 +115,25 @@ def test_engine_sampled_tokens_are_the_same_alone_and_in_a_batch(kernel_checkpoi
     alone = [eng.generate([p], [s])[0] for p, s in zip(prompts, sp, strict=True)]
     assert together == alone
     assert [len(t) for t in together] == [5, 5, 5]
+
+
+def test_every_norm_of_the_mode_asks_for_the_launch_of_t_1(kernel_checkpoint, monkeypatch):
+    """rmsnorm takes fewer warps a row from LARGE_T rows on (another order of its sum): the mode's
+    norms (ln1, ln2, the final one) all pass batch_invariant, the default engine's none."""
+    seen: list[tuple[bool, int]] = []
+
+    def spy(x, *args, **kw):
+        seen.append((kw.get("batch_invariant", False), x.shape[0]))
+        return fused_add_rms_norm(x, *args, **kw)
+
+    monkeypatch.setattr(km, "fused_add_rms_norm", spy)
+    prompts = prompts_of([9, 3], seed=2)
+    sp = [SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)] * 2
+    for invariant in (True, False):
+        seen.clear()
+        make_engine(kernel_checkpoint, "triton", batch_invariant=invariant).generate(prompts, sp)
+        layers = json.loads((kernel_checkpoint / "config.json").read_text())["num_hidden_layers"]
+        assert len(seen) >= layers + 1 and {flag for flag, _ in seen} == {invariant}
 
 
 def test_engine_config_refuses_what_the_mode_does_not_cover(tiny_checkpoint):

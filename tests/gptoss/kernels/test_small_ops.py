@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from gptoss.config import PRESETS
+from gptoss.kernels import rmsnorm
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
 from gptoss.kernels.rounding import round_to
@@ -155,6 +156,18 @@ def test_rmsnorm_loads_its_weight_before_the_pdl_wait() -> None:
     assert got["spills"] == 0 and got["wait_then_release"]
 
 
+def test_rmsnorm_warps_follow_t_unless_batch_invariant(monkeypatch) -> None:
+    monkeypatch.setattr(rmsnorm, "LARGE_T", None)
+    assert {rmsnorm.num_warps(t, 4096) for t in (1, 300, 8192)} == {16}  # H 2880's block
+    monkeypatch.setattr(rmsnorm, "LARGE_T", 256)
+    monkeypatch.setattr(rmsnorm, "LARGE_WARPS", 4)
+    assert [rmsnorm.num_warps(t, 4096) for t in (1, 255, 256, 8192)] == [16, 16, 4, 4]
+    assert [rmsnorm.num_warps(t, 4096, batch_invariant=True) for t in (1, 256, 8192)] == [16, 16, 16]
+    assert [rmsnorm.num_warps(t, 256) for t in (1, 256)] == [1, 1]  # never more than the rule gives
+    monkeypatch.setattr(rmsnorm, "LARGE_WARPS", 8)
+    assert rmsnorm.num_warps(300, 2048) == 8 and rmsnorm.num_warps(300, 1024) == 4
+
+
 def test_rmsnorm_strided_rows_and_bad_weight() -> None:
     x = torch.randn(4, 160, device=DEV)[:, :96]  # row stride 160
     w = torch.ones(96, device=DEV)
@@ -256,6 +269,9 @@ def test_gpu_full_shapes() -> None:
     out, r = fused_add_rms_norm(x, res, w, 1e-5)
     assert torch.equal(r, x + res)
     assert_within_ulp(out, rms_norm(r, w, 1e-5), max_ulp=1, min_exact=0.98)
+    # batch_invariant: row 0's bits are those of the same row alone, at the launch of T 1.
+    alone, _ = fused_add_rms_norm(x[:1], res[:1], w, 1e-5, batch_invariant=True)
+    assert torch.equal(fused_add_rms_norm(x, res, w, 1e-5, batch_invariant=True)[0][:1], alone)
     rope = Rope(cfg).to("cuda")
     cos_sin = build_cos_sin(rope, 131072)
     qkv = torch.randn(512, (hq + 2 * hkv) * d, device="cuda").bfloat16()
