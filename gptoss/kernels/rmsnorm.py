@@ -28,12 +28,14 @@ from gptoss.kernels import pdl
 from gptoss.kernels.rounding import round_to
 
 # Warps a row from LARGE_T tokens on (None: the same launch at every T). One row a program of 16
-# warps (H 2880) gives batch 1 its latency, but from a few hundred rows on the programs run in waves
-# (4 of 512 threads an SM), each a load, a cross-warp sum and a store, and vLLM's op ran 1.45x ours at
-# T 1024 (H200, v64: 4.9 vs 7.1 us). Fewer warps a row keep every row of a big batch in flight at
-# once. The sum's order follows the warps, so a row's last bit may move with T: batch-invariant
-# callers ask for the launch of T 1 at every T.
-LARGE_T: int | None = None
+# warps (H 2880) gives batch 1 its latency, but from a thousand rows on the programs run in waves (4
+# of 512 threads an SM), each a load, a cross-warp sum and a store. bench/kernels/rmsnorm_gpu.py on
+# an H200 (v67), us at T 512 / 1024 / 2048 / 4096 / 8192: 16 warps 3.8 / 7.0 / 13.7 / 27.8 / 53.4,
+# 8 warps 4.1 / 6.2 / 12.5 / 26.2 / 49.8, 4 warps 4.4 / 6.0 / 12.5 / 25.3 / 48.6, 2 warps 4.1 / 7.8
+# / 22.8 / 49.1 / 95.4; up to 256 rows 16, 8 and 4 warps alike. The sum's order follows the warps,
+# so a row's last bit may move with T (1-2 % of rows one bf16 step): batch-invariant callers ask
+# for the launch of T 1 at every T.
+LARGE_T: int | None = 1024
 LARGE_WARPS = 4
 
 
