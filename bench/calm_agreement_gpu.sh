@@ -13,6 +13,8 @@
 #      adapter changed fewer than LORA_MIN_MOVED (4) of our 16 sequences, again with --delta 1;
 #   KTESTS=1, last: the kernel tests compiled, the whole folder in one pytest run (xdist), its summary a
 #   row and its failures in $RES/kernel_tests.txt.
+# The table last, then the steps that failed (a fault's copy among them; each with its exit status,
+# the script's then 1).
 #   (setsid nohup bash bench/calm_agreement_gpu.sh > $HOME/calm.log 2>&1 &)   then poll $HOME/calm/done
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -20,7 +22,7 @@ RES=${RES:-$HOME/calm}
 CKPT=${CKPT:-/tmp/ck20c}
 # shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
-bash bench/harness_wheels.sh
+bash bench/harness_wheels.sh || failed "harness wheels (exit $?)"
 if [ ! -f "$CKPT/config.json" ]; then
   say "calm 20b"
   python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --init calm --out "$CKPT" \
@@ -30,13 +32,17 @@ lora() {  # lora NAME [ARGS]: our engine and run_mlperf --backend vllm on one ad
   local name=$1
   shift
   timeout 900 python3 bench/gptoss_lora_gpu.py --model-path "$CKPT" --out "$RES/$name" --parts ours,mlperf \
-    --offline '' --c16 '' "$@" > "$RES/$name.txt" 2>&1
+    --offline '' --c16 '' "$@" > "$RES/$name.txt" 2>&1 || failed "$name (exit $?)"
   row "calm: $name" "$(grep -i 'agreement\|^control' "$RES/$name.txt" | tr '\n' ' ')"
 }
 faults=()
 fault() {  # fault NAME PATTERN OP=VALUE: $CKPT-NAME, one --fault of the agreement run
+  # a copy that fails leaves the run without that calibration row: a failed step, the others still run
   [ -f "$CKPT-$1/config.json" ] || python3 bench/fault_checkpoint.py "$CKPT" "$CKPT-$1" --edit "$2" "$3" \
-    >> "$RES/faults.log" 2>&1 || { say "fault $1 failed"; tail -3 "$RES/faults.log"; return 0; }
+    >> "$RES/faults.log" 2>&1 || {
+    local rc=$?
+    say "fault $1 failed"; tail -3 "$RES/faults.log"; failed "fault $1 (exit $rc)"; return 0
+  }
   faults+=(--fault "$CKPT-$1")
 }
 fault nosink 'self_attn\.sinks$' set=-inf
@@ -44,20 +50,20 @@ fault down12x2 'layers\.12\.mlp\.experts\.down_proj_scales$' add=1
 fault attn5x2 'layers\.5\.self_attn\.o_proj\.weight$' mul=2
 say "ours: agreement"
 timeout 900 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine agreement "${faults[@]}" \
-  --out "$RES/ours" > "$RES/ours.txt" 2>&1
+  --out "$RES/ours" > "$RES/ours.txt" 2>&1 || failed "ours agreement (exit $?)"
 row "calm: ours" "$(grep -A3 '^workload' "$RES/ours.txt" | tr '\n' ' ')"
 if [ "${DEFAULT:-0}" = 1 ]; then
   [ -f /tmp/ck20/config.json ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda \
-    --out /tmp/ck20 > "$RES/checkpoint_default.log" 2>&1
+    --out /tmp/ck20 > "$RES/checkpoint_default.log" 2>&1 || failed "default checkpoint (exit $?)"
   say "default draw: agreement"
   timeout 600 python3 bench/gptoss_gpu.py --model-path /tmp/ck20 --engine agreement --out "$RES/default" \
-    > "$RES/default.txt" 2>&1
+    > "$RES/default.txt" 2>&1 || failed "default agreement (exit $?)"
   row "default: ours" "$(grep -A3 '^workload' "$RES/default.txt" | tr '\n' ' ')"
 fi
 if [ "${VLLM:-0}" = 1 ] && wait_vllm; then
   say "plugin: vLLM with our MoE against its own"
   timeout 900 python3 bench/vllm_plugin_gpu.py --model-path "$CKPT" --engines vllm,gptoss --decode '' \
-    --throughput '' --out "$RES/plugin" > "$RES/plugin.txt" 2>&1
+    --throughput '' --out "$RES/plugin" > "$RES/plugin.txt" 2>&1 || failed "plugin (exit $?)"
   row "calm: plugin" "$(grep 'greedy agreement' "$RES/plugin.txt")"
   say "LoRA: run_mlperf --backend vllm --lora-modules against ours"
   lora lora
@@ -72,7 +78,8 @@ if [ "${VLLM:-0}" = 1 ] && wait_vllm; then
 fi
 if [ "${KTESTS:-0}" = 1 ]; then
   say "kernel tests, compiled"
-  timeout 900 python3 -m pytest -q -p no:cacheprovider -rf tests/gptoss/kernels > "$RES/kernel_tests.txt" 2>&1
+  timeout 900 python3 -m pytest -q -p no:cacheprovider -rf tests/gptoss/kernels > "$RES/kernel_tests.txt" 2>&1 \
+    || failed "kernel tests (exit $?)"
   row "kernel tests" "$(tail -1 "$RES/kernel_tests.txt")"
 fi
 finish

@@ -23,7 +23,8 @@
 #   5. AB: decode_ab_gpu.py argument lists, one process each, on the 20b (its cache warm by now),
 #      separated by ';' (e.g. AB='--batch 3 --variant default= --variant sk3=...').
 #   (setsid nohup bash bench/cold_start_gpu.sh > $HOME/cold.log 2>&1 &)   then poll $HOME/cold/done
-# One table last: $HOME/cold/table.txt.
+# One table last: $HOME/cold/table.txt; then the steps that failed (each with its exit status; the
+# script's then 1).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/cold}
@@ -46,21 +47,22 @@ cold() {  # cold NAME CACHE ARGS...: one engine process, its rows into the table
   specs_back
   say "$name (cache tc_$cache): $*"
   env "${menv[@]}" TRITON_CACHE_DIR="$HOME/tc_$cache" timeout 900 python3 bench/gptoss_gpu.py --engine gptoss "$@" \
-    --out "$RES/$name" > "$RES/$name.txt" 2>&1
+    --out "$RES/$name" > "$RES/$name.txt" 2>&1 || failed "$name (exit $?)"
   tail -20 "$RES/$name.txt"
   row "$name" "$(sed -n '/^workload/,$p' "$RES/$name.txt" | tr '\n' ' ')"
 }
 
-bash bench/harness_wheels.sh
+bash bench/harness_wheels.sh || failed "harness wheels (exit $?)"
 if [ "${TESTS:-1}" = 1 ]; then
   say "compiled warm-up test (beside the 20b checkpoint)"
   (rm -rf "$HOME/tc_test"; TRITON_CACHE_DIR=$HOME/tc_test timeout 420 python3 -m pytest -q -n 0 \
     -p no:cacheprovider -rf tests/gptoss/kernels/test_warmup_gpu.py tests/gptoss/kernels/test_precompile_gpu.py \
     > "$RES/tests.txt" 2>&1) &
+  tests_pid=$!
 fi
 gpu_prereqs
-wait
 if [ "${TESTS:-1}" = 1 ]; then
+  wait "$tests_pid" || failed "warm-up and precompile tests (exit $?)"
   tail -25 "$RES/tests.txt"
   row "warm-up and precompile tests" "$(grep -E "passed|failed|error" "$RES/tests.txt" | tail -1)"
 fi
@@ -68,7 +70,7 @@ record() {  # record CKPT: the specializations its start-up and a short run meet
   say "record_specs $1"
   specs_back
   TRITON_CACHE_DIR=$HOME/tc_rec timeout 600 python3 -m gptoss.tools.record_specs --model-path "$1" \
-    --max-num-seqs 1024 > "$RES/record.txt" 2>&1
+    --max-num-seqs 1024 > "$RES/record.txt" 2>&1 || failed "record ${1##*/} (exit $?)"
   tail -3 "$RES/record.txt"
   row "record $(basename "$1")" "$(tail -1 "$RES/record.txt")"
   cp "$SPECS"/*.json "$RES/" || row "record $(basename "$1")" "no manifest in $SPECS to keep"
@@ -121,7 +123,7 @@ for ab in "${abs[@]}"; do
   say "decode A/B $i: $ab"
   # shellcheck disable=SC2086  # an argument list
   eval "timeout 600 python3 bench/decode_ab_gpu.py --model-path $CK20 --profile-tokens 0 $ab" \
-    > "$RES/ab$i.txt" 2>&1
+    > "$RES/ab$i.txt" 2>&1 || failed "A/B $i (exit $?)"
   tail -14 "$RES/ab$i.txt"
   row "A/B $i" "$(tail -8 "$RES/ab$i.txt" | tr '\n' ' ')"
 done

@@ -21,7 +21,8 @@
 # on one batch-1 step (bench/moe_ncu_gpu.sh TARGET=step, NCU_LIMIT s); both before vLLM's run. The
 # compiled tests (TESTS_LIMIT s, default 420) run while the checkpoint is written.
 #   (setsid nohup bash bench/gptoss_120b_ab_gpu.sh > $HOME/ab.log 2>&1 &)   then poll $HOME/ab/done
-# One table a mode last (ours beside vLLM): $HOME/ab/table.txt.
+# One table a mode last (ours beside vLLM): $HOME/ab/table.txt; then the steps that failed (each with
+# its exit status; the script's then 1).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/ab}
@@ -46,13 +47,15 @@ if [ "${TESTS:-}" != none ]; then  # TESTS=none: no tests (another GPU of the ma
   [ "${TESTS:-}" = all ] && select=()
   # shellcheck disable=SC2086  # TEST_FILES is a list of paths
   # the whole log too (tests_full.txt): v29 kept only the tail, and which assertion failed was lost
+  # (the tests' exit status is the job's, not the tail's)
   (timeout "${TESTS_LIMIT:-420}" python3 -m pytest -q -n 0 -p no:cacheprovider -rf $TEST_FILES "${select[@]}" \
-    > "$RES/tests_full.txt" 2>&1; tail -12 "$RES/tests_full.txt" > "$RES/tests.txt") &
+    > "$RES/tests_full.txt" 2>&1; rc=$?; tail -12 "$RES/tests_full.txt" > "$RES/tests.txt"; exit $rc) &
+  tests_pid=$!
 fi
 checkpoint_120b
 gpu_prereqs
 if [ "${TESTS:-}" != none ]; then
-  wait
+  wait "$tests_pid" || failed "compiled tests (exit $?)"
   cat "$RES/tests.txt"
   row "compiled tests" "$(grep -E "FAILED|passed|failed" "$RES/tests.txt" | tr '\n' ' ')"
 fi
@@ -60,7 +63,7 @@ if [ "${ATTN_SWEEP:-0}" = 1 ]; then
   for kv in auto fp8; do
     say "decode attention sweep, KV $kv"
     timeout 300 python3 bench/kernels/attn_sweep.py --configs 64,4,3 32,4,3 --kv-cache-dtype $kv \
-      > "$RES/attn_$kv.txt" 2>&1
+      > "$RES/attn_$kv.txt" 2>&1 || failed "attention sweep $kv (exit $?)"
     cat "$RES/attn_$kv.txt"
   done
 fi
@@ -70,7 +73,8 @@ ours() {  # ours MODE KERNELS V3_TILES SHAPES...: one engine process, rows into 
   say "ours $mode (GPTOSS_MOE_KERNELS=$kernels GPTOSS_MOE_V3_TILES=${tiles:-${GPTOSS_MOE_V3_TILES:-}})"
   # tiles unset: the environment's (a NAME=GPTOSS_MOE_V3_TILES=... mode's), not the table forced
   GPTOSS_MOE_KERNELS=$kernels GPTOSS_MOE_V3_TILES=${tiles:-${GPTOSS_MOE_V3_TILES:-}} timeout 900 python3 bench/gptoss_gpu.py \
-    --model-path "$CKPT" --engine gptoss "$@" --out "$RES/$mode" > "$RES/ours_$mode.txt" 2>&1
+    --model-path "$CKPT" --engine gptoss "$@" --out "$RES/$mode" > "$RES/ours_$mode.txt" 2>&1 \
+    || failed "ours $mode (exit $?)"
   row "ours $mode" "$(sed -n '/^workload/,$p' "$RES/ours_$mode.txt" | tr '\n' ' ')"
 }
 MODES=${MODES-v3}  # set but empty: no Offline run
@@ -79,12 +83,14 @@ B1_MODES=${B1_MODES-v3old v2 v3pick}
 # default cap, 1024, is above the ~880 a bf16 cache holds on an H200, below the ~1,800 of an fp8 one)
 kv_args() { kv=(); [[ $1 == *-fp8 ]] && kv=(--kv-cache-dtype fp8 --max-num-seqs "${FP8_SEQS:-1792}"); return 0; }
 mode_run() {  # mode_run MODE SHAPES...: NAME=ENV=VALUE[+ENV=VALUE...] the default kernels under those
-  local mode=$1 assigns  # variables; NAME[-fp8] that kernel family (on an fp8 cache)
+  local mode=$1 assigns a  # variables; NAME[-fp8] that kernel family (on an fp8 cache)
   shift
   case $mode in
     *=*) read -ra assigns <<< "$(tr '+' ' ' <<< "${mode#*=}")"
-         # NAME= (no variables): a bare export would print the whole environment into the log
-         (for a in "${assigns[@]}"; do export "${a?}"; done; ours "${mode%%=*}" v3 "" "$@") ;;
+         # exported for this call only (local -x) but in this shell, where ours' failed() is kept (a
+         # subshell's is lost); NAME= (no variables) runs no local -x, which bare would list them all
+         for a in "${assigns[@]}"; do local -x "${a?}"; done
+         ours "${mode%%=*}" v3 "" "$@" ;;
     *) kv_args "$mode"; ours "$mode" "${mode%-fp8}" "" "$@" "${kv[@]}" ;;
   esac
 }
@@ -101,9 +107,11 @@ if [ "${SWEEP:-1}" = 1 ]; then
   say "decode-batch MoE sweep, 120b shapes"
   peer=$([ $have_vllm = 1 ] && echo ,vllm)
   timeout 600 python3 bench/kernels/moe_gpu.py --experts 128 --ms "${SWEEP_MS:-1,2,4,8,16}" --rounds 3 \
-    --variants "${SWEEP_VARIANTS:-v3,D-old,D-64k128s6,D-64k64s8,D-128k64s8,slot}$peer" > "$RES/moe_dec.txt" 2>&1
+    --variants "${SWEEP_VARIANTS:-v3,D-old,D-64k128s6,D-64k64s8,D-128k64s8,slot}$peer" > "$RES/moe_dec.txt" 2>&1 \
+    || failed "sweep (exit $?)"
   tail -40 "$RES/moe_dec.txt"
-  pick=$(python3 bench/kernels/moe_pick.py "$RES/moe_dec.txt" --experts 128 2> "$RES/pick.txt")
+  pick=$(python3 bench/kernels/moe_pick.py "$RES/moe_dec.txt" --experts 128 2> "$RES/pick.txt") \
+    || failed "sweep pick (exit $?)"
   row "sweep pick" "${pick:-none, the table wins}: $(tr '\n' ' ' < "$RES/pick.txt")"
 fi
 B1=(--decode 128x512 --max-model-len 4096)
@@ -128,12 +136,14 @@ for mode in $B1_MODES; do
 done
 if [ "${PROFILE:-0}" = 1 ]; then  # where batch 1's step goes now (the defaults; PDL on: "added" µs)
   say "batch-1 profile"
-  timeout 300 python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 --steps 10 > "$RES/profile.txt" 2>&1
+  timeout 300 python3 bench/profile_gpu.py --model-path "$CKPT" --batch 1 --steps 10 > "$RES/profile.txt" 2>&1 \
+    || failed "profile (exit $?)"
   sed -n '/^batch 1/,$p' "$RES/profile.txt"
 fi
 if [ "${NCU_STEP:-0}" = 1 ]; then  # Nsight Compute's counters of every kernel of one batch-1 step
   say "ncu on the step"
-  RES=$RES/ncu TARGET=step CKPT=$CKPT timeout "${NCU_LIMIT:-420}" bash bench/moe_ncu_gpu.sh > "$RES/ncu.log" 2>&1
+  RES=$RES/ncu TARGET=step CKPT=$CKPT timeout "${NCU_LIMIT:-420}" bash bench/moe_ncu_gpu.sh > "$RES/ncu.log" 2>&1 \
+    || failed "ncu step (exit $?)"
   tail -40 "$RES/ncu.log"
 fi
 [ "${VLLM:-1}" = 1 ] && [ $waited = 0 ] && wait_vllm && have_vllm=1
@@ -142,13 +152,14 @@ if [ $have_vllm = 1 ]; then
   vshapes=("${SHAPES[@]}")
   [ "${VLLM_B1:-0}" = 1 ] && vshapes=("${B1[@]}")  # batch 1 only: vLLM's Offline 2000 takes ~7 min
   timeout 900 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm "${vshapes[@]}" \
-    --vllm-script "$VLLM_SCRIPT" --out "$RES/vllm" > "$RES/vllm.txt" 2>&1
+    --vllm-script "$VLLM_SCRIPT" --out "$RES/vllm" > "$RES/vllm.txt" 2>&1 || failed "vllm (exit $?)"
 fi
 for mode in $MODES $B1_MODES; do
   mode=${mode%%=*}
   [ -f "$RES/$mode/results.jsonl" ] || continue
   echo "== $mode" >> "$RES/table.txt"
-  python3 - "$RES/$mode/results.jsonl" "$RES/vllm/results.jsonl" >> "$RES/table.txt" 2>&1 <<'PY'
+  python3 - "$RES/$mode/results.jsonl" "$RES/vllm/results.jsonl" >> "$RES/table.txt" 2>&1 <<'PY' \
+    || failed "table $mode (exit $?)"
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "bench")

@@ -11,8 +11,9 @@
 #   3. then DP=2 on both GPUs (its table: beside step 2's DP=1); DP2_RUNS adds runs of both GPUs
 #      (gptoss_dp_gpu.sh's names, e.g. "dp2 vllm-dp2": vLLM's DP=2 on the same prompts, issue 14's peer).
 #   (setsid nohup bash bench/gptoss_120b_pair_gpu.sh > $HOME/pair.log 2>&1 &)   then poll $HOME/pair/done
-# The table last: ours (GPU 0) beside vLLM (GPU 1), then the DP table. The two GPUs' runs share the
-# host's CPUs, and DP=1's leftover check sees only GPU 1 (nvidia-smi -i).
+# The table last: ours (GPU 0) beside vLLM (GPU 1), then the DP table; then the steps that failed
+# (each with its exit status, the details in its log; the script's then 1). The two GPUs' runs share
+# the host's CPUs, and DP=1's leftover check sees only GPU 1 (nvidia-smi -i).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=$HOME/pair
@@ -26,26 +27,28 @@ dp() { CKPT=$CKPT OUT=$HOME/dpres bash bench/gptoss_dp_gpu.sh "${DP_N:-1000}" 10
 say "GPU 0: ${GPU0_DP:-ours}; GPU 1: DP=1, then vLLM (PEER=${PEER:-1})"
 if [ -n "${GPU0_DP:-}" ]; then
   CUDA_VISIBLE_DEVICES=0 dp "$GPU0_DP" > "$RES/dp_gpu0.log" 2>&1 &
+  gpu0="GPU 0 $GPU0_DP"
 else
   CUDA_VISIBLE_DEVICES=0 RES=$HOME/ab0 VLLM=0 bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab0.log" 2>&1 &
+  gpu0="GPU 0 A/B"
 fi
 ours=$!
-(
-  CUDA_VISIBLE_DEVICES=1 dp dp1 > "$RES/dp1.log" 2>&1
-  if [ "${PEER:-1}" = 1 ]; then
-    CUDA_VISIBLE_DEVICES=1 RES=$HOME/ab1 VLLM=1 MODES='' B1_MODES="${GPU1_B1:-}" SWEEP=0 TESTS=none \
-      ATTN_SWEEP=${GPU1_ATTN_SWEEP:-0} \
-      bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab1.log" 2>&1
-  fi
-) &
-gpu1=$!
-wait $ours $gpu1
+# GPU 1's runs in this shell, beside GPU 0's, so that their failed() is kept (a subshell's is lost)
+CUDA_VISIBLE_DEVICES=1 dp dp1 > "$RES/dp1.log" 2>&1 || failed "GPU 1 dp1 (exit $?)"
+if [ "${PEER:-1}" = 1 ]; then
+  CUDA_VISIBLE_DEVICES=1 RES=$HOME/ab1 VLLM=1 MODES='' B1_MODES="${GPU1_B1:-}" SWEEP=0 TESTS=none \
+    ATTN_SWEEP=${GPU1_ATTN_SWEEP:-0} \
+    bash bench/gptoss_120b_ab_gpu.sh > "$RES/ab1.log" 2>&1 || failed "GPU 1 vLLM A/B (exit $?)"
+fi
+wait "$ours" || failed "$gpu0 (exit $?)"
 say "DP=2 through run_mlperf"
-dp "${DP2_RUNS:-dp2}" > "$RES/dp2.log" 2>&1
+dp "${DP2_RUNS:-dp2}" > "$RES/dp2.log" 2>&1 || failed "DP=2 ${DP2_RUNS:-dp2} (exit $?)"
+tables=()  # a table that fails: listed after the group (inside it, failed() would write into the table)
 {
   cat "$HOME/ab0/table.txt" "$HOME/ab1/table.txt" 2>/dev/null
   [ -n "${GPU0_DP:-}" ] || for mode in ${MODES-v3}; do
-    python3 - "$mode" "$HOME/ab0/$mode/results.jsonl" "$HOME/ab1/vllm/results.jsonl" 2>&1 <<'PY'
+    python3 - "$mode" "$HOME/ab0/$mode/results.jsonl" "$HOME/ab1/vllm/results.jsonl" 2>&1 <<'PY' \
+      || tables+=("table $mode (exit $?)")
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "bench")
@@ -56,4 +59,5 @@ PY
   done
   sed -n '/^run /,$p' "$RES/dp2.log"
 } >> "$RES/table.txt"
+for t in "${tables[@]}"; do failed "$t"; done
 finish

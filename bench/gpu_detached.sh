@@ -20,7 +20,7 @@ vllm_script() {
 
 gpu_prereqs() {  # the harness's wheels (.whl) unless installed; the 20b checkpoint unless at $CKPT
   nvidia-smi -L
-  bash bench/harness_wheels.sh
+  bash bench/harness_wheels.sh || failed "harness wheels (exit $?)"
   [ -f "$CKPT/config.json" ] || python3 -m gptoss.tools.make_checkpoint --preset 20b --device cuda --out "$CKPT" \
     > "$RES/checkpoint.log" 2>&1 || { tail "$RES/checkpoint.log"; exit 1; }
 }
@@ -50,7 +50,8 @@ row() { echo "$1 | $2" | tee -a "$RES/table.txt"; }  # a line of the table print
 vllm_engine() {  # vLLM's batch-1 and Offline rows (bench/gptoss_gpu.py --engine vllm), after vllm_script
   say "vLLM batch-1 and Offline"
   timeout 560 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine vllm --decode 128x512 \
-    --throughput 1000x1024x1024 --vllm-script "$VLLM_SCRIPT" > "$RES/vllm.txt" 2>&1
+    --throughput 1000x1024x1024 --vllm-script "$VLLM_SCRIPT" > "$RES/vllm.txt" 2>&1 \
+    || failed "vllm b1 + offline (exit $?)"
   row "vllm b1 + offline" "$(sed -n '/^workload/,$p' "$RES/vllm.txt" | tr '\n' ' ')"
 }
 

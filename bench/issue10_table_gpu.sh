@@ -6,27 +6,31 @@
 #   RES=$HOME/i10 TESTS="tests/..." setsid nohup bash bench/issue10_table_gpu.sh > $HOME/i10.log 2>&1 &
 # READ_MB: the byte counts read (MB), default a 20b expert's gate_up (8.81 MB) and down (4.41 MB) at
 # 4, 8, 16 and 28 distinct experts (one token to ~16: what the table's M <= 16 rows hit).
+# The table, then the steps that failed (each with its exit status; the script's then 1), then the
+# kernel table and the read ceiling.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/issue10}
 # shellcheck source-path=SCRIPTDIR/..
 . bench/gpu_detached.sh
 nvidia-smi -L
-bash bench/harness_wheels.sh
+bash bench/harness_wheels.sh || failed "harness wheels (exit $?)"
 if [ -n "${TESTS:-}" ]; then
   say "compiled tests: $TESTS"
   # shellcheck disable=SC2086  # TESTS is a list of paths
-  TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider -n 0 -rfX $TESTS > "$RES/tests.log" 2>&1
+  TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider -n 0 -rfX $TESTS > "$RES/tests.log" 2>&1 \
+    || failed "compiled tests (exit $?)"
   row "compiled tests" "$(tail -1 "$RES/tests.log")"
 fi
 wait_vllm || exit 1
 say "kernel table"
 python3 bench/kernels_gpu.py --only "${PARTS:-moe,attn,ops}" --out "$RES" > "$RES/table.log" 2>&1
-row "kernels_gpu exit" "$?"
+rc=$?; row "kernels_gpu exit" "$rc"; [ "$rc" = 0 ] || failed "kernels_gpu (exit $rc)"
 say "read ceiling"
 python3 bench/kernels/read_ceiling_gpu.py --mbytes "${READ_MB:-17.6,35.2,70.5,141.0,123.4,246.7}" \
   > "$RES/ceiling.log" 2>&1
-row "read_ceiling exit" "$?"
-finish
+rc=$?; row "read_ceiling exit" "$rc"; [ "$rc" = 0 ] || failed "read_ceiling (exit $rc)"
+finish; status=$?  # the script's exit status, after the two tables below
 echo "== kernel table"; sed -n '/^kernel /,$p' "$RES/table.log"
 echo "== read ceiling"; sed -n '/ MB case/,$p' "$RES/ceiling.log"
+exit $status

@@ -13,7 +13,8 @@
 # all), wtma (GPTOSS_MOE_V3_WTMA=1: every tile's weights by TMA), wtma-all (both), ptr (=0: none));
 # vllm (vLLM's batch-1 and Offline rows). Without offline or vllm no 20b checkpoint is made (the
 # kernel parts make their own random weights).
-# One table last: $HOME/large/table.txt.
+# One table last: $HOME/large/table.txt; then the steps that failed (each with its exit status; the
+# script's then 1).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/large}
@@ -27,26 +28,30 @@ if has offline || has vllm; then gpu_prereqs; else nvidia-smi -L; fi
 if has tests; then
   say "compiled tests"
   timeout 300 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py tests/gptoss/kernels/test_moe_v3_tma.py tests/gptoss/kernels/test_moe_v3_wtma.py -k "gpu and not v3ds" \
-    2>&1 | tee "$RES/tests_full.txt" | tail -4 | tee "$RES/tests.txt"  # the whole log too: which assertion failed
+    2>&1 | tee "$RES/tests_full.txt" | tail -4 | tee "$RES/tests.txt" \
+    || failed "compiled tests (exit $?)"  # the whole log too: which assertion failed; pipefail: pytest's status
 fi
 TILES=""
 if has kernels; then
   say "large-M MoE tiles"
   python3 bench/kernels/moe_gpu.py --no-vllm --ms "$KMS" --variants "$KVARIANTS" --rounds "${KROUNDS:-3}" \
-    --experts "$KEXPERTS" > "$RES/kernels.txt" 2>&1
+    --experts "$KEXPERTS" > "$RES/kernels.txt" 2>&1 || failed "kernels (exit $?)"
   sed -n '/^ *M variant/,$p' "$RES/kernels.txt"
-  TILES=$(python3 bench/kernels/moe_pick.py "$RES/kernels.txt" --experts "$KEXPERTS" 2> "$RES/pick.txt"); cat "$RES/pick.txt"
+  TILES=$(python3 bench/kernels/moe_pick.py "$RES/kernels.txt" --experts "$KEXPERTS" 2> "$RES/pick.txt") \
+    || failed "pick (exit $?)"
+  cat "$RES/pick.txt"
   row "picked GPTOSS_MOE_V3_TILES" "${TILES:-(the defaults)}"
 fi
 if has ogs && wait_vllm; then
   say "vLLM's matmul_ogs MoE"
-  python3 bench/kernels/moe_gpu.py --ms "$KMS" --variants vllm --experts "$KEXPERTS" > "$RES/ogs.txt" 2>&1
+  python3 bench/kernels/moe_gpu.py --ms "$KMS" --variants vllm --experts "$KEXPERTS" > "$RES/ogs.txt" 2>&1 \
+    || failed "ogs (exit $?)"
   sed -n '/^ *M variant/,$p' "$RES/ogs.txt" | tee -a "$RES/table.txt"
 fi
 offline() {  # offline NAME [TILES [TMA [WTMA]]]
   # unset switches at the engine's defaults (until 2026-12-02 WTMA was 0 here, the default before v29)
   GPTOSS_MOE_V3_TILES=${2:-} GPTOSS_MOE_V3_TMA=${3:-0} GPTOSS_MOE_V3_WTMA=${4:-auto} timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
-    --throughput 1000x1024x1024 > "$RES/offline_$1_$round.txt" 2>&1
+    --throughput 1000x1024x1024 > "$RES/offline_$1_$round.txt" 2>&1 || failed "offline $1 r$round (exit $?)"
   row "gptoss offline 1000x1024x1024 $1 r$round" "$(grep '^offline 1000x' "$RES/offline_$1_$round.txt" | tail -1)"
 }
 if has offline; then

@@ -11,6 +11,7 @@
 # the random 120b at /mnt/ck120/ck, made first if missing), one line a kernel name (--by-kernel):
 #   TARGET=step CKPT=/mnt/ck120/ck bash bench/moe_ncu_gpu.sh
 # and the source page of SRC_KERNELS (default there: the batch-1 MoE GEMMs).
+# Last the table again, then the steps that failed (each with its exit status; the script's then 1).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/ncu}
@@ -53,13 +54,17 @@ say "profiling $WHAT"
 "$NCU" --profile-from-start off --clock-control none --csv --page details \
   --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy "${EXTRA[@]}" \
-  "${PROG[@]}" > "$RES/ncu.csv" 2> "$RES/ncu.log" || { say "ncu failed"; tail -20 "$RES/ncu.log"; }
-python3 bench/kernels/moe_ncu.py --digest "$RES/ncu.csv" "${BY[@]}" | tee "$RES/table.txt"
+  "${PROG[@]}" > "$RES/ncu.csv" 2> "$RES/ncu.log" \
+  || { failed "ncu (exit $?)"; say "ncu failed"; tail -20 "$RES/ncu.log"; }
+python3 bench/kernels/moe_ncu.py --digest "$RES/ncu.csv" "${BY[@]}" | tee "$RES/table.txt" \
+  || failed "digest (exit $?)"  # pipefail: the digest's status, not tee's
 # Where in the K loop the warps wait: per-instruction stall samples (source page, SASS) of the first
 # SRC_K launches matching SRC_KERNELS (default: our gate_up, then matmul_ogs' first GEMM).
 say "instruction-level stall samples of ${SRC_KERNELS:=gate_up_v3|matmul_ogs}"
 "$NCU" --profile-from-start off --clock-control none --csv --page source --print-source sass \
   --section SourceCounters --section WarpStateStats -k "regex:$SRC_KERNELS" -c "${SRC_K:-2}" \
-  "${SRC_PROG[@]}" > "$RES/sass.csv" 2> "$RES/sass.log" || { say "ncu's source page failed"; tail -20 "$RES/sass.log"; }
-python3 bench/kernels/moe_ncu.py --sass-digest "$RES/sass.csv" | tee -a "$RES/table.txt"
-say "done"
+  "${SRC_PROG[@]}" > "$RES/sass.csv" 2> "$RES/sass.log" \
+  || { failed "ncu source page (exit $?)"; say "ncu's source page failed"; tail -20 "$RES/sass.log"; }
+python3 bench/kernels/moe_ncu.py --sass-digest "$RES/sass.csv" | tee -a "$RES/table.txt" \
+  || failed "sass digest (exit $?)"
+finish

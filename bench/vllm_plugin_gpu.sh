@@ -7,7 +7,7 @@
 # (vLLM's memory; v24: Offline 1.13x, batch 1 1.15x vLLM's own on an H100); gptoss:N ours for steps
 # of up to N tokens and vLLM's own MoE above (GPTOSS_VLLM_MOE_MAX_TOKENS; both layouts loaded);
 # gptoss-v3 ours with GPTOSS_MOE_KERNELS=v3 (as gptoss since v24).
-# One table last.
+# One table last, then the steps that failed (each with its exit status; the script's then 1).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-$HOME/plug}
@@ -20,15 +20,18 @@ if [ -z "${NO_TESTS:-}" ]; then
   timeout 300 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gptoss/kernels/test_moe_decode.py \
     tests/gptoss/kernels/test_moe_decode_flat.py tests/gptoss/kernels/test_attention_kernel.py \
     tests/gptoss/kernels/test_attention_splits.py \
-    tests/gptoss/kernels/test_kernel_engine.py 2>&1 | tail -8 | tee "$R/tests.txt"
+    tests/gptoss/kernels/test_kernel_engine.py 2>&1 | tail -8 | tee "$R/tests.txt" \
+    || failed "compiled tests (exit $?)"  # pipefail: pytest's status, not tee's
 fi
 wait_vllm || exit 1
 dirs=()
 for eng in ${ENGINES:-gptoss vllm}; do
   d="$R/${eng/:/_}"; dirs+=("$d")
   say "plugin bench: $eng"
-  timeout 480 python3 bench/vllm_plugin_gpu.py --model-path "$CKPT" --engines "$eng" --out "$d" > "$d.txt" 2>&1
+  timeout 480 python3 bench/vllm_plugin_gpu.py --model-path "$CKPT" --engines "$eng" --out "$d" > "$d.txt" 2>&1 \
+    || failed "plugin bench $eng (exit $?)"
   tail -4 "$d.txt"
 done
-python3 bench/vllm_plugin_gpu.py --table "${dirs[@]}" 2>&1 | tail -12 | tee "$R/table.txt"
-say "done"
+python3 bench/vllm_plugin_gpu.py --table "${dirs[@]}" 2>&1 | tail -12 | tee "$R/table.txt" \
+  || failed "table (exit $?)"
+finish

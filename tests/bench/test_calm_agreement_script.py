@@ -1,7 +1,7 @@
 """bench/calm_agreement_gpu.sh under the stub GPU tools: it draws the calm 20b, makes each known-wrong
 copy from it with its edit, scores them all in one agreement run, then (VLLM=1) the plugin and LoRA
-rows agreement-only, and (KTESTS=1) the compiled kernel tests; a copy that fails is said and left
-out, not silently scored."""
+rows agreement-only, and (KTESTS=1) the compiled kernel tests; a copy that fails is said, left out
+and counted as a failed step, not silently scored."""
 
 from __future__ import annotations
 
@@ -74,7 +74,9 @@ def test_a_fault_that_fails_is_said_and_left_out(stubs, tmp_path):
     Path(f"{ck}-down12x2").mkdir(parents=True)
     Path(f"{ck}-down12x2/config.json").mkdir()  # a folder where the file goes: the stub's write fails
     p = run_script("calm_agreement_gpu.sh", stubs, RES=str(res))
-    assert p.returncode == 0, p.stdout + p.stderr
+    # the run lacks that calibration row: the script says which copy and exits 1
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert p.stdout.splitlines()[-1] == "1 step(s) failed: fault down12x2 (exit 1)"
     calls = _calls(stubs)
     (agree,) = [c for c in calls if "--engine agreement" in c]
     assert f"--fault {ck}-nosink --fault {ck}-attn5x2 --out" in agree
