@@ -176,6 +176,7 @@ VARIANTS["v3-tma-all"] = Variant("v3", tma="all")  # GPTOSS_MOE_V3_TMA=all
 # memory).
 VARIANTS["v3-w"] = Variant("v3", wtma=True)
 VARIANTS["v3-w-all"] = Variant("v3", tma="all", wtma=True)
+VARIANTS["v3-w-x"] = Variant("v3", tma="x", wtma=True)  # gate_up's x alone by TMA (GPTOSS_MOE_V3_TMA=x)
 VARIANTS["v3-w-s6"] = Variant(
     "v3",
     wtma=True,

@@ -44,8 +44,11 @@ from gptoss.kernels.moe_v3_kernels import _gate_up_v3_kernel, _gather_sorted_ker
 # down on act tiles by TMA gave other VALUES than the gather path in the last columns of a row
 # (test_tma_down_gives_the_gather_paths_bits_on_gpu, 20b's BM-256 down tiles, BK 64), while gate_up
 # with x by TMA gave the same bits. Not found yet; the v20 profile had the gather's address
-# arithmetic at the top of the K loop's stall samples, which is why it exists.
-_TMA_MODES = {"0": (False, False), "down": (True, False), "all": (True, True)}
+# arithmetic at the top of the K loop's stall samples, which is why it exists. =x: gate_up's x alone
+# by TMA (the gather pass first), act in assignment order and down on the gather path: the half that
+# gave the same bits, where v64's Nsight Compute at 20b's M 1024 found gate_up's issue slots going to
+# the x gather's per-row cp.async addressing (not yet timed on a GPU).
+_TMA_MODES = {"0": (False, False), "down": (True, False), "all": (True, True), "x": (False, True)}
 
 
 def _tma_mode(v: str) -> tuple[bool, bool]:
@@ -142,7 +145,7 @@ def tma_plan(x: Tensor, lora: object | None = None) -> tuple[bool, bool]:
     interpreter) and no LoRA is applied (its shrink reads act in assignment order)."""
     if not (TMA_DOWN or TMA_X) or lora is not None or not _tma_runs(x):
         return False, False
-    return True, TMA_X
+    return TMA_DOWN, TMA_X
 
 
 def gather_sorted(x: Tensor, r: Routing) -> Tensor:

@@ -33,7 +33,7 @@ from gptoss.kernels.rounding import round_to
 # an H200 (v67), us at T 512 / 1024 / 2048 / 4096 / 8192: 16 warps 3.8 / 7.0 / 13.7 / 27.8 / 53.4,
 # 8 warps 4.1 / 6.2 / 12.5 / 26.2 / 49.8, 4 warps 4.4 / 6.0 / 12.5 / 25.3 / 48.6, 2 warps 4.1 / 7.8
 # / 22.8 / 49.1 / 95.4; up to 256 rows 16, 8 and 4 warps alike. The sum's order follows the warps,
-# so a row's last bit may move with T (1-2 % of rows one bf16 step): batch-invariant callers ask
+# so a row's last bit may move with T (up to 1 % of rows one bf16 step): batch-invariant callers ask
 # for the launch of T 1 at every T.
 LARGE_T: int | None = 1024
 LARGE_WARPS = 4

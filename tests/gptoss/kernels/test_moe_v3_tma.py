@@ -1,5 +1,6 @@
 """The v3 MoE with act expert by expert and down's act tiles read by TMA (GPTOSS_MOE_V3_TMA=down,
-moe_v3.tma_plan), and gate_up's x too (=all: moe_v3.gather_sorted): the same act rows and
+moe_v3.tma_plan), and gate_up's x too (=all: moe_v3.gather_sorted), or gate_up's x alone with act in
+assignment order (=x): the same act rows and
 the same output as the gather path, under Triton's
 interpreter (CI) and compiled on a GPU. Rows past an expert's are the next expert's or past the
 end; their columns are computed and never stored, which the NaN-filled buffers would show."""
@@ -45,6 +46,9 @@ def test_sorted_act_and_tma_down_equal_the_gather_path(e, h, i, tokens, tiles):
     assert torch.equal(moe_v3.gather_sorted(x, r), x[order // 4])
     act_x = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles, sorted_rows=True, tma_x=True)
     torch.testing.assert_close(act_x, act_sorted, rtol=1e-4, atol=1e-4)  # (the interpreter's dot order)
+    # x by TMA with act in assignment order (GPTOSS_MOE_V3_TMA=x): the gather path's rows
+    act_x_only = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles, tma_x=True)
+    torch.testing.assert_close(act_x_only, act, rtol=1e-4, atol=1e-4)
     y = moe.down_v3(act, r, w, tiles)
     y_tma = moe.down_v3(act_sorted, r, w, tiles, sorted_rows=True)
     # float32 through the interpreter's numpy dot, whose summation order follows the x tile's memory
@@ -74,18 +78,24 @@ def test_the_switch_runs_the_sorted_path_in_moe_forward(monkeypatch):
     gathered: list[int] = []
     monkeypatch.setattr(moe_v3, "gather_sorted", lambda *a: gathered.append(1) or real_gather(*a))
     got_x = moe_forward(x, ref.router_weight, ref.router_bias, 4, w, ALPHA, LIMIT)
-    assert calls == [False, True, True] and gathered == [1]
+    monkeypatch.setattr(moe_v3, "TMA_DOWN", False)  # =x: gate_up's x by TMA, down on the gather path
+    got_x_only = moe_forward(x, ref.router_weight, ref.router_bias, 4, w, ALPHA, LIMIT)
+    assert calls == [False, True, True, False] and gathered == [1, 1]
     if DEV.type == "cpu":
         torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(got_x, base, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got_x_only, base, rtol=1e-4, atol=1e-4)
+    else:  # the x tile by TMA feeds the same wgmmas in the same K order: the gather path's bits
+        assert torch.equal(got_x_only, base)
 
 
 @pytest.mark.parametrize(
-    ("value", "flags"), [("0", (False, False)), ("down", (True, False)), ("all", (True, True))]
+    ("value", "flags"),
+    [("0", (False, False)), ("down", (True, False)), ("all", (True, True)), ("x", (False, True))],
 )
 def test_the_switch_values(value, flags):
     assert moe_v3._tma_mode(value) == flags
-    with pytest.raises(ValueError, match="GPTOSS_MOE_V3_TMA='1': one of 0, down, all"):
+    with pytest.raises(ValueError, match="GPTOSS_MOE_V3_TMA='1': one of 0, down, all, x$"):
         moe_v3._tma_mode("1")
 
 
@@ -105,6 +115,26 @@ def test_sorted_rows_refuse_a_lora():
         assert moe_v3.tma_plan(x, lora) == (False, False)
         mp.setattr(moe_v3, "TMA_X", False)
         assert moe_v3.tma_plan(x) == (True, False)
+        mp.setattr(moe_v3, "TMA_DOWN", False)
+        mp.setattr(moe_v3, "TMA_X", True)
+        assert moe_v3.tma_plan(x) == (False, True)  # =x: act stays in assignment order
+        assert moe_v3.tma_plan(x, lora) == (False, False)
+
+
+@gpu
+@pytest.mark.parametrize(
+    ("tokens", "gu"),
+    [(1024, Tiles(256, 64, 64, 8, 4, half=True)), (4096, Tiles(256, 64, 64, 8, 3, half=True))],
+)
+def test_x_by_tma_gives_the_gather_paths_act_on_gpu(tokens, gu):
+    """GPTOSS_MOE_V3_TMA=x at 20b shapes on the engine's gate_up tiles: x's rows copied expert by
+    expert and read by TMA, act stored in assignment order, bit for bit the gather path's act (the
+    half of =all that v56 found right), so down runs on it unchanged."""
+    ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=3, kernels="v3")
+    x = torch.randn(tokens, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(0)).bfloat16()
+    r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
+    act = moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu)
+    assert torch.equal(moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu, tma_x=True), act)
 
 
 # A known fault, why GPTOSS_MOE_V3_TMA is off by default (moe_v3's note): compiled, down by TMA gives
