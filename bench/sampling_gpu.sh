@@ -5,8 +5,8 @@
 # against all of them); with TILES (a --tiles list) bench/kernels/top_p_gpu.py (the search's pass
 # tiles); then bench/decode_ab_gpu.py on the 20b, RUNS of: top_p (the sort, the search with a masked
 # copy, the search drawn through the cut: the default), top_k_p (top_k 50 + top_p with the masked
-# copy, and with the cut: the default), greedy (the peer). OPS=0 skips the ops, TESTS=none the
-# tests; RECORD=1 records the precompile manifest last. Everything under RES ($OUT by default); the
+# copy, and with the cut: the default), greedy (the peer); RUNS=none, no decode. OPS=0 skips the
+# ops, TESTS=none the tests; RECORD=1 records the precompile manifest last. Everything under RES ($OUT by default); the
 # table last, then the steps that failed (each with its exit status; the script's then 1).
 #   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 by default)
 set -uo pipefail
@@ -59,7 +59,8 @@ for run in ${RUNS:-top_p top_k_p greedy}; do
       "search=sampling.USE_CUT=False" search_cut= ;;
     top_k_p) decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 "mask=sampling.USE_CUT=False" cut= ;;
     greedy) decode greedy greedy default= ;;
-    *) say "unknown run $run (top_p, top_k_p, greedy)"; exit 2 ;;
+    none) ;;
+    *) say "unknown run $run (top_p, top_k_p, greedy, none)"; exit 2 ;;
   esac
 done
 if [ "${RECORD:-0}" = 1 ]; then  # the precompile manifest: what the 20b meets at 4,096 keys, added to

@@ -69,7 +69,7 @@ def test_an_unknown_run_stops_the_call_and_says_which(stubs, tmp_path):
         SPECS=str(tmp_path),
     )
     assert p.returncode == 2
-    assert "unknown run bogus (top_p, top_k_p, greedy)" in p.stdout
+    assert "unknown run bogus (top_p, top_k_p, greedy, none)" in p.stdout
     calls = (tmp_path / "calls.log").read_text()
     assert "--sampling greedy --variant default=" in calls
     assert "top_p=0.9" not in calls and "record_specs" not in calls and "-m pytest" not in calls
@@ -95,3 +95,22 @@ def test_a_failed_step_is_listed_after_the_table_and_fails_the_script(stubs, tmp
     p = run_script("sampling_gpu.sh", stubs, RES=str(res), RUNS="greedy", STUB_FAIL="-m pytest")
     assert p.returncode == 1
     assert p.stdout.splitlines()[-1] == "1 step(s) failed: compiled tests (exit 4)"
+
+
+def test_runs_none_records_without_a_decode(stubs, tmp_path):
+    """v67's call 2: the manifest alone (RUNS=none, where an empty RUNS means every run)."""
+    res = tmp_path / "sg"
+    p = run_script(
+        "sampling_gpu.sh",
+        stubs,
+        RES=str(res),
+        RUNS="none",
+        OPS="0",
+        TESTS="none",
+        RECORD="1",
+        SPECS=str(tmp_path),
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = (tmp_path / "calls.log").read_text()
+    assert "decode_ab_gpu.py" not in calls and "record_specs" in calls
+    assert (res / "table.txt").read_text().splitlines()[-1].startswith("record_specs | ")
