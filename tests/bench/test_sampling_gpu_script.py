@@ -20,10 +20,11 @@ def test_runs_tests_ops_tiles_then_the_decodes_and_records_last(stubs, tmp_path)
     )
     assert p.returncode == 0, p.stdout + p.stderr
     calls = (tmp_path / "calls.log").read_text().splitlines()
+    # the tests run in the background beside the checkpoint's writing (either may log first), and
+    # are waited for before the ops
     order = [
         next(i for i, c in enumerate(calls) if key in c)
         for key in (
-            "-m pytest",
             "make_checkpoint",
             "kernels_gpu.py --only ops",
             "top_p_gpu.py --tiles 256x2x4",
@@ -33,6 +34,7 @@ def test_runs_tests_ops_tiles_then_the_decodes_and_records_last(stubs, tmp_path)
         )
     ]
     assert order == sorted(order), calls
+    assert next(i for i, c in enumerate(calls) if "-m pytest" in c) < order[1], calls
     top_k = next(c for c in calls if "top_k=50" in c)
     assert top_k.endswith("--variant mask=sampling.USE_CUT=False --variant cut=")
     assert "--batch 1,64,256 --max-num-seqs 256 --decode 128x256" in top_k
