@@ -19,6 +19,11 @@ last=${*: -1}
 echo "$*" >> "$STUB_LOG"
 # STUB_FAIL: a call whose words hold it fails (exit 4), as a crashed bench would
 [ -n "${STUB_FAIL:-}" ] && [[ $* == *"$STUB_FAIL"* ]] && { echo "stub python3: failing $*" >&2; exit 4; }
+# STUB_FAIL_ENV: a call made with that assignment in its environment fails (one mode's run, where
+# the calls of all modes read alike)
+if [ -n "${STUB_FAIL_ENV:-}" ] && env | grep -qxF -- "$STUB_FAIL_ENV"; then
+  echo "stub python3: failing under $STUB_FAIL_ENV: $*" >&2; exit 4
+fi
 case "$*" in
   *mlperf_loadgen*) exit 0 ;;  # harness_wheels.sh's probe: the wheels are in
   -|"- "*) exec "$REAL_PYTHON" "$@" ;;  # the scripts' inline tables, read from stdin
@@ -74,6 +79,10 @@ case "$*" in
     echo "workload cache=$(basename "$TRITON_CACHE_DIR") manifest=$(paste -sd, "$SPECS/cuda-90.json")" \
       "workers=${GPTOSS_PRECOMPILE_WORKERS:-threads}" ;;
   *attn_sweep.py*) echo "attention sweep: $*" ;;
+  # attn_b1_gpu.sh's and issue10_table_gpu.sh's benches: the lines their tables keep
+  *linear_gpu.py*) echo "T variant us"; echo "1 ${*: -1} 3.0" ;;
+  *attn_chain_gpu.py*) echo "  ctx  alone  chained"; echo "  4096    5.0     6.0" ;;
+  *read_ceiling_gpu.py*) echo "   17.6 MB case  3900 GB/s" ;;
   *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto}" \
     "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt} wtma=${GPTOSS_MOE_V3_WTMA:-unset}" ;;
   *) echo "stub python3: unexpected $*" >&2; exit 3 ;;

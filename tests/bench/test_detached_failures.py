@@ -4,9 +4,9 @@ failed" line after the table, the other steps still run, and the script exits 1;
 0. Before, each of them dropped its steps' exit statuses and exited 0 whatever had crashed (as
 sampling_gpu.sh did until v66, tests in test_sampling_gpu_script.py).
 
-The crash is STUB_FAIL (a python3 call whose words hold it exits 4), STUB_FAIL_ENV (one made with that
-assignment in its environment exits 4: one mode's run, where the calls of all modes read alike) or a
-stub that fails one ncu page."""
+The crash is gpu_stubs.py's STUB_FAIL (a python3 call whose words hold it exits 4), its STUB_FAIL_ENV
+(one made with that assignment in its environment exits 4: one mode's run, where the calls of all
+modes read alike) or a stub that fails one ncu page."""
 
 from __future__ import annotations
 
@@ -17,34 +17,6 @@ import pytest
 
 from tests.bench.gpu_stubs import run_script
 
-# python3 for these tests: the benches gpu_stubs.py's stub does not answer (as their tables begin), and
-# STUB_FAIL_ENV; every other call goes to that stub (python3-base), with its STUB_FAIL.
-PYTHON_MORE = r"""#!/usr/bin/env bash
-if [ -n "${STUB_FAIL_ENV:-}" ] && env | grep -qxF -- "$STUB_FAIL_ENV"; then
-  echo "$*" >> "$STUB_LOG"; echo "stub python3: failing under $STUB_FAIL_ENV: $*" >&2; exit 4
-fi
-case "$*" in
-  *linear_gpu.py*|*attn_chain_gpu.py*|*read_ceiling_gpu.py*) echo "$*" >> "$STUB_LOG" ;;
-  *) exec "$(dirname "$0")/python3-base" "$@" ;;
-esac
-[ -n "${STUB_FAIL:-}" ] && [[ $* == *"$STUB_FAIL"* ]] && { echo "stub python3: failing $*" >&2; exit 4; }
-case "$*" in
-  *linear_gpu.py*) echo "T variant us"; echo "1 ${*: -1} 3.0" ;;
-  *attn_chain_gpu.py*) echo "  ctx  alone  chained"; echo "  4096    5.0     6.0" ;;
-  *read_ceiling_gpu.py*) echo "   17.6 MB case  3900 GB/s" ;;
-esac
-"""
-
-
-@pytest.fixture
-def env(stubs: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    """The stubs, with PYTHON_MORE in front of gpu_stubs.py's python3."""
-    bin_dir = tmp_path / "bin"
-    (bin_dir / "python3").rename(bin_dir / "python3-base")
-    (bin_dir / "python3").write_text(PYTHON_MORE)
-    (bin_dir / "python3").chmod(0o755)
-    return stubs
-
 
 def failed_lines(p: subprocess.CompletedProcess) -> list[str]:
     return [x for x in p.stdout.splitlines() if " step(s) failed: " in x]
@@ -54,17 +26,17 @@ def calls(tmp_path: Path) -> str:
     return (tmp_path / "calls.log").read_text()
 
 
-def test_the_python3_stubs_answer_and_fail_as_asked(env, tmp_path):
+def test_the_python3_stubs_answer_and_fail_as_asked(stubs, tmp_path):
     """The crashes these tests inject are the stubs', not the scripts' own (a call nobody answers
     would fail too: exit 3)."""
     sh = ["bash", "-c", 'python3 bench/kernels/attn_chain_gpu.py; echo "rc=$?"']
-    out = subprocess.run(sh, env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(sh, env=stubs, capture_output=True, text=True, check=True).stdout
     assert out == "  ctx  alone  chained\n  4096    5.0     6.0\nrc=0\n"
-    out = subprocess.run(sh, env={**env, "STUB_FAIL": "attn_chain"}, capture_output=True, text=True).stdout
+    out = subprocess.run(sh, env={**stubs, "STUB_FAIL": "attn_chain"}, capture_output=True, text=True).stdout
     assert out == "rc=4\n"
     sh[2] = 'GPTOSS_X=1 python3 -m pytest; echo "rc=$?"; python3 -m pytest; echo "rc=$?"'
     out = subprocess.run(
-        sh, env={**env, "STUB_FAIL_ENV": "GPTOSS_X=1"}, capture_output=True, text=True
+        sh, env={**stubs, "STUB_FAIL_ENV": "GPTOSS_X=1"}, capture_output=True, text=True
     ).stdout
     assert out == "rc=4\n14 passed in 1.0s\nrc=0\n"
 
@@ -73,8 +45,8 @@ def test_the_python3_stubs_answer_and_fail_as_asked(env, tmp_path):
 ATTN = {"V20": "", "LINEAR": "q,o"}
 
 
-def test_attn_b1_without_a_crash_exits_0(env, tmp_path):
-    p = run_script("attn_b1_gpu.sh", env, RES=str(tmp_path / "r"), **ATTN)
+def test_attn_b1_without_a_crash_exits_0(stubs, tmp_path):
+    p = run_script("attn_b1_gpu.sh", stubs, RES=str(tmp_path / "r"), **ATTN)
     assert p.returncode == 0, p.stdout + p.stderr
     assert failed_lines(p) == []
     assert (tmp_path / "r" / "table.txt").read_text() == "compiled tests | 14 passed in 1.0s\n"
@@ -92,8 +64,8 @@ def test_attn_b1_without_a_crash_exits_0(env, tmp_path):
         ({"TESTS_LIMIT": "1", "STUB_TESTS_SEE": "/nonexistent"}, "compiled tests (exit 124)"),
     ],
 )
-def test_attn_b1_a_crashed_step_fails_the_script(env, tmp_path, crash, step):
-    p = run_script("attn_b1_gpu.sh", env, RES=str(tmp_path / "r"), **ATTN, **crash)
+def test_attn_b1_a_crashed_step_fails_the_script(stubs, tmp_path, crash, step):
+    p = run_script("attn_b1_gpu.sh", stubs, RES=str(tmp_path / "r"), **ATTN, **crash)
     assert p.returncode == 1, p.stdout + p.stderr
     assert failed_lines(p) == [f"1 step(s) failed: {step}"]
     assert f"FAILED: {step}" in p.stdout
@@ -102,17 +74,19 @@ def test_attn_b1_a_crashed_step_fails_the_script(env, tmp_path, crash, step):
     assert "attn_chain_gpu.py" in log and "decode_ab_gpu.py" in log  # the other steps ran
 
 
-def test_calm_agreement_a_crashed_agreement_run_fails_the_script(env, tmp_path):
+def test_calm_agreement_a_crashed_agreement_run_fails_the_script(stubs, tmp_path):
     res = tmp_path / "res"
-    p = run_script("calm_agreement_gpu.sh", env, RES=str(res), VLLM="1", STUB_FAIL="--engine agreement")
+    p = run_script("calm_agreement_gpu.sh", stubs, RES=str(res), VLLM="1", STUB_FAIL="--engine agreement")
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1] == "1 step(s) failed: ours agreement (exit 4)"
     table = (res / "table.txt").read_text()
     assert "calm: plugin | greedy agreement" in table and "calm: lora | run_mlperf" in table
 
 
-def test_calm_agreement_failed_kernel_tests_fail_the_script(env, tmp_path):
-    p = run_script("calm_agreement_gpu.sh", env, RES=str(tmp_path / "res"), KTESTS="1", STUB_FAIL="-m pytest")
+def test_calm_agreement_failed_kernel_tests_fail_the_script(stubs, tmp_path):
+    p = run_script(
+        "calm_agreement_gpu.sh", stubs, RES=str(tmp_path / "res"), KTESTS="1", STUB_FAIL="-m pytest"
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1] == "1 step(s) failed: kernel tests (exit 4)"
 
@@ -126,11 +100,11 @@ def test_calm_agreement_failed_kernel_tests_fail_the_script(env, tmp_path):
         ({"STUB_FAIL": "-m pytest", "TESTS": "1"}, "warm-up and precompile tests (exit 4)"),  # background
     ],
 )
-def test_cold_start_a_crashed_step_fails_the_script(env, tmp_path, crash, step):
+def test_cold_start_a_crashed_step_fails_the_script(stubs, tmp_path, crash, step):
     (tmp_path / "specs").mkdir()
     cold = {"RES": str(tmp_path / "cold"), "SPECS": str(tmp_path / "specs"), "TESTS": "0"}
     cold |= {"WARM20": "pre nopre", "RUN120": "0", "AB": "--batch 3;--batch 5"}
-    p = run_script("cold_start_gpu.sh", env, **{**cold, **crash})
+    p = run_script("cold_start_gpu.sh", stubs, **{**cold, **crash})
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1] == f"1 step(s) failed: {step}"
     rows = [r.split(" |")[0] for r in (tmp_path / "cold" / "table.txt").read_text().splitlines()]
@@ -152,11 +126,11 @@ AB = {"VLLM": "0", "SWEEP": "0", "TESTS": "none", "N": "20", "MODES": "v3"}
         ({"SWEEP": "1", "SWEEP_PEER": "0", "STUB_FAIL": "moe_gpu.py"}, "sweep (exit 4)"),
     ],
 )
-def test_120b_ab_a_crashed_step_fails_the_script(env, tmp_path, crash, step):
+def test_120b_ab_a_crashed_step_fails_the_script(stubs, tmp_path, crash, step):
     res = tmp_path / "ab"
     p = run_script(
         "gptoss_120b_ab_gpu.sh",
-        env,
+        stubs,
         RES=str(res),
         **{**AB, "B1_MODES": "pf=GPTOSS_L2_PREFETCH=all v2", **crash},
     )
@@ -170,11 +144,11 @@ def test_120b_ab_a_crashed_step_fails_the_script(env, tmp_path, crash, step):
         assert "stub python3: failing -m pytest" in (res / "tests.txt").read_text()
 
 
-def _pair_env(env: dict[str, str]) -> dict[str, str]:
+def _pair_env(stubs: dict[str, str]) -> dict[str, str]:
     """Two stub GPUs, the A/B's Offline on v3 alone, DP_N 30."""
-    bin_dir = Path(env["PATH"].split(":")[0])
+    bin_dir = Path(stubs["PATH"].split(":")[0])
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stub'\necho 'GPU 1: stub'\n")
-    return {**env, "DP_N": "30", "MODES": "v3", "B1_MODES": "", "SWEEP": "0", "TESTS": "none", "N": "20"}
+    return {**stubs, "DP_N": "30", "MODES": "v3", "B1_MODES": "", "SWEEP": "0", "TESTS": "none", "N": "20"}
 
 
 @pytest.mark.parametrize(
@@ -187,27 +161,27 @@ def _pair_env(env: dict[str, str]) -> dict[str, str]:
         ({"STUB_FAIL": "--data-parallel-size 2"}, "DP=2 dp2 (exit 1)"),
     ],
 )
-def test_pair_a_crashed_run_fails_the_script(env, tmp_path, crash, step):
-    p = run_script("gptoss_120b_pair_gpu.sh", _pair_env(env), **crash)
+def test_pair_a_crashed_run_fails_the_script(stubs, tmp_path, crash, step):
+    p = run_script("gptoss_120b_pair_gpu.sh", _pair_env(stubs), **crash)
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1] == f"1 step(s) failed: {step}"
     log = calls(tmp_path)
     assert "--engine vllm" in log and "--data-parallel-size 2" in log  # GPU 1's vLLM and DP=2 ran
 
 
-def test_pair_without_a_crash_exits_0(env, tmp_path):
-    p = run_script("gptoss_120b_pair_gpu.sh", _pair_env(env))
+def test_pair_without_a_crash_exits_0(stubs, tmp_path):
+    p = run_script("gptoss_120b_pair_gpu.sh", _pair_env(stubs))
     assert p.returncode == 0, p.stdout + p.stderr
     assert failed_lines(p) == []
-    assert "== v3 (GPU 0) beside vLLM (GPU 1)" in (Path(env["HOME"]) / "pair" / "table.txt").read_text()
+    assert "== v3 (GPU 0) beside vLLM (GPU 1)" in (Path(stubs["HOME"]) / "pair" / "table.txt").read_text()
 
 
 I10 = {"TESTS": "tests/a.py", "PARTS": "ops"}
 
 
-def test_issue10_without_a_crash_exits_0(env, tmp_path):
+def test_issue10_without_a_crash_exits_0(stubs, tmp_path):
     res = tmp_path / "i10"
-    p = run_script("issue10_table_gpu.sh", env, RES=str(res), **I10)
+    p = run_script("issue10_table_gpu.sh", stubs, RES=str(res), **I10)
     assert p.returncode == 0, p.stdout + p.stderr
     assert failed_lines(p) == []
     assert (res / "table.txt").read_text().splitlines() == [
@@ -226,9 +200,9 @@ def test_issue10_without_a_crash_exits_0(env, tmp_path):
         ("-m pytest", "compiled tests (exit 4)", ["kernels_gpu exit | 0", "read_ceiling exit | 0"]),
     ],
 )
-def test_issue10_a_crashed_step_fails_the_script(env, tmp_path, crash, step, rows):
+def test_issue10_a_crashed_step_fails_the_script(stubs, tmp_path, crash, step, rows):
     res = tmp_path / "i10"
-    p = run_script("issue10_table_gpu.sh", env, RES=str(res), **I10, STUB_FAIL=crash)
+    p = run_script("issue10_table_gpu.sh", stubs, RES=str(res), **I10, STUB_FAIL=crash)
     assert p.returncode == 1, p.stdout + p.stderr
     assert failed_lines(p) == [f"1 step(s) failed: {step}"]
     assert (res / "table.txt").read_text().splitlines()[1:] == rows
@@ -278,9 +252,9 @@ def test_issue10_a_crashed_step_fails_the_script(env, tmp_path, crash, step, row
         ),
     ],
 )
-def test_moe_flat_a_crashed_step_fails_the_script(env, tmp_path, parts, crash, failed, ran):
+def test_moe_flat_a_crashed_step_fails_the_script(stubs, tmp_path, parts, crash, failed, ran):
     res = tmp_path / "flat"
-    p = run_script("moe_flat_gpu.sh", env, RES=str(res), PARTS=parts, MODES="a=GPTOSS_X=1 b=", **crash)
+    p = run_script("moe_flat_gpu.sh", stubs, RES=str(res), PARTS=parts, MODES="a=GPTOSS_X=1 b=", **crash)
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1] == failed
     assert ran in p.stdout  # a step after the failed one, said or in the table
@@ -294,10 +268,10 @@ def test_moe_flat_a_crashed_step_fails_the_script(env, tmp_path, parts, crash, f
         ("ogs", {"STUB_FAIL": "--variants vllm"}, "ogs (exit 4)"),
     ],
 )
-def test_moe_large_a_crashed_step_fails_the_script(env, tmp_path, parts, crash, step):
+def test_moe_large_a_crashed_step_fails_the_script(stubs, tmp_path, parts, crash, step):
     res = tmp_path / "large"
     p = run_script(
-        "moe_large_gpu.sh", env, RES=str(res), PARTS=parts, ROUNDS="1", ORDER="default tma ptr", **crash
+        "moe_large_gpu.sh", stubs, RES=str(res), PARTS=parts, ROUNDS="1", ORDER="default tma ptr", **crash
     )
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1] == f"1 step(s) failed: {step}"
@@ -311,31 +285,31 @@ def test_moe_large_a_crashed_step_fails_the_script(env, tmp_path, parts, crash, 
         )
 
 
-def test_moe_ncu_a_failed_digest_fails_the_script(env, tmp_path):
-    p = run_script("moe_ncu_gpu.sh", env, RES=str(tmp_path / "ncu"), STUB_FAIL="--sass-digest")
+def test_moe_ncu_a_failed_digest_fails_the_script(stubs, tmp_path):
+    p = run_script("moe_ncu_gpu.sh", stubs, RES=str(tmp_path / "ncu"), STUB_FAIL="--sass-digest")
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1] == "1 step(s) failed: sass digest (exit 4)"
     assert "== table" in p.stdout  # finish's, in place of the "done" said last before
 
 
-def test_moe_ncu_a_failed_ncu_page_fails_the_script(env, tmp_path):
+def test_moe_ncu_a_failed_ncu_page_fails_the_script(stubs, tmp_path):
     """ncu's details page fails (exit 2): said with its log as before, and counted; the source page
     still runs."""
-    ncu = Path(env["PATH"].split(":")[0]) / "ncu"
+    ncu = Path(stubs["PATH"].split(":")[0]) / "ncu"
     ncu.rename(ncu.with_name("ncu-base"))
     ncu.write_text(
         '#!/bin/sh\ncase "$*" in *"--page details"*) echo "==ERR== no GPU" >&2; exit 2 ;; esac\n'
         'exec "$(dirname "$0")/ncu-base" "$@"\n'
     )
     ncu.chmod(0o755)
-    p = run_script("moe_ncu_gpu.sh", env, RES=str(tmp_path / "ncu"))
+    p = run_script("moe_ncu_gpu.sh", stubs, RES=str(tmp_path / "ncu"))
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1] == "1 step(s) failed: ncu (exit 2)"
     assert "==ERR== no GPU" in p.stdout and "--page source" in calls(tmp_path)
 
 
-def test_vllm_plugin_without_a_crash_exits_0(env, tmp_path):
-    p = run_script("vllm_plugin_gpu.sh", env, RES=str(tmp_path / "plug"))
+def test_vllm_plugin_without_a_crash_exits_0(stubs, tmp_path):
+    p = run_script("vllm_plugin_gpu.sh", stubs, RES=str(tmp_path / "plug"))
     assert p.returncode == 0, p.stdout + p.stderr
     assert failed_lines(p) == []
     engines = [c.split("--engines ")[1].split()[0] for c in calls(tmp_path).splitlines() if "--engines" in c]
@@ -350,8 +324,8 @@ def test_vllm_plugin_without_a_crash_exits_0(env, tmp_path):
         ("--table", "table (exit 4)"),
     ],
 )
-def test_vllm_plugin_a_crashed_step_fails_the_script(env, tmp_path, crash, step):
-    p = run_script("vllm_plugin_gpu.sh", env, RES=str(tmp_path / "plug"), STUB_FAIL=crash)
+def test_vllm_plugin_a_crashed_step_fails_the_script(stubs, tmp_path, crash, step):
+    p = run_script("vllm_plugin_gpu.sh", stubs, RES=str(tmp_path / "plug"), STUB_FAIL=crash)
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1] == f"1 step(s) failed: {step}"
     assert "--engines gptoss" in calls(tmp_path)
