@@ -6,8 +6,9 @@
 # tiles); then bench/decode_ab_gpu.py on the 20b, RUNS of: top_p (the sort, the search with a masked
 # copy, the search drawn through the cut: the default), top_k_p (top_k 50 + top_p with the masked
 # copy, and with the cut: the default), greedy (the peer); RUNS=none, no decode. OPS=0 skips the
-# ops, TESTS=none the tests; RECORD=1 records the precompile manifest last. Everything under RES ($OUT by default); the
-# table last, then the steps that failed (each with its exit status; the script's then 1).
+# ops, TESTS=none the tests; RECORD=1 records the precompile manifest last. Everything under RES
+# ($OUT by default); the table last, then the steps that failed (each with its exit status; the
+# script's then 1).
 #   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 by default)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

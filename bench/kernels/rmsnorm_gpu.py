@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -84,17 +85,13 @@ def t_rows(T: int, warps: list[int], vops, device: str = "cuda", hidden: int = H
             steps = ulp_steps(out, first)
             us = timed_us(partial(rmsnorm.fused_add_rms_norm, x, res, w, 1e-5), f"T={T} {n} warps")
             rows.append(
-                f"| {T} | {rmsnorm.num_warps(T, triton_block(hidden))} warps | {us:.1f} | "
+                f"| {T} | {rmsnorm.num_warps(T, triton.next_power_of_2(hidden))} warps | {us:.1f} | "
                 f"{torch_us / us:.2f} | {int((steps == 0).sum())}/{T} | {int(steps.max())} |"
             )
     finally:
         rmsnorm.LARGE_T, rmsnorm.LARGE_WARPS = saved
     rows.append(f"| {T} | torch (add, rms_norm) | {torch_us:.1f} | 1.00 | | |")
     return rows
-
-
-def triton_block(hidden: int) -> int:
-    return 1 << (hidden - 1).bit_length()
 
 
 def main() -> int:

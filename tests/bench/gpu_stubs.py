@@ -114,6 +114,11 @@ def run_script(script: str, env: dict[str, str], *args: str, **extra: str) -> su
     )
 
 
+def first_at(lines: list[str], key: str) -> int:
+    """The index of the first of lines that holds key (a script's calls or log, in order)."""
+    return next(i for i, line in enumerate(lines) if key in line)
+
+
 def run_compiler_tool(script: str, *args: str) -> subprocess.CompletedProcess:
     """A bench tool that compiles kernels for sm_90a on CPU (bench/kernels/*_sass.py), in a process of
     its own: the tests' Triton runs interpreted, and an interpreted kernel does not compile."""

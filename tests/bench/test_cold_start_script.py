@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.bench.gpu_stubs import run_script
+from tests.bench.gpu_stubs import first_at, run_script
 
 
 def run_cold(stubs: dict[str, str], tmp_path: Path, **env: str):
@@ -79,8 +79,8 @@ def test_a_checkout_copied_again_gets_the_recorded_manifest_back(stubs, tmp_path
 def test_vllm_runs_after_the_20b_modes_on_an_empty_cache(stubs, tmp_path):
     table = cold(stubs, tmp_path, RECORD="0", WARM20="pre", RUN120="0", VLLM="1")
     calls = (tmp_path / "calls.log").read_text().splitlines()
-    ours = next(i for i, c in enumerate(calls) if "--engine gptoss" in c)
-    theirs = next(i for i, c in enumerate(calls) if "--engine vllm" in c)
+    ours = first_at(calls, "--engine gptoss")
+    theirs = first_at(calls, "--engine vllm")
     assert ours < theirs and "--decode 128x512 --throughput 1000x1024x1024" in calls[theirs]
     assert (
         table.splitlines()[-1]

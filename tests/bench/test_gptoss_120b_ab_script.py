@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.bench.gpu_stubs import run_script
+from tests.bench.gpu_stubs import first_at, run_script
 
 
 def _ab(stubs, tmp_path, **extra: str) -> tuple[subprocess.CompletedProcess, Path, list[str]]:
@@ -67,8 +67,8 @@ def test_120b_ab_vllm_b1_runs_vllm_at_batch_1_alone(stubs, tmp_path):
     assert [c for c in calls if "--engine gptoss" in c][0].count("--decode 128x512") == 1
     # without the sweep, our batch-1 modes run before the wait for vLLM's install, vLLM after it
     log = p.stdout.splitlines()
-    wait = next(i for i, x in enumerate(log) if "waiting for vLLM" in x)
-    assert next(i for i, x in enumerate(log) if "ours pf" in x) < wait
+    wait = first_at(log, "waiting for vLLM")
+    assert first_at(log, "ours pf") < wait
 
 
 def test_120b_ab_tests_beside_the_checkpoint_then_profile_and_ncu_before_vllm(stubs, tmp_path):
@@ -79,7 +79,7 @@ def test_120b_ab_tests_beside_the_checkpoint_then_profile_and_ncu_before_vllm(st
     env["STUB_TESTS_SEE"] = str(tmp_path / "ck" / "config.json")
     p, res, calls = _ab(stubs, tmp_path, **env)
     order = [
-        next(i for i, c in enumerate(calls) if k in c)
+        first_at(calls, k)
         for k in (
             "--engine gptoss",
             "profile_gpu.py --model-path",
@@ -112,8 +112,8 @@ def test_120b_ab_sweep_without_its_peer_waits_for_vllm_once_after_the_batch_1_mo
     assert len(sweep) == 1 and "--ms 1 " in sweep[0] and sweep[0].endswith("--variants v3-dd-w,v3-dd-gu-w-s8")
     log = p.stdout.splitlines()
     waits = [i for i, x in enumerate(log) if "waiting for vLLM" in x]
-    sweep_at = next(i for i, x in enumerate(log) if "decode-batch MoE sweep" in x)
-    assert len(waits) == 1 and sweep_at < next(i for i, x in enumerate(log) if "ours gu" in x) < waits[0]
+    sweep_at = first_at(log, "decode-batch MoE sweep")
+    assert len(waits) == 1 and sweep_at < first_at(log, "ours gu") < waits[0]
     assert len([c for c in calls if "--engine vllm" in c]) == 1
 
 

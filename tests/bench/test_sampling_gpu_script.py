@@ -4,7 +4,7 @@ the masked copy and the sort are the switched-off ones), and an unknown run stop
 
 from __future__ import annotations
 
-from tests.bench.gpu_stubs import run_script
+from tests.bench.gpu_stubs import first_at, run_script
 
 
 def test_runs_tests_ops_tiles_then_the_decodes_and_records_last(stubs, tmp_path):
@@ -23,7 +23,7 @@ def test_runs_tests_ops_tiles_then_the_decodes_and_records_last(stubs, tmp_path)
     # the tests run in the background beside the checkpoint's writing (either may log first), and
     # are waited for before the ops
     order = [
-        next(i for i, c in enumerate(calls) if key in c)
+        first_at(calls, key)
         for key in (
             "make_checkpoint",
             "kernels_gpu.py --only ops",
@@ -34,7 +34,7 @@ def test_runs_tests_ops_tiles_then_the_decodes_and_records_last(stubs, tmp_path)
         )
     ]
     assert order == sorted(order), calls
-    assert next(i for i, c in enumerate(calls) if "-m pytest" in c) < order[1], calls
+    assert first_at(calls, "-m pytest") < order[1], calls
     top_k = next(c for c in calls if "top_k=50" in c)
     assert top_k.endswith("--variant mask=sampling.USE_CUT=False --variant cut=")
     assert "--batch 1,64,256 --max-num-seqs 256 --decode 128x256" in top_k
