@@ -5,8 +5,10 @@
 # against all of them); with TILES (a --tiles list) bench/kernels/top_p_gpu.py (the search's pass
 # tiles); then bench/decode_ab_gpu.py on the 20b, RUNS of: top_p (the sort, the search with a masked
 # copy, the search drawn through the cut: the default), top_k_p (top_k 50 + top_p with the masked
-# copy, and with the cut: the default), greedy (the peer); RUNS=none, no decode. OPS=0 skips the
-# ops, TESTS=none the tests; RECORD=1 records the precompile manifest last. Everything under RES
+# copy, and with the cut: the default), screen (temperature 1 unfiltered, as MLPerf samples: the
+# draw unscreened, screened within a chunk, and across a row's chunks: sampling.SCREEN 0 / 1 / 2),
+# greedy (the peer); RUNS=none, no decode. OPS=0 skips the ops, TESTS=none the tests; RECORD=1
+# records the precompile manifest last. Everything under RES
 # ($OUT by default); the table last, then the steps that failed (each with its exit status; the
 # script's then 1).
 #   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 by default)
@@ -18,7 +20,7 @@ RES=${RES:-${OUT:-$HOME/sampling_gpu}}
 BATCH=${BATCH:-1,64,256}
 DECODE=${DECODE:-128x256}
 TESTS=${TESTS:-tests/gptoss/kernels/test_sampling_kernel.py tests/gptoss/kernels/test_sampling_top_p.py
-  tests/gptoss/kernels/test_kernel_engine_sampling.py}
+  tests/gptoss/kernels/test_kernel_engine_sampling.py tests/gptoss/kernels/test_sampling_screen.py}
 nvidia-smi -L
 if [ "$TESTS" != none ]; then
   say "compiled sampling tests (beside the checkpoint)"
@@ -59,9 +61,10 @@ for run in ${RUNS:-top_p top_k_p greedy}; do
     top_p) decode top_p temperature=1,top_p=0.9,seed=7 "sort=sampling_filter.TOP_P_SEARCH=False" \
       "search=sampling.USE_CUT=False" search_cut= ;;
     top_k_p) decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 "mask=sampling.USE_CUT=False" cut= ;;
+    screen) decode screen temperature=1,seed=7 off= "local=sampling.SCREEN=1" "shared=sampling.SCREEN=2" ;;
     greedy) decode greedy greedy default= ;;
     none) ;;
-    *) say "unknown run $run (top_p, top_k_p, greedy, none)"; exit 2 ;;
+    *) say "unknown run $run (top_p, top_k_p, screen, greedy, none)"; exit 2 ;;
   esac
 done
 if [ "${RECORD:-0}" = 1 ]; then  # the precompile manifest: what the 20b meets at 4,096 keys, added to

@@ -134,17 +134,23 @@ def rope_case(T: int, vops) -> dict:
     return _row("rope_qkv", f"T={T} +kv write", ours, vl, timed_us(torch_fn, f"rope T={T} torch"), nbytes)
 
 
-def _masked(fn: Callable[[], object]) -> Callable[[], object]:
-    """fn with sampling.USE_CUT off while it runs (a capture records the masked copy's launches)."""
+def _switched(fn: Callable[[], object], name: str, value: object) -> Callable[[], object]:
+    """fn with sampling's switch name at value while it runs (a capture records that path's launches)."""
 
     def run():
-        old, sampling.USE_CUT = sampling.USE_CUT, False
+        old = getattr(sampling, name)
+        setattr(sampling, name, value)
         try:
             return fn()
         finally:
-            sampling.USE_CUT = old
+            setattr(sampling, name, old)
 
     return run
+
+
+def _masked(fn: Callable[[], object]) -> Callable[[], object]:
+    """fn with sampling.USE_CUT off: the masked copy."""
+    return _switched(fn, "USE_CUT", False)
 
 
 def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
@@ -191,10 +197,16 @@ def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
         _masked(partial(sample, logits, ones, no_k, top_p, seeds, offsets, filtered=True, top_p_search=True)),
         f"B={B} top-p search",
     )
-    top_p_search_cut = timed_us(
-        lambda: gumbel_argmax(logits, ones, seeds, offsets, top_p_cut(logits, ones, top_p)),
-        f"B={B} top-p search cut",
-    )
+
+    def search_cut():
+        return gumbel_argmax(logits, ones, seeds, offsets, top_p_cut(logits, ones, top_p))
+
+    top_p_search_cut = timed_us(search_cut, f"B={B} top-p search cut")
+    # the screened draw (sampling.SCREEN, off until timed): 1 within a chunk, 2 shared by a row's
+    # chunks; the peers are the unscreened rows above (the same ids)
+    unfiltered = partial(sample, logits, ones, no_k, ones, seeds, offsets, filtered=False)
+    screened = [timed_us(_switched(unfiltered, "SCREEN", m), f"B={B} T=1 screen {m}") for m in (1, 2)]
+    cut_screened = timed_us(_switched(search_cut, "SCREEN", 2), f"B={B} top-p search cut screen 2")
     # the sort in one call over B rows, as before sampling.SORT_ROWS blocks (the row above's peer)
     one_sort = timed_us(
         lambda: gumbel_argmax(mask_top_k_top_p(logits, ones, no_k, top_p), ones, seeds, offsets),
@@ -228,11 +240,16 @@ def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
             timed_us(torch_multinomial, f"B={B} multinomial"),
             nbytes,
         ),
+        _row("sample", f"B={B} T=1 screen 1", screened[0], None, drawn, nbytes),
+        _row("sample", f"B={B} T=1 screen 2", screened[1], None, drawn, nbytes),
         _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, filt_sort, nbytes),
         _row("sample", f"B={B} T=1 top_k=50 top_p=0.9 cut", filt_cut, None, filt, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9", top_p_only, None, None, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9 search", top_p_search, None, top_p_only, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9 search cut", top_p_search_cut, None, top_p_only, nbytes),
+        _row(
+            "sample", f"B={B} T=1 top_p=0.9 search cut screen 2", cut_screened, None, top_p_search_cut, nbytes
+        ),
         _row("sample", f"B={B} T=1 top_p=0.9 sort blocks", top_p_only, None, one_sort, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9 on 1/16 rows", few, None, few_all, nbytes),
     ]

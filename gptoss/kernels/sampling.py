@@ -35,6 +35,15 @@ from gptoss.kernels.sampling_filter import apply_cut, filter_cut, mask_top_k_top
 from gptoss.kernels.sampling_top_p import top_p_cut
 
 _BLOCK = 1024  # elements per loop step of a pass-1 program
+# Screening (_chunk_winner's SCREEN): each step first bounds its z from the hash's bits alone
+# (_gumbel_bound: a few integer and float operations) and takes the two logs only when some bound
+# could beat the best z seen so far. The draw is bound by its instructions, not by HBM (v64: 659.5
+# us at B 1024, about 3x the read), and in a chunk of n steps step k holds a new best with odds ~1/k.
+# 0: off. 1: the best z of the program's own earlier steps. 2: also the best any chunk of the row has
+# kept, shared through a [B] float32 of atomic maxima, so later chunks skip from their first step.
+# The same ids bit for bit in every mode (tests): a skipped z is beaten, or tied at a smaller index,
+# by a z that is kept. Off until timed on a GPU (bench/kernels/ops_gpu.py's "screen" rows).
+SCREEN = 0
 
 
 @triton.jit
@@ -61,14 +70,36 @@ def _row_keys(seed_ptr, off_ptr, rows, rmask):
 
 
 @triton.jit
-def _gumbel(idx, k0, k1):
-    """g ~ Gumbel(0, 1) for vocab indices idx under the row keys."""
+def _uniform(idx, k0, k1):
+    """w = (u + 0.5) / 2^32 in (0, 1] for vocab indices idx under the row keys."""
     h = _mix(_mix(idx.to(tl.uint32) * 0x9E3779B9 + k1) ^ k0)
-    w = (h.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # (0, 1]
+    return (h.to(tl.float32) + 0.5) * 2.3283064365386963e-10
+
+
+@triton.jit
+def _gumbel(w):
+    """g = -log(E) ~ Gumbel(0, 1), E = -log(1 - w) ~ Exp(1)."""
     # -log(1 - w): 4 terms of the series below 1/64 (relative error < 1e-8), a plain log above.
     series = w * (1.0 + w * (0.5 + w * (0.3333333333333333 + w * 0.25)))
     e = tl.where(w < 0.015625, series, -tl.log(1.0 - w))  # Exp(1)
     return -tl.log(e)
+
+
+@triton.jit
+def _gumbel_bound(w):
+    """An upper bound on _gumbel(w) from w's float bits, no log: E >= w (series and log alike), so
+    g <= -ln(w); w = 2^e (1 + f) has bits / 2^23 = 127 + e + f and log2(1 + f) >= f (concave,
+    equal at 0 and 1), so -log2(w) <= 127 - bits / 2^23, at most 0.087 above it. The 1e-4 covers the
+    roundings (the bits' conversion, ~2e-5 here; the logs' ulps in g, ~2e-6)."""
+    bits = w.to(tl.int32, bitcast=True).to(tl.float32)
+    return (127.0 - bits * 1.1920928955078125e-07) * 0.6931471805599453 + 1e-4
+
+
+@triton.jit
+def _keep_first_max(z, idx, best, best_i):
+    """Strict >: a lane sees increasing indices, so it keeps the first of equal maxima."""
+    better = z > best
+    return tl.where(better, z, best), tl.where(better, idx, best_i)
 
 
 @triton.jit
@@ -85,16 +116,25 @@ def _chunk_winner(
     cut,
     CHUNK,
     BLOCK,
+    floor_ptr,
     CUT: tl.constexpr,
+    SCREEN: tl.constexpr,
 ):
     """Rows [R] of chunk program_id(1), in [R, BLOCK] steps -> (max z [R], its first index, has NaN).
     CUT: only logits above the row's tau [R, 1], or equal to it at an index <= its cut [R, 1], or
-    NaN, take part (filter_cut's cut: what mask_within_top_k's masked copy keeps, read in place)."""
+    NaN, take part (filter_cut's cut: what mask_within_top_k's masked copy keeps, read in place).
+    SCREEN (the switch above) 1: a step whose bounds (_gumbel_bound) all stay <= the best z its
+    program has seen skips the logs: none of its z can beat that z, and a tie would sit at a later
+    index. 2: also when they all stay < the best z any chunk of the row has kept (floor_ptr [B], a
+    max shared through atomics): then none can even tie the row's winner. Either way the chunk may
+    keep less than its own max, but only when another element (kept) beats or ties it earlier."""
     temp = tl.load(temp_ptr + rows, mask=rmask, other=0.0)  # [R]
     sampled = temp > 0
     any_sampled = tl.max(sampled.to(tl.int32), axis=0) > 0
-    temp = tl.where(sampled, temp, 1.0)[:, None]  # [R, 1], 1 where unused
-    sampled = sampled[:, None]
+    temp = tl.where(sampled, temp, 1.0)  # 1 where unused
+    # x / 1 is x: a program whose rows are all at temperature 1 (or greedy) skips the division.
+    scaled = tl.max((temp != 1.0).to(tl.int32), axis=0) > 0
+    temp, sampled = temp[:, None], sampled[:, None]  # [R, 1]
     k0, k1 = _row_keys(seed_ptr, off_ptr, rows, rmask)
     k0, k1 = k0[:, None], k1[:, None]
     start = tl.program_id(1) * CHUNK
@@ -102,6 +142,7 @@ def _chunk_winner(
     best = tl.full([rows.shape[0], BLOCK], float("-inf"), tl.float32)
     # An all -inf chunk yields its first index, as torch.argmax does.
     best_i = tl.zeros([rows.shape[0], BLOCK], tl.int32) + start + lanes
+    seen = tl.full([rows.shape[0]], float("-inf"), tl.float32)  # SCREEN: each row's best z so far
     nan = tl.zeros([rows.shape[0], BLOCK], tl.int32)
     for s in range(start, tl.minimum(start + CHUNK, V), BLOCK):  # the last chunk stops at V
         idx = s + lanes  # [1, BLOCK]
@@ -114,13 +155,29 @@ def _chunk_winner(
         nan |= is_nan.to(tl.int32)
         if CUT:  # NaN stays (the row then yields -1, as unfiltered)
             x = tl.where((x > tau) | ((x == tau) & (idx <= cut)) | is_nan, x, float("-inf"))
-        z = x
+        if SCREEN == 2:  # volatile: another program's atomic_max lands in L2, not in this L1
+            floor = tl.load(floor_ptr + rows, mask=rmask, other=float("-inf"), volatile=True)[:, None]
         if any_sampled:  # a uniform branch: all-greedy batches skip the hash and the logs
-            z = tl.where(sampled, x / temp + _gumbel(idx, k0, k1), x)
-        # Strict >: a lane sees increasing indices, so it keeps the first of equal maxima.
-        better = z > best
-        best = tl.where(better, z, best)
-        best_i = tl.where(better, idx, best_i)
+            xt = x
+            if scaled:
+                xt = x / temp
+            w = _uniform(idx, k0, k1)
+            if SCREEN > 0:
+                bound = tl.where(sampled, xt + _gumbel_bound(w), x)  # >= z, rounding included
+                may = bound > seen[:, None]
+                if SCREEN == 2:
+                    may &= bound >= floor
+                if tl.max(tl.max(may.to(tl.int32), axis=1), axis=0) > 0:
+                    z = tl.where(sampled, xt + _gumbel(w), x)
+                    best, best_i = _keep_first_max(z, idx, best, best_i)
+                    seen = tl.max(best, axis=1)  # best never holds NaN (NaN > b is false)
+                    if SCREEN == 2:
+                        tl.atomic_max(floor_ptr + rows, seen, mask=rmask, sem="relaxed")
+            else:
+                z = tl.where(sampled, xt + _gumbel(w), x)
+                best, best_i = _keep_first_max(z, idx, best, best_i)
+        else:
+            best, best_i = _keep_first_max(x, idx, best, best_i)
     top = tl.max(best, axis=1)  # [R]
     top_i = tl.min(tl.where(best == top[:, None], best_i, 2147483647), axis=1)
     return top, top_i, tl.max(nan, axis=1) > 0
@@ -156,13 +213,29 @@ def _sample_chunk_kernel(
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
     SINGLE: tl.constexpr,
+    floor_ptr,
+    SCREEN: tl.constexpr,
 ):
     """A [ROWS, CHUNK] tile in [ROWS, BLOCK] steps -> each row's (max z, first index) of the chunk."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R]
     rmask = rows < B
     rows = rows.to(tl.int64)
     top, top_i, has_nan = _chunk_winner(
-        logits_ptr, stride_row, temp_ptr, seed_ptr, off_ptr, rows, rmask, V, 0.0, 0, CHUNK, BLOCK, False
+        logits_ptr,
+        stride_row,
+        temp_ptr,
+        seed_ptr,
+        off_ptr,
+        rows,
+        rmask,
+        V,
+        0.0,
+        0,
+        CHUNK,
+        BLOCK,
+        floor_ptr,
+        False,
+        SCREEN,
     )
     _store_winner(top, top_i, has_nan, pval_ptr, pidx_ptr, out_ptr, rows, rmask, n_chunks, SINGLE)
 
@@ -186,6 +259,8 @@ def _sample_chunk_cut_kernel(
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
     SINGLE: tl.constexpr,
+    floor_ptr,
+    SCREEN: tl.constexpr,
 ):
     """_sample_chunk_kernel with filter_cut's (tau, cut) applied as the rows are read."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R]
@@ -194,7 +269,21 @@ def _sample_chunk_cut_kernel(
     tau = tl.load(tau_ptr + rows, mask=rmask, other=float("-inf"))[:, None]  # [R, 1]
     cut = tl.load(cut_ptr + rows, mask=rmask, other=-1)[:, None]
     top, top_i, has_nan = _chunk_winner(
-        logits_ptr, stride_row, temp_ptr, seed_ptr, off_ptr, rows, rmask, V, tau, cut, CHUNK, BLOCK, True
+        logits_ptr,
+        stride_row,
+        temp_ptr,
+        seed_ptr,
+        off_ptr,
+        rows,
+        rmask,
+        V,
+        tau,
+        cut,
+        CHUNK,
+        BLOCK,
+        floor_ptr,
+        True,
+        SCREEN,
     )
     _store_winner(top, top_i, has_nan, pval_ptr, pidx_ptr, out_ptr, rows, rmask, n_chunks, SINGLE)
 
@@ -245,11 +334,15 @@ def gumbel_argmax(
     pval = out if single else torch.empty(B, n_chunks, dtype=torch.float32, device=logits.device)
     pidx = out if single else torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
     args = (logits, logits.stride(0), temperature, seeds, offsets, pval, pidx, out, B, V, n_chunks)
-    consts = dict(ROWS=rows, CHUNK=chunk, BLOCK=block, SINGLE=single, num_warps=4)
+    # SCREEN 2 shares a row's best z across its chunks: a [B] -inf fill, for rows split in chunks.
+    # Otherwise floor_ptr is unread: the logits (float32 and aligned, as the recorded launches had).
+    screen = SCREEN if not single else min(SCREEN, 1)
+    floor = torch.full((B,), float("-inf"), device=logits.device) if screen == 2 else logits
+    consts = dict(ROWS=rows, CHUNK=chunk, BLOCK=block, SINGLE=single, floor_ptr=floor, SCREEN=screen)
     if cut is None:
-        _sample_chunk_kernel[grid](*args, **consts)
+        _sample_chunk_kernel[grid](*args, **consts, num_warps=4)
     else:
-        _sample_chunk_cut_kernel[grid](*args, *cut, **consts)
+        _sample_chunk_cut_kernel[grid](*args, *cut, **consts, num_warps=4)
     if not single:
         chunks = triton.next_power_of_2(n_chunks)
         rows = max(1, 256 // chunks)

@@ -71,7 +71,7 @@ def test_an_unknown_run_stops_the_call_and_says_which(stubs, tmp_path):
         SPECS=str(tmp_path),
     )
     assert p.returncode == 2
-    assert "unknown run bogus (top_p, top_k_p, greedy, none)" in p.stdout
+    assert "unknown run bogus (top_p, top_k_p, screen, greedy, none)" in p.stdout
     calls = (tmp_path / "calls.log").read_text()
     assert "--sampling greedy --variant default=" in calls
     assert "top_p=0.9" not in calls and "record_specs" not in calls and "-m pytest" not in calls
@@ -116,3 +116,15 @@ def test_runs_none_records_without_a_decode(stubs, tmp_path):
     calls = (tmp_path / "calls.log").read_text()
     assert "decode_ab_gpu.py" not in calls and "record_specs" in calls
     assert (res / "table.txt").read_text().splitlines()[-1].startswith("record_specs | ")
+
+
+def test_the_screen_run_times_the_draw_unscreened_and_in_both_modes(stubs, tmp_path):
+    p = run_script("sampling_gpu.sh", stubs, RES=str(tmp_path / "sg"), RUNS="screen", OPS="0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    screen = next(c for c in calls if "decode_ab_gpu.py" in c)
+    assert screen.endswith(
+        "--sampling temperature=1,seed=7 --variant off= --variant local=sampling.SCREEN=1 "
+        "--variant shared=sampling.SCREEN=2"
+    )
+    assert "tests/gptoss/kernels/test_sampling_screen.py" in next(c for c in calls if "-m pytest" in c)
