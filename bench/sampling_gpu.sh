@@ -11,7 +11,7 @@
 # records the precompile manifest last. Everything under RES
 # ($OUT by default); the table last, then the steps that failed (each with its exit status; the
 # script's then 1).
-#   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 by default)
+#   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 MAX_NUM_SEQS=256 by default)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 RES=${RES:-${OUT:-$HOME/sampling_gpu}}
@@ -19,6 +19,7 @@ RES=${RES:-${OUT:-$HOME/sampling_gpu}}
 . bench/gpu_detached.sh
 BATCH=${BATCH:-1,64,256}
 DECODE=${DECODE:-128x256}
+MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
 TESTS=${TESTS:-tests/gptoss/kernels/test_sampling_kernel.py tests/gptoss/kernels/test_sampling_top_p.py
   tests/gptoss/kernels/test_kernel_engine_sampling.py tests/gptoss/kernels/test_sampling_screen.py}
 nvidia-smi -L
@@ -44,7 +45,7 @@ decode() {  # NAME SAMPLING VARIANT...
   say "decode $name ($sampling)"
   local flags=(); for v in "$@"; do flags+=(--variant "$v"); done
   timeout "${DECODE_LIMIT:-420}" python3 bench/decode_ab_gpu.py --model-path "$CKPT" --batch "$BATCH" \
-    --max-num-seqs 256 --decode "$DECODE" --profile-tokens "${PROFILE_TOKENS:-16}" --sampling "$sampling" \
+    --max-num-seqs "$MAX_NUM_SEQS" --decode "$DECODE" --profile-tokens "${PROFILE_TOKENS:-16}" --sampling "$sampling" \
     "${flags[@]}" > "$RES/decode_$name.txt" 2>&1 || failed "decode $name (exit $?)"
   echo "== decode $name ($sampling)" >> "$RES/table.txt"
   sed -n '/^batch [0-9]*, /,$p' "$RES/decode_$name.txt" | grep -v '^$' >> "$RES/table.txt"

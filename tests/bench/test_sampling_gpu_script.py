@@ -119,10 +119,19 @@ def test_runs_none_records_without_a_decode(stubs, tmp_path):
 
 
 def test_the_screen_run_times_the_draw_unscreened_and_in_both_modes(stubs, tmp_path):
-    p = run_script("sampling_gpu.sh", stubs, RES=str(tmp_path / "sg"), RUNS="screen", OPS="0")
+    p = run_script(
+        "sampling_gpu.sh",
+        stubs,
+        RES=str(tmp_path / "sg"),
+        RUNS="screen",
+        OPS="0",
+        BATCH="256,1024",
+        MAX_NUM_SEQS="1024",
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     calls = (tmp_path / "calls.log").read_text().splitlines()
     screen = next(c for c in calls if "decode_ab_gpu.py" in c)
+    assert "--batch 256,1024 --max-num-seqs 1024 --decode 128x256" in screen  # where the draw weighs most
     assert screen.endswith(
         "--sampling temperature=1,seed=7 --variant off= --variant local=sampling.SCREEN=1 "
         "--variant shared=sampling.SCREEN=2"
