@@ -6,8 +6,9 @@ integer argument is 1 or a multiple of 16. The start-up path (the MoE at powers 
 graphs) sees only round token counts, so a first Offline run on a fresh machine compiled 9 more
 kernels inside its timing: 14.8 s of 215.7 s at 120b on an H200 (bench/results v48). Here real
 requests run through the real scheduler, in two phases:
-1. a full budget's step, steps of odd token counts, prefill chunks beside decodes, two sampled
-   requests (top-k, top-p) (and one on each LoRA adapter);
+1. a full budget's step, steps of odd token counts, prefill chunks beside decodes, two filtered
+   requests (top-k, top-p), one unfiltered sampled one (MLPerf's temperature 1, top_p 1: its second
+   token is drawn from lm_head's bf16 logits, beside greedy rows) (and one on each LoRA adapter);
 2. rounds of S decodes beside a prefill chunk, then a decode burst of S + 1 rows. A mixed step's
    decodes attend in one eager launch whose split count (a constexpr, and an int Triton specializes
    at 1 and at multiples of 16) follows S: round_sizes takes the first S of each. A burst of an odd
@@ -45,6 +46,9 @@ GREEDY = SamplingParams(max_new_tokens=SHORT_OUT, temperature=0.0, ignore_eos=Tr
 # the top_k and top_p_cut's search (sampling_filter.filter_plan).
 SAMPLED = SamplingParams(max_new_tokens=1, temperature=0.8, top_p=0.9, top_k=20, seed=1, ignore_eos=True)
 SAMPLED_P = SamplingParams(max_new_tokens=1, temperature=0.8, top_p=0.9, seed=2, ignore_eos=True)
+# Two tokens: the second is drawn in the next step, with no filtered row beside it, so from the bf16
+# logits (KernelRunner._draw_logits); gone before the bursts too.
+SAMPLED_T1 = SamplingParams(max_new_tokens=2, temperature=1.0, seed=3, ignore_eos=True)
 ROUND_PROMPT = 3  # the second phase's short prompts
 ROUND_LONG = 37  # and the prefill beside their decodes
 LONG = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
@@ -73,7 +77,7 @@ def warmup_prompts(
     out: list[tuple[list[int], SamplingParams]] = []
     for i, n in enumerate(SHORT_LENS[: max_num_seqs - 1]):
         n = max(1, min(n, max_model_len - SHORT_OUT - 1))
-        out.append((ids(n), {1: SAMPLED, 2: SAMPLED_P}.get(i, GREEDY)))
+        out.append((ids(n), {1: SAMPLED, 2: SAMPLED_P, 3: SAMPLED_T1}.get(i, GREEDY)))
     long_len = max(1, min(max_model_len - 9, budget + 37))
     total = sum(len(p) for p, _ in out)
     while total <= budget + 37 and len(out) < max_num_seqs:

@@ -202,6 +202,16 @@ def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
         return gumbel_argmax(logits, ones, seeds, offsets, top_p_cut(logits, ones, top_p))
 
     top_p_search_cut = timed_us(search_cut, f"B={B} top-p search cut")
+    # the engine's unfiltered draw on lm_head's bf16 logits, against what it did before: a float32 copy,
+    # then the draw (the same ids)
+    half = logits.bfloat16()
+    drawn_bf16 = timed_us(
+        partial(sample, half, ones, no_k, ones, seeds, offsets, filtered=False), f"B={B} T=1 bf16"
+    )
+    widened = timed_us(
+        lambda: sample(half.float(), ones, no_k, ones, seeds, offsets, filtered=False),
+        f"B={B} T=1 bf16 widened",
+    )
     # the screened draw (sampling.SCREEN, off until timed): 1 within a chunk, 2 shared by a row's
     # chunks; the peers are the unscreened rows above (the same ids)
     unfiltered = partial(sample, logits, ones, no_k, ones, seeds, offsets, filtered=False)
@@ -240,6 +250,7 @@ def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
             timed_us(torch_multinomial, f"B={B} multinomial"),
             nbytes,
         ),
+        _row("sample", f"B={B} T=1 bf16 logits", drawn_bf16, None, widened, nbytes // 2),
         _row("sample", f"B={B} T=1 screen 1", screened[0], None, drawn, nbytes),
         _row("sample", f"B={B} T=1 screen 2", screened[1], None, drawn, nbytes),
         _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, filt_sort, nbytes),

@@ -2,7 +2,7 @@
 each SCREEN mode: the loop's instructions an element, and of them the logs' branch, which a screened
 step takes only when a bound could beat the best z seen (the "cheap" rest runs on every step).
 
-    python bench/kernels/sampling_sass.py [--cut] [--chunk 16384]
+    python bench/kernels/sampling_sass.py [--cut] [--bf16]
 
 No GPU needed (as moe_decode_sass.py). One line a mode: registers; the loop (one [1, BLOCK] step of
 a row, 8 elements a thread at BLOCK 1024 and 4 warps) in instructions an element; the logs' branch
@@ -45,12 +45,12 @@ BLOCK, WARPS = 1024, 4
 PER_THREAD = BLOCK // (32 * WARPS)  # elements a thread takes each step
 
 
-def compile_mode(screen: int, cut: bool, chunk: int):
-    sig = dict(SIG)
+def compile_mode(screen: int, cut: bool, bf16: bool = False):
+    sig = dict(SIG, logits_ptr="*bf16" if bf16 else "*fp32")
     if cut:
         sig |= dict(tau_ptr="*fp32", cut_ptr="*i32")
-    sig["floor_ptr"] = "*fp32"
-    consts = dict(ROWS=1, CHUNK=chunk, BLOCK=BLOCK, SINGLE=False, SCREEN=screen)
+    sig |= dict(CHUNK="i32", floor_ptr="*fp32")  # CHUNK: an int at run time, as the engine launches it
+    consts = dict(ROWS=1, BLOCK=BLOCK, SINGLE=False, SCREEN=screen)
     kernel = sampling._sample_chunk_cut_kernel if cut else sampling._sample_chunk_kernel
     return _compile(kernel, sig, consts, WARPS, 3)
 
@@ -84,8 +84,8 @@ def loop_parts(ins: list[tuple[int, str]]) -> tuple[list[str], list[str] | None]
     return body, logs
 
 
-def line(screen: int, cut: bool, chunk: int) -> str:
-    res, _, ins = disassemble(compile_mode(screen, cut, chunk))
+def line(screen: int, cut: bool, bf16: bool = False) -> str:
+    res, _, ins = disassemble(compile_mode(screen, cut, bf16))
     regs = re.search(r"REG:(\d+)", res)[1]
     body, logs = loop_parts(ins)
     logs = logs if screen else None  # mode 0's branch is the all-greedy skip
@@ -98,7 +98,8 @@ def line(screen: int, cut: bool, chunk: int) -> str:
         rest = (len(body) - len(logs)) / PER_THREAD
         parts = f"logs branch {len(logs) / PER_THREAD:.1f}, rest {rest:.1f}"
     return (
-        f"screen {screen}{' cut' if cut else ''}: regs {regs}, loop {per:.1f} an element, {parts}; "
+        f"screen {screen}{' cut' if cut else ''}{' bf16' if bf16 else ''}: regs {regs}, "
+        f"loop {per:.1f} an element, {parts}; "
         f"atomics {atomics}, volatile loads {volatile}"
     )
 
@@ -106,13 +107,11 @@ def line(screen: int, cut: bool, chunk: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cut", action="store_true", help="the kernel that applies a filter's cut as it reads")
-    ap.add_argument("--chunk", type=int, default=16384, help="elements a program takes (B >= 64: 16,384)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 logits (the engine's unfiltered draws)")
     args = ap.parse_args()
-    print(
-        f"sampling pass 1, sm_90a, BLOCK {BLOCK}, {WARPS} warps, chunk {args.chunk}: instructions an element"
-    )
+    print(f"sampling pass 1, sm_90a, BLOCK {BLOCK}, {WARPS} warps: instructions an element")
     for screen in (0, 1, 2):
-        print(line(screen, args.cut, args.chunk))
+        print(line(screen, args.cut, args.bf16))
 
 
 if __name__ == "__main__":

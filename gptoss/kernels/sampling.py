@@ -150,7 +150,7 @@ def _chunk_winner(
             logits_ptr + rows[:, None] * stride_row + idx,
             mask=rmask[:, None] & (idx < V),
             other=float("-inf"),
-        )  # [R, BLOCK]
+        ).to(tl.float32)  # [R, BLOCK]; bf16 logits widen exactly
         is_nan = x != x  # noqa: PLR0124 (NaN test)
         nan |= is_nan.to(tl.int32)
         if CUT:  # NaN stays (the row then yields -1, as unfiltered)
@@ -210,7 +210,7 @@ def _sample_chunk_kernel(
     V,
     n_chunks,
     ROWS: tl.constexpr,
-    CHUNK: tl.constexpr,
+    CHUNK,
     BLOCK: tl.constexpr,
     SINGLE: tl.constexpr,
     floor_ptr,
@@ -256,7 +256,7 @@ def _sample_chunk_cut_kernel(
     tau_ptr,
     cut_ptr,
     ROWS: tl.constexpr,
-    CHUNK: tl.constexpr,
+    CHUNK,
     BLOCK: tl.constexpr,
     SINGLE: tl.constexpr,
     floor_ptr,
@@ -318,8 +318,9 @@ def gumbel_argmax(
     offsets: Tensor,
     cut: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """logits [B, V] float32 (may hold -inf), temperature [B] (0 = greedy) -> ids [B] int64, -1 on NaN.
-    cut: filter_cut's (tau [B] float32, cut [B] int32), applied as the rows are read."""
+    """logits [B, V] float32 or bfloat16 (may hold -inf), temperature [B] (0 = greedy) -> ids [B]
+    int64, -1 on NaN. bf16 logits widen to float32 exactly as they are read: the float32 copy's ids,
+    from half the bytes. cut: filter_cut's (tau [B] float32, cut [B] int32), applied as rows are read."""
     B, V = logits.shape
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     if B == 0:
@@ -335,16 +336,16 @@ def gumbel_argmax(
     pidx = out if single else torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
     args = (logits, logits.stride(0), temperature, seeds, offsets, pval, pidx, out, B, V, n_chunks)
     # SCREEN 2 shares a row's best z across its chunks: a [B] -inf fill, for rows split in chunks.
-    # Otherwise floor_ptr is unread: the logits (float32 and aligned, as the recorded launches had).
+    # Otherwise floor_ptr is unread: the temperatures (float32, whatever the logits' dtype).
     screen = SCREEN if not single else min(SCREEN, 1)
-    floor = torch.full((B,), float("-inf"), device=logits.device) if screen == 2 else logits
+    floor = torch.full((B,), float("-inf"), device=logits.device) if screen == 2 else temperature
     consts = dict(ROWS=rows, CHUNK=chunk, BLOCK=block, SINGLE=single, floor_ptr=floor, SCREEN=screen)
     if cut is None:
         _sample_chunk_kernel[grid](*args, **consts, num_warps=4)
     else:
         _sample_chunk_cut_kernel[grid](*args, *cut, **consts, num_warps=4)
     if not single:
-        chunks = triton.next_power_of_2(n_chunks)
+        chunks = max(128, triton.next_power_of_2(n_chunks))  # 128 holds the vocabulary's 13-99 chunks
         rows = max(1, 256 // chunks)
         _sample_reduce_kernel[(triton.cdiv(B, rows),)](
             pval, pidx, out, B, n_chunks, ROWS=rows, CHUNKS=chunks, num_warps=1
@@ -379,7 +380,10 @@ def sample(
     top_p_search: bool = False,
     rows: Tensor | None = None,
 ) -> Tensor:
-    """logits [B, V] float32; temperature, top_p [B] f32; top_k [B] int; seeds, offsets [B] int64.
+    """logits [B, V] float32 or bfloat16; temperature, top_p [B] f32; top_k [B] int; seeds, offsets
+    [B] int64. bfloat16 logits (lm_head's own dtype) are drawn unfiltered as they are, the ids of
+    their float32 copy (exact) without making it; the filters take float32 (the rows they filter
+    are widened here).
 
     Returns ids [B] int64. temperature 0 = greedy (first index of the maximum); top_k 0 = off.
     `filtered` says (host-side, from the request params) whether any row has top_k > 0 or
@@ -391,9 +395,9 @@ def sample(
     depends on its own logits and params alone) without filtering B rows for R. A row with a NaN
     logit yields -1. No host sync: safe in a CUDA graph.
     """
-    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
+    if logits.dim() != 2 or logits.dtype not in (torch.float32, torch.bfloat16) or logits.stride(1) != 1:
         raise ValueError(
-            f"logits must be float32 [B, V] with a contiguous last dim, got "
+            f"logits must be float32 or bfloat16 [B, V] with a contiguous last dim, got "
             f"{logits.dtype} {tuple(logits.shape)} strides {logits.stride()}"
         )
     B = logits.shape[0]
@@ -413,12 +417,13 @@ def sample(
     if not filtered:
         return gumbel_argmax(logits, params[0], params[3], params[4])
     if rows is None:
-        return _draw_filtered(logits, params, k_cap, top_p_search)
+        return _draw_filtered(logits.float(), params, k_cap, top_p_search)
     if rows.dim() != 1 or rows.dtype != torch.int64 or rows.device != logits.device:
         raise ValueError(f"rows must be int64 [R] on {logits.device}, got {tuple(rows.shape)} {rows.dtype}")
     ids = gumbel_argmax(logits, params[0], params[3], params[4])  # the filtered rows' ids replaced below
     some = tuple(x.index_select(0, rows) for x in params)
-    return ids.index_copy_(0, rows, _draw_filtered(logits.index_select(0, rows), some, k_cap, top_p_search))
+    some_logits = logits.index_select(0, rows).float()
+    return ids.index_copy_(0, rows, _draw_filtered(some_logits, some, k_cap, top_p_search))
 
 
 def _draw_filtered(logits: Tensor, params: tuple[Tensor, ...], k_cap: int, top_p_search: bool) -> Tensor:

@@ -29,6 +29,7 @@ def test_every_sampling_case_runs_and_each_rows_pair_draws_the_same_ids(monkeypa
     assert [r["case"] for r in rows] == [
         "B=32 greedy",
         "B=32 T=1",
+        "B=32 T=1 bf16 logits",
         "B=32 T=1 screen 1",
         "B=32 T=1 screen 2",
         "B=32 T=1 top_k=50 top_p=0.9",
@@ -43,6 +44,7 @@ def test_every_sampling_case_runs_and_each_rows_pair_draws_the_same_ids(monkeypa
     ids = {k: v.reshape(-1) for k, v in drawn.items()}
     assert torch.equal(ids["B=32 greedy"], ids["B=32 argmax"])
     for group in (
+        ("T=1 bf16", "T=1 bf16 widened"),
         ("T=1", "T=1 screen 1", "T=1 screen 2"),
         ("top-k/p", "top-k/p sort", "top-k/p cut"),
         ("top-p", "top-p search", "top-p search cut", "top-p search cut screen 2", "top-p one sort"),

@@ -12,22 +12,24 @@ import pytest
 from tests.bench.gpu_stubs import run_compiler_tool
 
 LINE = re.compile(
-    r"^screen (\d)( cut)?: regs (\d+), loop ([\d.]+) an element, (.*); atomics (\d+), volatile loads (\d+)$",
+    r"^screen (\d)( cut)?( bf16)?: regs (\d+), loop ([\d.]+) an element, (.*); "
+    r"atomics (\d+), volatile loads (\d+)$",
     re.M,
 )
 
 
-@pytest.mark.parametrize("cut", [False, True])
-def test_the_screened_step_skips_the_logs_and_only_mode_2_shares(cut: bool):
-    p = run_compiler_tool("sampling_sass.py", *(["--cut"] if cut else []))
+@pytest.mark.parametrize("flags", [[], ["--cut"], ["--bf16"]])
+def test_the_screened_step_skips_the_logs_and_only_mode_2_shares(flags: list[str]):
+    p = run_compiler_tool("sampling_sass.py", *flags)
     assert p.returncode == 0, p.stderr
     modes = {int(m[1]): m for m in LINE.finditer(p.stdout)}
-    assert sorted(modes) == [0, 1, 2] and all(bool(m[2]) == cut for m in modes.values())
-    unscreened = float(modes[0][4])
-    assert modes[0][5] == "logs on every sampled step" and modes[0].group(6, 7) == ("0", "0")
+    assert sorted(modes) == [0, 1, 2]
+    assert all((bool(m[2]), bool(m[3])) == ("--cut" in flags, "--bf16" in flags) for m in modes.values())
+    unscreened = float(modes[0][5])
+    assert modes[0][6] == "logs on every sampled step" and modes[0].group(7, 8) == ("0", "0")
     for mode in (1, 2):
-        logs, rest = map(float, re.fullmatch(r"logs branch ([\d.]+), rest ([\d.]+)", modes[mode][5]).groups())
+        logs, rest = map(float, re.fullmatch(r"logs branch ([\d.]+), rest ([\d.]+)", modes[mode][6]).groups())
         assert logs > 0.6 * unscreened  # the logs' polynomials: what a skipped step saves
         assert rest < 0.6 * unscreened  # the hash, the bound and the load: what every step pays
-    assert modes[1].group(6, 7) == ("0", "0")
-    assert int(modes[2][6]) >= 1 and int(modes[2][7]) >= 1
+    assert modes[1].group(7, 8) == ("0", "0")
+    assert int(modes[2][7]) >= 1 and int(modes[2][8]) >= 1

@@ -7,7 +7,7 @@ from gptoss.engine import EngineConfig, LLMEngine
 from gptoss.kernel_warm import warm_sizes
 from gptoss.kernels.attention import decode_group_sizes
 from gptoss.sampling import SamplingParams
-from gptoss.warmup import GREEDY, LONG, SAMPLED, SAMPLED_P, round_sizes, warm_up, warmup_prompts
+from gptoss.warmup import GREEDY, LONG, SAMPLED, SAMPLED_P, SAMPLED_T1, round_sizes, warm_up, warmup_prompts
 from tests.gptoss.test_engine import make_engine, prompts_of
 
 
@@ -15,8 +15,15 @@ def test_prompts_fill_more_than_one_budget_with_short_ones_first():
     reqs = warmup_prompts(budget=64, max_model_len=128, max_num_seqs=8, vocab_size=1000)
     # 7 short ones (67 tokens), then one long one: 67 + 101 > 64 + 37
     assert [len(p) for p, _ in reqs] == [17, 33, 5, 3, 3, 3, 3, 101]
-    assert [p for _, p in reqs] == [GREEDY, SAMPLED, SAMPLED_P, *[GREEDY] * 4, LONG]
+    assert [p for _, p in reqs] == [GREEDY, SAMPLED, SAMPLED_P, SAMPLED_T1, *[GREEDY] * 3, LONG]
     assert SAMPLED.top_k == 20 and SAMPLED_P.top_k == 0 and SAMPLED_P.top_p == 0.9  # both filters
+    # and the unfiltered draw, its second token in a step of its own (no filtered row beside it)
+    assert (SAMPLED_T1.temperature, SAMPLED_T1.top_k, SAMPLED_T1.top_p, SAMPLED_T1.max_new_tokens) == (
+        1,
+        0,
+        1,
+        2,
+    )
     assert all(0 <= t < 1000 for p, _ in reqs for t in p)
     # a short context: the long prompts are max_model_len - 9 long, as many as the budget needs
     reqs = warmup_prompts(budget=64, max_model_len=40, max_num_seqs=4, vocab_size=1000)
@@ -38,7 +45,8 @@ def test_warm_up_reaches_full_odd_and_mixed_steps(tiny_checkpoint):
     assert round_sizes(eng) == []  # the torch kernels compile nothing
     stats = warm_up(eng, sizes=[1, 2, 4])
     assert stats.step_tokens[0] == 128  # the whole budget in the first step
-    # the two sampled requests end at their prefill; the 5 others decode beside the long prompt's rest
+    # the two filtered requests end at their prefill; the 5 others (the unfiltered one among them, for
+    # its second token) decode beside the long prompt's rest
     assert stats.step_tokens[1] == 5 + (67 + 165 - 128)
     # then S = 1, 2 and 4 decodes beside a 37-token prefill
     assert stats.mixed_decodes == (5, 1, 2, 4)

@@ -142,3 +142,61 @@ def test_a_batch_filters_only_its_filtered_rows(triton_eng, monkeypatch):
     assert seen and all(r is not None and r.tolist() == [1] for r in seen)
     monkeypatch.setattr(runner, "sample", lambda *a, **kw: real(*a, **(kw | {"rows": None})))
     assert triton_eng.generate(prompts, sp) == got
+
+
+def test_an_unfiltered_draw_takes_lm_heads_bf16_logits_with_the_float32_copys_tokens(
+    kernel_checkpoint, monkeypatch
+):
+    """A bf16 engine's unfiltered sampled steps (MLPerf's temperature 1, top_p 1) hand sample() the
+    lm_head's bf16 logits, in single steps and bursts alike, and draw the tokens of the float32 copy
+    they used to make; a filtered batch still gets float32 (its filters read it)."""
+    import torch
+
+    import gptoss.kernel_runner as runner
+
+    eng = make_engine(kernel_checkpoint, "triton", dtype="bfloat16")
+    kr = eng.runner.kernel_runner
+    assert eng.config.decode_steps > 1
+    real_sample, real_multi = runner.sample, kr.launch_multi
+    seen, bursts = [], []
+
+    def spy(logits, *a, **kw):
+        seen.append((logits.dtype, kw["filtered"]))
+        return real_sample(logits, *a, **kw)
+
+    monkeypatch.setattr(runner, "sample", spy)
+    monkeypatch.setattr(
+        kr, "launch_multi", lambda b, k, ahead=0: bursts.append(k) or real_multi(b, k, ahead=ahead)
+    )
+    prompts = prompts_of([9, 14], seed=9)
+    sp = [SamplingParams(max_new_tokens=6, temperature=1.0, seed=s, ignore_eos=True) for s in (21, 22)]
+    got = eng.generate(prompts, sp)
+    assert bursts and set(seen) == {(torch.bfloat16, False)}
+    assert [len(t) for t in got] == [6, 6]
+    monkeypatch.setattr(runner, "sample", lambda logits, *a, **kw: real_sample(logits.float(), *a, **kw))
+    assert eng.generate(prompts, sp) == got  # as before: drawn from a float32 copy
+    monkeypatch.setattr(runner, "sample", spy)
+    seen.clear()
+    top_k = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=5, seed=1, ignore_eos=True)
+    eng.generate(prompts, [top_k, top_k])
+    assert set(seen) == {(torch.float32, True)}
+
+
+def test_the_warm_up_draws_an_unfiltered_step(kernel_checkpoint, monkeypatch):
+    """The start-up warm-up reaches the draw MLPerf's runs take every step (temperature 1, no filter:
+    lm_head's own logits, KernelRunner._draw_logits), so its kernel compiles there, not in a run.
+    (Its unfiltered request is the fourth short one: an engine of 8 sequences has it.)"""
+    import gptoss.kernel_runner as runner
+    from gptoss.warmup import warm_up
+
+    eng = make_engine(kernel_checkpoint, "triton", max_num_seqs=8)
+    real = runner.sample
+    drawn = []
+
+    def spy(logits, temperature, *a, **kw):
+        drawn.append((kw["filtered"], temperature.max().item()))
+        return real(logits, temperature, *a, **kw)
+
+    monkeypatch.setattr(runner, "sample", spy)
+    warm_up(eng, sizes=[])
+    assert (False, 1.0) in drawn and any(f for f, _ in drawn)  # unfiltered, and filtered steps too

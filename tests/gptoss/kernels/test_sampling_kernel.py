@@ -276,6 +276,30 @@ def test_sample_checks_its_inputs() -> None:
         sample(torch.zeros(2, 10, device=DEV), **p, filtered=True, rows=torch.tensor([1], device=DEV).int())
 
 
+@pytest.mark.parametrize("how", ["unfiltered", "filtered", "some rows filtered"])
+def test_bf16_logits_draw_the_ids_of_their_float32_copy(how: str) -> None:
+    """lm_head's own bf16 logits: drawn as read (each widened exactly), the filters on a float32 copy
+    of the rows they filter; every id the float32 logits' own, NaN and -inf rows included."""
+    g = torch.Generator().manual_seed(9)
+    logits = (torch.randn(6, 5000, generator=g) * 3).bfloat16()
+    logits[2, 100:] = float("-inf")
+    logits[4, 7] = float("nan")
+    p = params(6, offsets=torch.arange(20, 26))
+    p["temperature"] = torch.tensor([1.0, 0.0, 0.7, 1.0, 1.0, 1.3], device=DEV)
+    kw: dict = {"filtered": how != "unfiltered"}
+    if kw["filtered"]:
+        p["top_p"] = torch.tensor([0.9, 1.0, 0.5, 1.0, 0.8, 1.0], device=DEV)
+        p["top_k"] = torch.tensor([0, 0, 0, 0, 0, 40], dtype=torch.int32, device=DEV)
+    if how == "some rows filtered":
+        p["top_p"][[2, 4]] = 1.0
+        kw["rows"] = torch.tensor([0, 5], device=DEV)
+    got = sample(logits.to(DEV), **p, **kw).tolist()
+    assert got == sample(logits.float().to(DEV), **p, **kw).tolist()
+    assert got[4] == -1 and 0 <= got[2] < 100 and got[1] == torch.argmax(logits[1].float()).item()
+    with pytest.raises(ValueError, match="logits must be float32 or bfloat16"):
+        sample(logits.half().to(DEV), **p, **kw)
+
+
 def _ten_rows(g: torch.Generator) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[int]]:
     """10 rows of 300 bf16-valued logits: greedy, unfiltered, NaN and filtered ones; the filtered rows."""
     logits = (torch.randn(10, 300, generator=g) * 2).bfloat16().float().to(DEV)
