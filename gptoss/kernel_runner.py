@@ -195,15 +195,17 @@ class KernelRunner:
             return _greedy(self.model.lm_logits(hidden))  # the float32 copy's argmax
         f, i, rows = self._sampling_params(seqs)
         how = self._filter_args(seqs, rows)
-        logits = self._draw_logits(hidden, how["filtered"])
+        logits = self._draw_logits(hidden, how)
         return sample(logits, f[0], i[0].to(torch.int32), f[1], i[1], i[2], **how)
 
-    def _draw_logits(self, hidden: Tensor, filtered: bool) -> Tensor:
-        """The logits a sampled step draws from. Unfiltered (MLPerf's temperature 1, top_p 1), lm_head's
-        own dtype: the draw widens each bf16 logit exactly as it reads it, so the ids of a float32
-        copy without its pass (at 1,024 rows of 201,088: 0.4 GB read and 0.8 GB written) and with half
-        the draw's read. Filtered, float32: the filters read it (sampling.sample)."""
-        return self.model.logits(hidden) if filtered else self.model.lm_logits(hidden)
+    def _draw_logits(self, hidden: Tensor, how: dict) -> Tensor:
+        """The logits a sampled step draws from (how: _filter_args'). lm_head's own dtype unless every
+        row is filtered: the draw widens each bf16 logit exactly as it reads it, so the ids of a
+        float32 copy without its pass (at 1,024 rows of 201,088: 0.4 GB read and 0.8 GB written) and
+        with half the draw's read, and sample() widens only the rows it filters (at most half). A
+        batch filtered whole takes float32, as its filters do: never both copies of every row."""
+        whole = how["filtered"] and how["rows"] is None
+        return self.model.logits(hidden) if whole else self.model.lm_logits(hidden)
 
     def _filter_args(self, seqs: list[Sequence], filtered: list[bool]) -> dict:
         """sample()'s filter arguments, from host values: which path (filter_plan), and the filtered
@@ -276,7 +278,7 @@ class KernelRunner:
                 greedy_advance(logits, argmax, out[j], self.g_in, *tabs, advance=carried or not last)
                 del logits
                 continue
-            logits = self._draw_logits(hidden, how["filtered"])
+            logits = self._draw_logits(hidden, how)
             ids = sample(logits, temp, top_k, top_p, seeds, pos + 1, **how)
             out[j] = ids
             # Freed before the next step's logits exist: two [n, V] float32 at once are more than

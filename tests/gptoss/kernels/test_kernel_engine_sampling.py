@@ -149,7 +149,8 @@ def test_an_unfiltered_draw_takes_lm_heads_bf16_logits_with_the_float32_copys_to
 ):
     """A bf16 engine's unfiltered sampled steps (MLPerf's temperature 1, top_p 1) hand sample() the
     lm_head's bf16 logits, in single steps and bursts alike, and draw the tokens of the float32 copy
-    they used to make; a filtered batch still gets float32 (its filters read it)."""
+    they used to make; so does a batch whose filtered rows sample() widens alone; a batch filtered
+    whole still gets float32 (its filters read every row)."""
     import torch
 
     import gptoss.kernel_runner as runner
@@ -161,7 +162,7 @@ def test_an_unfiltered_draw_takes_lm_heads_bf16_logits_with_the_float32_copys_to
     seen, bursts = [], []
 
     def spy(logits, *a, **kw):
-        seen.append((logits.dtype, kw["filtered"]))
+        seen.append((logits.dtype, kw["filtered"], kw["rows"] is not None))
         return real_sample(logits, *a, **kw)
 
     monkeypatch.setattr(runner, "sample", spy)
@@ -171,7 +172,7 @@ def test_an_unfiltered_draw_takes_lm_heads_bf16_logits_with_the_float32_copys_to
     prompts = prompts_of([9, 14], seed=9)
     sp = [SamplingParams(max_new_tokens=6, temperature=1.0, seed=s, ignore_eos=True) for s in (21, 22)]
     got = eng.generate(prompts, sp)
-    assert bursts and set(seen) == {(torch.bfloat16, False)}
+    assert bursts and set(seen) == {(torch.bfloat16, False, False)}
     assert [len(t) for t in got] == [6, 6]
     monkeypatch.setattr(runner, "sample", lambda logits, *a, **kw: real_sample(logits.float(), *a, **kw))
     assert eng.generate(prompts, sp) == got  # as before: drawn from a float32 copy
@@ -179,7 +180,19 @@ def test_an_unfiltered_draw_takes_lm_heads_bf16_logits_with_the_float32_copys_to
     seen.clear()
     top_k = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=5, seed=1, ignore_eos=True)
     eng.generate(prompts, [top_k, top_k])
-    assert set(seen) == {(torch.float32, True)}
+    assert set(seen) == {(torch.float32, True, False)}
+    # one top-p request of three: bf16, its row widened and filtered alone; the float32 copy's tokens
+    mixed = [
+        sp[0],
+        SamplingParams(max_new_tokens=6, temperature=0.8, top_p=0.5, seed=12, ignore_eos=True),
+        sp[1],
+    ]
+    three = prompts_of([9, 14, 5], seed=10)
+    seen.clear()
+    got = eng.generate(three, mixed)
+    assert set(seen) == {(torch.bfloat16, True, True)}
+    monkeypatch.setattr(runner, "sample", lambda logits, *a, **kw: real_sample(logits.float(), *a, **kw))
+    assert eng.generate(three, mixed) == got
 
 
 def test_the_warm_up_draws_an_unfiltered_step(kernel_checkpoint, monkeypatch):
