@@ -221,22 +221,9 @@ def _sample_chunk_kernel(
     rmask = rows < B
     rows = rows.to(tl.int64)
     top, top_i, has_nan = _chunk_winner(
-        logits_ptr,
-        stride_row,
-        temp_ptr,
-        seed_ptr,
-        off_ptr,
-        rows,
-        rmask,
-        V,
-        0.0,
-        0,
-        CHUNK,
-        BLOCK,
-        floor_ptr,
-        False,
-        SCREEN,
-    )
+        logits_ptr, stride_row, temp_ptr, seed_ptr, off_ptr, rows, rmask, V, 0.0, 0, CHUNK, BLOCK, floor_ptr,
+        False, SCREEN,
+    )  # fmt: skip
     _store_winner(top, top_i, has_nan, pval_ptr, pidx_ptr, out_ptr, rows, rmask, n_chunks, SINGLE)
 
 
@@ -269,22 +256,9 @@ def _sample_chunk_cut_kernel(
     tau = tl.load(tau_ptr + rows, mask=rmask, other=float("-inf"))[:, None]  # [R, 1]
     cut = tl.load(cut_ptr + rows, mask=rmask, other=-1)[:, None]
     top, top_i, has_nan = _chunk_winner(
-        logits_ptr,
-        stride_row,
-        temp_ptr,
-        seed_ptr,
-        off_ptr,
-        rows,
-        rmask,
-        V,
-        tau,
-        cut,
-        CHUNK,
-        BLOCK,
-        floor_ptr,
-        True,
-        SCREEN,
-    )
+        logits_ptr, stride_row, temp_ptr, seed_ptr, off_ptr, rows, rmask, V, tau, cut, CHUNK, BLOCK,
+        floor_ptr, True, SCREEN,
+    )  # fmt: skip
     _store_winner(top, top_i, has_nan, pval_ptr, pidx_ptr, out_ptr, rows, rmask, n_chunks, SINGLE)
 
 
