@@ -26,7 +26,7 @@ nvidia-smi -L
 if [ "$TESTS" != none ]; then
   say "compiled sampling tests (beside the checkpoint)"
   # shellcheck disable=SC2086  # TESTS is a list of paths
-  (timeout "${TESTS_LIMIT:-300}" python3 -m pytest -q -n 0 -p no:cacheprovider -rf $TESTS \
+  (timeout "${TESTS_LIMIT:-420}" python3 -m pytest -q -n 0 -p no:cacheprovider -rf $TESTS \
     > "$RES/tests.txt" 2>&1) &
   tests_pid=$!
 fi
@@ -45,7 +45,8 @@ decode() {  # NAME SAMPLING VARIANT...
   say "decode $name ($sampling)"
   local flags=(); for v in "$@"; do flags+=(--variant "$v"); done
   timeout "${DECODE_LIMIT:-420}" python3 bench/decode_ab_gpu.py --model-path "$CKPT" --batch "$BATCH" \
-    --max-num-seqs "$MAX_NUM_SEQS" --decode "$DECODE" --profile-tokens "${PROFILE_TOKENS:-16}" --sampling "$sampling" \
+    --max-num-seqs "$MAX_NUM_SEQS" --decode "$DECODE" --profile-tokens "${PROFILE_TOKENS:-16}" \
+    --sampling "$sampling" \
     "${flags[@]}" > "$RES/decode_$name.txt" 2>&1 || failed "decode $name (exit $?)"
   echo "== decode $name ($sampling)" >> "$RES/table.txt"
   sed -n '/^batch [0-9]*, /,$p' "$RES/decode_$name.txt" | grep -v '^$' >> "$RES/table.txt"
