@@ -96,7 +96,7 @@ def test_the_screened_draw_is_the_unscreened_draw(kind: str, chunk: int, screen:
         "top_p": torch.ones(4, device=DEV),
         "seeds": torch.tensor([3, -9, 1 << 40, 0], device=DEV),
     }
-    for offset in range(0, 30, 3):
+    for offset in (0, 11, 26):
         p["offsets"] = torch.arange(4, device=DEV) + offset
         want = _draw(logits, p, 0, filtered=False)
         assert _draw(logits, p, screen, filtered=False) == want
@@ -116,7 +116,7 @@ def test_the_screened_cut_draws_what_the_unscreened_cut_draws(k_cap, search, scr
         "top_p": torch.tensor([0.9, 1.0, 0.5, 0.95], device=DEV),
         "seeds": torch.arange(4, device=DEV) * 7919,
     }
-    for offset in range(0, 12, 3):
+    for offset in (0, 9):
         p["offsets"] = torch.arange(4, device=DEV) + offset
         kw = {"filtered": True, "k_cap": k_cap, "top_p_search": search}
         assert _draw(logits, p, screen, **kw) == _draw(logits, p, 0, **kw)
