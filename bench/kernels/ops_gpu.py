@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -26,10 +27,11 @@ from hbm import share  # noqa: E402
 from timing import peer_failed, timed_us  # noqa: E402
 
 from gptoss.config import PRESETS
-from gptoss.kernels import sampling
+from gptoss.kernels import sampling, sampling_draw
 from gptoss.kernels.rmsnorm import fused_add_rms_norm
 from gptoss.kernels.rope import build_cos_sin, rope_qkv
-from gptoss.kernels.sampling import gumbel_argmax, sample
+from gptoss.kernels.sampling import sample
+from gptoss.kernels.sampling_draw import gumbel_argmax
 from gptoss.kernels.sampling_filter import filter_cut, mask_top_k_top_p
 from gptoss.kernels.sampling_top_p import top_p_cut
 from gptoss.model import Rope, apply_rope, rms_norm
@@ -134,23 +136,23 @@ def rope_case(T: int, vops) -> dict:
     return _row("rope_qkv", f"T={T} +kv write", ours, vl, timed_us(torch_fn, f"rope T={T} torch"), nbytes)
 
 
-def _switched(fn: Callable[[], object], name: str, value: object) -> Callable[[], object]:
-    """fn with sampling's switch name at value while it runs (a capture records that path's launches)."""
+def _switched(fn: Callable[[], object], module: ModuleType, name: str, value: object) -> Callable[[], object]:
+    """fn with module's switch name at value while it runs (a capture records that path's launches)."""
 
     def run():
-        old = getattr(sampling, name)
-        setattr(sampling, name, value)
+        old = getattr(module, name)
+        setattr(module, name, value)
         try:
             return fn()
         finally:
-            setattr(sampling, name, old)
+            setattr(module, name, old)
 
     return run
 
 
 def _masked(fn: Callable[[], object]) -> Callable[[], object]:
     """fn with sampling.USE_CUT off: the masked copy."""
-    return _switched(fn, "USE_CUT", False)
+    return _switched(fn, sampling, "USE_CUT", False)
 
 
 def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
@@ -212,11 +214,15 @@ def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
         lambda: sample(half.float(), ones, no_k, ones, seeds, offsets, filtered=False),
         f"B={B} T=1 bf16 widened",
     )
-    # the screened draw (sampling.SCREEN, off until timed): 1 within a chunk, 2 shared by a row's
+    # the screened draw (sampling_draw.SCREEN, off until timed): 1 within a chunk, 2 shared by a row's
     # chunks; the peers are the unscreened rows above (the same ids)
     unfiltered = partial(sample, logits, ones, no_k, ones, seeds, offsets, filtered=False)
-    screened = [timed_us(_switched(unfiltered, "SCREEN", m), f"B={B} T=1 screen {m}") for m in (1, 2)]
-    cut_screened = timed_us(_switched(search_cut, "SCREEN", 2), f"B={B} top-p search cut screen 2")
+    screened = [
+        timed_us(_switched(unfiltered, sampling_draw, "SCREEN", m), f"B={B} T=1 screen {m}") for m in (1, 2)
+    ]
+    cut_screened = timed_us(
+        _switched(search_cut, sampling_draw, "SCREEN", 2), f"B={B} top-p search cut screen 2"
+    )
     # the sort in one call over B rows, as before sampling.SORT_ROWS blocks (the row above's peer)
     one_sort = timed_us(
         lambda: gumbel_argmax(mask_top_k_top_p(logits, ones, no_k, top_p), ones, seeds, offsets),

@@ -1,4 +1,4 @@
-"""SASS of the Gumbel draw's pass-1 kernel (gptoss.kernels.sampling), compiled for sm_90a on CPU, at
+"""SASS of the Gumbel draw's pass-1 kernel (gptoss.kernels.sampling_draw), compiled for sm_90a on CPU, at
 each SCREEN mode: the loop's instructions an element, and of them the logs' branch, which a screened
 step takes only when a bound could beat the best z seen (the "cheap" rest runs on every step).
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moe_decode_sass import _compile, disassemble, opcode  # noqa: E402
 
-from gptoss.kernels import sampling  # noqa: E402
+from gptoss.kernels import sampling_draw  # noqa: E402
 
 SIG = dict(
     logits_ptr="*fp32",
@@ -51,7 +51,7 @@ def compile_mode(screen: int, cut: bool, bf16: bool = False):
         sig |= dict(tau_ptr="*fp32", cut_ptr="*i32")
     sig |= dict(CHUNK="i32", floor_ptr="*fp32")  # CHUNK: an int at run time, as the engine launches it
     consts = dict(ROWS=1, BLOCK=BLOCK, SINGLE=False, SCREEN=screen)
-    kernel = sampling._sample_chunk_cut_kernel if cut else sampling._sample_chunk_kernel
+    kernel = sampling_draw._sample_chunk_cut_kernel if cut else sampling_draw._sample_chunk_kernel
     return _compile(kernel, sig, consts, WARPS, 3)
 
 

@@ -26,7 +26,7 @@ from timing import timed_us  # noqa: E402
 
 from gptoss.config import PRESETS  # noqa: E402
 from gptoss.kernels import sampling_top_p  # noqa: E402
-from gptoss.kernels.sampling import gumbel_argmax  # noqa: E402
+from gptoss.kernels.sampling_draw import gumbel_argmax  # noqa: E402
 from gptoss.kernels.sampling_filter import mask_top_k_top_p  # noqa: E402
 
 V = PRESETS["20b"].vocab_size

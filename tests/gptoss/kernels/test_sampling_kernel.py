@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from gptoss.kernels import sampling, sampling_filter
+from gptoss.kernels import sampling, sampling_draw, sampling_filter
 from gptoss.kernels.sampling import sample
 from tests.gptoss.kernels.kernelkit import (  # conftest set TRITON_INTERPRET before triton loaded
     DEV,
@@ -99,8 +99,8 @@ def test_chunking_does_not_change_the_draw(monkeypatch: pytest.MonkeyPatch) -> N
     p = params(2, offsets=torch.tensor([11, 12]))
     got = []
     for chunk in (2048, 16384):
-        monkeypatch.setattr(sampling, "_chunk_size", lambda b, v, c=chunk: c)
-        got.append(sampling.gumbel_argmax(logits, p["temperature"], p["seeds"], p["offsets"]).tolist())
+        monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v, c=chunk: c)
+        got.append(sampling_draw.gumbel_argmax(logits, p["temperature"], p["seeds"], p["offsets"]).tolist())
     assert got[0] == got[1]
 
 

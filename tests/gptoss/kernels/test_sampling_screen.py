@@ -1,4 +1,4 @@
-"""The screened Gumbel draw (gptoss.kernels.sampling.SCREEN): the bound it screens by, the same ids
+"""The screened Gumbel draw (gptoss.kernels.sampling_draw.SCREEN): the bound it screens by, the same ids
 as the unscreened draw bit for bit, and the logs it skips.
 
 Runs in Triton's interpreter on CPU; `TRITON_INTERPRET=0` runs all but the counting test compiled.
@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gptoss.kernels import sampling
+from gptoss.kernels import sampling_draw, sampling_noise
 from gptoss.kernels.sampling import sample
 from tests.gptoss.kernels.kernelkit import DEV, INTERPRET, INTERPRETER_WARNINGS
 
@@ -23,8 +23,8 @@ def _probe_kernel(w_ptr, g_ptr, bound_ptr, N, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
     w = tl.load(w_ptr + offs, mask=m, other=1.0)
-    tl.store(g_ptr + offs, sampling._gumbel(w), mask=m)
-    tl.store(bound_ptr + offs, sampling._gumbel_bound(w), mask=m)
+    tl.store(g_ptr + offs, sampling_noise._gumbel(w), mask=m)
+    tl.store(bound_ptr + offs, sampling_noise._gumbel_bound(w), mask=m)
 
 
 def _w_of(h: torch.Tensor) -> torch.Tensor:
@@ -56,11 +56,11 @@ def test_the_bound_is_above_every_gumbel_and_tight_where_winners_are() -> None:
 
 
 def _draw(logits: torch.Tensor, p: dict[str, torch.Tensor], screen: int, **kw) -> list[int]:
-    old, sampling.SCREEN = sampling.SCREEN, screen
+    old, sampling_draw.SCREEN = sampling_draw.SCREEN, screen
     try:
         return sample(logits, **p, **kw).tolist()
     finally:
-        sampling.SCREEN = old
+        sampling_draw.SCREEN = old
 
 
 def _rows(kind: str, g: torch.Generator) -> torch.Tensor:
@@ -87,7 +87,7 @@ def _rows(kind: str, g: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("chunk", [2048, 16384])
 @pytest.mark.parametrize("kind", ["flat", "peaked", "rising", "masked"])
 def test_the_screened_draw_is_the_unscreened_draw(kind: str, chunk: int, screen: int, monkeypatch) -> None:
-    monkeypatch.setattr(sampling, "_chunk_size", lambda b, v: chunk)
+    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v: chunk)
     g = torch.Generator().manual_seed(41)
     logits = _rows(kind, g).to(DEV)
     p = {
@@ -107,7 +107,7 @@ def test_the_screened_draw_is_the_unscreened_draw(kind: str, chunk: int, screen:
 @pytest.mark.parametrize("screen", [1, 2])
 @pytest.mark.parametrize(("k_cap", "search"), [(0, True), (40, False)])  # top-p's search; top-k's cut
 def test_the_screened_cut_draws_what_the_unscreened_cut_draws(k_cap, search, screen, monkeypatch) -> None:
-    monkeypatch.setattr(sampling, "_chunk_size", lambda b, v: 16384)
+    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v: 16384)
     g = torch.Generator().manual_seed(42)
     logits = _rows("peaked", g).to(DEV)
     p = {
@@ -123,7 +123,7 @@ def test_the_screened_cut_draws_what_the_unscreened_cut_draws(k_cap, search, scr
 
 
 _COUNTED: list[int] = []  # the elements each interpreted _gumbel call took (module level: the
-_REAL_GUMBEL = sampling._gumbel  # interpreter runs a jit function against its module's globals)
+_REAL_GUMBEL = sampling_noise._gumbel  # interpreter runs a jit function against its module's globals)
 
 
 @triton.jit
@@ -142,10 +142,10 @@ def test_screening_skips_the_logs_of_most_steps(kind: str, screen: int, at_most:
     takes the logs, a later one when a bound could beat the chunk's best so far; on a rising row
     nearly every step holds a new best. Mode 2: the second chunk starts from the first one's best
     (the interpreter runs every row's first chunk before the second ones)."""
-    monkeypatch.setattr(sampling, "_chunk_size", lambda b, v: 16384)
+    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v: 16384)
     counted = _COUNTED
     counted.clear()
-    monkeypatch.setattr(sampling, "_gumbel", _counting_gumbel)
+    monkeypatch.setattr(sampling_draw, "_gumbel", _counting_gumbel)
     g = torch.Generator().manual_seed(43)
     logits = _rows(kind, g)
     p = {
