@@ -115,13 +115,17 @@ def opcode(text: str) -> str:
     return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
 
 
+def branches(ins: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """Every branch as (its address, its target); a target below the address closes a loop."""
+    return [(addr, int(m[1], 16)) for addr, text in ins if (m := re.search(r"BRA\s.*?0x([0-9a-f]+)", text))]
+
+
 def mma_loops(ins: list[tuple[int, str]]) -> list[list[str]]:
     """The bodies of the loops (a backward branch) that hold a tensor-core MMA."""
     loops = []
-    for addr, text in ins:
-        m = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
-        if m and int(m[1], 16) < addr:
-            body = [x for a, x in ins if int(m[1], 16) <= a <= addr]
+    for addr, target in branches(ins):
+        if target < addr:
+            body = [x for a, x in ins if target <= a <= addr]
             if any("HMMA" in x or "HGMMA" in x for x in body):
                 loops.append(body)
     return loops

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_decode_sass import _compile, disassemble, opcode  # noqa: E402
+from moe_decode_sass import _compile, branches, disassemble, opcode  # noqa: E402
 
 from gptoss.kernels import sampling_draw  # noqa: E402
 
@@ -49,33 +49,25 @@ def compile_mode(screen: int, cut: bool, bf16: bool = False):
     sig = dict(SIG, logits_ptr="*bf16" if bf16 else "*fp32")
     if cut:
         sig |= dict(tau_ptr="*fp32", cut_ptr="*i32")
-    sig |= dict(CHUNK="i32", floor_ptr="*fp32")  # CHUNK: an int at run time, as the engine launches it
+    sig["CHUNK"] = "i32"  # an int at run time, as the engine launches it
     consts = dict(ROWS=1, BLOCK=BLOCK, SINGLE=False, SCREEN=screen)
+    if screen == 2:  # the shared floor; below 2 the engine passes None (a constexpr)
+        sig["floor_ptr"] = "*fp32"
+    else:
+        consts["floor_ptr"] = None
     kernel = sampling_draw._sample_chunk_cut_kernel if cut else sampling_draw._sample_chunk_kernel
     return _compile(kernel, sig, consts, WARPS, 3)
-
-
-def branches(ins: list[tuple[int, str]]) -> list[tuple[int, int, bool]]:
-    """Every branch as (address, target, backward)."""
-    out = []
-    for addr, text in ins:
-        m = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
-        if m:
-            target = int(m[1], 16)
-            out.append((addr, target, target < addr))
-    return out
 
 
 def loop_parts(ins: list[tuple[int, str]]) -> tuple[list[str], list[str] | None]:
     """The step loop's body (the longest backward branch) and the smallest branch in it around 90 %
     of its FFMAs (the logs' polynomials), None if there is none."""
-    back = max((b for b in branches(ins) if b[2]), key=lambda b: b[0] - b[1])
-    lo, hi = back[1], back[0]
+    hi, lo = max(((a, t) for a, t in branches(ins) if t < a), key=lambda b: b[0] - b[1])
     body = [t for a, t in ins if lo <= a <= hi]
     ffma = sum(opcode(t) == "FFMA" for t in body)
     logs = None
-    for addr, target, backward in branches(ins):
-        if backward or not lo <= addr < target <= hi:
+    for addr, target in branches(ins):
+        if not lo <= addr < target <= hi:  # a forward branch inside the loop
             continue
         region = [t for a, t in ins if addr < a < target]
         holds = sum(opcode(t) == "FFMA" for t in region) >= 0.9 * ffma

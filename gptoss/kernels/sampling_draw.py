@@ -256,9 +256,9 @@ def gumbel_argmax(
     pidx = out if single else torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
     args = (logits, logits.stride(0), temperature, seeds, offsets, pval, pidx, out, B, V, n_chunks)
     # SCREEN 2 shares a row's best z across its chunks: a [B] -inf fill, for rows split in chunks.
-    # Otherwise floor_ptr is unread: the temperatures (float32, whatever the logits' dtype).
+    # Otherwise there is no floor_ptr (None: a constexpr the kernel never reads).
     screen = SCREEN if not single else min(SCREEN, 1)
-    floor = torch.full((B,), float("-inf"), device=logits.device) if screen == 2 else temperature
+    floor = torch.full((B,), float("-inf"), device=logits.device) if screen == 2 else None
     consts = dict(ROWS=rows, CHUNK=chunk, BLOCK=block, SINGLE=single, floor_ptr=floor, SCREEN=screen)
     if cut is None:
         _sample_chunk_kernel[grid](*args, **consts, num_warps=4)
