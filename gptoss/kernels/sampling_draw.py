@@ -39,6 +39,10 @@ _BLOCK = 1024  # elements per loop step of a pass-1 program
 # The same ids bit for bit in every mode (tests): a skipped z is beaten, or tied at a smaller index,
 # by a z that is kept. Off until timed on a GPU (bench/kernels/ops_gpu.py's "screen" rows).
 SCREEN = 0
+# The launch's shape: the most elements a pass-1 program draws (a chunk; _chunk_size) and its warps.
+# A longer chunk gives the screen a longer history (step k of n holds a new best with odds ~1/k).
+CHUNK_MAX = 16384
+WARPS = 4
 
 
 @triton.jit
@@ -227,8 +231,8 @@ def _sample_reduce_kernel(pval_ptr, pidx_ptr, out_ptr, B, n_chunks, ROWS: tl.con
 
 
 def _chunk_size(b: int, v: int) -> int:
-    """Aim for >= ~1000 programs (an H100 has 132 SMs), chunks of 2K..16K elements."""
-    return min(16384, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
+    """Aim for >= ~1000 programs (an H100 has 132 SMs), chunks of 2K..CHUNK_MAX elements."""
+    return min(CHUNK_MAX, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
 
 
 def gumbel_argmax(
@@ -261,9 +265,9 @@ def gumbel_argmax(
     floor = torch.full((B,), float("-inf"), device=logits.device) if screen == 2 else None
     consts = dict(ROWS=rows, CHUNK=chunk, BLOCK=block, SINGLE=single, floor_ptr=floor, SCREEN=screen)
     if cut is None:
-        _sample_chunk_kernel[grid](*args, **consts, num_warps=4)
+        _sample_chunk_kernel[grid](*args, **consts, num_warps=WARPS)
     else:
-        _sample_chunk_cut_kernel[grid](*args, *cut, **consts, num_warps=4)
+        _sample_chunk_cut_kernel[grid](*args, *cut, **consts, num_warps=WARPS)
     if not single:
         chunks = max(128, triton.next_power_of_2(n_chunks))  # 128 holds the vocabulary's 13-99 chunks
         rows = max(1, 256 // chunks)

@@ -1,0 +1,59 @@
+"""bench/kernels/draw_sweep_gpu.py run small on CPU (Triton's interpreter): every launch shape it sweeps
+draws the default launch's ids, a shape that does not is a failed case, and the knobs come back."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"))
+
+import draw_sweep_gpu  # noqa: E402
+import timing  # noqa: E402
+
+from gptoss.kernels import sampling_draw
+
+
+def _timed(calls: list[str]):
+    def time_us(fn, what):
+        fn()
+        calls.append(what)
+        return 2.0 if "default" in what else 1.0
+
+    return time_us
+
+
+def test_every_swept_launch_draws_the_default_ids(monkeypatch):
+    monkeypatch.setattr(timing, "CASE_FAILED", [])
+    monkeypatch.setattr(draw_sweep_gpu, "case_failed", lambda what, why: timing.CASE_FAILED.append(what))
+    calls: list[str] = []
+    # vocab 5000 at B 3: chunks of 2048 (three, the last partial) or 8192 (one: the single-pass launch)
+    rows = draw_sweep_gpu.sweep([3], [0, 1], [2048, 8192], [(512, 4), (1024, 4)], 5000, "cpu", _timed(calls))
+    assert len(rows) == 2 * 2 * 2 * 2  # float32 and bf16 (the default's CHUNK_MAX, 16384, is not swept)
+    assert all(r["same"] for r in rows), [r for r in rows if not r["same"]]
+    assert timing.CASE_FAILED == []
+    assert calls[0] == "B=3 float32 default" and calls[9] == "B=3 bfloat16 default"
+    assert (sampling_draw.SCREEN, sampling_draw.CHUNK_MAX, sampling_draw._BLOCK, sampling_draw.WARPS) == (
+        0, 16384, 1024, 4,
+    )  # fmt: skip
+    text = draw_sweep_gpu.table(rows).splitlines()
+    assert text[1].split() == ["B=3", "float32", "0", "2048", "512x4", "1.0", "2.0", "2.00", "same"]
+
+
+def test_a_launch_that_draws_other_ids_is_a_failed_case(monkeypatch):
+    monkeypatch.setattr(timing, "CASE_FAILED", [])
+    monkeypatch.setattr(draw_sweep_gpu, "case_failed", lambda what, why: timing.CASE_FAILED.append(what))
+    real = draw_sweep_gpu.gumbel_argmax
+
+    def off_by_one_when_screened(logits, *args):
+        ids = real(logits, *args)
+        return ids + 1 if sampling_draw.SCREEN else ids
+
+    monkeypatch.setattr(draw_sweep_gpu, "gumbel_argmax", off_by_one_when_screened)
+    rows = draw_sweep_gpu.sweep([2], [0, 1], [2048], [(1024, 4)], 3000, "cpu", _timed([]))
+    assert [(r["screen"], r["same"]) for r in rows] == [(0, True), (1, False)] * 2
+    assert timing.CASE_FAILED == [
+        "B=2 float32 screen 1 chunk 2048 block 1024x4",
+        "B=2 bfloat16 screen 1 chunk 2048 block 1024x4",
+    ]
+    assert "DIFFER" in draw_sweep_gpu.table(rows)
