@@ -23,6 +23,7 @@ dequantized once where BM 128 passes twice). Tiles.half: a tile with <= BM/2 row
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import triton
@@ -47,13 +48,23 @@ from gptoss.kernels.moe_v3_kernels import _gate_up_v3_kernel, _gather_sorted_ker
 # arithmetic at the top of the K loop's stall samples, which is why it exists. =x: gate_up's x alone
 # by TMA (the gather pass first), act in assignment order and down on the gather path: the half that
 # gave the same bits, where v64's Nsight Compute at 20b's M 1024 found gate_up's issue slots going to
-# the x gather's per-row cp.async addressing (not yet timed on a GPU).
+# the x gather's per-row cp.async addressing. Compiled on an H100 (v69), with the weights by TMA as
+# the engine's tiles load them, =x gave other values too (test_x_by_tma_gives_the_gather_paths_act_on_gpu,
+# a strict xfail now) and no speed: M 256 1.04x, 512-2048 0.96-0.98x, 4096 1.02x the gather path. So
+# every mode but 0 is an experiment known to give wrong values on the GPU, and says so when chosen.
 _TMA_MODES = {"0": (False, False), "down": (True, False), "all": (True, True), "x": (False, True)}
 
 
 def _tma_mode(v: str) -> tuple[bool, bool]:
     if v not in _TMA_MODES:
         raise ValueError(f"GPTOSS_MOE_V3_TMA={v!r}: one of {', '.join(_TMA_MODES)}")
+    if v != "0":
+        warnings.warn(
+            f"GPTOSS_MOE_V3_TMA={v}: an experiment that gives other values than the gather path on the "
+            "GPU (bench/results v29, v56, v69); leave it unset for real runs",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return _TMA_MODES[v]
 
 

@@ -8,6 +8,7 @@ end; their columns are computed and never stored, which the NaN-filled buffers w
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -94,7 +95,13 @@ def test_the_switch_runs_the_sorted_path_in_moe_forward(monkeypatch):
     [("0", (False, False)), ("down", (True, False)), ("all", (True, True)), ("x", (False, True))],
 )
 def test_the_switch_values(value, flags):
-    assert moe_v3._tma_mode(value) == flags
+    if value == "0":
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the default says nothing
+            assert moe_v3._tma_mode(value) == flags
+    else:
+        with pytest.warns(RuntimeWarning, match=f"GPTOSS_MOE_V3_TMA={value}: an experiment that gives other"):
+            assert moe_v3._tma_mode(value) == flags
     with pytest.raises(ValueError, match="GPTOSS_MOE_V3_TMA='1': one of 0, down, all, x$"):
         moe_v3._tma_mode("1")
 
@@ -122,6 +129,7 @@ def test_sorted_rows_refuse_a_lora():
 
 
 @gpu
+@pytest.mark.xfail(strict=True, reason="v69 (H100): x by TMA differs from the gather path (moe_v3's note)")
 @pytest.mark.parametrize(
     ("tokens", "gu"),
     [(1024, Tiles(256, 64, 64, 8, 4, half=True)), (4096, Tiles(256, 64, 64, 8, 3, half=True))],
