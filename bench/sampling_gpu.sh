@@ -6,8 +6,8 @@
 # tiles); then bench/decode_ab_gpu.py on the 20b, RUNS of: top_p (the sort, the search with a masked
 # copy, the search drawn through the cut: the default), top_k_p (top_k 50 + top_p with the masked
 # copy, and with the cut: the default), screen (temperature 1 unfiltered, as MLPerf samples: the
-# draw unscreened, screened within a chunk, and across a row's chunks: sampling_draw.SCREEN 0 / 1 /
-# 2), greedy (the peer); RUNS=none, no decode. OPS=0 skips the ops, TESTS=none the tests; RECORD=1
+# draw unscreened, screened within a chunk (the default from 64 rows), and across a row's chunks:
+# sampling_draw.SCREEN 0 / 1 / 2), greedy (the peer); RUNS=none, no decode. OPS=0 skips the ops, TESTS=none the tests; RECORD=1
 # records the precompile manifest last. Everything under RES
 # ($OUT by default); the table last, then the steps that failed (each with its exit status; the
 # script's then 1).
@@ -63,7 +63,7 @@ for run in ${RUNS:-top_p top_k_p greedy}; do
     top_p) decode top_p temperature=1,top_p=0.9,seed=7 "sort=sampling_filter.TOP_P_SEARCH=False" \
       "search=sampling.USE_CUT=False" search_cut= ;;
     top_k_p) decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 "mask=sampling.USE_CUT=False" cut= ;;
-    screen) decode screen temperature=1,seed=7 off= "local=sampling_draw.SCREEN=1" \
+    screen) decode screen temperature=1,seed=7 "off=sampling_draw.SCREEN=0" local= \
       "shared=sampling_draw.SCREEN=2" ;;
     greedy) decode greedy greedy default= ;;
     none) ;;

@@ -1,5 +1,6 @@
 """The unfiltered draw's launch shape: sampling_draw.SCREEN x CHUNK_MAX x (BLOCK, warps), timed against
-the default launch in the same run, on float32 and bf16 logits (randn x 3, the ops rows' draw).
+the default launch (screened from SCREEN_FROM rows) in the same run, on float32 and bf16 logits (randn
+x 3, the ops rows' draw). A variant's SCREEN applies at every batch size.
 
     python bench/kernels/draw_sweep_gpu.py [--batch 64,256,1024] [--chunks 16384,65536] [--shapes 1024x4]
 
@@ -42,14 +43,15 @@ def shapes(text: str) -> list[tuple[int, int]]:
 
 
 def with_knobs(values: tuple[int, ...], fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """fn() with sampling_draw's knobs set to values, then put back (a graph capture runs fn too)."""
-    saved = [getattr(sampling_draw, k) for k in KNOBS]
-    for k, v in zip(KNOBS, values, strict=True):
+    """fn() with sampling_draw's knobs set to values and SCREEN applying at every batch size (SCREEN_FROM
+    1), then put back (a graph capture runs fn too)."""
+    saved = [getattr(sampling_draw, k) for k in (*KNOBS, "SCREEN_FROM")]
+    for k, v in zip((*KNOBS, "SCREEN_FROM"), (*values, 1), strict=True):
         setattr(sampling_draw, k, v)
     try:
         return fn()
     finally:
-        for k, v in zip(KNOBS, saved, strict=True):
+        for k, v in zip((*KNOBS, "SCREEN_FROM"), saved, strict=True):
             setattr(sampling_draw, k, v)
 
 

@@ -136,23 +136,25 @@ def rope_case(T: int, vops) -> dict:
     return _row("rope_qkv", f"T={T} +kv write", ours, vl, timed_us(torch_fn, f"rope T={T} torch"), nbytes)
 
 
-def _switched(fn: Callable[[], object], module: ModuleType, name: str, value: object) -> Callable[[], object]:
-    """fn with module's switch name at value while it runs (a capture records that path's launches)."""
+def _switched(fn: Callable[[], object], module: ModuleType, **values: object) -> Callable[[], object]:
+    """fn with module's switches at values while it runs (a capture records that path's launches)."""
 
     def run():
-        old = getattr(module, name)
-        setattr(module, name, value)
+        old = {name: getattr(module, name) for name in values}
+        for name, value in values.items():
+            setattr(module, name, value)
         try:
             return fn()
         finally:
-            setattr(module, name, old)
+            for name, value in old.items():
+                setattr(module, name, value)
 
     return run
 
 
 def _masked(fn: Callable[[], object]) -> Callable[[], object]:
     """fn with sampling.USE_CUT off: the masked copy."""
-    return _switched(fn, sampling, "USE_CUT", False)
+    return _switched(fn, sampling, USE_CUT=False)
 
 
 def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
@@ -214,14 +216,19 @@ def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
         lambda: sample(half.float(), ones, no_k, ones, seeds, offsets, filtered=False),
         f"B={B} T=1 bf16 widened",
     )
-    # the screened draw (sampling_draw.SCREEN, off until timed): 1 within a chunk, 2 shared by a row's
-    # chunks; the peers are the unscreened rows above (the same ids)
+    # the screened draw (sampling_draw.SCREEN: 1 within a chunk, the default from SCREEN_FROM rows; 2
+    # shared by a row's chunks), each mode at every B, against the unscreened draw (the same ids)
     unfiltered = partial(sample, logits, ones, no_k, ones, seeds, offsets, filtered=False)
+    unscreened = timed_us(_switched(unfiltered, sampling_draw, SCREEN=0), f"B={B} T=1 screen 0")
     screened = [
-        timed_us(_switched(unfiltered, sampling_draw, "SCREEN", m), f"B={B} T=1 screen {m}") for m in (1, 2)
+        timed_us(_switched(unfiltered, sampling_draw, SCREEN=m, SCREEN_FROM=1), f"B={B} T=1 screen {m}")
+        for m in (1, 2)
     ]
+    cut_unscreened = timed_us(
+        _switched(search_cut, sampling_draw, SCREEN=0), f"B={B} top-p search cut screen 0"
+    )
     cut_screened = timed_us(
-        _switched(search_cut, sampling_draw, "SCREEN", 2), f"B={B} top-p search cut screen 2"
+        _switched(search_cut, sampling_draw, SCREEN=2, SCREEN_FROM=1), f"B={B} top-p search cut screen 2"
     )
     # the sort in one call over B rows, as before sampling.SORT_ROWS blocks (the row above's peer)
     one_sort = timed_us(
@@ -257,15 +264,15 @@ def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
             nbytes,
         ),
         _row("sample", f"B={B} T=1 bf16 logits", drawn_bf16, None, widened, nbytes // 2),
-        _row("sample", f"B={B} T=1 screen 1", screened[0], None, drawn, nbytes),
-        _row("sample", f"B={B} T=1 screen 2", screened[1], None, drawn, nbytes),
+        _row("sample", f"B={B} T=1 screen 1", screened[0], None, unscreened, nbytes),
+        _row("sample", f"B={B} T=1 screen 2", screened[1], None, unscreened, nbytes),
         _row("sample", f"B={B} T=1 top_k=50 top_p=0.9", filt, None, filt_sort, nbytes),
         _row("sample", f"B={B} T=1 top_k=50 top_p=0.9 cut", filt_cut, None, filt, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9", top_p_only, None, None, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9 search", top_p_search, None, top_p_only, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9 search cut", top_p_search_cut, None, top_p_only, nbytes),
         _row(
-            "sample", f"B={B} T=1 top_p=0.9 search cut screen 2", cut_screened, None, top_p_search_cut, nbytes
+            "sample", f"B={B} T=1 top_p=0.9 search cut screen 2", cut_screened, None, cut_unscreened, nbytes
         ),
         _row("sample", f"B={B} T=1 top_p=0.9 sort blocks", top_p_only, None, one_sort, nbytes),
         _row("sample", f"B={B} T=1 top_p=0.9 on 1/16 rows", few, None, few_all, nbytes),

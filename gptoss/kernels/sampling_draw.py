@@ -32,13 +32,17 @@ from gptoss.kernels.sampling_noise import _gumbel, _gumbel_bound, _row_keys, _un
 _BLOCK = 1024  # elements per loop step of a pass-1 program
 # Screening (_chunk_winner's SCREEN): each step first bounds its z from the hash's bits alone
 # (_gumbel_bound: a few integer and float operations) and takes the two logs only when some bound
-# could beat the best z seen so far. The draw is bound by its instructions, not by HBM (v64: 659.5
-# us at B 1024, about 3x the read), and in a chunk of n steps step k holds a new best with odds ~1/k.
-# 0: off. 1: the best z of the program's own earlier steps. 2: also the best any chunk of the row has
-# kept, shared through a [B] float32 of atomic maxima, so later chunks skip from their first step.
-# The same ids bit for bit in every mode (tests): a skipped z is beaten, or tied at a smaller index,
-# by a z that is kept. Off until timed on a GPU (bench/kernels/ops_gpu.py's "screen" rows).
-SCREEN = 0
+# could beat the best z seen so far. The draw is bound by its instructions, not by HBM (v69: bf16
+# logits, half the bytes, take 635 us at B 1024 against float32's 662), and in a chunk of n steps step
+# k holds a new best with odds ~1/k. 0: off. 1: the best z of the program's own earlier steps. 2:
+# also the best any chunk of the row has kept, shared through a [B] float32 of atomic maxima, so later
+# chunks skip from their first step. The same ids bit for bit in every mode (tests): a skipped z is
+# beaten, or tied at a smaller index, by a z that is kept. Timed on an H100 (v69, ops rows, µs a call
+# against SCREEN 0): mode 1 B 1 6.5 vs 5.3, B 64 52.3 vs 54.4, B 256 154.8 vs 179.5, B 1024 583.0 vs
+# 662.5; mode 2 no better at 1024 and 2x slower at 64 (its atomics). So launches of SCREEN_FROM rows or
+# more screen in mode SCREEN, smaller ones (a row's chunk a program, few steps to screen) do not.
+SCREEN = 1
+SCREEN_FROM = 64
 # The launch's shape: the most elements a pass-1 program draws (a chunk; _chunk_size) and its warps.
 # A longer chunk gives the screen a longer history (step k of n holds a new best with odds ~1/k).
 CHUNK_MAX = 16384
@@ -235,6 +239,14 @@ def _chunk_size(b: int, v: int) -> int:
     return min(CHUNK_MAX, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
 
 
+def screen_mode(rows: int, single: bool) -> int:
+    """The SCREEN a launch of `rows` rows takes: 0 below SCREEN_FROM; mode 2 only where rows are
+    split in chunks (a single chunk has no other chunk to share its best with)."""
+    if rows < SCREEN_FROM:
+        return 0
+    return SCREEN if not single else min(SCREEN, 1)
+
+
 def gumbel_argmax(
     logits: Tensor,
     temperature: Tensor,
@@ -261,7 +273,7 @@ def gumbel_argmax(
     args = (logits, logits.stride(0), temperature, seeds, offsets, pval, pidx, out, B, V, n_chunks)
     # SCREEN 2 shares a row's best z across its chunks: a [B] -inf fill, for rows split in chunks.
     # Otherwise there is no floor_ptr (None: a constexpr the kernel never reads).
-    screen = SCREEN if not single else min(SCREEN, 1)
+    screen = screen_mode(B, single)
     floor = torch.full((B,), float("-inf"), device=logits.device) if screen == 2 else None
     consts = dict(ROWS=rows, CHUNK=chunk, BLOCK=block, SINGLE=single, floor_ptr=floor, SCREEN=screen)
     if cut is None:

@@ -33,9 +33,8 @@ def test_every_swept_launch_draws_the_default_ids(monkeypatch):
     assert all(r["same"] for r in rows), [r for r in rows if not r["same"]]
     assert timing.CASE_FAILED == []
     assert calls[0] == "B=3 float32 default" and calls[9] == "B=3 bfloat16 default"
-    assert (sampling_draw.SCREEN, sampling_draw.CHUNK_MAX, sampling_draw._BLOCK, sampling_draw.WARPS) == (
-        0, 16384, 1024, 4,
-    )  # fmt: skip
+    knobs = (sampling_draw.SCREEN, sampling_draw.SCREEN_FROM, sampling_draw.CHUNK_MAX, sampling_draw._BLOCK)
+    assert knobs + (sampling_draw.WARPS,) == (1, 64, 16384, 1024, 4)
     text = draw_sweep_gpu.table(rows).splitlines()
     assert text[1].split() == ["B=3", "float32", "0", "2048", "512x4", "1.0", "2.0", "2.00", "same"]
 
@@ -45,15 +44,15 @@ def test_a_launch_that_draws_other_ids_is_a_failed_case(monkeypatch):
     monkeypatch.setattr(draw_sweep_gpu, "case_failed", lambda what, why: timing.CASE_FAILED.append(what))
     real = draw_sweep_gpu.gumbel_argmax
 
-    def off_by_one_when_screened(logits, *args):
+    def off_by_one_unscreened(logits, *args):
         ids = real(logits, *args)
-        return ids + 1 if sampling_draw.SCREEN else ids
+        return ids + 1 if sampling_draw.SCREEN == 0 else ids
 
-    monkeypatch.setattr(draw_sweep_gpu, "gumbel_argmax", off_by_one_when_screened)
+    monkeypatch.setattr(draw_sweep_gpu, "gumbel_argmax", off_by_one_unscreened)
     rows = draw_sweep_gpu.sweep([2], [0, 1], [2048], [(1024, 4)], 3000, "cpu", _timed([]))
-    assert [(r["screen"], r["same"]) for r in rows] == [(0, True), (1, False)] * 2
+    assert [(r["screen"], r["same"]) for r in rows] == [(0, False), (1, True)] * 2
     assert timing.CASE_FAILED == [
-        "B=2 float32 screen 1 chunk 2048 block 1024x4",
-        "B=2 bfloat16 screen 1 chunk 2048 block 1024x4",
+        "B=2 float32 screen 0 chunk 2048 block 1024x4",
+        "B=2 bfloat16 screen 0 chunk 2048 block 1024x4",
     ]
     assert "DIFFER" in draw_sweep_gpu.table(rows)

@@ -45,9 +45,16 @@ def test_every_sampling_case_runs_and_each_rows_pair_draws_the_same_ids(monkeypa
     assert torch.equal(ids["B=32 greedy"], ids["B=32 argmax"])
     for group in (
         ("T=1 bf16", "T=1 bf16 widened"),
-        ("T=1", "T=1 screen 1", "T=1 screen 2"),
+        ("T=1", "T=1 screen 0", "T=1 screen 1", "T=1 screen 2"),
         ("top-k/p", "top-k/p sort", "top-k/p cut"),
-        ("top-p", "top-p search", "top-p search cut", "top-p search cut screen 2", "top-p one sort"),
+        (
+            "top-p",
+            "top-p search",
+            "top-p search cut",
+            "top-p search cut screen 0",
+            "top-p search cut screen 2",
+        )
+        + ("top-p one sort",),
         ("1/16 top-p rows", "1/16 top-p, all rows"),
     ):
         first = ids[f"B=32 {group[0]}"]

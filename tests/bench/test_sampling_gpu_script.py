@@ -133,7 +133,7 @@ def test_the_screen_run_times_the_draw_unscreened_and_in_both_modes(stubs, tmp_p
     screen = next(c for c in calls if "decode_ab_gpu.py" in c)
     assert "--batch 256,1024 --max-num-seqs 1024 --decode 128x256" in screen  # where the draw weighs most
     assert screen.endswith(
-        "--sampling temperature=1,seed=7 --variant off= --variant local=sampling_draw.SCREEN=1 "
+        "--sampling temperature=1,seed=7 --variant off=sampling_draw.SCREEN=0 --variant local= "
         "--variant shared=sampling_draw.SCREEN=2"
     )
     assert "tests/gptoss/kernels/test_sampling_screen.py" in next(c for c in calls if "-m pytest" in c)

@@ -56,11 +56,13 @@ def test_the_bound_is_above_every_gumbel_and_tight_where_winners_are() -> None:
 
 
 def _draw(logits: torch.Tensor, p: dict[str, torch.Tensor], screen: int, **kw) -> list[int]:
-    old, sampling_draw.SCREEN = sampling_draw.SCREEN, screen
+    """sample() with every launch in mode `screen`, whatever its rows (SCREEN_FROM 1)."""
+    old = sampling_draw.SCREEN, sampling_draw.SCREEN_FROM
+    sampling_draw.SCREEN, sampling_draw.SCREEN_FROM = screen, 1
     try:
         return sample(logits, **p, **kw).tolist()
     finally:
-        sampling_draw.SCREEN = old
+        sampling_draw.SCREEN, sampling_draw.SCREEN_FROM = old
 
 
 def _rows(kind: str, g: torch.Generator) -> torch.Tensor:
@@ -163,3 +165,32 @@ def test_screening_skips_the_logs_of_most_steps(kind: str, screen: int, at_most:
     print("FRACTION", kind, screen, sum(counted) / every)
     assert sum(counted) <= at_most * every
     assert sum(counted) >= 4 * 1024  # a row's first step always takes them
+
+
+def test_launches_screen_from_64_rows_in_mode_1() -> None:
+    assert (sampling_draw.SCREEN, sampling_draw.SCREEN_FROM) == (1, 64)
+    assert [sampling_draw.screen_mode(b, False) for b in (1, 2, 63, 64, 65, 1024)] == [0, 0, 0, 1, 1, 1]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampling_draw, "SCREEN", 2)
+        assert sampling_draw.screen_mode(64, single=False) == 2
+        assert sampling_draw.screen_mode(64, single=True) == 1  # no other chunk to share a best with
+        assert sampling_draw.screen_mode(8, single=False) == 0
+
+
+@pytest.mark.skipif(not INTERPRET, reason="counts the logs' calls in the interpreter")
+def test_the_default_draw_skips_logs_at_64_rows_and_not_at_63(monkeypatch) -> None:
+    """The defaults as sample() runs them: rows of 4,096 in one chunk (4 steps of 1,024); 63 rows take
+    the logs on every step, 64 rows only where a bound could beat the best so far (at least each
+    row's first step), with the ids of the unscreened draw."""
+    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v: 4096)
+    monkeypatch.setattr(sampling_draw, "_gumbel", _counting_gumbel)
+    logits = torch.randn(64, 4096, generator=torch.Generator().manual_seed(44)) * 3
+    ones, no_k = torch.ones(64), torch.zeros(64, dtype=torch.int32)
+    for b, steps in ((63, (63 * 4, 63 * 4)), (64, (64, 64 * 3))):
+        _COUNTED.clear()
+        ids = sample(
+            logits[:b], ones[:b], no_k[:b], ones[:b], torch.arange(b), torch.arange(b), filtered=False
+        )
+        assert steps[0] * 1024 <= sum(_COUNTED) <= steps[1] * 1024, (b, sum(_COUNTED) // 1024)
+        p = {"temperature": ones[:b], "top_k": no_k[:b], "top_p": ones[:b], "seeds": torch.arange(b)}
+        assert ids.tolist() == _draw(logits[:b], p | {"offsets": torch.arange(b)}, 0, filtered=False)
