@@ -7,8 +7,10 @@
 # copy, the search drawn through the cut: the default), top_k_p (top_k 50 + top_p with the masked
 # copy, and with the cut: the default), screen (temperature 1 unfiltered, as MLPerf samples: the
 # draw unscreened, screened within a chunk (the default from 64 rows), and across a row's chunks:
-# sampling_draw.SCREEN 0 / 1 / 2), greedy (the peer); RUNS=none, no decode. OPS=0 skips the ops, TESTS=none the tests; RECORD=1
-# records the precompile manifest last. Everything under RES
+# sampling_draw.SCREEN 0 / 1 / 2), chunk (the screened draw's longest chunk: sampling_draw.CHUNK_MAX
+# 16384 / 65536 / 262144), greedy (the peer); RUNS=none, no decode. SWEEP (a batch list) runs
+# bench/kernels/draw_sweep_gpu.py (the draw's SCREEN x chunk x block and warps against its default)
+# after the ops. OPS=0 skips the ops, TESTS=none the tests; RECORD=1 records the precompile manifest last. Everything under RES
 # ($OUT by default); the table last, then the steps that failed (each with its exit status; the
 # script's then 1).
 #   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 MAX_NUM_SEQS=256 by default)
@@ -52,6 +54,12 @@ decode() {  # NAME SAMPLING VARIANT...
   sed -n '/^batch [0-9]*, /,$p' "$RES/decode_$name.txt" | grep -v '^$' >> "$RES/table.txt"
   tail -30 "$RES/decode_$name.txt"
 }
+if [ -n "${SWEEP:-}" ]; then
+  say "draw launch shapes (B $SWEEP)"
+  timeout "${SWEEP_LIMIT:-300}" python3 bench/kernels/draw_sweep_gpu.py --batch "$SWEEP" > "$RES/draw_sweep.txt" 2>&1 \
+    || failed "draw sweep (exit $?)"
+  sed -n '/^case /,$p' "$RES/draw_sweep.txt" | tee -a "$RES/table.txt"
+fi
 if [ -n "${TILES:-}" ]; then
   say "top-p search tiles ($TILES)"
   timeout 300 python3 bench/kernels/top_p_gpu.py --tiles "$TILES" > "$RES/top_p_tiles.txt" 2>&1 \
@@ -65,9 +73,11 @@ for run in ${RUNS:-top_p top_k_p greedy}; do
     top_k_p) decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 "mask=sampling.USE_CUT=False" cut= ;;
     screen) decode screen temperature=1,seed=7 "off=sampling_draw.SCREEN=0" local= \
       "shared=sampling_draw.SCREEN=2" ;;
+    chunk) decode chunk temperature=1,seed=7 default= "c64k=sampling_draw.CHUNK_MAX=65536" \
+      "c256k=sampling_draw.CHUNK_MAX=262144" ;;
     greedy) decode greedy greedy default= ;;
     none) ;;
-    *) say "unknown run $run (top_p, top_k_p, screen, greedy, none)"; exit 2 ;;
+    *) say "unknown run $run (top_p, top_k_p, screen, chunk, greedy, none)"; exit 2 ;;
   esac
 done
 if [ "${RECORD:-0}" = 1 ]; then  # the precompile manifest: what the 20b meets at 4,096 keys, added to

@@ -41,6 +41,9 @@ case "$*" in
     echo "14 passed in 1.0s" ;;
   # sampling_gpu.sh's benches: the lines its table keeps, saying what they were asked
   *"kernels_gpu.py --only ops"*) echo "kernel         case  ours us"; echo "sample         B=1 greedy  3.4" ;;
+  *draw_sweep_gpu.py*) echo "stub: the draw's launch shapes"
+    echo "case  screen  chunk  block  us  default  ratio  ids"
+    echo "B=${*: -1} float32  1  65536  1024x4  1.0  2.0  2.00  same" ;;
   *top_p_gpu.py*) echo "top-p 0.9 over [B, 201088] float32, stub; µs a call"; echo "    1 search ${*: -1}" ;;
   *decode_ab_gpu.py*) echo "batch 1 round 1 x: 1.0 tok/s"; echo
     echo "batch 1, 128 -> 256 tokens, $(sed -E 's/.*--sampling ([^ ]*).*/\1/' <<< "$*"), tok/s"
