@@ -39,19 +39,13 @@ from gptoss.kernels.moe_tiles import Tiles, _grid
 from gptoss.kernels.moe_v3_down import _down_v3_kernel
 from gptoss.kernels.moe_v3_kernels import _gate_up_v3_kernel, _gather_sorted_kernel
 
-# GPTOSS_MOE_V3_TMA=down: gate_up writes act expert by expert and down reads its act tiles with TMA
-# (one copy a K step, no per-row addresses; Hopper and the interpreter); =all: gate_up's x too, after
-# a pass that lays x's rows out expert by expert. Off: compiled on an H200 (bench/results v29), the
-# down on act tiles by TMA gave other VALUES than the gather path in the last columns of a row
-# (test_tma_down_gives_the_gather_paths_bits_on_gpu, 20b's BM-256 down tiles, BK 64), while gate_up
-# with x by TMA gave the same bits. Not found yet; the v20 profile had the gather's address
-# arithmetic at the top of the K loop's stall samples, which is why it exists. =x: gate_up's x alone
-# by TMA (the gather pass first), act in assignment order and down on the gather path: the half that
-# gave the same bits, where v64's Nsight Compute at 20b's M 1024 found gate_up's issue slots going to
-# the x gather's per-row cp.async addressing. Compiled on an H100 (v69), with the weights by TMA as
-# the engine's tiles load them, =x gave other values too (test_x_by_tma_gives_the_gather_paths_act_on_gpu,
-# a strict xfail now) and no speed: M 256 1.04x, 512-2048 0.96-0.98x, 4096 1.02x the gather path. So
-# every mode but 0 is an experiment known to give wrong values on the GPU, and says so when chosen.
+# GPTOSS_MOE_V3_TMA (experiments, off): =down, gate_up writes act expert by expert and down reads its
+# act tiles by TMA (no per-row addresses); =all, gate_up's x too, after a pass that lays x's rows out
+# expert by expert; =x, gate_up's x alone (act in assignment order), aimed at the x gather's per-row
+# cp.async addressing that v20's stall samples and v64's Nsight Compute (M 1024) pointed at. Each gave
+# other values than the gather path compiled (=down / =all on an H200, v29 and v56: the last columns
+# of a row; =x on an H100 with the engine's weights by TMA, v69) and =x no speed (M 256-4096 0.96-1.04x):
+# strict xfails in test_moe_v3_tma.py, and choosing one warns.
 _TMA_MODES = {"0": (False, False), "down": (True, False), "all": (True, True), "x": (False, True)}
 
 
