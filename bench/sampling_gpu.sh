@@ -7,8 +7,8 @@
 # copy, the search drawn through the cut: the default), top_k_p (top_k 50 + top_p with the masked
 # copy, and with the cut: the default), screen (temperature 1 unfiltered, as MLPerf samples: the
 # draw unscreened, screened within a chunk (the default from 64 rows), and across a row's chunks:
-# sampling_draw.SCREEN 0 / 1 / 2), chunk (the screened draw's longest chunk: sampling_draw.CHUNK_MAX
-# 16384 / 65536 / 262144), greedy (the peer); RUNS=none, no decode. SWEEP (a batch list) runs
+# sampling_draw.SCREEN 0 / 1 / 2), shape (the screened draw's launch: chunks of up to 16,384 or
+# 65,536 elements, steps of 1,024 on 4 warps or 256 on one: sampling_draw.CHUNK_MAX, _BLOCK, WARPS), greedy (the peer); RUNS=none, no decode. SWEEP (a batch list) runs
 # bench/kernels/draw_sweep_gpu.py (the draw's SCREEN x chunk x block and warps against its default)
 # after the ops. OPS=0 skips the ops, TESTS=none the tests; RECORD=1 records the precompile manifest last. Everything under RES
 # ($OUT by default); the table last, then the steps that failed (each with its exit status; the
@@ -73,11 +73,12 @@ for run in ${RUNS:-top_p top_k_p greedy}; do
     top_k_p) decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 "mask=sampling.USE_CUT=False" cut= ;;
     screen) decode screen temperature=1,seed=7 "off=sampling_draw.SCREEN=0" local= \
       "shared=sampling_draw.SCREEN=2" ;;
-    chunk) decode chunk temperature=1,seed=7 default= "c64k=sampling_draw.CHUNK_MAX=65536" \
-      "c256k=sampling_draw.CHUNK_MAX=262144" ;;
+    shape) decode shape temperature=1,seed=7 default= "c64k=sampling_draw.CHUNK_MAX=65536" \
+      "w1=sampling_draw._BLOCK=256+sampling_draw.WARPS=1" \
+      "w1c64k=sampling_draw._BLOCK=256+sampling_draw.WARPS=1+sampling_draw.CHUNK_MAX=65536" ;;
     greedy) decode greedy greedy default= ;;
     none) ;;
-    *) say "unknown run $run (top_p, top_k_p, screen, chunk, greedy, none)"; exit 2 ;;
+    *) say "unknown run $run (top_p, top_k_p, screen, shape, greedy, none)"; exit 2 ;;
   esac
 done
 if [ "${RECORD:-0}" = 1 ]; then  # the precompile manifest: what the 20b meets at 4,096 keys, added to

@@ -28,7 +28,7 @@ def test_every_swept_launch_draws_the_default_ids(monkeypatch):
     monkeypatch.setattr(draw_sweep_gpu, "case_failed", lambda what, why: timing.CASE_FAILED.append(what))
     calls: list[str] = []
     # vocab 5000 at B 3: chunks of 2048 (three, the last partial) or 8192 (one: the single-pass launch)
-    rows = draw_sweep_gpu.sweep([3], [0, 1], [2048, 8192], [(512, 4), (1024, 4)], 5000, "cpu", _timed(calls))
+    rows = draw_sweep_gpu.sweep([3], [0, 1], [2048, 8192], [(256, 1), (1024, 4)], 5000, "cpu", _timed(calls))
     assert len(rows) == 2 * 2 * 2 * 2  # float32 and bf16 (the default's CHUNK_MAX, 16384, is not swept)
     assert all(r["same"] for r in rows), [r for r in rows if not r["same"]]
     assert timing.CASE_FAILED == []
@@ -36,7 +36,7 @@ def test_every_swept_launch_draws_the_default_ids(monkeypatch):
     knobs = (sampling_draw.SCREEN, sampling_draw.SCREEN_FROM, sampling_draw.CHUNK_MAX, sampling_draw._BLOCK)
     assert knobs + (sampling_draw.WARPS,) == (1, 64, 16384, 1024, 4)
     text = draw_sweep_gpu.table(rows).splitlines()
-    assert text[1].split() == ["B=3", "float32", "0", "2048", "512x4", "1.0", "2.0", "2.00", "same"]
+    assert text[1].split() == ["B=3", "float32", "0", "2048", "256x1", "1.0", "2.0", "2.00", "same"]
 
 
 def test_a_launch_that_draws_other_ids_is_a_failed_case(monkeypatch):

@@ -71,7 +71,7 @@ def test_an_unknown_run_stops_the_call_and_says_which(stubs, tmp_path):
         SPECS=str(tmp_path),
     )
     assert p.returncode == 2
-    assert "unknown run bogus (top_p, top_k_p, screen, chunk, greedy, none)" in p.stdout
+    assert "unknown run bogus (top_p, top_k_p, screen, shape, greedy, none)" in p.stdout
     calls = (tmp_path / "calls.log").read_text()
     assert "--sampling greedy --variant default=" in calls
     assert "top_p=0.9" not in calls and "record_specs" not in calls and "-m pytest" not in calls
@@ -139,13 +139,13 @@ def test_the_screen_run_times_the_draw_unscreened_and_in_both_modes(stubs, tmp_p
     assert "tests/gptoss/kernels/test_sampling_screen.py" in next(c for c in calls if "-m pytest" in c)
 
 
-def test_the_sweep_and_the_chunk_run_time_the_draws_launch_shape(stubs, tmp_path):
+def test_the_sweep_and_the_shape_run_time_the_draws_launch_shape(stubs, tmp_path):
     res = tmp_path / "sg"
     p = run_script(
         "sampling_gpu.sh",
         stubs,
         RES=str(res),
-        RUNS="chunk",
+        RUNS="shape",
         SWEEP="64,256,1024",
         TESTS="none",
         BATCH="256,1024",
@@ -156,12 +156,13 @@ def test_the_sweep_and_the_chunk_run_time_the_draws_launch_shape(stubs, tmp_path
         calls, "draw_sweep_gpu.py --batch 64,256,1024"
     )
     assert first_at(calls, "draw_sweep_gpu.py") < first_at(calls, "decode_ab_gpu.py")
-    chunk = next(c for c in calls if "decode_ab_gpu.py" in c)
-    assert chunk.endswith(
+    shape = next(c for c in calls if "decode_ab_gpu.py" in c)
+    assert shape.endswith(
         "--sampling temperature=1,seed=7 --variant default= --variant c64k=sampling_draw.CHUNK_MAX=65536 "
-        "--variant c256k=sampling_draw.CHUNK_MAX=262144"
+        "--variant w1=sampling_draw._BLOCK=256+sampling_draw.WARPS=1 "
+        "--variant w1c64k=sampling_draw._BLOCK=256+sampling_draw.WARPS=1+sampling_draw.CHUNK_MAX=65536"
     )
     table = (res / "table.txt").read_text().splitlines()
     i = table.index("case  screen  chunk  block  us  default  ratio  ids")
     assert table[i + 1] == "B=64,256,1024 float32  1  65536  1024x4  1.0  2.0  2.00  same"
-    assert "== decode chunk (temperature=1,seed=7)" in table
+    assert "== decode shape (temperature=1,seed=7)" in table
