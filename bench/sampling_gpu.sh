@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU side, one H200, no vLLM: the sampling filters compiled and timed. While the random 20b is
+# GPU side, one H100 or H200, no vLLM: the sampling filters compiled and timed. While the random 20b is
 # written, the compiled sampling tests run beside it; then bench/kernels_gpu.py --only ops (the
 # top-p search against the sort, the sort in blocks against one call, a batch's filtered rows alone
 # against all of them); with TILES (a --tiles list) bench/kernels/top_p_gpu.py (the search's pass
@@ -8,9 +8,10 @@
 # copy, and with the cut: the default), screen (temperature 1 unfiltered, as MLPerf samples: the
 # draw unscreened, screened within a chunk (the default from 64 rows), and across a row's chunks:
 # sampling_draw.SCREEN 0 / 1 / 2), shape (the screened draw's launch: chunks of up to 16,384 or
-# 65,536 elements, steps of 1,024 on 4 warps or 256 on one: sampling_draw.CHUNK_MAX, _BLOCK, WARPS), greedy (the peer); RUNS=none, no decode. SWEEP (a batch list) runs
-# bench/kernels/draw_sweep_gpu.py (the draw's SCREEN x chunk x block and warps against its default)
-# after the ops. OPS=0 skips the ops, TESTS=none the tests; RECORD=1 records the precompile manifest last. Everything under RES
+# 65,536 elements, steps of 1,024 on 4 warps or 256 on one: sampling_draw.CHUNK_MAX, _BLOCK, WARPS),
+# greedy (the peer); RUNS=none, no decode. SWEEP (a batch list) runs bench/kernels/draw_sweep_gpu.py
+# (the draw's SCREEN x chunk x block and warps against its default) after the ops. OPS=0 skips the
+# ops, TESTS=none the tests; RECORD=1 records the precompile manifest last. Everything under RES
 # ($OUT by default); the table last, then the steps that failed (each with its exit status; the
 # script's then 1).
 #   bash bench/sampling_gpu.sh          (BATCH=1,64,256 DECODE=128x256 MAX_NUM_SEQS=256 by default)
