@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from ops_gpu import switched  # noqa: E402
 from timing import case_failed, report, timed_us  # noqa: E402
 
 from gptoss.config import PRESETS
@@ -48,14 +49,7 @@ def shapes(text: str) -> list[tuple[int, int]]:
 def with_knobs(values: tuple[int, ...], fn: Callable[[], torch.Tensor]) -> torch.Tensor:
     """fn() with sampling_draw's knobs set to values and SCREEN applying at every batch size (SCREEN_FROM
     1), then put back (a graph capture runs fn too)."""
-    saved = [getattr(sampling_draw, k) for k in (*KNOBS, "SCREEN_FROM")]
-    for k, v in zip((*KNOBS, "SCREEN_FROM"), (*values, 1), strict=True):
-        setattr(sampling_draw, k, v)
-    try:
-        return fn()
-    finally:
-        for k, v in zip((*KNOBS, "SCREEN_FROM"), saved, strict=True):
-            setattr(sampling_draw, k, v)
+    return switched(fn, sampling_draw, **dict(zip(KNOBS, values, strict=True)), SCREEN_FROM=1)()
 
 
 def sweep(

@@ -136,7 +136,7 @@ def rope_case(T: int, vops) -> dict:
     return _row("rope_qkv", f"T={T} +kv write", ours, vl, timed_us(torch_fn, f"rope T={T} torch"), nbytes)
 
 
-def _switched(fn: Callable[[], object], module: ModuleType, **values: object) -> Callable[[], object]:
+def switched(fn: Callable[[], object], module: ModuleType, **values: object) -> Callable[[], object]:
     """fn with module's switches at values while it runs (a capture records that path's launches)."""
 
     def run():
@@ -154,7 +154,7 @@ def _switched(fn: Callable[[], object], module: ModuleType, **values: object) ->
 
 def _masked(fn: Callable[[], object]) -> Callable[[], object]:
     """fn with sampling.USE_CUT off: the masked copy."""
-    return _switched(fn, sampling, USE_CUT=False)
+    return switched(fn, sampling, USE_CUT=False)
 
 
 def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
@@ -219,16 +219,16 @@ def sample_cases(B: int, device: str = "cuda", vocab: int = V) -> list[dict]:
     # the screened draw (sampling_draw.SCREEN: 1 within a chunk, the default from SCREEN_FROM rows; 2
     # shared by a row's chunks), each mode at every B, against the unscreened draw (the same ids)
     unfiltered = partial(sample, logits, ones, no_k, ones, seeds, offsets, filtered=False)
-    unscreened = timed_us(_switched(unfiltered, sampling_draw, SCREEN=0), f"B={B} T=1 screen 0")
+    unscreened = timed_us(switched(unfiltered, sampling_draw, SCREEN=0), f"B={B} T=1 screen 0")
     screened = [
-        timed_us(_switched(unfiltered, sampling_draw, SCREEN=m, SCREEN_FROM=1), f"B={B} T=1 screen {m}")
+        timed_us(switched(unfiltered, sampling_draw, SCREEN=m, SCREEN_FROM=1), f"B={B} T=1 screen {m}")
         for m in (1, 2)
     ]
     cut_unscreened = timed_us(
-        _switched(search_cut, sampling_draw, SCREEN=0), f"B={B} top-p search cut screen 0"
+        switched(search_cut, sampling_draw, SCREEN=0), f"B={B} top-p search cut screen 0"
     )
     cut_screened = timed_us(
-        _switched(search_cut, sampling_draw, SCREEN=2, SCREEN_FROM=1), f"B={B} top-p search cut screen 2"
+        switched(search_cut, sampling_draw, SCREEN=2, SCREEN_FROM=1), f"B={B} top-p search cut screen 2"
     )
     # the sort in one call over B rows, as before sampling.SORT_ROWS blocks (the row above's peer)
     one_sort = timed_us(

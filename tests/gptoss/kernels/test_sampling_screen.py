@@ -162,7 +162,6 @@ def test_screening_skips_the_logs_of_most_steps(kind: str, screen: int, at_most:
     assert every == 4 * 20480  # 4 rows, 20 steps of 1,024 each (the last one masked at V)
     counted.clear()
     assert _draw(logits, p, screen, filtered=False) == full
-    print("FRACTION", kind, screen, sum(counted) / every)
     assert sum(counted) <= at_most * every
     assert sum(counted) >= 4 * 1024  # a row's first step always takes them
 
