@@ -7,8 +7,9 @@
 # copy, the search drawn through the cut: the default), top_k_p (top_k 50 + top_p with the masked
 # copy, and with the cut: the default), screen (temperature 1 unfiltered, as MLPerf samples: the
 # draw unscreened, screened within a chunk (the default from 64 rows), and across a row's chunks:
-# sampling_draw.SCREEN 0 / 1 / 2), shape (the screened draw's launch: chunks of up to 16,384 or
-# 65,536 elements, steps of 1,024 on 4 warps or 256 on one: sampling_draw.CHUNK_MAX, _BLOCK, WARPS),
+# sampling_draw.SCREEN 0 / 1 / 2), shape (the screened draw's launch, sampling_draw.SCREEN_*: steps of
+# 256 on one warp in chunks of up to 8,192, the default since v70; v69's 1,024 on 4 warps in chunks of
+# up to 16,384; 512 on 2 warps),
 # greedy (the peer); RUNS=none, no decode. SWEEP (a batch list) runs bench/kernels/draw_sweep_gpu.py
 # (the draw's SCREEN x chunk x block and warps against its default) after the ops. OPS=0 skips the
 # ops, TESTS=none the tests; RECORD=1 records the precompile manifest last. Everything under RES
@@ -74,9 +75,9 @@ for run in ${RUNS:-top_p top_k_p greedy}; do
     top_k_p) decode top_k_p temperature=1,top_k=50,top_p=0.9,seed=7 "mask=sampling.USE_CUT=False" cut= ;;
     screen) decode screen temperature=1,seed=7 "off=sampling_draw.SCREEN=0" local= \
       "shared=sampling_draw.SCREEN=2" ;;
-    shape) decode shape temperature=1,seed=7 default= "c64k=sampling_draw.CHUNK_MAX=65536" \
-      "w1=sampling_draw._BLOCK=256+sampling_draw.WARPS=1" \
-      "w1c64k=sampling_draw._BLOCK=256+sampling_draw.WARPS=1+sampling_draw.CHUNK_MAX=65536" ;;
+    shape) decode shape temperature=1,seed=7 default= \
+      "v69=sampling_draw.SCREEN_BLOCK=1024+sampling_draw.SCREEN_WARPS=4+sampling_draw.SCREEN_CHUNK_MAX=16384" \
+      "b512=sampling_draw.SCREEN_BLOCK=512+sampling_draw.SCREEN_WARPS=2+sampling_draw.SCREEN_CHUNK_MAX=16384" ;;
     greedy) decode greedy greedy default= ;;
     none) ;;
     *) say "unknown run $run (top_p, top_k_p, screen, shape, greedy, none)"; exit 2 ;;

@@ -1,6 +1,7 @@
 """The unfiltered draw's launch shape: sampling_draw.SCREEN x CHUNK_MAX x (BLOCK, warps), timed against
-the default launch (screened from SCREEN_FROM rows) in the same run, on float32 and bf16 logits (randn
-x 3, the ops rows' draw). A variant's SCREEN applies at every batch size.
+the default launch (screened from SCREEN_FROM rows, in SCREEN_*'s shape) in the same run, on float32
+and bf16 logits (randn x 3, the ops rows' draw). A variant's SCREEN and shape apply at every batch
+size, screened or not.
 
     python bench/kernels/draw_sweep_gpu.py [--batch 64,256,1024] [--chunks 16384,65536] [--shapes 1024x4]
 
@@ -9,7 +10,8 @@ At steps of 1,024 on 4 warps each screened step ends in a block-wide reduction (
 sm_90a loop) and, at chunks of 16,384, 16 steps a program give the screen a short history (18 % of a
 random row's elements take the logs in the interpreter). One warp on steps of 256 has no barrier in
 its loop and 64 steps a chunk (6.4 %; 2.4 % at chunks of 65,536), ~47 instructions an element
-against ~58 (bench/results v69). Each variant's ids are checked against the
+against ~58 (bench/results v69). v70 (H200) swept it and adopted 256 x 1 at chunks of 8,192 for
+screened launches (sampling_draw.SCREEN_*). Each variant's ids are checked against the
 default's (the same draw bit for bit), and a variant that differs is a failed case (exit 1). Times are
 CUDA-graph replays (timing.graph_us), µs a call; ratio = default / variant (> 1: the variant is faster).
 """
@@ -35,6 +37,7 @@ from gptoss.kernels import sampling_draw
 from gptoss.kernels.sampling_draw import gumbel_argmax
 
 KNOBS = ("SCREEN", "CHUNK_MAX", "_BLOCK", "WARPS")
+SCREENED = {"CHUNK_MAX": "SCREEN_CHUNK_MAX", "_BLOCK": "SCREEN_BLOCK", "WARPS": "SCREEN_WARPS"}
 
 
 def ints(text: str) -> list[int]:
@@ -47,9 +50,12 @@ def shapes(text: str) -> list[tuple[int, int]]:
 
 
 def with_knobs(values: tuple[int, ...], fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """fn() with sampling_draw's knobs set to values and SCREEN applying at every batch size (SCREEN_FROM
-    1), then put back (a graph capture runs fn too)."""
-    return switched(fn, sampling_draw, **dict(zip(KNOBS, values, strict=True)), SCREEN_FROM=1)()
+    """fn() with sampling_draw's knobs set to values (the shape screened launches and the others take
+    alike) and SCREEN applying at every batch size (SCREEN_FROM 1), then put back (a graph capture runs
+    fn too)."""
+    knobs = dict(zip(KNOBS, values, strict=True))
+    knobs |= {SCREENED[k]: v for k, v in knobs.items() if k in SCREENED}
+    return switched(fn, sampling_draw, **knobs, SCREEN_FROM=1)()
 
 
 def sweep(
@@ -63,7 +69,6 @@ def sweep(
 ) -> list[dict]:
     """One row a (batch, dtype, variant): its µs, the default's, and whether its ids equal the default's."""
     rows = []
-    default = tuple(getattr(sampling_draw, k) for k in KNOBS)
     for b, dtype in itertools.product(batches, (torch.float32, torch.bfloat16)):
         g = torch.Generator(device).manual_seed(b)
         logits = (torch.randn(b, vocab, device=device, generator=g) * 3).to(dtype)
@@ -78,8 +83,6 @@ def sweep(
         base = time_us(draw, f"{name} default")
         for screen, chunk, (block, warps) in itertools.product(screens, chunks, blocks):
             values = (screen, chunk, block, warps)
-            if values == default:
-                continue
             what = f"{name} screen {screen} chunk {chunk} block {block}x{warps}"
             same = bool(torch.equal(with_knobs(values, draw), want))
             if not same:

@@ -2,8 +2,8 @@
 no host sync.
 
 logits [B, V] float32 or bfloat16 -> ids [B] int64. Two kernels: pass 1 splits each row into chunks
-(grid [B, ceil(V/CHUNK)]; rows shorter than 1024 share a program), each keeps the first index of the
-max of
+(grid [B, ceil(V/CHUNK)]; rows shorter than a step (BLOCK) share a program), each keeps the first
+index of the max of
     z_i = logits_i / T + g_i   (sampled rows, T > 0)      or      z_i = logits_i   (T == 0),
 pass 2 reduces the chunk winners of a row (largest z, then the smallest index). Bytes moved: one read
 of the logits (804 KB a float32 row at V = 201088, half in bf16) plus 8 bytes per chunk; at B = 1024
@@ -44,9 +44,17 @@ _BLOCK = 1024  # elements per loop step of a pass-1 program
 SCREEN = 1
 SCREEN_FROM = 64
 # The launch's shape: the most elements a pass-1 program draws (a chunk; _chunk_size) and its warps.
-# A longer chunk gives the screen a longer history (step k of n holds a new best with odds ~1/k).
 CHUNK_MAX = 16384
 WARPS = 4
+# A screened unfiltered launch's shape (launch_shape): steps of 256 on one warp, chunks of up to 8,192.
+# At 1,024 on 4 warps each screened step ended in a block-wide reduction (6 BAR.SYNC in the sm_90a
+# loop); one warp has none, and 4x the steps a chunk give the screen a longer history (step k of n holds
+# a new best with odds ~1/k). Swept on an H200 (v70, bench/kernels/draw_sweep_gpu.py, µs a call, bf16
+# against 1,024 x 4 at chunks of 16,384): B 64 37.9 vs 37.9, 128 66.2 vs 67.8, 256 107.2 vs 120.8, 512
+# 197.2 vs 228.9, 1024 375.0 vs 449.4; float32 1.05-1.42x. The cut's launches keep the shape above.
+SCREEN_BLOCK = 256
+SCREEN_WARPS = 1
+SCREEN_CHUNK_MAX = 8192
 
 
 @triton.jit
@@ -234,9 +242,9 @@ def _sample_reduce_kernel(pval_ptr, pidx_ptr, out_ptr, B, n_chunks, ROWS: tl.con
     tl.store(out_ptr + rows, tl.where(has_nan, -1, top_i).to(tl.int64), mask=rmask)
 
 
-def _chunk_size(b: int, v: int) -> int:
-    """Aim for >= ~1000 programs (an H100 has 132 SMs), chunks of 2K..CHUNK_MAX elements."""
-    return min(CHUNK_MAX, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
+def _chunk_size(b: int, v: int, most: int) -> int:
+    """Aim for >= ~1000 programs (an H100 has 132 SMs), chunks of 2K..most elements."""
+    return min(most, max(2048, triton.next_power_of_2(triton.cdiv(b * v, 1024))))
 
 
 def screen_mode(rows: int, single: bool) -> int:
@@ -245,6 +253,14 @@ def screen_mode(rows: int, single: bool) -> int:
     if rows < SCREEN_FROM:
         return 0
     return SCREEN if not single else min(SCREEN, 1)
+
+
+def launch_shape(rows: int, cut: bool) -> tuple[int, int, int]:
+    """(BLOCK, warps, chunk at most) of a draw launch of `rows` rows: SCREEN_*'s where it screens
+    (screen_mode) and draws unfiltered, the unscreened shape otherwise."""
+    if not cut and SCREEN and rows >= SCREEN_FROM:
+        return SCREEN_BLOCK, SCREEN_WARPS, SCREEN_CHUNK_MAX
+    return _BLOCK, WARPS, CHUNK_MAX
 
 
 def gumbel_argmax(
@@ -261,11 +277,12 @@ def gumbel_argmax(
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     if B == 0:
         return out
-    block = min(_BLOCK, triton.next_power_of_2(V))
-    chunk = min(_chunk_size(B, V), triton.next_power_of_2(V))  # >= block
+    block_most, warps, chunk_most = launch_shape(B, cut is not None)
+    block = min(block_most, triton.next_power_of_2(V))
+    chunk = min(_chunk_size(B, V, chunk_most), triton.next_power_of_2(V))  # >= block
     n_chunks = triton.cdiv(V, chunk)
     # Short rows share a program (a [rows, BLOCK] tile); the real vocabulary takes one row each.
-    rows = min(max(1, _BLOCK // block), triton.next_power_of_2(B))
+    rows = min(max(1, block_most // block), triton.next_power_of_2(B))
     grid = (triton.cdiv(B, rows), n_chunks)
     single = n_chunks == 1
     pval = out if single else torch.empty(B, n_chunks, dtype=torch.float32, device=logits.device)
@@ -277,9 +294,9 @@ def gumbel_argmax(
     floor = torch.full((B,), float("-inf"), device=logits.device) if screen == 2 else None
     consts = dict(ROWS=rows, CHUNK=chunk, BLOCK=block, SINGLE=single, floor_ptr=floor, SCREEN=screen)
     if cut is None:
-        _sample_chunk_kernel[grid](*args, **consts, num_warps=WARPS)
+        _sample_chunk_kernel[grid](*args, **consts, num_warps=warps)
     else:
-        _sample_chunk_cut_kernel[grid](*args, *cut, **consts, num_warps=WARPS)
+        _sample_chunk_cut_kernel[grid](*args, *cut, **consts, num_warps=warps)
     if not single:
         chunks = max(128, triton.next_power_of_2(n_chunks))  # 128 holds the vocabulary's 13-99 chunks
         rows = max(1, 256 // chunks)

@@ -29,12 +29,14 @@ def test_every_swept_launch_draws_the_default_ids(monkeypatch):
     calls: list[str] = []
     # vocab 5000 at B 3: chunks of 2048 (three, the last partial) or 8192 (one: the single-pass launch)
     rows = draw_sweep_gpu.sweep([3], [0, 1], [2048, 8192], [(256, 1), (1024, 4)], 5000, "cpu", _timed(calls))
-    assert len(rows) == 2 * 2 * 2 * 2  # float32 and bf16 (the default's CHUNK_MAX, 16384, is not swept)
+    assert len(rows) == 2 * 2 * 2 * 2  # float32 and bf16, each variant timed (the default's too)
     assert all(r["same"] for r in rows), [r for r in rows if not r["same"]]
     assert timing.CASE_FAILED == []
     assert calls[0] == "B=3 float32 default" and calls[9] == "B=3 bfloat16 default"
     knobs = (sampling_draw.SCREEN, sampling_draw.SCREEN_FROM, sampling_draw.CHUNK_MAX, sampling_draw._BLOCK)
     assert knobs + (sampling_draw.WARPS,) == (1, 64, 16384, 1024, 4)
+    screened = (sampling_draw.SCREEN_CHUNK_MAX, sampling_draw.SCREEN_BLOCK, sampling_draw.SCREEN_WARPS)
+    assert screened == (8192, 256, 1)  # put back too
     text = draw_sweep_gpu.table(rows).splitlines()
     assert text[1].split() == ["B=3", "float32", "0", "2048", "256x1", "1.0", "2.0", "2.00", "same"]
 
@@ -56,3 +58,14 @@ def test_a_launch_that_draws_other_ids_is_a_failed_case(monkeypatch):
         "B=2 bfloat16 screen 0 chunk 2048 block 1024x4",
     ]
     assert "DIFFER" in draw_sweep_gpu.table(rows)
+
+
+def test_a_variant_shapes_screened_and_unscreened_launches_alike():
+    seen = []
+    for screen in (0, 1):
+        draw_sweep_gpu.with_knobs(
+            (screen, 4096, 512, 2),
+            lambda: seen.append([sampling_draw.launch_shape(b, False) for b in (1, 1024)]),
+        )
+    assert seen == [[(512, 2, 4096)] * 2] * 2
+    assert sampling_draw.launch_shape(1024, False) == (256, 1, 8192)  # the defaults put back

@@ -158,9 +158,10 @@ def test_the_sweep_and_the_shape_run_time_the_draws_launch_shape(stubs, tmp_path
     assert first_at(calls, "draw_sweep_gpu.py") < first_at(calls, "decode_ab_gpu.py")
     shape = next(c for c in calls if "decode_ab_gpu.py" in c)
     assert shape.endswith(
-        "--sampling temperature=1,seed=7 --variant default= --variant c64k=sampling_draw.CHUNK_MAX=65536 "
-        "--variant w1=sampling_draw._BLOCK=256+sampling_draw.WARPS=1 "
-        "--variant w1c64k=sampling_draw._BLOCK=256+sampling_draw.WARPS=1+sampling_draw.CHUNK_MAX=65536"
+        "--sampling temperature=1,seed=7 --variant default= --variant "
+        "v69=sampling_draw.SCREEN_BLOCK=1024+sampling_draw.SCREEN_WARPS=4+"
+        "sampling_draw.SCREEN_CHUNK_MAX=16384 --variant "
+        "b512=sampling_draw.SCREEN_BLOCK=512+sampling_draw.SCREEN_WARPS=2+sampling_draw.SCREEN_CHUNK_MAX=16384"
     )
     table = (res / "table.txt").read_text().splitlines()
     i = table.index("case  screen  chunk  block  us  default  ratio  ids")

@@ -99,7 +99,7 @@ def test_chunking_does_not_change_the_draw(monkeypatch: pytest.MonkeyPatch) -> N
     p = params(2, offsets=torch.tensor([11, 12]))
     got = []
     for chunk in (2048, 16384):
-        monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v, c=chunk: c)
+        monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v, most, c=chunk: c)
         got.append(sampling_draw.gumbel_argmax(logits, p["temperature"], p["seeds"], p["offsets"]).tolist())
     assert got[0] == got[1]
 

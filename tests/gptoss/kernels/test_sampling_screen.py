@@ -89,7 +89,7 @@ def _rows(kind: str, g: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("chunk", [2048, 16384])
 @pytest.mark.parametrize("kind", ["flat", "peaked", "rising", "masked"])
 def test_the_screened_draw_is_the_unscreened_draw(kind: str, chunk: int, screen: int, monkeypatch) -> None:
-    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v: chunk)
+    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v, most: chunk)
     g = torch.Generator().manual_seed(41)
     logits = _rows(kind, g).to(DEV)
     p = {
@@ -109,7 +109,7 @@ def test_the_screened_draw_is_the_unscreened_draw(kind: str, chunk: int, screen:
 @pytest.mark.parametrize("screen", [1, 2])
 @pytest.mark.parametrize(("k_cap", "search"), [(0, True), (40, False)])  # top-p's search; top-k's cut
 def test_the_screened_cut_draws_what_the_unscreened_cut_draws(k_cap, search, screen, monkeypatch) -> None:
-    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v: 16384)
+    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v, most: 16384)
     g = torch.Generator().manual_seed(42)
     logits = _rows("peaked", g).to(DEV)
     p = {
@@ -140,11 +140,12 @@ def _counting_gumbel(w):
     [("flat", 1, 0.35), ("peaked", 1, 0.37), ("rising", 1, 0.92), ("flat", 2, 0.25), ("peaked", 2, 0.25)],
 )
 def test_screening_skips_the_logs_of_most_steps(kind: str, screen: int, at_most: float, monkeypatch) -> None:
-    """A row of 20,000 in chunks of 16,384: 16 steps, then 4. Mode 1: a chunk's first step always
-    takes the logs, a later one when a bound could beat the chunk's best so far; on a rising row
-    nearly every step holds a new best. Mode 2: the second chunk starts from the first one's best
-    (the interpreter runs every row's first chunk before the second ones)."""
-    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v: 16384)
+    """A row of 20,000 in chunks of 16,384: unscreened 16 steps of 1,024, then 4; screened (steps of
+    SCREEN_BLOCK, 256) 64, then 15. Mode 1: a chunk's first step always takes the logs, a later one
+    when a bound could beat the chunk's best so far; on a rising row nearly every step holds a new
+    best. Mode 2: the second chunk starts from the first one's best (the interpreter runs every row's
+    first chunk before the second ones)."""
+    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v, most: 16384)
     counted = _COUNTED
     counted.clear()
     monkeypatch.setattr(sampling_draw, "_gumbel", _counting_gumbel)
@@ -163,33 +164,41 @@ def test_screening_skips_the_logs_of_most_steps(kind: str, screen: int, at_most:
     counted.clear()
     assert _draw(logits, p, screen, filtered=False) == full
     assert sum(counted) <= at_most * every
-    assert sum(counted) >= 4 * 1024  # a row's first step always takes them
+    assert sum(counted) >= 4 * sampling_draw.SCREEN_BLOCK  # a row's first step always takes them
+    assert sum(counted) % sampling_draw.SCREEN_BLOCK == 0  # in steps of the screened launch's shape
 
 
 def test_launches_screen_from_64_rows_in_mode_1() -> None:
     assert (sampling_draw.SCREEN, sampling_draw.SCREEN_FROM) == (1, 64)
     assert [sampling_draw.screen_mode(b, False) for b in (1, 2, 63, 64, 65, 1024)] == [0, 0, 0, 1, 1, 1]
+    # Screened unfiltered launches step 256 on one warp in chunks of up to 8,192 (v70's sweep); the
+    # unscreened ones and the cut's keep 1,024 on 4 warps in chunks of up to 16,384.
+    shape = sampling_draw.launch_shape
+    assert [shape(b, False) for b in (1, 63, 64, 1024)] == [(1024, 4, 16384)] * 2 + [(256, 1, 8192)] * 2
+    assert shape(1024, True) == (1024, 4, 16384)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sampling_draw, "SCREEN", 2)
         assert sampling_draw.screen_mode(64, single=False) == 2
         assert sampling_draw.screen_mode(64, single=True) == 1  # no other chunk to share a best with
         assert sampling_draw.screen_mode(8, single=False) == 0
+        mp.setattr(sampling_draw, "SCREEN", 0)
+        assert shape(1024, False) == (1024, 4, 16384)  # unscreened: the unscreened shape
 
 
 @pytest.mark.skipif(not INTERPRET, reason="counts the logs' calls in the interpreter")
 def test_the_default_draw_skips_logs_at_64_rows_and_not_at_63(monkeypatch) -> None:
-    """The defaults as sample() runs them: rows of 4,096 in one chunk (4 steps of 1,024); 63 rows take
-    the logs on every step, 64 rows only where a bound could beat the best so far (at least each
-    row's first step), with the ids of the unscreened draw."""
-    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v: 4096)
+    """The defaults as sample() runs them: rows of 4,096 in one chunk; 63 rows take the logs on every
+    step (4 of 1,024), 64 rows (16 steps of 256) only where a bound could beat the best so far (at
+    least each row's first step, at most a quarter of the elements here), with the unscreened ids."""
+    monkeypatch.setattr(sampling_draw, "_chunk_size", lambda b, v, most: 4096)
     monkeypatch.setattr(sampling_draw, "_gumbel", _counting_gumbel)
     logits = torch.randn(64, 4096, generator=torch.Generator().manual_seed(44)) * 3
     ones, no_k = torch.ones(64), torch.zeros(64, dtype=torch.int32)
-    for b, steps in ((63, (63 * 4, 63 * 4)), (64, (64, 64 * 3))):
+    for b, elements in ((63, (63 * 4096, 63 * 4096)), (64, (64 * 256, 64 * 1024))):
         _COUNTED.clear()
         ids = sample(
             logits[:b], ones[:b], no_k[:b], ones[:b], torch.arange(b), torch.arange(b), filtered=False
         )
-        assert steps[0] * 1024 <= sum(_COUNTED) <= steps[1] * 1024, (b, sum(_COUNTED) // 1024)
+        assert elements[0] <= sum(_COUNTED) <= elements[1], (b, sum(_COUNTED))
         p = {"temperature": ones[:b], "top_k": no_k[:b], "top_p": ones[:b], "seeds": torch.arange(b)}
         assert ids.tolist() == _draw(logits[:b], p | {"offsets": torch.arange(b)}, 0, filtered=False)
