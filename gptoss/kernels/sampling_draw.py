@@ -258,7 +258,7 @@ def screen_mode(rows: int, single: bool) -> int:
 def launch_shape(rows: int, cut: bool) -> tuple[int, int, int]:
     """(BLOCK, warps, chunk at most) of a draw launch of `rows` rows: SCREEN_*'s where it screens
     (screen_mode) and draws unfiltered, the unscreened shape otherwise."""
-    if not cut and SCREEN and rows >= SCREEN_FROM:
+    if not cut and screen_mode(rows, single=True):  # its threshold, in one place; single: any mode > 0
         return SCREEN_BLOCK, SCREEN_WARPS, SCREEN_CHUNK_MAX
     return _BLOCK, WARPS, CHUNK_MAX
 
