@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from gptoss.kernels.linear import gemv
-from gptoss.kernels.moe import _v2_experts
+from gptoss.kernels.moe import combine, down_v2, gate_up_v2
 from gptoss.kernels.moe_layout import MoEWeights
 from gptoss.kernels.moe_routing import route_and_group
 from gptoss.kernels.moe_tiles import tiles_v2
@@ -65,5 +65,5 @@ def moe_forward(
         return x.clone()
     logits = linear(x, router_weight, router_bias)  # [T, E]
     r = route_and_group(logits, top_k)
-    gate_up_tiles = tiles_v2(MOE_BUCKET, i, h, gate_up=True)
-    return _v2_experts(x, r, w, alpha, limit, gate_up_tiles, tiles_v2(MOE_BUCKET, h, i, gate_up=False))
+    act = gate_up_v2(x, r, w, alpha, limit, tiles_v2(MOE_BUCKET, i, h, gate_up=True))
+    return combine(down_v2(act, r, w, tiles_v2(MOE_BUCKET, h, i, gate_up=False)), r.weights, x.dtype)

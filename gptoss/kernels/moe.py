@@ -2,8 +2,8 @@
 
 moe_forward(x [T, H]) = sum over the token's k experts of w_k * expert_k(x), as gptoss.model.MoE:
 
-  logits = x @ router^T + b                        [T, E]   torch F.linear
-  route_and_group                                  [T, k] ids/weights, per-expert row lists
+  logits = x @ router^T + b                        [T, E]   F.linear  } moe_router.route_tokens:
+  route_and_group                                  [T, k]   + routing } one launch from FROM_T tokens
   act = swiglu(x_rows @ W13_e^T + b13_e)           [A, I]   A = T*k rows, _gate_up_kernel
   y   = act @ W2_e^T + b2_e                        [A, H]   _down_kernel, in x.dtype
   out[t] = sum_j w[t, j] * y[t*k + j]  (float32)   [T, H]   _combine_kernel, deterministic
@@ -29,7 +29,8 @@ prepare_moe_weights(large="v3") adds a v3 copy that batches of >= LARGE_MIN_ROWS
 run (moe_layout.for_rows): since v21 every batch the decode kernels (v2 layout, T <= 16) leave.
 Files: moe_layout (weights), moe_tiles (block sizes), moe_common (switches, shared helpers),
 moe_v1, moe_v2 and moe_v3 (the GEMM families; moe_v2_step and moe_v3_step their K steps), moe_decode,
-moe_routing, moe_lora; this one the forward and combine.
+moe_routing, moe_router, moe_lora; this one the forward and combine (moe_rows: the forward without its
+combine, which the engine's next add + RMSNorm does).
 
 Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4):
   gate_up  FLOPs 4*A*H*I; weight bytes d * (2I*H/2 + 2I*H/32) = d * 8.8 MB
@@ -44,7 +45,6 @@ expert-slot GEMMs and combine; moe_forward_from_logits takes the GEMMs after rou
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -62,6 +62,7 @@ from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-expo
     for_rows,
     prepare_moe_weights,
 )
+from gptoss.kernels.moe_router import route_tokens
 from gptoss.kernels.moe_routing import Routing, route, route_and_group  # noqa: F401
 from gptoss.kernels.moe_tiles import (  # noqa: F401
     DECODE_MAX_T,
@@ -102,15 +103,6 @@ def combine(y: Tensor, weights: Tensor, dtype: torch.dtype) -> Tensor:
     return out
 
 
-def _v2_experts(
-    x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float, gate_up_tiles: Tiles, down_tiles: Tiles
-) -> Tensor:
-    """x [T, H] routed by r -> [T, H] in x.dtype: the v2 GEMMs (bits layout) on these tiles, then combine."""
-    act = gate_up_v2(x, r, w, alpha, limit, gate_up_tiles)  # [T*k, I]
-    y = down_v2(act, r, w, down_tiles)  # [T*k, H]
-    return combine(y, r.weights, x.dtype)
-
-
 def moe_forward(
     x: Tensor,
     router_weight: Tensor,
@@ -121,16 +113,36 @@ def moe_forward(
     limit: float,
 ) -> Tensor:
     """x [T, H] -> [T, H] in x.dtype; gptoss.model.MoE.forward on the GPU kernels."""
+    y, weights = moe_rows(x, router_weight, router_bias, top_k, w, alpha, limit)
+    return y if weights is None else combine(y, weights, x.dtype)
+
+
+def moe_rows(
+    x: Tensor,
+    router_weight: Tensor,
+    router_bias: Tensor,
+    top_k: int,
+    w: MoEWeights,
+    alpha: float,
+    limit: float,
+) -> tuple[Tensor, Tensor | None]:
+    """moe_forward before its combine: (the experts' rows y [T*k, H], the routing weights [T, k]) for
+    a next add + RMSNorm to combine (rmsnorm.fused_add_rms_norm(combine=...), the same bits as
+    combine); decode sizes on the bits layout return moe_forward's [T, H] and None (combined already)."""
     e, h, i = w.shape
     if x.dim() != 2 or x.shape[1] != h or router_weight.shape != (e, h):
         raise ValueError(
             f"moe_forward: x {tuple(x.shape)}, router {tuple(router_weight.shape)} do not "
             f"match the experts (E={e}, H={h}, I={i})"
         )
-    if moe_decode.use_decode(x, w) and (x.is_cuda or triton.knobs.runtime.interpret):
-        return moe_decode.moe_decode(x.contiguous(), router_weight, router_bias, top_k, w, alpha, limit)
-    logits = F.linear(x, router_weight, router_bias)  # [T, E]
-    return moe_forward_from_logits(x, logits, top_k, w, alpha, limit)
+    _need_triton(x)
+    x = x.contiguous()
+    if x.shape[0] == 0:
+        return torch.empty_like(x), None
+    if moe_decode.use_decode(x, w):
+        return moe_decode.moe_decode(x, router_weight, router_bias, top_k, w, alpha, limit), None
+    r = route_tokens(x, router_weight, router_bias, top_k)  # one launch past the single-program routing
+    return _expert_rows(x, r, w, alpha, limit), r.weights
 
 
 def moe_forward_from_logits(
@@ -143,29 +155,36 @@ def moe_forward_from_logits(
             f"moe_forward: x {tuple(x.shape)}, logits {tuple(logits.shape)} do not match the "
             f"experts (E={e}, H={h}, I={i})"
         )
+    _need_triton(x)
+    x = x.contiguous()
+    if x.shape[0] == 0:
+        return torch.empty_like(x)
+    r = route_and_group(logits, top_k)
+    if moe_decode.use_decode(x, w):
+        return moe_decode.experts_dec(x, r, w, alpha, limit)
+    return combine(_expert_rows(x, r, w, alpha, limit), r.weights, x.dtype)
+
+
+def _need_triton(x: Tensor) -> None:
     if not (x.is_cuda or triton.knobs.runtime.interpret):
         raise RuntimeError(
             "moe_forward runs Triton kernels: it needs CUDA tensors (or TRITON_INTERPRET=1); "
             "on CPU use gptoss.model.MoE"
         )
-    x = x.contiguous()
-    t = x.shape[0]
-    if t == 0:
-        return torch.empty_like(x)
-    r = route_and_group(logits, top_k)
-    if moe_decode.use_decode(x, w):
-        return moe_decode.experts_dec(x, r, w, alpha, limit)
+
+
+def _expert_rows(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float) -> Tensor:
+    """x [T, H] (contiguous, T past the decode kernels' sizes) routed by r -> y [T*k, H] on the GEMM
+    family of w's layout (the large-batch copy where one suits T)."""
+    (t, _), (e, h, i), top_k = x.shape, w.shape, r.ids.shape[1]
     w = for_rows(w, t, top_k)  # the large-batch copy (MoEWeights.large) from LARGE_MIN_ROWS rows an expert
     if w.layout == "bits":
-        gate_up_tiles = choose_tiles_v2(t, top_k, e, i, h, gate_up=True)
-        down_tiles = choose_tiles_v2(t, top_k, e, h, i, gate_up=False)
-        return _v2_experts(x, r, w, alpha, limit, gate_up_tiles, down_tiles)
+        act = gate_up_v2(x, r, w, alpha, limit, choose_tiles_v2(t, top_k, e, i, h, gate_up=True))
+        return down_v2(act, r, w, choose_tiles_v2(t, top_k, e, h, i, gate_up=False))
     if w.layout in ("v3", "v3ds"):
-        y = expert_rows_v3(x, r, w, alpha, limit)
-    else:
-        act = gate_up(x, r, w, alpha, limit, choose_tiles(t, top_k, e, i, h, gate_up=True))
-        y = down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False))
-    return combine(y, r.weights, x.dtype)
+        return expert_rows_v3(x, r, w, alpha, limit)
+    act = gate_up(x, r, w, alpha, limit, choose_tiles(t, top_k, e, i, h, gate_up=True))
+    return down(act, r, w, choose_tiles(t, top_k, e, h, i, gate_up=False))
 
 
 def v3_decode(x: Tensor, w: MoEWeights) -> bool:

@@ -183,8 +183,8 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
     """GPTOSS_MOE_KERNELS=v3: one v3 copy of the experts, no second copy and no decode kernels; every
     step's MoE runs the v3 GEMMs (120b's A/B: its Offline batches are 16-32 rows an expert). Decode
     steps route in the gate_up kernel (norm_logits, then moe.expert_rows_v3_logits: the default
-    GPTOSS_ROUTER) and leave the combine to the next add + RMSNorm (moe.v3_decode), so moe.combine
-    runs in the prefill step alone."""
+    GPTOSS_ROUTER) and leave the combine to the next add + RMSNorm (moe.v3_decode), and so does the
+    prefill step (kernel_model.COMBINE_IN_NORM): moe.combine runs only with that switched off."""
     from gptoss import kernel_model
     from gptoss.kernels import moe, moe_decode, moe_layout, moe_v3_dec_gu, moe_v3_dec_sizes
 
@@ -212,10 +212,15 @@ def test_v3_weights_for_every_batch_give_the_reference_tokens(kernel_checkpoint,
     assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
     layers = len(triton_eng.runner.kernel_runner.model.layers)
     assert ran["v2"] == ran["decode"] == 0
-    # one prefill step of 24 tokens (moe_forward, its combine), then 4 decode steps of 2 tokens
-    # (multi-step decode keeps both rows to the end), all on v3's gate_up
+    # one prefill step of 24 tokens (moe_rows: combined in the next norm), then 4 decode steps of 2
+    # tokens (multi-step decode keeps both rows to the end), all on v3's gate_up
     assert ran["v3"] == 5 * layers and ran["split-K"] == 0
-    assert ran["combine"] == layers and ran["norm_logits"] == ran["rows"] == 4 * layers
+    assert ran["combine"] == 0 and ran["norm_logits"] == ran["rows"] == 4 * layers
+    monkeypatch.setattr(kernel_model, "COMBINE_IN_NORM", False)  # GPTOSS_COMBINE_IN_NORM=0
+    ran.update(dict.fromkeys(ran, 0))
+    assert triton_eng.generate(prompts, params) == torch_eng.generate(prompts, params)
+    assert ran["combine"] == layers and ran["v3"] == 5 * layers  # the prefill step's moe.combine
+    monkeypatch.setattr(kernel_model, "COMBINE_IN_NORM", True)
     # one prompt: its decode steps of 1 token take the split-K gate_up (1 in moe_v3_dec_gu.TOKENS)
     ran.update(dict.fromkeys(ran, 0))
     one = [SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True)]
