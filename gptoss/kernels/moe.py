@@ -2,8 +2,8 @@
 
 moe_forward(x [T, H]) = sum over the token's k experts of w_k * expert_k(x), as gptoss.model.MoE:
 
-  logits = x @ router^T + b                        [T, E]   F.linear  } moe_router.route_tokens:
-  route_and_group                                  [T, k]   + routing } one launch from FROM_T tokens
+  logits = x @ router^T + b                        [T, E]   torch F.linear
+  route_and_group                                  [T, k] ids/weights, per-expert row lists
   act = swiglu(x_rows @ W13_e^T + b13_e)           [A, I]   A = T*k rows, _gate_up_kernel
   y   = act @ W2_e^T + b2_e                        [A, H]   _down_kernel, in x.dtype
   out[t] = sum_j w[t, j] * y[t*k + j]  (float32)   [T, H]   _combine_kernel, deterministic
@@ -29,7 +29,7 @@ prepare_moe_weights(large="v3") adds a v3 copy that batches of >= LARGE_MIN_ROWS
 run (moe_layout.for_rows): since v21 every batch the decode kernels (v2 layout, T <= 16) leave.
 Files: moe_layout (weights), moe_tiles (block sizes), moe_common (switches, shared helpers),
 moe_v1, moe_v2 and moe_v3 (the GEMM families; moe_v2_step and moe_v3_step their K steps), moe_decode,
-moe_routing, moe_router, moe_lora; this one the forward and combine (moe_rows: the forward without its
+moe_routing, moe_lora; this one the forward and combine (moe_rows: the forward without its
 combine, which the engine's next add + RMSNorm does).
 
 Work per forward, with d distinct experts hit (20b: H = I = 2880, E = 32, k = 4):
@@ -45,6 +45,7 @@ expert-slot GEMMs and combine; moe_forward_from_logits takes the GEMMs after rou
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -62,7 +63,6 @@ from gptoss.kernels.moe_layout import (  # noqa: F401 - the weights API, re-expo
     for_rows,
     prepare_moe_weights,
 )
-from gptoss.kernels.moe_router import route_tokens
 from gptoss.kernels.moe_routing import Routing, route, route_and_group  # noqa: F401
 from gptoss.kernels.moe_tiles import (  # noqa: F401
     DECODE_MAX_T,
@@ -141,7 +141,9 @@ def moe_rows(
         return torch.empty_like(x), None
     if moe_decode.use_decode(x, w):
         return moe_decode.moe_decode(x, router_weight, router_bias, top_k, w, alpha, limit), None
-    r = route_tokens(x, router_weight, router_bias, top_k)  # one launch past the single-program routing
+    # The router GEMM and the routing in one launch lost 1-3 % of the whole MoE at T 256-16,384 on an
+    # H100 (bench/results v71: its K loop is latency-bound, no faster than cuBLAS + route_and_group)
+    r = route_and_group(F.linear(x, router_weight, router_bias), top_k)
     return _expert_rows(x, r, w, alpha, limit), r.weights
 
 

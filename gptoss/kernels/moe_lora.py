@@ -40,8 +40,7 @@ from gptoss.kernels.moe import (
 )
 from gptoss.kernels.moe_common import _empty, _expert_tile_at, _precision, _tile_rows
 from gptoss.kernels.moe_layout import for_rows
-from gptoss.kernels.moe_router import route_tokens
-from gptoss.kernels.moe_routing import Routing
+from gptoss.kernels.moe_routing import Routing, route_and_group
 from gptoss.kernels.moe_tiles import choose_tiles_v3, dec_tiles
 from gptoss.kernels.moe_v3 import down_v3, gate_up_v3, pointer_down
 
@@ -266,7 +265,7 @@ def moe_forward_lora(
     t = x.shape[0]
     if t == 0:
         return torch.empty_like(x)
-    r = route_tokens(x, router_weight, router_bias, top_k)  # fused from moe_router.FROM_T tokens
+    r = route_and_group(F.linear(x, router_weight, router_bias), top_k)
     if moe_decode.use_decode(x, w):
         return combine(experts_dec_lora(x, r, w, lora, index, alpha, limit), r.weights, x.dtype)
     w = for_rows(w, t, top_k)

@@ -52,17 +52,10 @@ def _topk(
     v = tl.load(
         logits_ptr + t[:, None] * stride_t + ex[None, :], mask=t_ok[:, None] & (ex < E)[None, :], other=0.0
     ).to(tl.float32)
-    return topk_values(v, t_ok, E, TOP_K, KP, BE)
-
-
-@triton.jit
-def topk_values(v, t_ok, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr):
-    """_topk on logits already in registers: v [BT, BE] float32 (finite in rows past T)."""
-    ex = tl.arange(0, BE)
     v = tl.where((ex < E)[None, :], v, float("-inf"))
     kc = tl.arange(0, KP)  # [KP]
-    top = tl.full([v.shape[0], KP], float("-inf"), tl.float32)  # [BT, KP] chosen logits, descending
-    ids = tl.full([v.shape[0], KP], -1, tl.int32)
+    top = tl.full([t.shape[0], KP], float("-inf"), tl.float32)  # [BT, KP] chosen logits, descending
+    ids = tl.full([t.shape[0], KP], -1, tl.int32)
     for j in tl.static_range(TOP_K):
         m = tl.max(v, axis=1)  # [BT]
         idx = tl.min(tl.where(v == m[:, None], ex[None, :], BE), axis=1)  # lowest id among the maxima
