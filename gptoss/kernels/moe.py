@@ -176,8 +176,8 @@ def _need_triton(x: Tensor) -> None:
 
 
 def _expert_rows(x: Tensor, r: Routing, w: MoEWeights, alpha: float, limit: float) -> Tensor:
-    """x [T, H] (contiguous, T past the decode kernels' sizes) routed by r -> y [T*k, H] on the GEMM
-    family of w's layout (the large-batch copy where one suits T)."""
+    """x [T, H] (contiguous; a batch moe_decode.use_decode leaves) routed by r -> y [T*k, H] on the
+    GEMM family of w's layout (the large-batch copy where one suits T)."""
     (t, _), (e, h, i), top_k = x.shape, w.shape, r.ids.shape[1]
     w = for_rows(w, t, top_k)  # the large-batch copy (MoEWeights.large) from LARGE_MIN_ROWS rows an expert
     if w.layout == "bits":
