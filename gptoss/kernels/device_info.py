@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
 from torch import Tensor
 
 
@@ -16,3 +17,14 @@ def _sm_count(index: int) -> int:
 def sm_count(t: Tensor) -> int:
     """The SM count of the CUDA device t lives on (a bare "cuda" device: the current one)."""
     return _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _max_shared_mem(index: int) -> int:
+    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+
+
+def max_shared_mem(t: Tensor) -> int:
+    """The shared memory (bytes) a program may take on t's CUDA device: the limit Triton checks a
+    compiled kernel's against at launch (232,448 on an H100 or H200)."""
+    return _max_shared_mem(t.device.index if t.device.index is not None else torch.cuda.current_device())

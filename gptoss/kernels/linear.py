@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gptoss.kernels import pdl
+from gptoss.kernels import device_info, pdl
 from gptoss.kernels.gemv_preload import gemv_preload, plain_operands
 from gptoss.kernels.gemv_preload import suits as preload_suits
 from gptoss.kernels.gemv_stream import gemv_stream
@@ -123,6 +123,14 @@ def block_sizes(n: int, k: int, device: torch.device) -> tuple[int, int, int, in
     return 32, max(16, min(128, triton.next_power_of_2(k))), 4, 6
 
 
+def stages_that_fit(stages: int, stage_bytes: int, max_shared: int) -> int:
+    """The most of `stages` whose buffers fit max_shared bytes. Triton's pipeliner keeps stages - 1
+    of them (W's [BN, BK] and x's [BK, TB] tiles a stage): a float32 gemv at TB 64 and 6 stages asked
+    for 5 x 48 KB = 245,760 bytes and did not launch on an H100 (232,448; bench/results v72). Fewer
+    stages change no sum's order, so the bits and the batch invariance stay."""
+    return max(1, min(stages, 1 + max_shared // stage_bytes))
+
+
 def gemv(
     x: Tensor,
     w: Tensor,
@@ -159,6 +167,8 @@ def gemv(
     if token_block is not None and (token_block < 16 or token_block & (token_block - 1)):
         raise ValueError(f"token_block must be a power of two >= 16, got {token_block}")
     tb = token_block or max(16, triton.next_power_of_2(T))  # tl.dot's least N is 16
+    if x.is_cuda:
+        stages = stages_that_fit(stages, (bn + tb) * bk * x.element_size(), device_info.max_shared_mem(x))
     _gemv_kernel[(triton.cdiv(T, tb), triton.cdiv(N, bn))](
         x,
         w,

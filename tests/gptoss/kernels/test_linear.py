@@ -103,3 +103,20 @@ def test_gemv_beyond_max_t_and_rejects_bad_operands():
         gemv(x, w[:, :32])
     with pytest.raises(ValueError, match="contiguous"):
         gemv(x, w, torch.zeros(80, dtype=x.dtype, device=DEV)[::2])
+
+
+def test_stages_that_fit_keep_the_buffers_in_shared_memory():
+    h100 = 232_448  # the max_shared_mem Triton reads for an H100 or H200
+    # float32 at TB 64 (the batch-invariant mode's token block): 5 buffers of 48 KB did not launch
+    assert lin.stages_that_fit(6, (32 + 64) * 128 * 4, h100) == 5
+    assert lin.stages_that_fit(6, (32 + 64) * 128 * 2, h100) == 6  # bf16: unchanged
+    assert lin.stages_that_fit(6, (32 + 16) * 128 * 4, h100) == 6  # float32 decode block: unchanged
+    assert lin.stages_that_fit(3, 100_000, 150_000) == 2
+    assert lin.stages_that_fit(6, 300_000, h100) == 1  # one stage: no pipeline buffers
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="shared memory limits are a GPU's")
+def test_float32_at_a_64_token_block_launches_and_matches_f_linear():
+    # v72 (H100): this token block at 6 stages asked for 245,760 bytes of shared memory and raised
+    x, w, b = operands(70, 64, 4096, torch.float32, True, seed=11)
+    torch.testing.assert_close(gemv(x, w, b, token_block=64), reference(x, w, b), rtol=1e-4, atol=1e-4)
