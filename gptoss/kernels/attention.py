@@ -12,6 +12,7 @@ from gptoss.kernels.attention_reduce import _reduce_kernel
 from gptoss.kernels.attention_rope import rope_operands
 from gptoss.kernels.attention_settings import (  # read at each launch from here: A/B runs set them
     DECODE_CFG,
+    HEADS_FIRST,
     LIVE_SPLITS,
     MAX_SPLITS,
     MIN_SPLIT_KEYS,
@@ -138,9 +139,10 @@ def paged_attention(
     window), plus q and out (2 x Hq x D x 2 B); split partials add Hq x splits x (D + 2) x 4 B x 2.
     Prefill: q, out and new K/V once, context K/V once per q tile of BLOCK_Q tokens (from L2).
 
-    Decode (max_query_len == 1): grid (splits, S, Hkv), splits from `decode_splits` over
-    max_context_hint (default: what the block table can address) and never from context_lens'
-    values, so the launch replays in a CUDA graph; splits > 1 add a small reduce kernel.
+    Decode (max_query_len == 1): grid (splits, S, Hkv), or (Hkv, splits, S) with HEADS_FIRST; splits
+    from `decode_splits` over max_context_hint (default: what the block table can address) and
+    never from context_lens' values, so the launch replays in a CUDA graph; splits > 1 add a small
+    reduce kernel.
     Prefill: grid (cdiv(max_query_len, BLOCK_Q), S, Hkv); tiles past a sequence's q_len exit.
     query_start holds absolute rows of q/out, so a mixed step runs as two launches over the same
     q/out with row slices, no rebasing: decodes (table[:n], query_start[:n + 1], context_lens[:n],
@@ -232,7 +234,10 @@ def paged_attention(
             tickets = _ticket_buffer(q.device, num_seqs * hkv)
     else:
         pm = pl = pacc = out  # unused
+    heads_first = HEADS_FIRST and max_query_len == 1  # decode only: prefill keeps its q tiles first
     grid = (triton.cdiv(max_query_len, block_q) * splits, num_seqs, hkv)
+    if heads_first:
+        grid = (hkv, grid[0], num_seqs)
     _attn_kernel[grid](
         q,
         k_new,
@@ -275,6 +280,7 @@ def paged_attention(
         PRE_KV=(PRELOAD_KV if preload_kv is None else preload_kv) and max_query_len == 1 and small,
         LIVE=LIVE_SPLITS and tickets is not None,
         NEW_N=min(NEW_KEYS_N, block_n) if max_query_len == 1 else 0,
+        HEADS_FIRST=heads_first,
         num_warps=warps,
         num_stages=stages,
         **common,

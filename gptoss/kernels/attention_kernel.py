@@ -70,6 +70,7 @@ def _attn_kernel(
     PRE_KV: tl.constexpr = False,
     LIVE: tl.constexpr = False,
     NEW_N: tl.constexpr = 0,
+    HEADS_FIRST: tl.constexpr = False,
 ):
     """Program (q tile x split, sequence, KV head): rows are BLOCK_Q tokens x G_PAD heads. MERGE
     (decode splits): the last split of a (sequence, KV head) to finish merges the partials itself.
@@ -90,14 +91,20 @@ def _attn_kernel(
     the partials of empty splits are neutral, m -inf, l 0, acc 0). NEW_N (decode: one new key a
     sequence; 0: BLOCK_N): the width of the new keys' tiles. At batch 1 the new key took a softmax
     step over a whole BLOCK_N-wide tile (256 keys) of one live row; 16 keys hold it. The same bits:
-    the other columns' terms are exact zeros in either width."""
+    the other columns' terms are exact zeros in either width. HEADS_FIRST (decode): the grid is (KV
+    head, split, sequence) instead, so a sequence's KV heads launch side by side: they read the same
+    cached token rows (a head's 128 bytes of each 1 KB row at 20b's shapes) at about the same time,
+    where the default order launches every sequence's head 0 before any head 1. The same bits."""
     NEW_BN: tl.constexpr = NEW_N if NEW_N > 0 else BLOCK_N
     BM: tl.constexpr = BLOCK_Q * G_PAD
-    pid0 = tl.program_id(0)
-    s_idx = tl.program_id(1)
-    h = tl.program_id(2)
+    if HEADS_FIRST:
+        h, pid0, s_idx = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        n_heads, n_pid0 = tl.num_programs(0), tl.num_programs(1)
+    else:
+        pid0, s_idx, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        n_heads, n_pid0 = tl.num_programs(2), tl.num_programs(0)
     # Latest q tiles (longest causal key ranges) start first.
-    tile = tl.num_programs(0) // num_splits - 1 - pid0 // num_splits
+    tile = n_pid0 // num_splits - 1 - pid0 // num_splits
     split = pid0 % num_splits
     q0 = tl.load(qstart_ptr + s_idx)
     q_len = tl.load(qstart_ptr + s_idx + 1) - q0
@@ -291,7 +298,7 @@ def _attn_kernel(
             # the program that draws the last ticket acquires them all, merges (reading past L1)
             # and zeroes the ticket for the next launch (launches in a stream never overlap).
             tl.debug_barrier()
-            lock = lock_ptr + s_idx * tl.num_programs(2) + h
+            lock = lock_ptr + s_idx * n_heads + h
             if tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu") == n_live - 1:
                 tl.store(lock, 0)
                 merge_splits(

@@ -158,3 +158,11 @@ LIVE_SPLITS = _choice_from_env("GPTOSS_ATTN_LIVE", ("1", "0")) == "1"
 # exact zeros, so a 16-key tile gives the same bits. H200, random 120b, batch-1 128 -> 512, one process
 # (bench/results v42): 466.4-466.8 tok/s against 451.3-453.5 at 0; attention 285.9 -> 222.8 us a token.
 NEW_KEYS_N = int(_choice_from_env("GPTOSS_ATTN_NEW_KEYS", ("16", "0", "32", "64")))
+# GPTOSS_ATTN_HEADS_FIRST (default 0; 1 turns it on): decode launches on the grid (KV head, split,
+# sequence), a sequence's KV heads side by side, instead of (split, sequence, KV head). In the paged
+# caches a token's row holds every KV head (20b: 8 x 128 bytes), so in the default order a head's
+# programs read 128 bytes of each 1 KB row while the same row's other heads wait for their own
+# programs, launched S x splits later. The same bits (each program's work is unchanged). H100 (v72),
+# CUDA-graph replays, the default order against FA3: full layers at 8k context B 64 386.8 vs 378.3 us
+# (0.98x), B 256 1,499.3 vs 1,482.3 (0.99x), at 93-96 % of the 3.0 TB/s copy; untimed in this order.
+HEADS_FIRST = _choice_from_env("GPTOSS_ATTN_HEADS_FIRST", ("0", "1")) == "1"
