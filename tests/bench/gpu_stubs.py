@@ -41,6 +41,8 @@ case "$*" in
     echo "14 passed in 1.0s" ;;
   # sampling_gpu.sh's benches: the lines its table keeps, saying what they were asked
   *"kernels_gpu.py --only ops"*) echo "kernel         case  ours us"; echo "sample         B=1 greedy  3.4" ;;
+  *"kernels_gpu.py --only attn"*) echo "kernel         case  ours us"
+    echo "attn-decode    B=64 ctx=8192 full  380.0 heads_first=${GPTOSS_ATTN_HEADS_FIRST:-unset}" ;;
   *draw_sweep_gpu.py*) echo "stub: the draw's launch shapes"
     echo "case  screen  chunk  block  us  default  ratio  ids"
     echo "B=${*: -1} float32  1  65536  1024x4  1.0  2.0  2.00  same" ;;

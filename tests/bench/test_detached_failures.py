@@ -187,26 +187,56 @@ def test_issue10_without_a_crash_exits_0(stubs, tmp_path):
     assert (res / "table.txt").read_text().splitlines() == [
         "compiled tests | 14 passed in 1.0s",
         "kernels_gpu exit | 0",
+        "kernels_gpu heads-first exit | 0",
+        "attn_sweep exit | 0",
         "read_ceiling exit | 0",
     ]
-    assert p.stdout.splitlines()[-2:] == ["== read ceiling", "   17.6 MB case  3900 GB/s"]
+    out = p.stdout.splitlines()
+    # the attention rows again in the heads-first order (its variable set for that run only), the sweep
+    at = out.index("== attention, heads first")
+    assert out[at + 2 : at + 5] == [
+        "attn-decode    B=64 ctx=8192 full  380.0 heads_first=1",
+        "== decode attention sweep",
+        "attention sweep: bench/kernels/attn_sweep.py",
+    ]
+    assert out[-2:] == ["== read ceiling", "   17.6 MB case  3900 GB/s"]
+    # ORDER=0: neither
+    p = run_script("issue10_table_gpu.sh", stubs, RES=str(res), **I10, ORDER="0")
+    assert p.returncode == 0 and "== attention, heads first" not in p.stdout
+    assert "heads-first" not in (res / "table.txt").read_text()
 
 
 @pytest.mark.parametrize(
     ("crash", "step", "rows"),
     [
         ("read_ceiling_gpu.py", "read_ceiling (exit 4)", ["kernels_gpu exit | 0", "read_ceiling exit | 4"]),
-        ("kernels_gpu.py", "kernels_gpu (exit 4)", ["kernels_gpu exit | 4", "read_ceiling exit | 0"]),
+        ("--only ops", "kernels_gpu (exit 4)", ["kernels_gpu exit | 4", "read_ceiling exit | 0"]),
         ("-m pytest", "compiled tests (exit 4)", ["kernels_gpu exit | 0", "read_ceiling exit | 0"]),
     ],
 )
 def test_issue10_a_crashed_step_fails_the_script(stubs, tmp_path, crash, step, rows):
     res = tmp_path / "i10"
-    p = run_script("issue10_table_gpu.sh", stubs, RES=str(res), **I10, STUB_FAIL=crash)
+    p = run_script("issue10_table_gpu.sh", stubs, RES=str(res), **I10, STUB_FAIL=crash, ORDER="0")
     assert p.returncode == 1, p.stdout + p.stderr
     assert failed_lines(p) == [f"1 step(s) failed: {step}"]
     assert (res / "table.txt").read_text().splitlines()[1:] == rows
     assert "== kernel table" in p.stdout and "== read ceiling" in p.stdout  # still printed after finish
+
+
+@pytest.mark.parametrize(
+    ("crash", "step", "row"),
+    [
+        ("--only attn", "kernels_gpu heads-first (exit 4)", "kernels_gpu heads-first exit | 4"),
+        ("attn_sweep.py", "attn_sweep (exit 4)", "attn_sweep exit | 4"),
+    ],
+)
+def test_issue10_a_crashed_attention_order_step_fails_the_script(stubs, tmp_path, crash, step, row):
+    res = tmp_path / "i10"
+    p = run_script("issue10_table_gpu.sh", stubs, RES=str(res), **I10, STUB_FAIL=crash)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert failed_lines(p) == [f"1 step(s) failed: {step}"]
+    rows = (res / "table.txt").read_text().splitlines()
+    assert row in rows and rows[-1] == "read_ceiling exit | 0"  # the steps after it ran
 
 
 @pytest.mark.parametrize(
