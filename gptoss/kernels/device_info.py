@@ -14,9 +14,14 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _index(t: Tensor) -> int:
+    """The index of the CUDA device t lives on (a bare "cuda" device: the current one)."""
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
 def sm_count(t: Tensor) -> int:
-    """The SM count of the CUDA device t lives on (a bare "cuda" device: the current one)."""
-    return _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    """The SM count of the CUDA device t lives on."""
+    return _sm_count(_index(t))
 
 
 @functools.cache
@@ -27,4 +32,4 @@ def _max_shared_mem(index: int) -> int:
 def max_shared_mem(t: Tensor) -> int:
     """The shared memory (bytes) a program may take on t's CUDA device: the limit Triton checks a
     compiled kernel's against at launch (232,448 on an H100 or H200)."""
-    return _max_shared_mem(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return _max_shared_mem(_index(t))
