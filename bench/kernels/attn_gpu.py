@@ -264,10 +264,16 @@ def prefill_case(t: int, sliding: bool, fa: Callable | None, check: bool = False
     )
 
 
+def fa3_peer() -> Callable | None:
+    """vLLM's FA3 with the sink dtype it takes (_fa3_sink_probe), or None where it does not import or
+    takes no sink dtype (each reason printed)."""
+    fa = _fa3()
+    return None if fa is None else _fa3_sink_probe(fa)
+
+
 def run(rows: list) -> None:
     """Append every case's row to `rows` (decode B x ctx x window kind, then prefill)."""
-    fa = _fa3()
-    fa = None if fa is None else _fa3_sink_probe(fa)
+    fa = fa3_peer()
     for sliding in (True, False):
         for b in (1, 64, 256):
             for ctx in (1024, 8192):

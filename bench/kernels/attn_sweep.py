@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import timing  # noqa: E402
-from attn_gpu import _fa3, _fa3_sink_probe, decode_case, prefill_case  # noqa: E402
+from attn_gpu import decode_case, fa3_peer, prefill_case  # noqa: E402
 
 from gptoss.kernels import attention  # noqa: E402
 
@@ -92,11 +92,17 @@ PREFILL_CONFIGS = [
 PREFILL_CASES = [(t, sliding) for sliding in (True, False) for t in (1024, 4096, 16384)]
 
 
+def _best(times: list[float], peer: float | None) -> tuple[int, str]:
+    """A case's fastest setting (its index in times; a failed cell is inf) and the peer's µs over
+    its µs, as printed ("-" without a peer)."""
+    best = min(range(len(times)), key=times.__getitem__)
+    return best, f"{peer / times[best]:.2f}" if peer else "-"
+
+
 def sweep_prefill(configs: list[str]) -> int:
     """One row a case: ours µs (TFLOP/s) at each setting, FA3's µs, then the best setting's ratio."""
     cfgs = [tuple(int(v) for v in c.split(",")) for c in configs]
-    fa = _fa3()
-    fa = None if fa is None else _fa3_sink_probe(fa)
+    fa = fa3_peer()
     defaults = attention.PREFILL_CFG, attention.PREFILL_SLIDING_CFG
     print(f"{torch.cuda.get_device_name()}; defaults full {defaults[0]}, sliding {defaults[1]}; us (TFLOP/s)")
     print(f"{'case':16}" + "".join(f"{c:>16}" for c in configs) + f"{'FA3':>10}  best (FA3 / best)")
@@ -117,8 +123,7 @@ def sweep_prefill(configs: list[str]) -> int:
             torch.cuda.empty_cache()
         attention.PREFILL_CFG, attention.PREFILL_SLIDING_CFG = defaults
         peer = prefill_case(t, sliding, fa)["vllm_us"] if fa is not None else None
-        best = min(range(len(cfgs)), key=times.__getitem__)
-        ratio = f"{peer / times[best]:.2f}" if peer else "-"
+        best, ratio = _best(times, peer)
         case = f"T={t} {'sliding' if sliding else 'full'}"
         print(
             f"{case:16}"
@@ -163,8 +168,7 @@ def sweep_decode(configs: list[str], fp8: bool, small: bool = False, cases: list
     settings = [_small_setting(c) if small else decode_setting(c) for c in configs]
     default = {k: getattr(attention, k) for s in settings for k in s}
     kv = "fp8" if fp8 else "auto"
-    fa = None if fp8 else _fa3()
-    fa = None if fa is None else _fa3_sink_probe(fa)
+    fa = None if fp8 else fa3_peer()
     print(f"{torch.cuda.get_device_name()}; defaults {default}; KV {kv}; us (HBM share)")
     print(f"{'case':34}" + "".join(f"{c:>16}" for c in configs) + f"{'FA3':>10}  best (FA3 / best)")
     failed = 0
@@ -186,8 +190,7 @@ def sweep_decode(configs: list[str], fp8: bool, small: bool = False, cases: list
             for k, v in default.items():  # the next setting starts from the defaults
                 setattr(attention, k, v)
         peer = decode_case(b, ctx, sliding, fa, hint=hint)["vllm_us"] if fa is not None else None
-        best = min(range(len(configs)), key=times.__getitem__)
-        ratio = f"{peer / times[best]:.2f}" if peer else "-"
+        best, ratio = _best(times, peer)
         case = f"B={b} ctx={ctx} {'sliding' if sliding else 'full'}{f' hint {hint}' if hint else ''}"
         print(
             f"{case:34}"
