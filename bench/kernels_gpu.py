@@ -1,6 +1,6 @@
 """Our Triton kernels against vLLM 0.26.0's on one GPU: MoE, decode/prefill attention, small ops.
 
-    python bench/kernels_gpu.py [--only moe,attn,ops] [--out DIR]
+    python bench/kernels_gpu.py [--only moe,attn,ops] [--out DIR] [--flush read|zero]
 
 Each part lives in bench/kernels/<part>_gpu.py with a run(rows) that appends one dict per case
 (kernel, case, ours_us, vllm_us, ratio, hbm_frac); a part whose peer cannot be imported still
@@ -34,7 +34,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="moe,attn,ops")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--flush", choices=timing.FLUSHES, default=timing.FLUSH, help="how the MoE rows empty L2 (timing.py)"
+    )
     args = ap.parse_args()
+    timing.FLUSH = args.flush
+    print(f"L2 flush before each MoE call: {timing.FLUSH}")
     rows: list[dict] = []
     failed: list[str] = []
     for part in args.only.split(","):

@@ -1,6 +1,11 @@
 """GPU timings of our MXFP4 MoE (gptoss.kernels.moe), its kernel variants and vLLM's, 20b shapes.
 
     python bench/kernels/moe_gpu.py [--ms 1,8,64] [--variants v1,v2] [--no-vllm] [--rounds R]
+        [--flush read|zero] [--dec-tiles gu:16,32,512,2,2,3+dn:16,32,512,4,4,4 ...]
+
+--dec-tiles adds one engine variant a spec (tiles1, tiles2, ...): the engine with those split-K decode
+tiles for its gate_up (gu:) and / or down (dn:) at every decode batch, e.g. to fit them to a GPU the
+defaults were not chosen on (they were chosen on an H200).
 
 --rounds R times every variant's graphs R times, interleaved, and reports medians and the spread:
 for choices of a few percent (2026-11-27: 5 stages looked 6 % faster GEMM by GEMM and 7 % slower as a
@@ -33,8 +38,10 @@ combine: kernel_model.decode_copy / decode_rows) instead of moe_forward.
 vLLM 0.26's monolithic Triton MXFP4 expert
 (triton_kernel_moe_forward: triton_kernels routing + matmul_ogs for w13 with the fused SwiGLU and
 for w2 with scatter; weights converted by its own TRITON-backend loader) is the "vllm" variant,
-graph-captured when it allows. Times are triton.testing.do_bench medians (L2 flushed between
-runs), in microseconds. run(rows) feeds bench/kernels_gpu.py: ours_us = v2 eager, vllm_us eager.
+graph-captured when it allows. Times are timing.cold_us medians in microseconds: L2 emptied before
+every call (--flush read, the default since v73: by reading 256 MB, as the engine's layers leave it;
+zero: do_bench's way, whose dirty lines HBM writes back during the timed call). run(rows) feeds
+bench/kernels_gpu.py (see run).
 """
 
 from __future__ import annotations
@@ -56,11 +63,13 @@ from gptoss.kernels import moe, moe_v3  # noqa: E402
 from gptoss.kernels.moe import moe_forward, prepare_moe_weights, route  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import timing  # noqa: E402
 from hbm import copy_bytes_per_s, share  # noqa: E402
 from moe_dec_variants import DEC_VARIANTS  # noqa: E402
 from moe_parts import dec_parts, dec_switches, switches, variant_parts  # noqa: E402
 from moe_peer import ALPHA, LIMIT, TOP_K, H, I, check, vllm_moe  # noqa: E402
 from moe_subnormal import subnormal_checks  # noqa: E402
+from moe_variant import engine_tiles  # noqa: E402
 from moe_variants import VARIANTS, Variant  # noqa: E402
 from timing import peer_failed, report  # noqa: E402
 
@@ -70,7 +79,7 @@ EXPERT_BYTES = 2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32  # pa
 
 
 def _us(fn: Callable[[], object]) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+    return timing.cold_us(fn)
 
 
 def _capture(fn: Callable[[], object], peer: bool = False) -> Callable[[], object] | None:
@@ -302,11 +311,30 @@ def main() -> None:
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument("--experts", type=int, default=E, help="128: gpt-oss-120b's experts (e128-* variants)")
     ap.add_argument("--rounds", type=int, default=1, help="time every variant this many times, interleaved")
+    ap.add_argument(
+        "--flush", choices=timing.FLUSHES, default=timing.FLUSH, help="how L2 is emptied (timing.py)"
+    )
+    ap.add_argument(
+        "--dec-tiles",
+        nargs="*",
+        default=[],
+        metavar="SPEC",
+        help="engine variants tiles1.. on other split-K decode tiles: gu:TILES, dn:TILES, gu:TILES+dn:TILES",
+    )
     args = ap.parse_args()
     E = args.experts
+    timing.FLUSH = args.flush
+    for i, spec in enumerate(args.dec_tiles, 1):
+        try:
+            VARIANTS[f"tiles{i}"] = engine_tiles(spec)
+        except ValueError as e:
+            sys.exit(str(e))
+        print(f"tiles{i}: {spec}")
+        args.variants += f",tiles{i}"
     if not torch.cuda.is_available():
         sys.exit("moe_gpu.py needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    print(f"L2 flush before each timed call: {timing.FLUSH}")
     subnormal_checks()
     names = [n for n in args.variants.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS and n not in DEC_VARIANTS and n != "vllm"]

@@ -5,7 +5,7 @@ precomputed (variant_parts, dec_parts, engine_decode: the engine's decode step).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from functools import partial
 from unittest import mock
 
@@ -60,9 +60,20 @@ def dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -
 
 
 def switches(v: Variant) -> AbstractContextManager:
-    """The module switches a variant needs, restored afterwards (none for the engine's)."""
+    """The module switches a variant needs, restored afterwards (for the engine's only its tiles)."""
     if v.engine:
-        return nullcontext()
+        return _patched(
+            [
+                (mod, name, t)
+                for mod, names, t in (
+                    (moe_v3_dec_gu, ("V3_GATE_UP_DEC", "V3_GATE_UP_DEC_BIG"), v.engine_gate_up),
+                    (moe_v3_dec, ("V3_DOWN_DEC", "V3_DOWN_DEC_BIG"), v.engine_down),
+                )
+                if t is not None
+                for name in names
+            ],
+            [],
+        )
     tma_down, tma_x = moe_v3._tma_mode(v.tma)
     every = frozenset(range(1, moe_tiles.DECODE_MAX_T + 1))
     attrs = [

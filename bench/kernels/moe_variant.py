@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from gptoss.kernels.moe import Tiles
 from gptoss.kernels.moe_tiles import DecTiles
+from gptoss.kernels.moe_v3_dec_sizes import parse_dec_tiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,3 +25,19 @@ class Variant:
     # Every module switch as the engine leaves it (the fields above unused), and at decode sizes the
     # engine's fused decode MoE (kernel_model.decode_copy / decode_rows) instead of moe_forward
     engine: bool = False
+    # With engine: the split-K gate_up's / down's tiles at every decode batch (both of its tile sets,
+    # moe_v3_dec_sizes.batch_tiles' small and big), where the engine takes those kernels
+    engine_gate_up: DecTiles | None = None
+    engine_down: DecTiles | None = None
+
+
+def engine_tiles(spec: str) -> Variant:
+    """The engine's variant with other split-K decode tiles, from "gu:TILES", "dn:TILES" or
+    "gu:TILES+dn:TILES" (TILES as moe_v3_dec_sizes.parse_dec_tiles reads them, e.g. 16,32,512,2,2,3)."""
+    tiles: dict[str, DecTiles] = {}
+    for part in spec.split("+"):
+        gemm, _, value = part.partition(":")
+        if gemm not in ("gu", "dn") or gemm in tiles:
+            raise ValueError(f"--dec-tiles: each part is gu:TILES or dn:TILES, each GEMM once, got {spec!r}")
+        tiles[gemm] = parse_dec_tiles(value, f"--dec-tiles {gemm}")
+    return Variant("dual", engine=True, engine_gate_up=tiles.get("gu"), engine_down=tiles.get("dn"))

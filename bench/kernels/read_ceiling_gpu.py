@@ -9,6 +9,9 @@ the GPU time a call, the bytes a microsecond and the share of the copy bandwidth
 - read BLOCKxUNROLL wW gG: a Triton kernel whose G programs (G/SMs waves; 1 = one a SM) of W warps
   each stream int32 words, UNROLL independent BLOCK-word loads in flight before their XOR (the loads
   of a warp otherwise wait on each other), the XOR of all written so nothing is optimized away;
+- read ..., read / zero flush: the last of those configurations, one call at a time on one buffer
+  timed by timing.cold_us after L2 is emptied by reading or by zeroing 256 MB (the zeroed lines are
+  dirty: written back to HBM while the read runs);
 - copy: torch's device-to-device copy_ of the same bytes (read + written: 2x the bytes counted).
 At T = 1 the 20b / 120b gate_up reads 4 experts x 8.8 MB = 35.2 MB a layer, the down 17.6 MB; 352 MB
 is the steady state that the copy bandwidth (4.3 TB/s on an H200) describes.
@@ -27,7 +30,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hbm  # noqa: E402
-from timing import graph_us  # noqa: E402
+from timing import FLUSHES, cold_us, graph_us  # noqa: E402
 
 
 @triton.jit
@@ -92,6 +95,11 @@ def main() -> None:
 
             us = graph_us(_cycle(bufs, read), calls=args.calls)
             rows.append((mb, f"read {block}x{unroll} w{warps} g{grid[0]}", us, mb * 1e6))
+        # One read a call after L2 is emptied each of timing.l2_flush's two ways: what zeroing (the
+        # MoE table's flush before v73, triton's do_bench) costs a read in write-backs.
+        for flush in FLUSHES:
+            us = cold_us(lambda b=bufs[0]: read(b), flush=flush)
+            rows.append((mb, f"read {block}x{unroll} w{warps} g{grid[0]}, {flush} flush", us, mb * 1e6))
         dst = torch.empty_like(bufs[0])
         us = graph_us(_cycle(bufs, dst.copy_), calls=args.calls)
         rows.append((mb, "copy (read + write)", us, 2 * mb * 1e6))

@@ -2,6 +2,13 @@
 
 Eager `triton.testing.do_bench` times a small launch's Python wrapper, not its kernel: attention's
 decode at batch 1 read 39.6 µs eagerly and 3.9 as graph replays on an H200 (bench/results v43).
+
+cold_us times one call with L2 emptied before it, for kernels whose bytes come from HBM in the engine
+(the decode MoE's weights). do_bench empties L2 by zeroing 256 MB: the L2 is then full of dirty lines,
+and the timed kernel's reads evict them, so HBM also takes up to an L2 of write-backs the kernel never
+asked for. Between the engine's layers the L2 holds the last kernels' reads (weights, the KV cache):
+clean lines, dropped for free. FLUSH "read" (the default) empties L2 that way, by reading the buffer;
+"zero" is do_bench's way, for comparison with tables timed before 2026-12-05 (bench/results v73).
 """
 
 from __future__ import annotations
@@ -12,6 +19,11 @@ from collections.abc import Callable
 
 import torch
 import triton
+
+# How cold_us empties L2 before each timed call (l2_flush): "read" or "zero". A bench's --flush sets it.
+FLUSH = "read"
+FLUSHES = ("read", "zero")
+FLUSH_BYTES = 256 << 20  # five times the 50 MB L2 of an H100 / H200
 
 # The cases timed eagerly (their capture failed): their figures carry host time, so a table lists them.
 EAGER: list[str] = []
@@ -85,6 +97,41 @@ def graph_us(fn: Callable[[], object], calls: int = 20) -> float:
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / (reps * calls))
     return statistics.median(samples)
+
+
+def l2_flush(mode: str, buf: torch.Tensor) -> Callable[[], object]:
+    """A call that empties L2 of anything a timed call could reuse, by streaming buf (int32, larger
+    than L2): "read" reads it (a max: one word written), leaving clean lines; "zero" writes it, as
+    triton.testing.do_bench does, leaving dirty lines that are written back during the next kernel."""
+    if mode == "read":
+        return buf.max
+    if mode == "zero":
+        return buf.zero_
+    raise ValueError(f"flush must be one of {', '.join(FLUSHES)}, got {mode!r}")
+
+
+_FLUSH_BUF: list[torch.Tensor] = []  # one buffer a process, made on first use
+
+
+def cold_us(fn: Callable[[], object], flush: str | None = None, reps: int = 100, warmup: int = 10) -> float:
+    """GPU microseconds of one call of fn with L2 emptied before it (l2_flush(flush or FLUSH)): the
+    median over reps calls, each between two events after its flush (the flush's kernel keeps the
+    GPU busy while the host queues fn, so a graph replay's launch is not timed)."""
+    if not _FLUSH_BUF:
+        _FLUSH_BUF.append(torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda"))
+    clear = l2_flush(flush or FLUSH, _FLUSH_BUF[0])
+    for _ in range(warmup):
+        fn()
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)
+    ]
+    for start, end in events:
+        clear()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events) * 1e3
 
 
 def timed_us(fn: Callable[[], object], what: str) -> float:
