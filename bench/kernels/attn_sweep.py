@@ -17,7 +17,9 @@ Times are attn_gpu's: CUDA-graph replays (timing.py); a cell whose capture faile
 and listed at the end. Cases: an Offline decode step's ~1000 sequences at ~1.5k context (one
 split), 256 at 4k, and issue 10's table's full layers at 8k context (B 64: two splits, B 256: one),
 where the H100 had us at 0.98-0.99x FA3 (v72); --cases B:CTX:full|sliding[:HINT] ... replaces them.
-The engine takes a config with GPTOSS_ATTN_DECODE=BN,W,S (and GPTOSS_ATTN_HEADS_FIRST=1).
+The engine takes a config with GPTOSS_ATTN_DECODE=BN,W,S (and GPTOSS_ATTN_HEADS_FIRST=1). Every cell
+times its setting on every layer: a GPU's own full-layer setting (attention.FULL_DECODE_BY_GPU, the
+engine's on an H100) is off in the sweep, so the defaults' cell is DECODE_CFG's alone.
 
 --small: launches of up to attention.SMALL_DECODE sequences (batch 1 and the like), which take
 SMALL_DECODE_CFG and SMALL_SPLIT_KEYS instead (a config "BN,W,S@KEYS"; the engine takes one with
@@ -141,11 +143,16 @@ def _small_setting(c: str) -> dict[str, object]:
 
 
 def decode_setting(c: str) -> dict[str, object]:
-    """ "BN,W,S" or "BN,W,S+hf" -> the attention attributes a decode launch reads (+hf: HEADS_FIRST)."""
+    """ "BN,W,S" or "BN,W,S+hf" -> the attention attributes a decode launch reads (+hf: HEADS_FIRST),
+    with no GPU's own full-layer setting (FULL_DECODE_BY_GPU), so every layer times the one named."""
     cfg, plus, flag = c.partition("+")
     if plus and flag != "hf":
         raise ValueError(f"{c!r}: a decode setting is BN,W,S or BN,W,S+hf")
-    return {"DECODE_CFG": tuple(int(v) for v in cfg.split(",")), "HEADS_FIRST": bool(plus)}
+    return {
+        "DECODE_CFG": tuple(int(v) for v in cfg.split(",")),
+        "HEADS_FIRST": bool(plus),
+        "FULL_DECODE_BY_GPU": {},
+    }
 
 
 def parse_case(c: str) -> tuple[int, int, bool, int | None]:

@@ -12,6 +12,7 @@ from gptoss.kernels.attention_reduce import _reduce_kernel
 from gptoss.kernels.attention_rope import rope_operands
 from gptoss.kernels.attention_settings import (  # read at each launch from here: A/B runs set them
     DECODE_CFG,
+    FULL_DECODE_BY_GPU,
     HEADS_FIRST,
     LIVE_SPLITS,
     MAX_SPLITS,
@@ -25,8 +26,9 @@ from gptoss.kernels.attention_settings import (  # read at each launch from here
     SMALL_DECODE,
     SMALL_DECODE_CFG,
     SMALL_SPLIT_KEYS,
+    full_decode_setting,
 )
-from gptoss.kernels.device_info import sm_count
+from gptoss.kernels.device_info import gpu_name, sm_count
 from gptoss.kernels.l2_prefetch import prefetch_l2
 from gptoss.kv_dtype import is_fp8
 
@@ -139,7 +141,8 @@ def paged_attention(
     window), plus q and out (2 x Hq x D x 2 B); split partials add Hq x splits x (D + 2) x 4 B x 2.
     Prefill: q, out and new K/V once, context K/V once per q tile of BLOCK_Q tokens (from L2).
 
-    Decode (max_query_len == 1): grid (splits, S, Hkv), or (Hkv, splits, S) with HEADS_FIRST; splits
+    Decode (max_query_len == 1): grid (splits, S, Hkv), or (Hkv, splits, S) with HEADS_FIRST (and on
+    full layers where FULL_DECODE_BY_GPU names the GPU, for launches of more than SMALL_DECODE); splits
     from `decode_splits` over max_context_hint (default: what the block table can address) and
     never from context_lens' values, so the launch replays in a CUDA graph; splits > 1 add a small
     reduce kernel.
@@ -213,8 +216,11 @@ def paged_attention(
         PRECISION=precision,
         UPCAST=INTERPRETED,
     )
+    heads_first = HEADS_FIRST and max_query_len == 1  # decode only: prefill keeps its q tiles first
     if max_query_len == 1:
         block_n, warps, stages = (SMALL_DECODE_CFG if small else None) or DECODE_CFG
+        if window is None and not small and (dev := full_decode_setting(gpu_name(q), FULL_DECODE_BY_GPU)):
+            (block_n, warps, stages), heads_first = dev
         # float32 q (tests, --dtype float32) halves a 256-key tile: its K, V and roped-key tiles took
         # 262 KB of shared memory against the H200's 227 KB (sm_90a, compiled on CPU; bf16: 106 KB)
         block_n = min(block_n, 512 // q.element_size())
@@ -234,7 +240,6 @@ def paged_attention(
             tickets = _ticket_buffer(q.device, num_seqs * hkv)
     else:
         pm = pl = pacc = out  # unused
-    heads_first = HEADS_FIRST and max_query_len == 1  # decode only: prefill keeps its q tiles first
     grid = (triton.cdiv(max_query_len, block_q) * splits, num_seqs, hkv)
     if heads_first:
         grid = (hkv, grid[0], num_seqs)

@@ -166,3 +166,28 @@ NEW_KEYS_N = int(_choice_from_env("GPTOSS_ATTN_NEW_KEYS", ("16", "0", "32", "64"
 # CUDA-graph replays, the default order against FA3: full layers at 8k context B 64 386.8 vs 378.3 us
 # (0.98x), B 256 1,499.3 vs 1,482.3 (0.99x), at 93-96 % of the 3.0 TB/s copy; untimed in this order.
 HEADS_FIRST = _choice_from_env("GPTOSS_ATTN_HEADS_FIRST", ("0", "1")) == "1"
+# Full layers' decode launches of more than SMALL_DECODE sequences on a GPU whose name holds a key here
+# take that key's (BLOCK_N, num_warps, num_stages) and launch order (True: heads first) instead of
+# DECODE_CFG and HEADS_FIRST; sliding layers and small launches keep theirs. Either variable above
+# set (an A/B run) empties the table: its setting then holds for every layer. H100 80GB HBM3, CUDA-graph
+# replays (bench/kernels/attn_sweep.py, bench/results v73), us, (64, 2, 3) / (64, 2, 3) heads-first /
+# (32, 2, 3) / (32, 2, 3) heads-first / FA3: B 64 at 8k 391.8 / 390.0 / 378.4 / 376.6 / 377.3; B 256 at
+# 8k 1,512.5 / 1,505.0 / 1,503.5 / 1,453.6 / 1,479.7; B 256 at 4k 763.4 / 758.4 / 757.3 / 730.9 / 755.1;
+# B 1,024 at 1,536 1,143.8 / 1,134.3 / 1,156.1 / 1,100.8 / 1,152.0 (95-99 % of the 3.0 TB/s copy); sliding
+# layers there 122.9 / 120.7 / 128.8 / 125.7 (FA3 351.6), so not them. The engine (random 20b, the same
+# machine), Offline 1000 x (1024 -> 1024) 21,450.8 tok/s against 21,352.2 (defaults) and 21,477.0 ((64,
+# 2, 3) heads-first): the same within a run's spread. On an H200 (64, 2, 3) beat (32, 2, 3) in the
+# default order (v43: 803.8 against 857.8 us at B 1,024, 1,536 context), so it keeps the defaults.
+FULL_DECODE_BY_GPU: dict[str, tuple[tuple[int, int, int], bool]] = (
+    {}
+    if os.environ.get("GPTOSS_ATTN_DECODE") or os.environ.get("GPTOSS_ATTN_HEADS_FIRST")
+    else {"H100": ((32, 2, 3), True)}
+)
+
+
+def full_decode_setting(
+    gpu: str, table: dict[str, tuple[tuple[int, int, int], bool]]
+) -> tuple[tuple[int, int, int], bool] | None:
+    """The (BLOCK_N, num_warps, num_stages) and heads-first order a large full-layer decode launch takes
+    on the GPU named `gpu`, from `table` (FULL_DECODE_BY_GPU): the first key in the name; None: none."""
+    return next((v for key, v in table.items() if key in gpu), None)

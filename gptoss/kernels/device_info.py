@@ -33,3 +33,13 @@ def max_shared_mem(t: Tensor) -> int:
     """The shared memory (bytes) a program may take on t's CUDA device: the limit Triton checks a
     compiled kernel's against at launch (232,448 on an H100 or H200)."""
     return _max_shared_mem(_index(t))
+
+
+@functools.cache
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def gpu_name(t: Tensor) -> str:
+    """The name of the CUDA device t lives on ("NVIDIA H100 80GB HBM3"); "" for a tensor off CUDA."""
+    return _gpu_name(_index(t)) if t.is_cuda else ""
