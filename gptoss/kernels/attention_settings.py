@@ -164,7 +164,8 @@ NEW_KEYS_N = int(_choice_from_env("GPTOSS_ATTN_NEW_KEYS", ("16", "0", "32", "64"
 # programs read 128 bytes of each 1 KB row while the same row's other heads wait for their own
 # programs, launched S x splits later. The same bits (each program's work is unchanged). H100 (v72),
 # CUDA-graph replays, the default order against FA3: full layers at 8k context B 64 386.8 vs 378.3 us
-# (0.98x), B 256 1,499.3 vs 1,482.3 (0.99x), at 93-96 % of the 3.0 TB/s copy; untimed in this order.
+# (0.98x), B 256 1,499.3 vs 1,482.3 (0.99x), at 93-96 % of the 3.0 TB/s copy; in this order (v73) 387.7 vs
+# 378.1 and 1,500.2 vs 1,482.0: 0.5-0.8 % on this tile, more on a 32-key one (FULL_DECODE_BY_GPU below).
 HEADS_FIRST = _choice_from_env("GPTOSS_ATTN_HEADS_FIRST", ("0", "1")) == "1"
 # Full layers' decode launches of more than SMALL_DECODE sequences on a GPU whose name holds a key here
 # take that key's (BLOCK_N, num_warps, num_stages) and launch order (True: heads first) instead of
