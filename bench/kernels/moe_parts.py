@@ -62,18 +62,14 @@ def dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -
 def switches(v: Variant) -> AbstractContextManager:
     """The module switches a variant needs, restored afterwards (for the engine's only its tiles)."""
     if v.engine:
-        return _patched(
-            [
-                (mod, name, t)
-                for mod, names, t in (
-                    (moe_v3_dec_gu, ("V3_GATE_UP_DEC", "V3_GATE_UP_DEC_BIG"), v.engine_gate_up),
-                    (moe_v3_dec, ("V3_DOWN_DEC", "V3_DOWN_DEC_BIG"), v.engine_down),
-                )
-                if t is not None
-                for name in names
-            ],
-            [],
-        )
+        tiles: list[tuple[object, str, object]] = []
+        if v.engine_gate_up is not None:  # both tile sets: every decode batch takes them
+            tiles += [
+                (moe_v3_dec_gu, name, v.engine_gate_up) for name in ("V3_GATE_UP_DEC", "V3_GATE_UP_DEC_BIG")
+            ]
+        if v.engine_down is not None:
+            tiles += [(moe_v3_dec, name, v.engine_down) for name in ("V3_DOWN_DEC", "V3_DOWN_DEC_BIG")]
+        return _patched(tiles, [])
     tma_down, tma_x = moe_v3._tma_mode(v.tma)
     every = frozenset(range(1, moe_tiles.DECODE_MAX_T + 1))
     attrs = [
