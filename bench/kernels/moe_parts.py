@@ -60,7 +60,8 @@ def dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -
 
 
 def switches(v: Variant) -> AbstractContextManager:
-    """The module switches a variant needs, restored afterwards (for the engine's only its tiles)."""
+    """The module switches a variant needs, restored afterwards (for the engine's only its tiles and
+    ROW_MASK)."""
     if v.engine:
         tiles: list[tuple[object, str, object]] = []
         if v.engine_gate_up is not None:  # both tile sets: every decode batch takes them
@@ -69,6 +70,8 @@ def switches(v: Variant) -> AbstractContextManager:
             ]
         if v.engine_down is not None:
             tiles += [(moe_v3_dec, name, v.engine_down) for name in ("V3_DOWN_DEC", "V3_DOWN_DEC_BIG")]
+        if v.row_mask:
+            tiles.append((moe_common, "ROW_MASK", True))
         return _patched(tiles, [])
     tma_down, tma_x = moe_v3._tma_mode(v.tma)
     every = frozenset(range(1, moe_tiles.DECODE_MAX_T + 1))

@@ -20,6 +20,17 @@ def env_switch(name: str, default: str) -> bool:
 
 
 USE_ASM = True  # the PTX dequant on CUDA (both paths); False falls back to the portable one everywhere
+# The v3 GEMMs load x / act rows without a row mask: a tile's slots past its expert's rows name
+# assignment 0, a real row never stored (_tile_rows). True puts the masks back (moe_v3's gate_up and
+# down, moe_v3_dec's split-K down): the K loops before (sm_90a: 172 -> 163 instructions a K step on
+# gate_up's BM-256 half body), for A/B runs (bench/kernels/moe_variants.py "engine-rowmask").
+ROW_MASK = False
+
+
+def row_mask_args() -> dict:
+    """The GEMM kernels' ROW_MASK argument: none at the default, so a launch's key (and the precompile
+    manifest's) is the one without the switch."""
+    return {"ROW_MASK": True} if ROW_MASK else {}
 
 
 def compiled(x: Tensor) -> bool:
@@ -63,10 +74,11 @@ def _expert_tile_at(counts_ptr, pid_m, E: tl.constexpr, BE: tl.constexpr, BM: tl
 
 @triton.jit
 def _tile_rows(rows_ptr, T, e, slot0, n_rows, BM: tl.constexpr):
-    """An expert's slots slot0 .. slot0 + BM - 1 -> (their assignment rows [BM], valid [BM])."""
+    """An expert's slots slot0 .. slot0 + BM - 1 -> (their assignment rows [BM], valid [BM]). Slots
+    past its rows name assignment 0, a real row, never stored: the GEMMs load rows without a mask."""
     slot = slot0 + tl.arange(0, BM)
     valid = slot < n_rows
-    rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)  # invalid -> row 0, never stored
+    rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)
     return rows, valid
 
 

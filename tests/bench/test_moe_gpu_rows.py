@@ -85,6 +85,23 @@ def test_the_engine_variant_leaves_every_switch_as_the_engine_runs():
     assert state() == before
 
 
+def test_the_row_mask_variant_is_the_engine_with_the_masks_back_only_inside_its_switches():
+    """engine-rowmask: the engine's switches but moe_common.ROW_MASK, which the GEMM launches then pass
+    (ROW_MASK=True); outside, the launches pass nothing, so their keys are the manifest's."""
+    from moe_parts import switches as _switches
+    from moe_variants import VARIANTS
+
+    from gptoss.kernels import moe_common
+
+    assert VARIANTS["engine-rowmask"].engine and not VARIANTS["engine"].row_mask
+    assert moe_common.row_mask_args() == {}
+    with _switches(VARIANTS["engine-rowmask"]):
+        assert moe_common.ROW_MASK is True and moe_common.row_mask_args() == {"ROW_MASK": True}
+    with _switches(VARIANTS["engine"]):
+        assert moe_common.row_mask_args() == {}
+    assert moe_common.ROW_MASK is False
+
+
 def test_hbm_shares_read_the_expert_bytes_over_the_moe_and_over_its_gemms():
     """4 experts' bytes (52.8 MB at 20b) at 4.3 TB/s: over a 38.1 us MoE graph ~32 %; over its GEMMs
     alone (14.9 + 8.9 us) ~52 %; a part not timed gives no share."""
