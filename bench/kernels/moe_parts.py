@@ -61,7 +61,7 @@ def dec_parts(ck: dict[str, torch.Tensor], w: moe.MoEWeights, x: torch.Tensor) -
 
 def switches(v: Variant) -> AbstractContextManager:
     """The module switches a variant needs, restored afterwards (for the engine's only its tiles and
-    ROW_MASK)."""
+    UNMASKED_ROWS)."""
     if v.engine:
         tiles: list[tuple[object, str, object]] = []
         if v.engine_gate_up is not None:  # both tile sets: every decode batch takes them
@@ -70,8 +70,8 @@ def switches(v: Variant) -> AbstractContextManager:
             ]
         if v.engine_down is not None:
             tiles += [(moe_v3_dec, name, v.engine_down) for name in ("V3_DOWN_DEC", "V3_DOWN_DEC_BIG")]
-        if v.row_mask:
-            tiles.append((moe_common, "ROW_MASK", True))
+        if v.unmasked:
+            tiles.append((moe_common, "UNMASKED_ROWS", True))
         return _patched(tiles, [])
     tma_down, tma_x = moe_v3._tma_mode(v.tma)
     every = frozenset(range(1, moe_tiles.DECODE_MAX_T + 1))

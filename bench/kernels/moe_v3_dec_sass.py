@@ -2,7 +2,7 @@
 for sm_90a on CPU.
 
     python bench/kernels/moe_v3_dec_sass.py [--tiles BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG] ...] [--cp-async]
-        [--ops N]
+        [--ops N] [--unmasked]
 
 No GPU needed (as moe_decode_sass.py): the "v3" layout at the 20b shapes (bf16, E 32, H = I = 2880,
 top-4), weights and scales by TMA (the engine's WTMA) unless --cp-async, the counts and row lists
@@ -54,8 +54,9 @@ def gate_up(t: DecTiles, tma: bool = True):
     return _build(moe_v3_dec_gu._gate_up_v3_dec_kernel, sig, consts, t, tma)
 
 
-def down(t: DecTiles, tma: bool = True):
-    consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split)
+def down(t: DecTiles, tma: bool = True, unmasked: bool = False):
+    """unmasked: act rows without a row mask (moe_common.UNMASKED_ROWS; gate_up keeps its mask)."""
+    consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, UNMASKED=unmasked)
     return _build(moe_v3_dec._down_v3_dec_kernel, dict(a_ptr="*bf16", y_ptr="*bf16", **SIG), consts, t, tma)
 
 
@@ -87,6 +88,7 @@ def main() -> None:
         "--tiles", nargs="*", default=[], help="BM,BN,BK,SPLIT,WARPS,STAGES[,rNREG] for both GEMMs"
     )
     ap.add_argument("--cp-async", action="store_true", help="weights by cp.async instead of TMA")
+    ap.add_argument("--unmasked", action="store_true", help="the down's act rows without a row mask")
     ap.add_argument("--ops", type=int, default=0, help="also the K loop's N most frequent opcodes")
     args = ap.parse_args()
     try:
@@ -100,7 +102,7 @@ def main() -> None:
     dn_tiles = given or [moe_v3_dec.V3_DOWN_DEC, moe_v3_dec.V3_DOWN_DEC_BIG]
     for name, build, tiles in (("gate_up", gate_up, gu_tiles), ("down", down, dn_tiles)):
         for t in tiles:
-            k = build(t, not args.cp_async)
+            k = down(t, not args.cp_async, args.unmasked) if build is down else build(t, not args.cp_async)
             stats(k, f"{name} {t}")
             res, _, ins = disassemble(k)
             regs = int(res.split("REG:")[1].split()[0])

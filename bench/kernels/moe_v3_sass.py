@@ -1,14 +1,15 @@
 """SASS and TTGIR statistics of the v3 MoE GEMMs (moe_v3), compiled for sm_90a on CPU.
 
     python bench/kernels/moe_v3_sass.py [--gate-up BM,BN,BK,WARPS,STAGES[,half][,rNREG] ...]
-        [--down ...] [--wtma]
+        [--down ...] [--wtma] [--unmasked]
 
 No GPU needed (as moe_decode_sass.py): the "v3" layout at the 20b shapes (bf16, E 32, H = I = 2880,
 top-4). Per kernel and tiles: registers, shared memory, spills (and those in the K loop), the K
 loop's instructions a weight value, and the TTGIR's layout conversions: gate_up's SwiGLU pairs rows
 g and g + 8 of its accumulator, which must stay in registers (no convert_layout through shared memory
 in the epilogue). --wtma: the weights and scales by TMA (tensor descriptors), as the engine loads
-them for tiles of <= 128 rows (GPTOSS_MOE_V3_WTMA=auto); else the cp.async path.
+them for tiles of <= 128 rows (GPTOSS_MOE_V3_WTMA=auto); else the cp.async path. --unmasked: x / act
+rows loaded without a row mask (moe_common.UNMASKED_ROWS).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ def _wtma(rows: int, t: Tiles) -> tuple[dict[str, str], dict[str, bool]]:
     return sig, dict(WTMA=True)
 
 
-def gate_up(t: Tiles, wtma: bool = False):
+def gate_up(t: Tiles, wtma: bool = False, unmasked: bool = False):
     sig = dict(x_ptr="*bf16", act_ptr="*bf16", **SIG, stride_lbp="i32", stride_x="i32")
     sig.update(alpha="fp32", limit="fp32")
-    consts = dict(SHAPE, TOP_K=4, BM=t.bm, BN=t.bn, BK=t.bk, HALF=t.half)
+    consts = dict(SHAPE, TOP_K=4, BM=t.bm, BN=t.bn, BK=t.bk, HALF=t.half, UNMASKED=unmasked)
     if wtma:  # gate_up's BN counts act columns: two weight rows each
         w_sig, w_consts = _wtma(2 * t.bn, t)
         sig.update(w_sig)
@@ -50,9 +51,9 @@ def gate_up(t: Tiles, wtma: bool = False):
     return _compile(moe_v3_kernels._gate_up_v3_kernel, sig, consts, t.warps, t.stages, t.maxnreg)
 
 
-def down(t: Tiles, wtma: bool = False):
+def down(t: Tiles, wtma: bool = False, unmasked: bool = False):
     sig = dict(a_ptr="*bf16", y_ptr="*bf16", **SIG)
-    consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, HALF=t.half)
+    consts = dict(SHAPE, BM=t.bm, BN=t.bn, BK=t.bk, HALF=t.half, UNMASKED=unmasked)
     if wtma:
         w_sig, w_consts = _wtma(t.bn, t)
         sig.update(w_sig)
@@ -81,13 +82,14 @@ def main() -> None:
     )
     ap.add_argument("--down", nargs="*", default=[], help="extra down tiles")
     ap.add_argument("--wtma", action="store_true", help="weights and scales by TMA, as the engine's")
+    ap.add_argument("--unmasked", action="store_true", help="x / act rows without a row mask")
     args = ap.parse_args()
     for t in [*dict.fromkeys(_GATE_UP_TILES_V3.values()), *map(parse, args.gate_up)]:
-        k = gate_up(t, args.wtma)
+        k = gate_up(t, args.wtma, args.unmasked)
         stats(k, f"gate_up {t}")
         print(ttgir(k))
     for t in [*dict.fromkeys(_DOWN_TILES_V3.values()), *map(parse, args.down)]:
-        k = down(t, args.wtma)
+        k = down(t, args.wtma, args.unmasked)
         stats(k, f"down {t}")
         print(ttgir(k))
 

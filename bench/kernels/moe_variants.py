@@ -192,8 +192,9 @@ VARIANTS["dual"] = Variant("dual")
 # weights on cp.async (the engine: TMA at tiles of <= 128 rows), and batch 1 on v2's decode kernels
 # through moe_forward (the engine: v3's split-K kernels, the gate_up routing the logits).
 VARIANTS["engine"] = Variant("dual", engine=True)
-# The engine with the v3 GEMMs' row masks back (moe_common.ROW_MASK): its K loops before 2026-12-05 (v74)
-VARIANTS["engine-rowmask"] = Variant("dual", engine=True, row_mask=True)
+# The engine with the v3 GEMMs' x / act loads unmasked by row (moe_common.UNMASKED_ROWS): the same bits,
+# shorter K loops in the sm_90a SASS (bench/results v74), untimed
+VARIANTS["engine-unmasked"] = Variant("dual", engine=True, unmasked=True)
 for _name, _buckets, _gu, _dn, _lo, _hi in [
     ("v3-gu128x256", (128, 512), Tiles(128, 256, 64, 8, 3), None, 1024, 1 << 30),
     ("v3-b32-k64s6", (32,), Tiles(32, 64, 64, 4, 6), Tiles(32, 64, 64, 4, 6), 129, 256),

@@ -20,17 +20,18 @@ def env_switch(name: str, default: str) -> bool:
 
 
 USE_ASM = True  # the PTX dequant on CUDA (both paths); False falls back to the portable one everywhere
-# The v3 GEMMs load x / act rows without a row mask: a tile's slots past its expert's rows name
-# assignment 0, a real row never stored (_tile_rows). True puts the masks back (moe_v3's gate_up and
-# down, moe_v3_dec's split-K down): the K loops before (sm_90a: 172 -> 163 instructions a K step on
-# gate_up's BM-256 half body), for A/B runs (bench/kernels/moe_variants.py "engine-rowmask").
-ROW_MASK = False
+# GPTOSS_MOE_UNMASKED_ROWS=1: the v3 GEMMs load x / act rows without a row mask (moe_v3's gate_up and
+# down, moe_v3_dec's split-K down). A tile's slots past its expert's rows name assignment 0, a real row
+# never stored (_tile_rows), so the bits are the same: sm_90a, gate_up's BM-256 half body 172 -> 163
+# instructions a K step, the split-K down's BM-8 tile 728 -> 705 (bench/results v74). Off until a GPU
+# has timed it and run its compiled test (bench/kernels/moe_variants.py "engine-unmasked").
+UNMASKED_ROWS = env_switch("GPTOSS_MOE_UNMASKED_ROWS", "0")
 
 
-def row_mask_args() -> dict:
-    """The GEMM kernels' ROW_MASK argument: none at the default, so a launch's key (and the precompile
+def unmasked_args() -> dict:
+    """The GEMM kernels' UNMASKED argument: none at the default, so a launch's key (and the precompile
     manifest's) is the one without the switch."""
-    return {"ROW_MASK": True} if ROW_MASK else {}
+    return {"UNMASKED": True} if UNMASKED_ROWS else {}
 
 
 def compiled(x: Tensor) -> bool:

@@ -76,7 +76,7 @@ def _wtma_switch(v: str) -> str:
 # the same bits. H200, 120b, whole MoE in a CUDA graph (bench/results v29): M 1 / 16 / 256 / 512 /
 # 1024 56.6 / 244.3 / 651.7 / 829.2 / 1095.2 -> 54.0 / 230.8 / 540.3 / 739.9 / 1027.5 us; Offline 1000
 # x (1024 -> 1278) 9,507.7 -> 10,213.0 tok/s, batch 1 328 -> 334. Those are tiles of <= 128 rows; 20b's
-# BM-256 tiles are untimed with it (a K step 207 instructions, not 163, in the sm_90a SASS), so
+# BM-256 tiles are untimed with it (a K step 218 instructions, not 172, in the sm_90a SASS), so
 # "auto" (the default) takes TMA for tiles of BM <= 128; 1 for every tile, 0 never.
 TMA_W = _wtma_switch(os.environ.get("GPTOSS_MOE_V3_WTMA", "auto"))
 
@@ -270,7 +270,7 @@ def gate_up_v3(
         **_wtma_args(x, w.w13, w.s13, swz, 2 * tiles.bn, tiles),
         **(_prefetch_args(x, w, tiles) if prefetch_down and swz else {}),
         **pdl.args(x, ROUTE_PDL and logits is not None),
-        **common.row_mask_args(),
+        **common.unmasked_args(),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
         maxnreg=tiles.maxnreg,
@@ -368,7 +368,7 @@ def down_v3(
         **lkw,
         **_descriptors(act if sorted_rows else None, tiles, "desc", "TMA"),
         **wtma,
-        **common.row_mask_args(),
+        **common.unmasked_args(),
         num_warps=tiles.warps,
         num_stages=tiles.stages,
         maxnreg=tiles.maxnreg,

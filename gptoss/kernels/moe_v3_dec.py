@@ -212,7 +212,7 @@ def _down_v3_dec_kernel(
     WTMA: tl.constexpr = False,
     ids_ptr=None,
     ONE_TOKEN: tl.constexpr = False,
-    ROW_MASK: tl.constexpr = False,
+    UNMASKED: tl.constexpr = False,
 ):
     """Program (column block, slot): y[rows of the slot's expert, block] = act[rows] @ W2_e^T + b2_e;
     N = H, K = I; act and y rows in assignment order (rows_ptr: each expert's list). ONE_TOKEN (T 1,
@@ -250,12 +250,12 @@ def _down_v3_dec_kernel(
         a_t = a_ptr + rows.to(tl.int64)[None, None, :] * K + kx  # [SPLIT, BKS, BM]
         acc = tl.zeros([SPLIT, BN, BM], tl.float32)
         for k0 in range(0, K, BK):
-            # Rows past the expert's are row 0, a real row whose y is never stored: no row mask
-            # (sm_90a, the BM-8 tile's K loop 728 -> 705 instructions; gate_up's split-K kernel kept
-            # its mask: without it its BM-8 tile took 103 registers, not 95, and 4 programs an SM, not 5).
-            # ROW_MASK (moe_common.ROW_MASK): the mask, for A/B runs.
+            # Rows past the expert's are row 0, a real row whose y is never stored: UNMASKED loads
+            # them so (moe_common.UNMASKED_ROWS; sm_90a, the BM-8 tile's K loop 728 -> 705
+            # instructions). gate_up's split-K kernel keeps its mask: without it its BM-8 tile took
+            # 103 registers, not 95, so 4 programs an SM, not 5.
             kmask = (k0 + kx) < K
-            at = tl.load(a_t + k0, mask=valid[None, None, :] & kmask if ROW_MASK else kmask, other=0.0)
+            at = tl.load(a_t + k0, mask=kmask if UNMASKED else valid[None, None, :] & kmask, other=0.0)
             acc = _v3_split_step(acc, at, w_t, s_t, c, k0, K, BM, BN, BK, SPLIT, EVEN_K, ASM, PREC, WTMA)
         tl.store(
             y_ptr + rows.to(tl.int64)[None, :] * N + n[:, None],
@@ -320,6 +320,6 @@ def down_v3_dec(act: Tensor, r: Routing, w: MoEWeights, t: DecTiles | None = Non
         ),
         ids_ptr=r.ids,
         ONE_TOKEN=n_tok == 1 and r.ids.stride(-1) == 1,
-        **common.row_mask_args(),
+        **common.unmasked_args(),
     )
     return y

@@ -44,7 +44,7 @@ def _down_v3_tile(
     off_e,
     TMA: tl.constexpr,
     WTMA: tl.constexpr = False,
-    ROW_MASK: tl.constexpr = False,
+    UNMASKED: tl.constexpr = False,
 ):
     """One tile: y[rows, n] = act[rows] @ W2_e[n]^T + bias, BM rows from slot0. TMA: act's rows are
     expert by expert (gate_up's SORTED), read by desc (block [BM, BK]) from row off_e + slot0."""
@@ -56,7 +56,7 @@ def _down_v3_tile(
     else:
         acc = _v3_gemm(
             a_ptr, rows.to(tl.int64) * K, valid, w_t, s_t, g, K, BN, BM, BK, EVEN_K, SCALED, SWZ, PREC,
-            False, WTMA, ROW_MASK,
+            False, WTMA, UNMASKED,
         )  # fmt: skip
     if LORA:
         acc = _lora_expand(acc, lb_e, ls_ptr, rows, valid, n_ld, LW, PREC)
@@ -103,12 +103,12 @@ def _down_v3_kernel(
     w_desc=None,
     s_desc=None,
     WTMA: tl.constexpr = False,
-    ROW_MASK: tl.constexpr = False,
+    UNMASKED: tl.constexpr = False,
 ):
     """y[a, n] = act[a] @ W2_e^T + b2_e for the rows a of tile pid_m; N = H, K = I. HALF as gate_up's.
     TMA: act expert by expert, read through desc (block [BM, BK]) and desc_half ([BM/2, BK]). WTMA: the
-    weights and scales by TMA through w_desc and s_desc (moe_v3.weight_descriptors). ROW_MASK: act's
-    rows masked (_v3_gemm; moe_common.ROW_MASK, an A/B switch)."""
+    weights and scales by TMA through w_desc and s_desc (moe_v3.weight_descriptors). UNMASKED: act's
+    rows loaded without a row mask (_v3_gemm; moe_common.UNMASKED_ROWS)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     e, slot0, n_rows, n_tiles = _expert_tile_at(counts_ptr, pid_m, E, BE, BM)
     if pid_m >= n_tiles:
@@ -144,10 +144,10 @@ def _down_v3_kernel(
     if HALF and n_rows - slot0 <= BM // 2:
         _down_v3_tile(
             a_ptr, *args, N, K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, desc_half, off_e, TMA,
-            WTMA, ROW_MASK,
+            WTMA, UNMASKED,
         )  # fmt: skip
     else:
         _down_v3_tile(
             a_ptr, *args, N, K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, desc, off_e, TMA, WTMA,
-            ROW_MASK,
+            UNMASKED,
         )  # fmt: skip

@@ -34,19 +34,18 @@ def _v3_gemm(
     PREC: tl.constexpr,
     TMA: tl.constexpr = False,
     WTMA: tl.constexpr = False,
-    ROW_MASK: tl.constexpr = False,
+    UNMASKED: tl.constexpr = False,
 ):
     """acc [ROWS, BM] = W [ROWS, K] @ x[rows]^T: the K loop both GEMMs share. x a pointer and row_off
-    [BM] the element offsets of the tile's x rows, each a real row: rows past the expert's are row 0
-    (_tile_rows), whose columns of acc are never stored, so the rows need no mask and only K's tail
-    is masked (a row mask cost each K step a predicate a cp.async: sm_90a, gate_up's BM-256 tile,
-    197 -> 179 instructions, its half body 172 -> 163); ROW_MASK (moe_common.ROW_MASK, for A/B runs):
-    invalid rows load zeros, as before. Or TMA: x a tensor descriptor of rows laid
-    out expert by expert and row_off the tile's first row, one TMA copy a K step instead of a
-    cp.async and a 64-bit address per row a thread. Its rows past the expert's are the next
-    expert's (finite: every row is written) or past the end (zeros): their columns of acc are never
-    stored. K past the end reads zeros, as the masked weights do. WTMA: the weights by TMA too
-    (moe_v3_step._v3_step: w_ptrs, s_ptrs descriptors, g the first 16-row block)."""
+    [BM] the element offsets of the tile's x rows, each a real row (rows past the expert's are row 0:
+    _tile_rows), whose columns of acc past `valid` are never stored: those rows load zeros, one
+    predicate a cp.async; UNMASKED, no row mask and only K's tail masked, the same bits in fewer
+    instructions (moe_common.UNMASKED_ROWS). Or TMA: x a tensor descriptor of rows laid out expert by
+    expert and row_off the tile's first row, one TMA copy a K step instead of a cp.async and a 64-bit
+    address per row a thread. Its rows past the expert's are the next expert's (finite: every row is
+    written) or past the end (zeros): their columns of acc are never stored. K past the end reads
+    zeros, as the masked weights do. WTMA: the weights by TMA too (moe_v3_step._v3_step: w_ptrs,
+    s_ptrs descriptors, g the first 16-row block)."""
     kk = tl.arange(0, BK)
     if not TMA:
         x_t = x + row_off[None, :] + kk[:, None]  # [BK, BM]
@@ -54,7 +53,7 @@ def _v3_gemm(
     for k0 in range(0, K, BK):
         if TMA:
             xt = tl.trans(x.load([row_off, k0]))  # [BK, BM]
-        elif ROW_MASK:
+        elif not UNMASKED:
             xt = tl.load(x_t + k0, mask=valid[None, :] & ((k0 + kk) < K)[:, None], other=0.0)
         elif K % BK == 0:
             xt = tl.load(x_t + k0)
@@ -102,7 +101,7 @@ def _gate_up_v3_tile(
     XTMA: tl.constexpr,
     routed=None,
     WTMA: tl.constexpr = False,
-    ROW_MASK: tl.constexpr = False,
+    UNMASKED: tl.constexpr = False,
 ):
     """One tile: act[rows, pid_n's BN columns] = swiglu(x[rows // k] @ W13_e^T + b13_e), BM rows from
     slot0. The 2*BN weight rows are gate and up interleaved by 8 (moe_layout._interleave8), one dot.
@@ -140,7 +139,7 @@ def _gate_up_v3_tile(
         x_rows = (rows // TOP_K).to(tl.int64) * stride_x
         acc = _v3_gemm(
             x_ptr, x_rows, valid, w_g, s_g, g, K, 2 * BN, BM, BK, EVEN_K, SCALED, SWZ, PREC, False, WTMA,
-            ROW_MASK,
+            UNMASKED,
         )  # fmt: skip
     r = tl.arange(0, 2 * BN)  # acc row r: plane (r // 8) % 2, act column pid_n * BN + (r // 16) * 8 + r % 8
     plane = (r // 8) % 2
@@ -218,7 +217,7 @@ def _gate_up_v3_kernel(
     PF: tl.constexpr = False,
     PF_NT: tl.constexpr = 32,
     PDL: tl.constexpr = False,
-    ROW_MASK: tl.constexpr = False,
+    UNMASKED: tl.constexpr = False,
 ):
     """act[a, n] = swiglu(x[a // k] @ W13_e^T + b13_e) for the rows a of tile pid_m; N = I, K = H.
     HALF: a tile with <= BM/2 rows runs the BM/2 body (its weights still pass once). SORTED: act's
@@ -231,7 +230,7 @@ def _gate_up_v3_kernel(
     of expert e's W2 bytes (w2_ptr, s2_ptr: the uint8 tensors, w2_bytes, s2_bytes an expert), for
     the down GEMM after it (gptoss.kernels.l2_prefetch); PF_NT = the program's threads. PDL: launched
     with programmatic dependent launch (moe_v3.ROUTE_PDL): wait for the kernel ahead, then release.
-    ROW_MASK: x's rows masked (_v3_gemm; moe_common.ROW_MASK, an A/B switch)."""
+    UNMASKED: x's rows loaded without a row mask (_v3_gemm; moe_common.UNMASKED_ROWS)."""
     pdl.wait_then_release(PDL)
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     if ROUTE:
@@ -289,13 +288,13 @@ def _gate_up_v3_kernel(
         _gate_up_v3_tile(
             x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
             N, K, TOP_K, BM // 2, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, SORTED, off_e,
-            x_desc_half, XTMA, routed, WTMA, ROW_MASK,
+            x_desc_half, XTMA, routed, WTMA, UNMASKED,
         )  # fmt: skip
     else:
         _gate_up_v3_tile(
             x_ptr, *args, e, slot0, n_rows, pid_n, T, stride_x, alpha, limit,
             N, K, TOP_K, BM, BN, BK, EVEN_K, SCALED, SWZ, PREC, LORA, LW, SORTED, off_e,
-            x_desc, XTMA, routed, WTMA, ROW_MASK,
+            x_desc, XTMA, routed, WTMA, UNMASKED,
         )  # fmt: skip
 
 

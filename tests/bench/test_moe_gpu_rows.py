@@ -85,21 +85,21 @@ def test_the_engine_variant_leaves_every_switch_as_the_engine_runs():
     assert state() == before
 
 
-def test_the_row_mask_variant_is_the_engine_with_the_masks_back_only_inside_its_switches():
-    """engine-rowmask: the engine's switches but moe_common.ROW_MASK, which the GEMM launches then pass
-    (ROW_MASK=True); outside, the launches pass nothing, so their keys are the manifest's."""
+def test_the_unmasked_variant_is_the_engine_without_row_masks_only_inside_its_switches():
+    """engine-unmasked: the engine's switches but moe_common.UNMASKED_ROWS, which the GEMM launches then
+    pass (UNMASKED=True); outside, the launches pass nothing, so their keys are the manifest's."""
     from moe_parts import switches as _switches
     from moe_variants import VARIANTS
 
     from gptoss.kernels import moe_common
 
-    assert VARIANTS["engine-rowmask"].engine and not VARIANTS["engine"].row_mask
-    assert moe_common.row_mask_args() == {}
-    with _switches(VARIANTS["engine-rowmask"]):
-        assert moe_common.ROW_MASK is True and moe_common.row_mask_args() == {"ROW_MASK": True}
+    assert VARIANTS["engine-unmasked"].engine and not VARIANTS["engine"].unmasked
+    assert moe_common.unmasked_args() == {}
+    with _switches(VARIANTS["engine-unmasked"]):
+        assert moe_common.UNMASKED_ROWS is True and moe_common.unmasked_args() == {"UNMASKED": True}
     with _switches(VARIANTS["engine"]):
-        assert moe_common.row_mask_args() == {}
-    assert moe_common.ROW_MASK is False
+        assert moe_common.unmasked_args() == {}
+    assert moe_common.UNMASKED_ROWS is False
 
 
 def test_hbm_shares_read_the_expert_bytes_over_the_moe_and_over_its_gemms():

@@ -1,13 +1,15 @@
 """The v3 MoE's tile rows (moe_common._tile_rows, moe_routing.slot_rows): a tile's slots past its
-expert's rows name assignment 0, a real row. moe_v3_kernels._v3_gemm and the split-K down
-(moe_v3_dec) load x / act rows without a row mask on that promise (an unmasked cp.async a row: fewer
-instructions a K step), so a slot past the rows that named anything else would read out of bounds.
-moe_common.ROW_MASK puts the masks back for A/B runs; both ways give the same bits, as only columns of
-valid rows are stored. Without CUDA the kernels run in Triton's interpreter."""
+expert's rows name assignment 0, a real row. With moe_common.UNMASKED_ROWS, moe_v3_kernels._v3_gemm and
+the split-K down (moe_v3_dec) load x / act rows without a row mask on that promise (an unmasked
+cp.async a row: fewer instructions a K step), so a slot past the rows that named anything else would
+read out of bounds. Masked (the default until a GPU has timed it) or not, the bits are the same, as
+only columns of valid rows are stored. Without CUDA the kernels run in Triton's interpreter."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from gptoss.kernels import moe, moe_common, moe_v3_dec  # noqa: E402
+from gptoss.kernels import moe, moe_common, moe_v3, moe_v3_dec  # noqa: E402
 from gptoss.kernels.moe_common import _tile_rows  # noqa: E402
 from gptoss.kernels.moe_routing import route_and_group, slot_rows  # noqa: E402
 from gptoss.kernels.moe_tiles import DecTiles, Tiles  # noqa: E402
@@ -78,12 +80,33 @@ def test_routed_slots_past_the_experts_rows_name_assignment_zero():
     assert out.tolist() == [5, 9, 0, 0, 0, 0, 0, 0]
 
 
-def _both_ways(monkeypatch, run):
-    """run() with moe_common.ROW_MASK off (the default), then on."""
-    assert moe_common.ROW_MASK is False
+class _LaunchSpy:
+    """Stands in for a JIT kernel: each launch records the UNMASKED it was given (False when none)."""
+
+    def __init__(self, kernel, seen: list[bool]):
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*a, **kw):
+            self.seen.append(kw.get("UNMASKED", False))
+            return launch(*a, **kw)
+
+        return run
+
+
+def _both_ways(monkeypatch, run, owner, name: str):
+    """run() with the rows masked (the default), then with moe_common.UNMASKED_ROWS; owner.name's
+    launches must have been told so."""
+    seen: list[bool] = []
+    monkeypatch.setattr(owner, name, _LaunchSpy(getattr(owner, name), seen))
+    assert moe_common.UNMASKED_ROWS is False
+    masked = run()
+    monkeypatch.setattr(moe_common, "UNMASKED_ROWS", True)
     unmasked = run()
-    monkeypatch.setattr(moe_common, "ROW_MASK", True)
-    return unmasked, run()
+    assert seen == [False, True]
+    return masked, unmasked
 
 
 @pytest.mark.parametrize(
@@ -100,11 +123,13 @@ def test_gate_up_and_down_give_the_same_bits_with_and_without_row_masks(monkeypa
     x = (torch.randn(12, h, generator=torch.Generator().manual_seed(2)) * 3).to(DEV).bfloat16()
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
     assert any(c % tiles.bm for c in r.counts.tolist())  # a partial tile exists
-    act, act_masked = _both_ways(monkeypatch, lambda: moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles))
-    assert torch.equal(act, act_masked) and not act.isnan().any()
-    monkeypatch.setattr(moe_common, "ROW_MASK", False)
-    y, y_masked = _both_ways(monkeypatch, lambda: moe.down_v3(act, r, w, tiles))
-    assert torch.equal(y, y_masked) and not y.isnan().any()
+    act, act_unmasked = _both_ways(
+        monkeypatch, lambda: moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles), moe_v3, "_gate_up_v3_kernel"
+    )
+    assert torch.equal(act, act_unmasked) and not act.isnan().any()
+    monkeypatch.setattr(moe_common, "UNMASKED_ROWS", False)
+    y, y_unmasked = _both_ways(monkeypatch, lambda: moe.down_v3(act, r, w, tiles), moe_v3, "_down_v3_kernel")
+    assert torch.equal(y, y_unmasked) and not y.isnan().any()
 
 
 @pytest.mark.parametrize("tokens", [1, 5])
@@ -116,8 +141,10 @@ def test_the_split_k_down_gives_the_same_bits_with_and_without_row_masks(monkeyp
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
     act = (torch.randn(tokens * 4, 128, generator=torch.Generator().manual_seed(4))).to(DEV).bfloat16()
     t = DecTiles(8, 32, 128, 2, 2, 2)
-    y, y_masked = _both_ways(monkeypatch, lambda: moe_v3_dec.down_v3_dec(act, r, w, t))
-    assert torch.equal(y, y_masked) and not y.isnan().any()
+    y, y_unmasked = _both_ways(
+        monkeypatch, lambda: moe_v3_dec.down_v3_dec(act, r, w, t), moe_v3_dec, "_down_v3_dec_kernel"
+    )
+    assert torch.equal(y, y_unmasked) and not y.isnan().any()
 
 
 @gpu
@@ -136,11 +163,13 @@ def test_row_masks_change_no_bits_compiled_at_20b_shapes_on_gpu(monkeypatch, tok
     ref, w = make_moe(32, 2880, 2880, 4, torch.bfloat16, seed=3, kernels="v3")
     x = torch.randn(tokens, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(0)).bfloat16()
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
-    act, act_masked = _both_ways(monkeypatch, lambda: moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu))
-    assert torch.equal(act, act_masked)
-    monkeypatch.setattr(moe_common, "ROW_MASK", False)
-    y, y_masked = _both_ways(monkeypatch, lambda: moe.down_v3(act, r, w, dn))
-    assert torch.equal(y, y_masked)
+    act, act_unmasked = _both_ways(
+        monkeypatch, lambda: moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu), moe_v3, "_gate_up_v3_kernel"
+    )
+    assert torch.equal(act, act_unmasked)
+    monkeypatch.setattr(moe_common, "UNMASKED_ROWS", False)
+    y, y_unmasked = _both_ways(monkeypatch, lambda: moe.down_v3(act, r, w, dn), moe_v3, "_down_v3_kernel")
+    assert torch.equal(y, y_unmasked)
 
 
 @gpu
@@ -150,5 +179,21 @@ def test_split_k_down_row_masks_change_no_bits_compiled_on_gpu(monkeypatch, toke
     x = torch.randn(tokens, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(0)).bfloat16()
     r = route_and_group(F.linear(x, ref.router_weight, ref.router_bias), 4)
     act = torch.randn(tokens * 4, 2880, device=DEV, generator=torch.Generator(DEV).manual_seed(1)).bfloat16()
-    y, y_masked = _both_ways(monkeypatch, lambda: moe_v3_dec.down_v3_dec(act, r, w))
-    assert torch.equal(y, y_masked)
+    y, y_unmasked = _both_ways(
+        monkeypatch, lambda: moe_v3_dec.down_v3_dec(act, r, w), moe_v3_dec, "_down_v3_dec_kernel"
+    )
+    assert torch.equal(y, y_unmasked)
+
+
+@pytest.mark.parametrize(
+    ("value", "out"),
+    [("1", "True {'UNMASKED': True}"), ("0", "False {}"), ("yes", "GPTOSS_MOE_UNMASKED_ROWS='yes': 0 or 1")],
+)
+def test_the_environment_sets_the_switch_and_refuses_other_values(value, out):
+    code = "from gptoss.kernels import moe_common as c\nprint(c.UNMASKED_ROWS, c.unmasked_args())"
+    env = {**os.environ, "GPTOSS_MOE_UNMASKED_ROWS": value, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert (done.returncode == 0) is (value != "yes")
+    assert (
+        (done.stdout if done.returncode == 0 else done.stderr.strip().splitlines()[-1]).strip().endswith(out)
+    )
