@@ -76,7 +76,7 @@ def _expert_tile_at(counts_ptr, pid_m, E: tl.constexpr, BE: tl.constexpr, BM: tl
 @triton.jit
 def _tile_rows(rows_ptr, T, e, slot0, n_rows, BM: tl.constexpr):
     """An expert's slots slot0 .. slot0 + BM - 1 -> (their assignment rows [BM], valid [BM]). Slots
-    past its rows name assignment 0, a real row, never stored: the GEMMs load rows without a mask."""
+    past its rows name assignment 0, a real row, never stored: UNMASKED_ROWS loads it unmasked."""
     slot = slot0 + tl.arange(0, BM)
     valid = slot < n_rows
     rows = tl.load(rows_ptr + e * T + slot, mask=valid, other=0)
