@@ -10,7 +10,8 @@
 # bench/vllm_peer_install.sh in the payload's third call); offline (1000 x (1024 -> 1024), ROUNDS
 # rounds of the modes in ORDER, interleaved: default (the engine's: GPTOSS_MOE_V3_WTMA=auto, weights
 # by TMA on tiles of <= 128 rows), picked (the picked tiles), tma, tma-all (GPTOSS_MOE_V3_TMA=down /
-# all), wtma (GPTOSS_MOE_V3_WTMA=1: every tile's weights by TMA), wtma-all (both), ptr (=0: none));
+# all), wtma (GPTOSS_MOE_V3_WTMA=1: every tile's weights by TMA), wtma-all (both), ptr (=0: none),
+# unmasked (GPTOSS_MOE_UNMASKED_ROWS=1: the GEMMs' rows without a mask, bench/results v74));
 # vllm (vLLM's batch-1 and Offline rows). Without offline or vllm no 20b checkpoint is made (the
 # kernel parts make their own random weights).
 # One table last: $HOME/large/table.txt; then the steps that failed (each with its exit status; the
@@ -27,7 +28,7 @@ if has vllm; then vllm_script; fi
 if has offline || has vllm; then gpu_prereqs; else nvidia-smi -L; fi
 if has tests; then
   say "compiled tests"
-  timeout 300 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py tests/gptoss/kernels/test_moe_v3_tma.py tests/gptoss/kernels/test_moe_v3_wtma.py -k "gpu and not v3ds" \
+  timeout 300 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gptoss/kernels/test_moe_v3.py tests/gptoss/kernels/test_moe_v3_tiles.py tests/gptoss/kernels/test_moe_v3_tma.py tests/gptoss/kernels/test_moe_v3_wtma.py tests/gptoss/kernels/test_moe_tile_rows.py -k "gpu and not v3ds" \
     2>&1 | tee "$RES/tests_full.txt" | tail -4 | tee "$RES/tests.txt" \
     || failed "compiled tests (exit $?)"  # the whole log too: which assertion failed; pipefail: pytest's status
 fi
@@ -48,9 +49,10 @@ if has ogs && wait_vllm; then
     || failed "ogs (exit $?)"
   sed -n '/^ *M variant/,$p' "$RES/ogs.txt" | tee -a "$RES/table.txt"
 fi
-offline() {  # offline NAME [TILES [TMA [WTMA]]]
+offline() {  # offline NAME [TILES [TMA [WTMA [UNMASKED]]]]
   # unset switches at the engine's defaults (until 2026-12-02 WTMA was 0 here, the default before v29)
-  GPTOSS_MOE_V3_TILES=${2:-} GPTOSS_MOE_V3_TMA=${3:-0} GPTOSS_MOE_V3_WTMA=${4:-auto} timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
+  GPTOSS_MOE_V3_TILES=${2:-} GPTOSS_MOE_V3_TMA=${3:-0} GPTOSS_MOE_V3_WTMA=${4:-auto} GPTOSS_MOE_UNMASKED_ROWS=${5:-0} \
+    timeout 400 python3 bench/gptoss_gpu.py --model-path "$CKPT" --engine gptoss \
     --throughput 1000x1024x1024 > "$RES/offline_$1_$round.txt" 2>&1 || failed "offline $1 r$round (exit $?)"
   row "gptoss offline 1000x1024x1024 $1 r$round" "$(grep '^offline 1000x' "$RES/offline_$1_$round.txt" | tail -1)"
 }
@@ -66,7 +68,8 @@ if has offline; then
         wtma) offline wtma "" 0 1 ;;  # GPTOSS_MOE_V3_WTMA=1
         wtma-all) offline wtma-all "" all 1 ;;
         ptr) offline ptr "" 0 0 ;;  # every weight by cp.async
-        *) say "unknown ORDER mode $mode (default, picked, tma, tma-all, wtma, wtma-all, ptr)" ;;
+        unmasked) offline unmasked "" 0 auto 1 ;;  # GPTOSS_MOE_UNMASKED_ROWS=1
+        *) say "unknown ORDER mode $mode (default, picked, tma, tma-all, wtma, wtma-all, ptr, unmasked)" ;;
       esac
     done
   done

@@ -93,6 +93,7 @@ def switches(v: Variant) -> AbstractContextManager:
         (moe_v3, "TMA_W", "1" if v.wtma else "0"),  # "v3": the cp.async path, whatever the default
         (moe_v3_dec, "WTMA", v.wtma),
         (moe_v3_dec_gu, "WTMA", v.wtma),
+        (moe_common, "UNMASKED_ROWS", v.unmasked),
     ]
     return _patched(attrs, [(moe.TILE_OVERRIDE, v.tiles or {})])
 

@@ -51,7 +51,8 @@ def pick(text: str, experts: int = 32) -> tuple[str, list[str]]:
     wrong = []
     for line in text.splitlines():
         m = ROW.match(line)
-        if not m or m[2] not in VARIANTS or VARIANTS[m[2]].kernels != "v3":
+        # a variant that also flips a switch (unmasked rows) times more than its tiles: no candidate
+        if not m or m[2] not in VARIANTS or VARIANTS[m[2]].kernels != "v3" or VARIANTS[m[2]].unmasked:
             continue
         if line.rstrip().endswith("WRONG"):  # moe_gpu's output check failed: its time is no result
             wrong.append(f"{m[2]} at M {m[1]}")

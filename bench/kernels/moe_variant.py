@@ -29,7 +29,7 @@ class Variant:
     # moe_v3_dec_sizes.batch_tiles' small and big), where the engine takes those kernels
     engine_gate_up: DecTiles | None = None
     engine_down: DecTiles | None = None
-    # With engine: the v3 GEMMs' x / act loads without row masks (moe_common.UNMASKED_ROWS; v74's SASS)
+    # The v3 GEMMs' x / act loads without row masks (moe_common.UNMASKED_ROWS; v74's SASS)
     unmasked: bool = False
 
 

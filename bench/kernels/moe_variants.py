@@ -195,6 +195,12 @@ VARIANTS["engine"] = Variant("dual", engine=True)
 # The engine with the v3 GEMMs' x / act loads unmasked by row (moe_common.UNMASKED_ROWS): the same bits,
 # shorter K loops in the sm_90a SASS (bench/results v74), untimed
 VARIANTS["engine-unmasked"] = Variant("dual", engine=True, unmasked=True)
+VARIANTS["v3-unmasked"] = Variant("v3", unmasked=True)
+# BK 128 on the BM-256 tiles (buckets 128 and 512): 135 instructions a 64-K step unmasked against the
+# default's 172 in the sm_90a SASS (v74); v19 timed it masked and slower, before v20 moved the loads.
+_K128 = _v3_tiles(Tiles(256, 64, 128, 8, 3, half=True), Tiles(256, 128, 128, 8, 3, half=True))
+VARIANTS["L-k128"] = Variant("v3", tiles=_K128, min_m=513)
+VARIANTS["L-k128-unmasked"] = Variant("v3", tiles=_K128, min_m=513, unmasked=True)
 for _name, _buckets, _gu, _dn, _lo, _hi in [
     ("v3-gu128x256", (128, 512), Tiles(128, 256, 64, 8, 3), None, 1024, 1 << 30),
     ("v3-b32-k64s6", (32,), Tiles(32, 64, 64, 4, 6), Tiles(32, 64, 64, 4, 6), 129, 256),

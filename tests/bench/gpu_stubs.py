@@ -89,7 +89,8 @@ case "$*" in
   *attn_chain_gpu.py*) echo "  ctx  alone  chained"; echo "  4096    5.0     6.0" ;;
   *read_ceiling_gpu.py*) echo "   17.6 MB case  3900 GB/s" ;;
   *gptoss_gpu.py*) echo "offline 1000x(1024->1024)  17000.0  -  tok/s k=${GPTOSS_MOE_KERNELS:-auto}" \
-    "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt} wtma=${GPTOSS_MOE_V3_WTMA:-unset}" ;;
+    "tma=${GPTOSS_MOE_V3_TMA:-unset} tiles=${GPTOSS_MOE_V3_TILES:-dflt} wtma=${GPTOSS_MOE_V3_WTMA:-unset}" \
+    "unmasked=${GPTOSS_MOE_UNMASKED_ROWS:-unset}" ;;
   *) echo "stub python3: unexpected $*" >&2; exit 3 ;;
 esac
 """

@@ -22,11 +22,14 @@ def test_moe_large_picks_tiles_and_runs_offline_with_them(stubs, tmp_path):
     assert table[0] == "picked GPTOSS_MOE_V3_TILES | gate_up@128=128,128,128,8,4,half"
     assert "  1024 vllm             622.5 - -    1293.0  22.6%" in table
     assert any(
-        r.startswith("gptoss offline 1000x1024x1024 default r1 |") and r.endswith("tiles=dflt wtma=auto")
+        r.startswith("gptoss offline 1000x1024x1024 default r1 |")
+        and r.endswith("tiles=dflt wtma=auto unmasked=0")
         for r in table
     )
     picked = [r for r in table if r.startswith("gptoss offline 1000x1024x1024 picked r1 |")]
-    assert len(picked) == 1 and picked[0].endswith("tiles=gate_up@128=128,128,128,8,4,half wtma=auto")
+    assert len(picked) == 1 and picked[0].endswith(
+        "tiles=gate_up@128=128,128,128,8,4,half wtma=auto unmasked=0"
+    )
     assert table[-1].startswith("vllm b1 + offline | workload x offline")
     assert "--rounds 3" in (tmp_path / "calls.log").read_text()  # KROUNDS' default
 
@@ -39,22 +42,30 @@ def test_moe_large_offline_modes_set_the_tma_switch(stubs, tmp_path):
         RES=str(res),
         PARTS="offline",
         ROUNDS="1",
-        ORDER="tma default tma-all wtma wtma-all ptr bogus",
+        ORDER="tma default tma-all wtma wtma-all ptr unmasked bogus",
     )
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [r for r in (res / "table.txt").read_text().splitlines() if r.startswith("gptoss offline")]
     assert [
-        (r.split(" |")[0].split()[-2], r.split(" tma=")[1].split()[0], r.split("wtma=")[1].split()[0])
+        (
+            r.split(" |")[0].split()[-2],
+            r.split(" tma=")[1].split()[0],
+            r.split("wtma=")[1].split()[0],
+            r.split("unmasked=")[1].split()[0],
+        )
         for r in rows
     ] == [
-        ("tma", "down", "auto"),
-        ("default", "0", "auto"),  # the engine's defaults
-        ("tma-all", "all", "auto"),
-        ("wtma", "0", "1"),
-        ("wtma-all", "all", "1"),
-        ("ptr", "0", "0"),
+        ("tma", "down", "auto", "0"),
+        ("default", "0", "auto", "0"),  # the engine's defaults
+        ("tma-all", "all", "auto", "0"),
+        ("wtma", "0", "1", "0"),
+        ("wtma-all", "all", "1", "0"),
+        ("ptr", "0", "0", "0"),
+        ("unmasked", "0", "auto", "1"),  # GPTOSS_MOE_UNMASKED_ROWS=1
     ]
-    assert "unknown ORDER mode bogus (default, picked, tma, tma-all, wtma, wtma-all, ptr)" in p.stdout
+    assert (
+        "unknown ORDER mode bogus (default, picked, tma, tma-all, wtma, wtma-all, ptr, unmasked)" in p.stdout
+    )
 
 
 def test_moe_large_kernel_parts_make_no_checkpoint(stubs, tmp_path):

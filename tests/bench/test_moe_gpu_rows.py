@@ -102,6 +102,26 @@ def test_the_unmasked_variant_is_the_engine_without_row_masks_only_inside_its_sw
     assert moe_common.UNMASKED_ROWS is False
 
 
+def test_the_bk128_variants_set_the_wide_tiles_and_the_switch_as_named():
+    """L-k128 / L-k128-unmasked: BK 128 on the BM-256 tiles of buckets 128 and 512, masked and not; the
+    "v3" variants leave the rows masked unless named -unmasked."""
+    from moe_parts import switches as _switches
+    from moe_variants import VARIANTS
+
+    from gptoss.kernels import moe, moe_common
+    from gptoss.kernels.moe_tiles import Tiles
+
+    gu, dn = Tiles(256, 64, 128, 8, 3, half=True), Tiles(256, 128, 128, 8, 3, half=True)
+    want = {(128, True): gu, (512, True): gu, (128, False): dn, (512, False): dn}
+    for name, unmasked in (("L-k128", False), ("L-k128-unmasked", True)):
+        with _switches(VARIANTS[name]):
+            assert moe.TILE_OVERRIDE == want and moe_common.UNMASKED_ROWS is unmasked
+    for name, unmasked in (("v3", False), ("v3-unmasked", True)):
+        with _switches(VARIANTS[name]):
+            assert moe.TILE_OVERRIDE == {} and moe_common.UNMASKED_ROWS is unmasked
+    assert moe.TILE_OVERRIDE == {} and moe_common.UNMASKED_ROWS is False
+
+
 def test_hbm_shares_read_the_expert_bytes_over_the_moe_and_over_its_gemms():
     """4 experts' bytes (52.8 MB at 20b) at 4.3 TB/s: over a 38.1 us MoE graph ~32 %; over its GEMMs
     alone (14.9 + 8.9 us) ~52 %; a part not timed gives no share."""
