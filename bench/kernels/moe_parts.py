@@ -63,16 +63,16 @@ def switches(v: Variant) -> AbstractContextManager:
     """The module switches a variant needs, restored afterwards (for the engine's only its tiles and
     UNMASKED_ROWS)."""
     if v.engine:
-        tiles: list[tuple[object, str, object]] = []
+        attrs: list[tuple[object, str, object]] = []
         if v.engine_gate_up is not None:  # both tile sets: every decode batch takes them
-            tiles += [
+            attrs += [
                 (moe_v3_dec_gu, name, v.engine_gate_up) for name in ("V3_GATE_UP_DEC", "V3_GATE_UP_DEC_BIG")
             ]
         if v.engine_down is not None:
-            tiles += [(moe_v3_dec, name, v.engine_down) for name in ("V3_DOWN_DEC", "V3_DOWN_DEC_BIG")]
-        if v.unmasked:
-            tiles.append((moe_common, "UNMASKED_ROWS", True))
-        return _patched(tiles, [])
+            attrs += [(moe_v3_dec, name, v.engine_down) for name in ("V3_DOWN_DEC", "V3_DOWN_DEC_BIG")]
+        if v.unmasked:  # else the engine's own setting (GPTOSS_MOE_UNMASKED_ROWS)
+            attrs.append((moe_common, "UNMASKED_ROWS", True))
+        return _patched(attrs, [])
     tma_down, tma_x = moe_v3._tma_mode(v.tma)
     every = frozenset(range(1, moe_tiles.DECODE_MAX_T + 1))
     attrs = [

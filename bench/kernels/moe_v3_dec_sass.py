@@ -100,9 +100,10 @@ def main() -> None:
         moe_v3_dec_gu.V3_GATE_UP_DEC_BIG,
     ]
     dn_tiles = given or [moe_v3_dec.V3_DOWN_DEC, moe_v3_dec.V3_DOWN_DEC_BIG]
-    for name, build, tiles in (("gate_up", gate_up, gu_tiles), ("down", down, dn_tiles)):
+    builds = (("gate_up", gate_up, gu_tiles, {}), ("down", down, dn_tiles, {"unmasked": args.unmasked}))
+    for name, build, tiles, options in builds:
         for t in tiles:
-            k = down(t, not args.cp_async, args.unmasked) if build is down else build(t, not args.cp_async)
+            k = build(t, not args.cp_async, **options)
             stats(k, f"{name} {t}")
             res, _, ins = disassemble(k)
             regs = int(res.split("REG:")[1].split()[0])

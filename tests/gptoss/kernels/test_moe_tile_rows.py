@@ -97,14 +97,15 @@ class _LaunchSpy:
 
 
 def _both_ways(monkeypatch, run, owner, name: str):
-    """run() with the rows masked (the default), then with moe_common.UNMASKED_ROWS; owner.name's
-    launches must have been told so."""
+    """run() with the rows masked (the default), then with moe_common.UNMASKED_ROWS, which it turns off
+    again; owner.name's launches must have been told so."""
     seen: list[bool] = []
     monkeypatch.setattr(owner, name, _LaunchSpy(getattr(owner, name), seen))
     assert moe_common.UNMASKED_ROWS is False
     masked = run()
     monkeypatch.setattr(moe_common, "UNMASKED_ROWS", True)
     unmasked = run()
+    monkeypatch.setattr(moe_common, "UNMASKED_ROWS", False)
     assert seen == [False, True]
     return masked, unmasked
 
@@ -127,7 +128,6 @@ def test_gate_up_and_down_give_the_same_bits_with_and_without_row_masks(monkeypa
         monkeypatch, lambda: moe.gate_up_v3(x, r, w, ALPHA, LIMIT, tiles), moe_v3, "_gate_up_v3_kernel"
     )
     assert torch.equal(act, act_unmasked) and not act.isnan().any()
-    monkeypatch.setattr(moe_common, "UNMASKED_ROWS", False)
     y, y_unmasked = _both_ways(monkeypatch, lambda: moe.down_v3(act, r, w, tiles), moe_v3, "_down_v3_kernel")
     assert torch.equal(y, y_unmasked) and not y.isnan().any()
 
@@ -167,7 +167,6 @@ def test_row_masks_change_no_bits_compiled_at_20b_shapes_on_gpu(monkeypatch, tok
         monkeypatch, lambda: moe.gate_up_v3(x, r, w, ALPHA, LIMIT, gu), moe_v3, "_gate_up_v3_kernel"
     )
     assert torch.equal(act, act_unmasked)
-    monkeypatch.setattr(moe_common, "UNMASKED_ROWS", False)
     y, y_unmasked = _both_ways(monkeypatch, lambda: moe.down_v3(act, r, w, dn), moe_v3, "_down_v3_kernel")
     assert torch.equal(y, y_unmasked)
 
